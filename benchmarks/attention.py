@@ -1,0 +1,151 @@
+"""Benchmark: Laplacian heads against plain SDPA, forward + backward, time and peak memory.
+
+Forms compared side by side in one process (ratios = median time / median time of plain SDPA in the same run):
+
+* ``sdpa``      plain ``F.scaled_dot_product_attention`` (no Laplacian head): the floor.
+* ``lapheads``  ``lapheads.laplacian_attention``: fused SDPA + one sign-flip pass (a custom autograd.Function).
+* ``where``     fused SDPA then ``torch.where(mask, v - y, y)``: the simplest mask form.
+* ``cat``       fused SDPA then ``torch.cat([y_A, v_L - y_L])``: the authors' form (copies y).
+* ``naive``     ``lapheads.laplacian_attention_reference``: materialise P, multiply by (I - P) explicitly.
+
+Then whole training steps (forward, backward, AdamW step) of a timm ViT built with ``LaplacianAttention``, with 0,
+half and all heads Laplacian.
+
+    python benchmarks/attention.py                      # full table (a few minutes on 2 CPU cores)
+    python benchmarks/attention.py --seq-lens 256 1024 --repeats-scale 0.3   # quicker
+    python benchmarks/attention.py --device cuda --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from timm.models.vision_transformer import VisionTransformer
+
+from lapheads import LaplacianAttention, laplacian_attention, laplacian_attention_reference
+from lapheads.bench import machine_summary, peak_memory_mib, time_interleaved
+
+HEADS, HEAD_DIM = 6, 64  # ViT-S attention: 6 heads of 64
+TOKENS_PER_BATCH = 4096  # batch = 4096 // T, so every T does comparable work per call and T = 4096 still fits
+REPEATS = {64: 200, 256: 60, 1024: 15, 4096: 5}
+
+
+def _where_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    y = F.scaled_dot_product_attention(q, k, v)
+    return torch.where(mask.view(1, -1, 1, 1), v - y, y)
+
+
+def _cat_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_lap: int) -> torch.Tensor:
+    y = F.scaled_dot_product_attention(q, k, v)
+    split = q.shape[1] - n_lap
+    return torch.cat([y[:, :split], v[:, split:] - y[:, split:]], dim=1)
+
+
+def attention_forms(n_lap: int) -> dict[str, Callable[..., torch.Tensor]]:
+    mask = torch.arange(HEADS) >= HEADS - n_lap
+    return {
+        "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+        "lapheads": lambda q, k, v: laplacian_attention(q, k, v, n_lap),
+        "where": lambda q, k, v: _where_form(q, k, v, mask.to(q.device)),
+        "cat": lambda q, k, v: _cat_form(q, k, v, n_lap),
+        "naive": lambda q, k, v: laplacian_attention_reference(q, k, v, n_lap),
+    }
+
+
+def bench_op(seq_len: int, n_lap: int, device: torch.device, dtype: torch.dtype, repeats: int) -> dict[str, dict]:
+    batch = max(1, TOKENS_PER_BATCH // seq_len)
+    gen = torch.Generator().manual_seed(seq_len)
+    q, k, v = (
+        torch.randn(batch, HEADS, seq_len, HEAD_DIM, generator=gen).to(device, dtype).requires_grad_()
+        for _ in range(3)
+    )
+    grad = torch.randn(batch, HEADS, seq_len, HEAD_DIM, generator=gen).to(device, dtype)
+
+    def step(form: Callable[..., torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            q.grad = k.grad = v.grad = None
+            form(q, k, v).backward(grad)
+
+        return run
+
+    steps = {name: step(form) for name, form in attention_forms(n_lap).items()}
+    times = time_interleaved(steps, repeats, device=device)
+    result = {}
+    for name, run in steps.items():
+        result[name] = {"seconds": times[name], "ratio": times[name] / times["sdpa"], "peak_mib": peak_memory_mib(run, device)}
+    return {"batch": batch, "forms": result}
+
+
+def bench_vit_step(device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 64) -> dict[str, float]:
+    """A whole ViT training step (6 layers, 192 dim, 3 heads, patch 4, 32 px) with 0, 1 and 3 Laplacian heads."""
+    steps = {}
+    for n_lap in (0, 1, 3):
+        torch.manual_seed(0)
+        model = VisionTransformer(
+            img_size=32, patch_size=4, embed_dim=192, depth=6, num_heads=3, num_classes=10, attn_layer=LaplacianAttention
+        ).to(device)
+        for block in model.blocks:
+            block.attn.set_laplacian_heads(n_lap)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        images = torch.randn(batch, 3, 32, 32, device=device)
+        labels = torch.randint(0, 10, (batch,), device=device)
+
+        def run(model: torch.nn.Module = model, optimizer: torch.optim.Optimizer = optimizer) -> None:
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        steps[f"vit {n_lap}/3 Laplacian"] = run
+    times = time_interleaved(steps, repeats, device=device)
+    base = times["vit 0/3 Laplacian"]
+    return {name: {"seconds": t, "ratio": t / base} for name, t in times.items()}
+
+
+def markdown(op_results: dict[int, dict], vit: dict | None, header: str) -> str:
+    forms = list(next(iter(op_results.values()))["forms"])
+    lines = [header, "", "Forward + backward of attention alone (ratio = median time / median plain-SDPA time, same run):", ""]
+    lines.append("| T | batch | " + " | ".join(f"{f} ratio" for f in forms) + " | sdpa ms | " + " | ".join(f"{f} peak MiB" for f in forms) + " |")
+    lines.append("|" + "---|" * (3 + 2 * len(forms)))
+    for t, res in op_results.items():
+        row = res["forms"]
+        ratios = " | ".join(f"{row[f]['ratio']:.3f}" for f in forms)
+        mems = " | ".join("n/a" if row[f]["peak_mib"] is None else f"{row[f]['peak_mib']:.0f}" for f in forms)
+        lines.append(f"| {t} | {res['batch']} | {ratios} | {row['sdpa']['seconds'] * 1e3:.2f} | {mems} |")
+    if vit:
+        lines += ["", "Whole ViT training step (forward, backward, AdamW):", "", "| model | ms/step | ratio |", "|---|---|---|"]
+        lines += [f"| {name} | {r['seconds'] * 1e3:.1f} | {r['ratio']:.3f} |" for name, r in vit.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--laplacian-heads", type=int, default=3, help=f"Laplacian heads of {HEADS}")
+    parser.add_argument("--repeats-scale", type=float, default=1.0, help="multiply the number of timed rounds")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--skip-vit", action="store_true")
+    args = parser.parse_args(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    op_results = {}
+    for t in args.seq_lens:
+        repeats = max(3, round(REPEATS.get(t, 10) * args.repeats_scale))
+        op_results[t] = bench_op(t, args.laplacian_heads, device, dtype, repeats)
+        print(f"T={t}: " + ", ".join(f"{n} {r['ratio']:.3f}x" for n, r in op_results[t]["forms"].items()), flush=True)
+    vit = None if args.skip_vit else bench_vit_step(device, dtype, max(3, round(20 * args.repeats_scale)))
+    header = (
+        f"{machine_summary(device)}; {args.dtype}; {HEADS} heads x {HEAD_DIM} dims, "
+        f"{args.laplacian_heads} Laplacian, batch x T = {TOKENS_PER_BATCH} tokens"
+    )
+    table = markdown(op_results, vit, header)
+    print(table)
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One-stop set-up + run, for a fresh Debian/Ubuntu machine with Python >= 3.10:
+#   bash quickstart.sh demo [args]   set up, then run `lapheads demo`
+#   bash quickstart.sh test [args]   set up, then run the test suite (pytest args pass through)
+# Set-up = a virtual environment in .venv with this package installed editable with its dev extras, by plain pip.
+# It is redone only when pyproject.toml changes. LAPHEADS_VENV overrides the venv location.
+set -euo pipefail
+cd "$(dirname "$0")"
+job="${1:-}"
+case "$job" in
+  demo|test) shift ;;
+  *) echo "usage: bash quickstart.sh {demo|test} [args...]" >&2; exit 2 ;;
+esac
+
+venv="${LAPHEADS_VENV:-.venv}"
+python="${PYTHON:-python3}"
+
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "quickstart: need Python >= 3.10 as '$python' (found: $("$python" --version 2>&1 || echo none))" >&2
+  exit 1
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  if ! "$python" -m venv "$venv" 2>/dev/null; then
+    rm -rf "$venv"
+    # Debian/Ubuntu ship venv's pip bootstrap separately (python3-venv / python3.X-venv).
+    pkg="python3-venv python$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')-venv"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "quickstart: installing $pkg with apt-get" >&2
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $pkg >/dev/null || \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      "$python" -m venv "$venv"
+    else
+      echo "quickstart: '$python -m venv' failed; install the venv module (e.g. sudo apt-get install python3-venv) and retry" >&2
+      exit 1
+    fi
+  fi
+fi
+
+stamp="$venv/.lapheads-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q -e ".[dev]"
+  touch "$stamp"
+fi
+
+case "$job" in
+  demo) exec "$venv/bin/lapheads" demo "$@" ;;
+  test) exec "$venv/bin/python" -m pytest -q "$@" ;;
+esac

@@ -1,0 +1,34 @@
+"""lapheads: Laplacian heads for transformers (Zhang & Papyan, arXiv 2602.09297).
+
+A Laplacian head outputs (I - P) V = V - P V instead of P V. This package provides the op
+(:func:`laplacian_attention`), a drop-in for ``timm.layers.Attention`` (:class:`LaplacianAttention`) and the one
+head-spec parser every model and the CLI share (:func:`parse_laplacian_heads`).
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from lapheads.attention import (
+    HeadSpec,
+    HeadSpecError,
+    LaplacianAttention,
+    laplacian_attention,
+    laplacian_attention_reference,
+    laplacian_head_mask,
+    parse_laplacian_heads,
+)
+
+try:
+    __version__ = version("lapheads")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "HeadSpec",
+    "HeadSpecError",
+    "LaplacianAttention",
+    "__version__",
+    "laplacian_attention",
+    "laplacian_attention_reference",
+    "laplacian_head_mask",
+    "parse_laplacian_heads",
+]

@@ -1,0 +1,451 @@
+"""Laplacian heads: the op, the timm-compatible module, and the one head-spec parser.
+
+A Laplacian head replaces its softmax matrix P by the random-walk graph Laplacian I - P, so it outputs
+V - P V instead of P V (Zhang & Papyan, arXiv 2602.09297). Design choices:
+
+* **One fused SDPA call for all heads.** ``laplacian_attention`` computes y = SDPA(q, k, v) for every head with
+  ``F.scaled_dot_product_attention`` and then, in one elementwise pass, turns the Laplacian heads' y into v - y.
+  No T x T tensor exists on this path and there is no Python loop over heads.
+* **A custom autograd.Function for the combine step.** The simple ``torch.where`` / ``torch.cat`` forms allocate
+  and read y two or three times in forward and backward; ``_LaplacianCombine`` multiplies by a per-head sign and
+  adds the masked value in forward, and returns ``g * sign`` / ``g * mask`` in backward (benchmarks/attention.py).
+* **The identity uses the query's own position.** With a KV cache (T < S) the T queries are the last T positions
+  of the S keys, so the identity term is v[..., S - T:, :]; a causal mask is aligned the same way (bottom right).
+* **GQA/MQA.** v is broadcast from its Hkv heads to the H query heads inside the combine, never copied.
+* **Dropout acts on P.** SDPA drops entries of P, so a Laplacian head computes (I - drop(P)) V.
+* **A textbook reference path** (``laplacian_attention_reference``) materialises P and applies I - P explicitly.
+  It serves attention maps (``return_attn=True``) and is the parity reference for the fused path.
+* **Trailing heads.** An integer k makes the *last* k heads Laplacian, the paper's convention.
+* **One parser.** ``parse_laplacian_heads`` turns every accepted spec (int, "0,2,2,0", per-layer ints, per-layer
+  masks) into one bool mask per layer; every model and the CLI use it, so error messages are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Union
+
+import torch
+import torch.nn.functional as F
+from timm.layers import Attention
+from torch import Tensor
+
+__all__ = [
+    "HeadSpec",
+    "HeadSpecError",
+    "LaplacianAttention",
+    "laplacian_attention",
+    "laplacian_attention_reference",
+    "laplacian_head_mask",
+    "parse_laplacian_heads",
+]
+
+#: What ``laplacian_heads`` accepts for one layer: k trailing heads, or a bool mask of length num_heads.
+HeadSpec = Union[int, Sequence[bool], Tensor]
+
+
+class HeadSpecError(ValueError):
+    """A Laplacian-head spec that cannot be applied; the message names the value and what is allowed."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Head specs
+
+
+def _check_count(k: object, num_heads: int, where: str = "") -> int:
+    """Validate one per-layer head count and return it as an int."""
+    # bool is an int subclass; True would silently mean "1 head", which is never what the user meant.
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise HeadSpecError(
+            f"laplacian_heads{where}={k!r} is a {type(k).__name__}; allowed: an int from 0 to {num_heads}"
+        )
+    if not 0 <= k <= num_heads:
+        raise HeadSpecError(f"laplacian_heads{where}={k} is out of range; allowed: 0 to {num_heads} (num_heads)")
+    return k
+
+
+def _check_mask_tensor(mask: Tensor, num_heads: int) -> None:
+    if mask.dtype != torch.bool or mask.shape != (num_heads,):
+        raise HeadSpecError(
+            f"laplacian_heads mask has dtype {mask.dtype} and shape {tuple(mask.shape)}; "
+            f"allowed: a bool tensor of shape ({num_heads},) or an int from 0 to {num_heads}"
+        )
+
+
+def laplacian_head_mask(laplacian_heads: HeadSpec, num_heads: int) -> Tensor:
+    """Turn one layer's spec into a bool mask of shape (num_heads,), True for Laplacian heads.
+
+    Args:
+        laplacian_heads: an int k (the trailing k heads are Laplacian) or a bool tensor / sequence of length
+            num_heads.
+        num_heads: the layer's number of (query) heads.
+
+    Returns:
+        A bool CPU tensor of shape (num_heads,).
+    """
+    if isinstance(laplacian_heads, Tensor):
+        _check_mask_tensor(laplacian_heads, num_heads)
+        return laplacian_heads.detach().to("cpu").clone()
+    if isinstance(laplacian_heads, Sequence) and not isinstance(laplacian_heads, str):
+        if len(laplacian_heads) != num_heads or not all(isinstance(b, bool) for b in laplacian_heads):
+            raise HeadSpecError(
+                f"laplacian_heads mask {list(laplacian_heads)!r} is not {num_heads} bools; "
+                f"allowed: a bool sequence of length {num_heads} or an int from 0 to {num_heads}"
+            )
+        return torch.tensor(list(laplacian_heads), dtype=torch.bool)
+    k = _check_count(laplacian_heads, num_heads)
+    mask = torch.zeros(num_heads, dtype=torch.bool)
+    mask[num_heads - k :] = True
+    return mask
+
+
+_INT_RE = re.compile(r"^\s*\d+\s*$")
+
+
+def parse_laplacian_heads(spec: object, num_heads: int, num_layers: int) -> list[Tensor]:
+    """Parse any Laplacian-head spec into one bool mask per layer.
+
+    Args:
+        spec: one of
+            * an int k: the trailing k heads of every layer are Laplacian ("kL" in the paper);
+            * a string: ``"3"`` (same as 3) or a comma-separated per-layer list ``"0,2,2,0"``;
+            * a sequence of ints, one per layer;
+            * a sequence of per-layer masks (bool sequences or tensors of length num_heads), or a bool tensor of
+              shape (num_layers, num_heads).
+        num_heads: heads per layer.
+        num_layers: number of attention layers.
+
+    Returns:
+        ``num_layers`` bool tensors of shape (num_heads,).
+
+    Raises:
+        HeadSpecError: naming the bad value and what is allowed.
+    """
+    allowed = (
+        f"allowed: an int 0..{num_heads}, a comma-separated list of {num_layers} such ints (e.g. "
+        f"{','.join(['0'] * min(num_layers, 4))}{',...' if num_layers > 4 else ''}), or {num_layers} bool masks "
+        f"of length {num_heads}"
+    )
+    if isinstance(spec, str):
+        text = spec.strip()
+        if not text:
+            raise HeadSpecError(f"laplacian_heads is an empty string; {allowed}")
+        parts = text.split(",")
+        if not all(_INT_RE.match(p) for p in parts):
+            raise HeadSpecError(f"laplacian_heads={spec!r} is not an int or a comma-separated int list; {allowed}")
+        counts = [int(p) for p in parts]
+        spec = counts[0] if len(counts) == 1 else counts
+    if isinstance(spec, Tensor):
+        if spec.dtype != torch.bool or spec.dim() != 2:
+            raise HeadSpecError(
+                f"laplacian_heads tensor has dtype {spec.dtype} and shape {tuple(spec.shape)}; "
+                f"allowed: a bool tensor of shape ({num_layers}, {num_heads})"
+            )
+        spec = list(spec.unbind(0))
+    if isinstance(spec, Sequence):
+        if len(spec) != num_layers:
+            raise HeadSpecError(
+                f"laplacian_heads has {len(spec)} entries {_short(spec)} but the model has {num_layers} layers; "
+                f"{allowed}"
+            )
+        masks = []
+        for layer, item in enumerate(spec):
+            if isinstance(item, (Tensor, Sequence)) and not isinstance(item, str):
+                masks.append(laplacian_head_mask(item, num_heads))
+            else:
+                masks.append(laplacian_head_mask(_check_count(item, num_heads, f"[layer {layer}]"), num_heads))
+        return masks
+    if isinstance(spec, bool) or not isinstance(spec, int):
+        raise HeadSpecError(f"laplacian_heads={spec!r} is a {type(spec).__name__}; {allowed}")
+    mask = laplacian_head_mask(_check_count(spec, num_heads), num_heads)
+    return [mask.clone() for _ in range(num_layers)]
+
+
+def _short(seq: Sequence) -> str:
+    text = repr([x.tolist() if isinstance(x, Tensor) else x for x in seq])
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def format_head_mask(mask: Tensor) -> str:
+    """Human-readable head mask, e.g. ``'3/6 Laplacian: [3, 4, 5]'``."""
+    idx = mask.nonzero().flatten().tolist()
+    return f"{len(idx)}/{mask.numel()} Laplacian: {idx}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The op
+
+
+class _LaplacianCombine(torch.autograd.Function):
+    """out = sign * y + lap * v per head: sign = -1, lap = 1 on Laplacian heads; sign = 1, lap = 0 on the others.
+
+    y is viewed as (B, Hkv, G, T, D) and v as (B, Hkv, 1, T, D), so GQA broadcasts v without copying it. ``runs``
+    lists maximal blocks of consecutive query heads of one kind when G == 1 (typically one or two blocks, e.g.
+    "ordinary heads, then the trailing k Laplacian heads"); forward then reads y and the Laplacian v once and
+    writes out once. Backward returns grad * sign and grad * lap: one pass each, no other allocation.
+    """
+
+    @staticmethod
+    def forward(ctx, y: Tensor, v: Tensor, sign: Tensor, lap: Tensor, runs: tuple | None) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(sign, lap)
+        if runs is None:
+            return torch.mul(y, sign).addcmul_(v, lap)
+        out = torch.empty_like(y, memory_format=torch.contiguous_format)
+        for start, stop, is_laplacian in runs:
+            if is_laplacian:
+                torch.sub(v[:, start:stop], y[:, start:stop], out=out[:, start:stop])
+            else:
+                out[:, start:stop].copy_(y[:, start:stop])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        sign, lap = ctx.saved_tensors
+        grad_y = grad * sign if ctx.needs_input_grad[0] else None
+        grad_v = None
+        if ctx.needs_input_grad[1]:
+            grad_v = grad * lap
+            if grad_v.shape[2] > 1:  # GQA: sum over the G query heads that share each kv head
+                grad_v = grad_v.sum(2, keepdim=True)
+        return grad_y, grad_v, None, None, None
+
+
+def _head_runs(mask: Tensor) -> tuple[tuple[int, int, bool], ...]:
+    """Maximal blocks (start, stop, is_laplacian) of consecutive heads of one kind."""
+    flags = mask.tolist()
+    runs, start = [], 0
+    for i in range(1, len(flags) + 1):
+        if i == len(flags) or flags[i] != flags[start]:
+            runs.append((start, i, flags[start]))
+            start = i
+    return tuple(runs)
+
+
+def _identity_values(v: Tensor, num_queries: int) -> Tensor:
+    """The value at each query's own position: the queries are the last T of the S key positions."""
+    s = v.shape[-2]
+    return v if num_queries == s else v[..., s - num_queries :, :]
+
+
+def _causal_mask(t: int, s: int, device: torch.device) -> Tensor:
+    """Bool (T, S) mask, True = attend; aligned bottom-right so query i sits at key position S - T + i."""
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"q, k, v must be 4-D (B, H, T, D); got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    h, hkv = q.shape[1], k.shape[1]
+    if v.shape[1] != hkv or hkv == 0 or h % hkv:
+        raise ValueError(
+            f"q has {h} heads and k, v have {k.shape[1]}, {v.shape[1]}; allowed: k and v with the same Hkv heads "
+            f"and H % Hkv == 0"
+        )
+    if q.shape[-2] > k.shape[-2]:
+        raise ValueError(
+            f"q has {q.shape[-2]} positions but k has {k.shape[-2]}; allowed: T <= S (queries are the last T keys)"
+        )
+    return h, hkv
+
+
+def laplacian_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    laplacian_heads: HeadSpec,
+    *,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+) -> Tensor:
+    """Multi-head attention where the selected heads output (I - P) V instead of P V.
+
+    Args:
+        q: queries (B, H, T, D).
+        k: keys (B, Hkv, S, D) with H % Hkv == 0 (GQA/MQA when Hkv < H).
+        v: values (B, Hkv, S, D).
+        laplacian_heads: int k (the trailing k heads are Laplacian) or a bool mask of length H.
+        attn_mask: optional bool (True = attend) or additive float mask broadcastable to (B, H, T, S).
+        is_causal: causal attention; when T < S the queries are the last T positions (KV cache).
+        dropout_p: attention dropout on P, so Laplacian heads compute (I - drop(P)) V.
+        scale: softmax scale; default 1 / sqrt(D).
+
+    Returns:
+        (B, H, T, D) head outputs.
+    """
+    h, hkv = _check_qkv(q, k, v)
+    lap_mask, runs = _resolve_heads(laplacian_heads, h, q.device)
+    t, s = q.shape[-2], k.shape[-2]
+    if is_causal and t != s:
+        if attn_mask is not None:
+            raise ValueError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
+        attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
+    y = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=h != hkv
+    )
+    if lap_mask is None:
+        return y  # no Laplacian head: exactly plain SDPA, nothing extra
+    v_self = _identity_values(v, t)
+    if runs is not None and len(runs) == 1 and hkv == h:
+        return v_self - y  # every head Laplacian: one subtraction, autograd needs nothing special
+    b, d, g = q.shape[0], v.shape[-1], h // hkv
+    lap = lap_mask.to(y.dtype).view(hkv, g, 1, 1)
+    sign = 1 - 2 * lap
+    out = _LaplacianCombine.apply(y.view(b, hkv, g, t, d), v_self.unsqueeze(2), sign, lap, runs if g == 1 else None)
+    return out.view(b, h, t, d)
+
+
+def _resolve_heads(
+    laplacian_heads: HeadSpec, num_heads: int, device: torch.device
+) -> tuple[Tensor | None, tuple[tuple[int, int, bool], ...] | None]:
+    """The op's view of a spec: (bool mask on ``device``, head runs), or (None, None) when no head is Laplacian.
+
+    No host-device copy or sync for an int spec, and none for a mask already on a CUDA device (its runs are then
+    left unknown, None), so the op can sit inside a CUDA training step without stalling it.
+    """
+    if isinstance(laplacian_heads, int) and not isinstance(laplacian_heads, bool):
+        k = _check_count(laplacian_heads, num_heads)
+        if k == 0:
+            return None, None
+        split = num_heads - k
+        runs = ((0, split, False), (split, num_heads, True)) if split else ((0, num_heads, True),)
+        return torch.arange(num_heads, device=device) >= split, runs
+    if isinstance(laplacian_heads, Tensor):
+        _check_mask_tensor(laplacian_heads, num_heads)
+        if laplacian_heads.device.type != "cpu":
+            return laplacian_heads, None
+        mask = laplacian_heads
+    else:
+        mask = laplacian_head_mask(laplacian_heads, num_heads)
+    if not mask.any():
+        return None, None
+    return mask.to(device), _head_runs(mask)
+
+
+def laplacian_attention_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    laplacian_heads: HeadSpec,
+    *,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    return_attn: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Textbook Laplacian attention: materialise P, use I - P on Laplacian heads, multiply by V.
+
+    Same arguments and semantics as ``laplacian_attention``; O(T * S) memory per head.
+
+    Args:
+        return_attn: also return P (B, H, T, S), the softmax matrix before dropout, for attention maps.
+
+    Returns:
+        (B, H, T, D) head outputs, or ``(outputs, P)`` when ``return_attn``.
+    """
+    h, hkv = _check_qkv(q, k, v)
+    mask = laplacian_head_mask(laplacian_heads, h).to(q.device)
+    t, s = q.shape[-2], k.shape[-2]
+    if hkv != h:
+        k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = (q @ k.transpose(-2, -1)) * scale
+    if is_causal:
+        if attn_mask is not None:
+            raise ValueError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
+        attn_mask = _causal_mask(t, s, q.device)
+    if attn_mask is not None:
+        logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
+    attn = logits.softmax(dim=-1)
+    dropped = F.dropout(attn, p=dropout_p) if dropout_p > 0 else attn
+    identity = _shifted_eye(t, s, attn)
+    operator = torch.where(mask.view(1, h, 1, 1), identity - dropped, dropped)
+    out = operator @ v
+    return (out, attn) if return_attn else out
+
+
+def _shifted_eye(t: int, s: int, like: Tensor) -> Tensor:
+    """(T, S) matrix with ones at (i, S - T + i): each query's own key position."""
+    return torch.ones(t, s, dtype=like.dtype, device=like.device).tril(s - t).triu(s - t)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The timm-compatible module
+
+
+class LaplacianAttention(Attention):
+    """``timm.layers.Attention`` with Laplacian heads: same arguments, parameters and state dict, plus a head spec.
+
+    A timm Attention state dict loads with ``strict=True`` (the head mask is a non-persistent buffer), and with
+    ``laplacian_heads=0`` the output equals timm's for the same weights. timm's ``fused_attn`` flag picks the fused
+    op (``laplacian_attention``) or the reference path (``laplacian_attention_reference``).
+
+    Args:
+        dim: input dimension of the tokens.
+        num_heads: number of attention heads.
+        *args, **kwargs: every other ``timm.layers.Attention`` argument (qkv_bias, qk_norm, attn_drop, ...).
+        laplacian_heads: int k (trailing k heads) or a bool mask of length num_heads.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, laplacian_heads: HeadSpec = 0, **kwargs) -> None:
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.register_buffer("laplacian_mask", torch.zeros(num_heads, dtype=torch.bool), persistent=False)
+        self.set_laplacian_heads(laplacian_heads)
+
+    def set_laplacian_heads(self, laplacian_heads: HeadSpec) -> None:
+        """Choose which heads are Laplacian (no parameters change)."""
+        mask = laplacian_head_mask(laplacian_heads, self.num_heads)
+        self.laplacian_mask.copy_(mask.to(self.laplacian_mask.device))
+        # What forward hands the op: an int k when the mask is "the trailing k heads" (no device work to build it),
+        # else the on-device buffer; either way no host-device sync per step.
+        k = int(mask.sum())
+        self._op_heads: HeadSpec | None = k if bool(mask[self.num_heads - k :].all()) else None
+
+    @property
+    def num_laplacian_heads(self) -> int:
+        return int(self.laplacian_mask.sum())
+
+    def forward(
+        self,
+        x: Tensor,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        return_attn: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Args:
+            x: tokens (B, N, C).
+            attn_mask: optional mask broadcastable to (B, H, N, N) (bool: True = attend).
+            is_causal: causal attention.
+            return_attn: also return P (B, H, N, N) from the reference path (for attention maps).
+        """
+        b, n, _ = x.shape
+        gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        heads = self.laplacian_mask if self._op_heads is None else self._op_heads
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        attn = None
+        if self.fused_attn and not return_attn:
+            x = laplacian_attention(
+                q, k, v, heads, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=self.scale
+            )
+        else:
+            x, attn = laplacian_attention_reference(
+                q, k, v, heads, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=self.scale,
+                return_attn=True,
+            )
+        x = x.transpose(1, 2).reshape(b, n, self.attn_dim)
+        x = self.norm(x)
+        if gate is not None:
+            x = x * gate
+        x = self.proj_drop(self.proj(x))
+        return (x, attn) if return_attn else x
+
+    def extra_repr(self) -> str:
+        return f"laplacian_heads={format_head_mask(self.laplacian_mask)}"

@@ -1,0 +1,299 @@
+"""The Laplacian-head op, its reference path and the timm-compatible module."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from timm.layers import Attention
+
+from lapheads import LaplacianAttention, laplacian_attention, laplacian_attention_reference
+from lapheads.attention import HeadSpecError
+
+B, H, T, D = 2, 4, 7, 8
+
+
+def qkv(h: int = H, hkv: int = H, t: int = T, s: int | None = None, dtype=torch.float64, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    s = t if s is None else s
+    q = torch.randn(B, h, t, D, generator=gen, dtype=dtype)
+    k = torch.randn(B, hkv, s, D, generator=gen, dtype=dtype)
+    v = torch.randn(B, hkv, s, D, generator=gen, dtype=dtype)
+    return q, k, v
+
+
+def dense_heads(q, k, v, lap_mask, causal=False):
+    """Independent per-head formula: P from its definition, (I - P) with an explicit identity matrix."""
+    h, hkv, t, s = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    outs = []
+    for i in range(h):
+        kv = i // (h // hkv)
+        logits = q[:, i] @ k[:, kv].transpose(-1, -2) / q.shape[-1] ** 0.5
+        if causal:
+            allowed = torch.tensor([[j <= s - t + r for j in range(s)] for r in range(t)])
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        p = logits.softmax(-1)
+        if lap_mask[i]:
+            eye = torch.zeros(t, s, dtype=q.dtype)
+            eye[torch.arange(t), torch.arange(s - t, s)] = 1
+            p = eye - p
+        outs.append(p @ v[:, kv])
+    return torch.stack(outs, 1)
+
+
+def as_mask(spec, h=H):
+    if isinstance(spec, int):
+        return [i >= h - spec for i in range(h)]
+    return list(spec)
+
+
+SPECS = [0, 1, H - 1, H, [True, False, True, False], [False, True, True, False]]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hkv", [H, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_fused_equals_reference_equals_dense(spec, causal, hkv):
+    q, k, v = qkv(hkv=hkv)
+    expected = dense_heads(q, k, v, as_mask(spec), causal)
+    fused = laplacian_attention(q, k, v, spec, is_causal=causal)
+    reference = laplacian_attention_reference(q, k, v, spec, is_causal=causal)
+    torch.testing.assert_close(fused, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(reference, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("spec", [1, H, [True, False, True, False]], ids=str)
+def test_bf16_matches_float64_loosely(spec):
+    q, k, v = qkv()
+    expected = dense_heads(q, k, v, as_mask(spec), causal=True)
+    for fn in (laplacian_attention, laplacian_attention_reference):
+        out = fn(q.bfloat16(), k.bfloat16(), v.bfloat16(), spec, is_causal=True)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.double(), expected, rtol=0.05, atol=0.05)
+
+
+def test_tensor_mask_and_sequence_mask_agree_with_int():
+    q, k, v = qkv()
+    by_int = laplacian_attention(q, k, v, 2)
+    torch.testing.assert_close(laplacian_attention(q, k, v, [False, False, True, True]), by_int, rtol=0, atol=0)
+    torch.testing.assert_close(laplacian_attention(q, k, v, torch.tensor([False, False, True, True])), by_int)
+
+
+@settings(max_examples=25, deadline=None)
+@given(mask=st.lists(st.booleans(), min_size=6, max_size=6), causal=st.booleans(), hkv=st.sampled_from([1, 2, 3, 6]))
+def test_random_masks_match_dense(mask, causal, hkv):
+    q, k, v = qkv(h=6, hkv=hkv)
+    torch.testing.assert_close(
+        laplacian_attention(q, k, v, mask, is_causal=causal), dense_heads(q, k, v, mask, causal), rtol=1e-10, atol=1e-10
+    )
+
+
+def test_constant_sequence_is_annihilated():
+    """(I - P) 1 = 0: equal tokens get zero from a Laplacian head (up to the rounding of P's row sums, ~1e-16 in
+    float64) and themselves from an ordinary one."""
+    q, k, _ = qkv()
+    v = torch.randn(B, H, 1, D, dtype=torch.float64).expand(B, H, T, D)
+    for fn in (laplacian_attention, laplacian_attention_reference):
+        out = fn(q, k, v, 2)
+        assert out[:, 2:].abs().max() < 1e-14 * v.abs().max()
+        torch.testing.assert_close(out[:, :2], v[:, :2], rtol=1e-14, atol=0)
+
+
+def test_causal_first_token_of_laplacian_head_is_zero():
+    q, k, v = qkv()
+    for fn in (laplacian_attention, laplacian_attention_reference):
+        out = fn(q, k, v, 2, is_causal=True)
+        assert torch.equal(out[:, 2:, 0], torch.zeros_like(out[:, 2:, 0]))
+        torch.testing.assert_close(out[:, :2, 0], v[:, :2, 0])  # an ordinary head copies the first value
+
+
+@pytest.mark.parametrize("fn", [laplacian_attention, laplacian_attention_reference])
+def test_causality_of_outputs_and_gradients(fn):
+    q, k, v = qkv()
+    t0 = 3
+    base = [x.clone().requires_grad_() for x in (q, k, v)]
+    perturbed = [x.clone() for x in (q, k, v)]
+    for x in perturbed:
+        x[:, :, t0 + 1 :] += torch.randn_like(x[:, :, t0 + 1 :])
+    perturbed = [x.requires_grad_() for x in perturbed]
+    out_a, out_b = fn(*base, 2, is_causal=True), fn(*perturbed, 2, is_causal=True)
+    torch.testing.assert_close(out_a[:, :, : t0 + 1], out_b[:, :, : t0 + 1], rtol=0, atol=1e-12)
+    # A loss on positions <= t0 gives the same gradients, and none at all to later positions.
+    out_a[:, :, : t0 + 1].sum().backward()
+    out_b[:, :, : t0 + 1].sum().backward()
+    for a, b in zip(base, perturbed):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-12)
+        assert torch.equal(a.grad[:, :, t0 + 1 :], torch.zeros_like(a.grad[:, :, t0 + 1 :]))
+
+
+@pytest.mark.parametrize("hkv", [H, 2])
+@pytest.mark.parametrize("new_tokens", [1, 3])
+def test_kv_cache_form_equals_last_rows_of_full(hkv, new_tokens):
+    q, k, v = qkv(hkv=hkv, t=T)
+    full = laplacian_attention(q, k, v, [True, False, True, True], is_causal=True)
+    for fn in (laplacian_attention, laplacian_attention_reference):
+        cached = fn(q[:, :, -new_tokens:], k, v, [True, False, True, True], is_causal=True)
+        torch.testing.assert_close(cached, full[:, :, -new_tokens:], rtol=1e-10, atol=1e-10)
+
+
+def test_dropout_acts_on_p():
+    q, k, v = qkv()
+    # drop(P) = 0 with p = 1: a Laplacian head computes (I - 0) V = V, an ordinary head 0.
+    out = laplacian_attention(q, k, v, 2, dropout_p=1.0)
+    torch.testing.assert_close(out[:, 2:], v[:, 2:], rtol=0, atol=0)
+    assert torch.equal(out[:, :2], torch.zeros_like(out[:, :2]))
+    # Inverted dropout is unbiased, so the mean over draws approaches (I - P) V, not some other operator.
+    torch.manual_seed(0)
+    mean = torch.stack([laplacian_attention(q, k, v, 2, dropout_p=0.3) for _ in range(3000)]).mean(0)
+    torch.testing.assert_close(mean, laplacian_attention(q, k, v, 2), rtol=0, atol=0.1)
+
+
+def test_reference_returns_softmax_matrix():
+    q, k, v = qkv()
+    _, attn = laplacian_attention_reference(q, k, v, 2, is_causal=True, return_attn=True)
+    assert attn.shape == (B, H, T, T)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(B, H, T, dtype=attn.dtype))
+    assert torch.equal(attn.triu(1), torch.zeros_like(attn))
+
+
+@pytest.mark.parametrize("spec", [1, [True, False, True, False], H], ids=str)
+@pytest.mark.parametrize("hkv", [H, 2])
+def test_gradcheck(spec, hkv):
+    q, k, v = (x[:1, :, :4, :3].clone().requires_grad_() for x in qkv(hkv=hkv))
+    assert torch.autograd.gradcheck(lambda a, b, c: laplacian_attention(a, b, c, spec, is_causal=True), (q, k, v))
+
+
+def test_op_errors_name_the_problem():
+    q, k, v = qkv()
+    with pytest.raises(HeadSpecError, match="laplacian_heads=5 is out of range; allowed: 0 to 4"):
+        laplacian_attention(q, k, v, 5)
+    with pytest.raises(HeadSpecError, match="not 4 bools"):
+        laplacian_attention(q, k, v, [True, False])
+    with pytest.raises(ValueError, match="H % Hkv == 0"):
+        laplacian_attention(q, k[:, :3], v[:, :3], 1)
+    with pytest.raises(ValueError, match="T <= S"):
+        laplacian_attention(q, k[:, :, :3], v[:, :, :3], 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The module
+
+
+DIM, HEADS = 32, 4
+
+
+def make_pair(k: int, **kwargs) -> tuple[Attention, LaplacianAttention]:
+    torch.manual_seed(0)
+    timm_attn = Attention(DIM, num_heads=HEADS, qkv_bias=True, **kwargs).double()
+    lap = LaplacianAttention(DIM, num_heads=HEADS, qkv_bias=True, laplacian_heads=k, **kwargs).double()
+    lap.load_state_dict(timm_attn.state_dict(), strict=True)
+    return timm_attn, lap
+
+
+def test_module_state_dict_and_parameters_equal_timm():
+    timm_attn, lap = make_pair(2, qk_norm=True, norm_layer=torch.nn.LayerNorm)
+    assert list(lap.state_dict()) == list(timm_attn.state_dict())
+    assert sum(p.numel() for p in lap.parameters()) == sum(p.numel() for p in timm_attn.parameters())
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_module_without_laplacian_heads_equals_timm(fused):
+    timm_attn, lap = make_pair(0, qk_norm=True, norm_layer=torch.nn.LayerNorm)
+    timm_attn.fused_attn = lap.fused_attn = fused
+    x = torch.randn(3, 9, DIM, dtype=torch.float64)
+    torch.testing.assert_close(lap(x), timm_attn(x), rtol=1e-12, atol=1e-12)
+
+
+def dense_update(module: LaplacianAttention, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """X + sum_A P X Wv Wo + sum_L (I - P) X Wv Wo, from the module's own weights, one head at a time."""
+    n, hd = x.shape[1], module.head_dim
+    wq, wk, wv = module.qkv.weight.chunk(3)
+    bq, bk, bv = module.qkv.bias.chunk(3)
+    update = module.proj.bias.expand_as(x).clone()
+    for i, laplacian in enumerate(module.laplacian_mask.tolist()):
+        rows = slice(i * hd, (i + 1) * hd)
+        q = x @ wq[rows].T + bq[rows]
+        k = x @ wk[rows].T + bk[rows]
+        logits = q @ k.transpose(-1, -2) * hd**-0.5
+        if causal:
+            logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        p = logits.softmax(-1)
+        op = torch.eye(n, dtype=x.dtype) - p if laplacian else p
+        update = update + op @ (x @ wv[rows].T + bv[rows]) @ module.proj.weight[:, rows].T
+    return x + update
+
+
+@pytest.mark.parametrize("spec", [0, 1, HEADS - 1, HEADS, [True, False, False, True]], ids=str)
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_module_matches_dense_update(spec, fused, causal):
+    _, lap = make_pair(spec if isinstance(spec, int) else 0)
+    lap.set_laplacian_heads(spec)
+    lap.fused_attn = fused
+    x = torch.randn(2, 9, DIM, dtype=torch.float64)
+    torch.testing.assert_close(x + lap(x, is_causal=causal), dense_update(lap, x, causal), rtol=1e-10, atol=1e-10)
+
+
+def test_module_fused_flag_parity_in_training_and_bf16():
+    _, lap = make_pair(3)
+    x = torch.randn(2, 9, DIM)
+    lap.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lap.fused_attn = True
+        fused = lap(x)
+        lap.fused_attn = False
+        manual = lap(x)
+    torch.testing.assert_close(fused.float(), manual.float(), rtol=0.05, atol=0.05)
+
+
+def test_module_returns_attention_maps_and_repr_names_heads():
+    _, lap = make_pair(2)
+    x = torch.randn(2, 9, DIM, dtype=torch.float64)
+    out, attn = lap(x, return_attn=True)
+    torch.testing.assert_close(out, lap(x))
+    assert attn.shape == (2, HEADS, 9, 9)
+    assert "laplacian_heads=2/4 Laplacian: [2, 3]" in repr(lap)
+    assert lap.num_laplacian_heads == 2
+
+
+def test_module_rejects_bad_spec():
+    with pytest.raises(HeadSpecError, match="laplacian_heads=7 is out of range; allowed: 0 to 4"):
+        LaplacianAttention(DIM, num_heads=HEADS, laplacian_heads=7)
+
+
+def test_module_compiles_and_matches_eager():
+    _, lap = make_pair(2)
+    lap.float()
+    x = torch.randn(2, 9, DIM, requires_grad=True)
+    eager = lap(x)
+    eager.sum().backward()
+    eager_grad = x.grad.clone()
+    x.grad = None
+    compiled = torch.compile(lap)
+    out = compiled(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, eager_grad, rtol=1e-5, atol=1e-5)
+
+
+def test_module_trains_with_laplacian_heads():
+    """Gradients reach every parameter and a few Adam steps fit another Laplacian module's outputs."""
+    _, lap = make_pair(2)
+    lap.float()
+    torch.manual_seed(1)
+    teacher = LaplacianAttention(DIM, num_heads=HEADS, qkv_bias=True, laplacian_heads=2)
+    x = torch.randn(8, 9, DIM)
+    with torch.no_grad():
+        target = teacher(x)
+    opt = torch.optim.Adam(lap.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(20):
+        loss = F.mse_loss(lap(x), target)
+        opt.zero_grad()
+        loss.backward()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in lap.parameters())
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]

@@ -1,0 +1,39 @@
+"""The ``lapheads`` command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import lapheads
+from lapheads.cli import main
+
+
+def test_version(capsys):
+    try:
+        main(["--version"])
+    except SystemExit as exit_:
+        assert exit_.code == 0
+    assert capsys.readouterr().out.strip() == f"lapheads {lapheads.__version__}"
+
+
+def test_help_lists_the_demo(capsys):
+    assert main([]) == 0
+    assert "demo" in capsys.readouterr().out
+
+
+def test_console_script_and_module_entry_points():
+    console_script = Path(sys.executable).with_name("lapheads")
+    for cmd in ([str(console_script), "--help"], [sys.executable, "-m", "lapheads", "--version"]):
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+
+
+def test_unknown_subcommand_fails_with_one_line(capsys):
+    try:
+        main(["nope"])
+    except SystemExit as exit_:
+        assert exit_.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'nope'" in err
