@@ -16,6 +16,7 @@ from lapheads.attention import (
     laplacian_head_mask,
     parse_laplacian_heads,
 )
+from lapheads.models import create_vit  # also registers lapheads' timm model names
 
 try:
     __version__ = version("lapheads")
@@ -27,6 +28,7 @@ __all__ = [
     "HeadSpecError",
     "LaplacianAttention",
     "__version__",
+    "create_vit",
     "laplacian_attention",
     "laplacian_attention_reference",
     "laplacian_head_mask",

@@ -7,27 +7,76 @@ what is allowed, and a non-zero exit status; tracebacks are for bugs.
 from __future__ import annotations
 
 import argparse
-import runpy
+import json
 import sys
+import time
 from pathlib import Path
 
 import lapheads
-
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class UserError(Exception):
     """A problem with the user's input or environment; printed as one line, exit status 2."""
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Exception types that mean "bad input", printed as one line instead of a traceback."""
+    from lapheads.config import ConfigError
+    from lapheads.data.images import DataError
+    from lapheads.train.runtime import CheckpointError, NonFiniteLossError
+
+    return (UserError, lapheads.HeadSpecError, ConfigError, DataError, CheckpointError, NonFiniteLossError, ValueError)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """Until the vision pipeline lands, the demo is the attention benchmark in its quick form."""
-    script = _REPO_ROOT / "benchmarks" / "attention.py"
-    if not script.is_file():
-        raise UserError(f"benchmark script {script} not found; run the demo from a source checkout (pip install -e .)")
-    argv = ["--seq-lens", "256", "1024", "--repeats-scale", str(args.repeats_scale)]
-    sys.argv = [str(script), *argv]
-    runpy.run_path(str(script), run_name="__main__")
+    from lapheads.demo import run_demo
+
+    run_demo(Path(args.out), laplacian_heads=args.laplacian_heads, data_root=args.data_root, overrides=args.overrides)
+    return 0
+
+
+def _default_out(task: str, preset: str, heads: str | None) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{task}-{Path(preset).stem}-L{(heads or 'preset').replace(',', '_')}-{stamp}"
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    if args.task != "classify":
+        raise UserError(f"train {args.task} is not available yet; allowed now: classify")
+    from lapheads.presets import resolve_classify_config
+    from lapheads.train.classify import train_classify
+
+    cfg = resolve_classify_config(args.preset, args.laplacian_heads, args.overrides)
+    out = Path(args.out) if args.out else _default_out(args.task, args.preset, args.laplacian_heads)
+    result = train_classify(cfg, out, resume=args.resume)
+    print(json.dumps({"run_dir": str(out), **result}))
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    if args.task != "classify":
+        raise UserError(f"eval {args.task} is not available yet; allowed now: classify")
+    from lapheads.train.classify import evaluate_run
+
+    print(json.dumps(evaluate_run(Path(args.run_dir), use_ema=args.ema)))
+    return 0
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from lapheads.data.images import DATASETS, fetch_fashion_mnist, find_fashion_mnist
+
+    if args.action == "list":
+        for name in DATASETS:
+            where = find_fashion_mnist(args.root) if name == "fashion-mnist" else None
+            print(f"{name:15s} {'found in ' + str(where) if where else ''}")
+        return 0
+    if args.name != "fashion-mnist":
+        raise UserError(
+            f"data fetch {args.name!r}: allowed: fashion-mnist (CIFAR downloads with --download on `train`; "
+            "ImageNet must be placed as an ImageFolder by hand)"
+        )
+    folder, what = fetch_fashion_mnist(args.root or "data")
+    print(f"fashion-mnist: {what}")
     return 0
 
 
@@ -39,8 +88,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lapheads {lapheads.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="the main job on embedded data, with a report at the end")
-    demo.add_argument("--repeats-scale", type=float, default=0.5, help="scale the number of timed rounds")
+    demo.add_argument("--out", default="runs/demo", help="report and run directories go here")
+    demo.add_argument("--laplacian-heads", default="3", help="the Laplacian run's spec (the other run has 0)")
+    demo.add_argument("--data-root", default=None, help="where Fashion-MNIST is or goes")
+    demo.add_argument("overrides", nargs=argparse.REMAINDER, help="--key value overrides of the fmnist-cpu preset")
     demo.set_defaults(func=_cmd_demo)
+
+    train = sub.add_parser("train", help="train a model from a preset")
+    train.add_argument("task", choices=["classify", "lm", "dino"])
+    train.add_argument("--preset", required=True, help="a preset name or a .json preset file")
+    train.add_argument("--laplacian-heads", default=None, help="k, or a per-layer list such as 0,2,2,0")
+    train.add_argument("--out", default=None, help="the run directory (default: runs/<task>-<preset>-L<k>-<time>)")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    train.add_argument("overrides", nargs=argparse.REMAINDER, help="--key value overrides of any config field")
+    train.set_defaults(func=_cmd_train)
+
+    evaluate = sub.add_parser("eval", help="evaluate a run directory's final checkpoint")
+    evaluate.add_argument("task", choices=["classify", "lm", "dino"])
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
+    evaluate.set_defaults(func=_cmd_eval)
+
+    data = sub.add_parser("data", help="list or fetch datasets")
+    data.add_argument("action", choices=["list", "fetch"])
+    data.add_argument("name", nargs="?", default="fashion-mnist")
+    data.add_argument("--root", default=None)
+    data.set_defaults(func=_cmd_data)
     return parser
 
 
@@ -52,6 +125,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return args.func(args)
-    except (UserError, lapheads.HeadSpecError) as err:
+    except _user_errors() as err:
         print(f"lapheads {args.command}: error: {err}", file=sys.stderr)
         return 2

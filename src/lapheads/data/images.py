@@ -1,0 +1,274 @@
+"""Image datasets for classification: Fashion-MNIST, CIFAR-10/100, ImageFolder (ImageNet).
+
+* Fashion-MNIST is read from its idx files (``.gz`` or plain), found in a user-given root, in the Debian package's
+  folder ``/usr/share/datasets/fashion-mnist``, or in torchvision's layout ``ROOT/FashionMNIST/raw``; torchvision
+  downloads it when asked and online. It is small, so it is held as one uint8 tensor.
+* CIFAR-10/100 are torchvision's datasets on their on-disk format (the python-pickle batches of the official
+  tarball); ImageNet and any other folder-per-class tree are torchvision ``ImageFolder`` with ``train/`` and
+  ``val/`` sub-folders.
+* Transforms come from timm (``create_transform``: random-resized crop, 3-Augment, colour jitter, normalisation)
+  for the big datasets, and a light pad-and-crop + flip for the 28-32 px CPU recipes.
+
+Every failure to find or read data raises ``DataError`` with one line naming the path and how to get the data.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+from torch.utils.data import Dataset
+from torchvision import transforms as T
+
+__all__ = [
+    "DATASETS",
+    "DataError",
+    "ImageData",
+    "IdxDataset",
+    "build_image_data",
+    "fetch_fashion_mnist",
+    "find_fashion_mnist",
+    "read_idx",
+]
+
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+#: name -> (channels, native image size, number of classes, mean, std)
+DATASETS = {
+    "fashion-mnist": (1, 28, 10, (0.2860,), (0.3530,)),
+    "cifar10": (3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": (3, 32, 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "imagefolder": (3, 224, None, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+}
+
+
+class DataError(RuntimeError):
+    """Missing or unreadable data; the message names the path and what to do."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fashion-MNIST (idx format)
+
+_IDX_DTYPES = {0x08: np.uint8}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an idx file (``.gz`` or plain): magic 0x0000 <dtype> <ndim>, big-endian dims, then the data."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as err:
+        raise DataError(f"cannot read {path}: {err}") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise DataError(f"{path} is not an idx file (bad magic {raw[:4].hex()}); expected an MNIST-style idx file")
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    offset = 4 + 4 * ndim
+    expected = int(np.prod(dims)) if dims else 0
+    if len(raw) - offset != expected:
+        raise DataError(f"{path} is truncated or corrupt: header says {dims} ({expected} values), file holds {len(raw) - offset}")
+    return np.frombuffer(raw, dtype=_IDX_DTYPES[raw[2]], offset=offset).reshape(dims)
+
+
+def _idx_file(folder: Path, stem: str) -> Path | None:
+    for name in (stem + ".gz", stem):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def find_fashion_mnist(root: str | os.PathLike | None = None) -> Path | None:
+    """The first folder holding all four Fashion-MNIST idx files: ``root``, ``root/FashionMNIST/raw``, Debian's."""
+    candidates = []
+    if root is not None:
+        candidates += [Path(root), Path(root) / "FashionMNIST" / "raw"]
+    candidates.append(DEBIAN_FASHION_MNIST)
+    for folder in candidates:
+        if all(_idx_file(folder, stem) for pair in FASHION_MNIST_FILES.values() for stem in pair):
+            return folder
+    return None
+
+
+def fetch_fashion_mnist(root: str | os.PathLike) -> tuple[Path, str]:
+    """Get Fashion-MNIST by what this OS allows; returns (folder, what was done).
+
+    Order: already present; ``apt-get install dataset-fashion-mnist`` when root on Debian/Ubuntu; torchvision's
+    download into ``root``.
+    """
+    found = find_fashion_mnist(root)
+    if found is not None:
+        return found, f"already present in {found}"
+    notes = []
+    if shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
+        done = subprocess.run(
+            ["apt-get", "install", "-y", "-q", "dataset-fashion-mnist"],
+            capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
+        if done.returncode != 0:  # the package lists may be stale on a fresh machine
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True)
+            done = subprocess.run(
+                ["apt-get", "install", "-y", "-q", "dataset-fashion-mnist"],
+                capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            )
+        found = find_fashion_mnist(root)
+        if found is not None:
+            return found, "installed the Debian package dataset-fashion-mnist with apt-get"
+        notes.append(f"apt-get install dataset-fashion-mnist failed ({done.stderr.strip().splitlines()[-1:] or '?'})")
+    try:
+        torchvision.datasets.FashionMNIST(str(root), download=True)
+        found = find_fashion_mnist(root)
+        if found is not None:
+            return found, f"downloaded with torchvision into {found}"
+    except Exception as err:  # noqa: BLE001 - any network failure means "could not download"
+        notes.append(f"torchvision download failed ({type(err).__name__}: {str(err).splitlines()[0][:120]})")
+    raise DataError(
+        f"Fashion-MNIST not found in {root} or {DEBIAN_FASHION_MNIST} and could not be fetched: {'; '.join(notes)}. "
+        "Get it with `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu) or copy the four *-ubyte.gz "
+        f"files into {root}"
+    )
+
+
+class IdxDataset(Dataset):
+    """An in-memory uint8 image tensor (N, H, W) with labels; items are (transformed image, label)."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform=None) -> None:
+        if len(images) != len(labels):
+            raise DataError(f"{len(images)} images but {len(labels)} labels")
+        self.images = torch.from_numpy(np.array(images))  # a writable copy of the read-only file buffer
+        self.targets = torch.from_numpy(labels.astype(np.int64))
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int):
+        image = self.images[i].unsqueeze(0).float().div_(255)  # (1, H, W) in [0, 1]
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.targets[i])
+
+
+def load_fashion_mnist(root: str | os.PathLike | None, split: str, transform=None) -> IdxDataset:
+    folder = find_fashion_mnist(root)
+    if folder is None:
+        raise DataError(
+            f"Fashion-MNIST not found in {root or '(no root given)'}, {root}/FashionMNIST/raw or "
+            f"{DEBIAN_FASHION_MNIST}; run `lapheads data fetch fashion-mnist` or "
+            "`sudo apt-get install dataset-fashion-mnist`"
+        )
+    image_stem, label_stem = FASHION_MNIST_FILES[split]
+    images, labels = read_idx(_idx_file(folder, image_stem)), read_idx(_idx_file(folder, label_stem))
+    if images.ndim != 3 or labels.ndim != 1:
+        raise DataError(f"{folder}: expected images (N, H, W) and labels (N,), got {images.shape} and {labels.shape}")
+    return IdxDataset(images, labels, transform)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Transforms and the dataset factory
+
+
+def small_image_transforms(size: int, native: int, mean, std, train: bool, hflip: bool) -> T.Compose:
+    """Tensor-in transforms for 28-32 px images: resize if needed, pad-and-crop + flip for training, normalise."""
+    steps: list = []
+    if size != native:
+        steps.append(T.Resize(size, antialias=True))
+    if train:
+        steps.append(T.RandomCrop(size, padding=size // 8, padding_mode="reflect"))
+        if hflip:
+            steps.append(T.RandomHorizontalFlip())
+    steps.append(T.Normalize(mean, std))
+    return T.Compose(steps)
+
+
+def _pil_to_small_tensor(transform: T.Compose) -> T.Compose:
+    return T.Compose([T.PILToTensor(), T.ConvertImageDtype(torch.float32), transform])
+
+
+@dataclass
+class ImageData:
+    """Train and eval datasets with what the model needs to know about them."""
+
+    train: Dataset
+    eval: Dataset
+    num_classes: int
+    in_chans: int
+    img_size: int
+
+
+def build_image_data(
+    dataset: str,
+    root: str | None,
+    img_size: int,
+    *,
+    download: bool = False,
+    three_augment: bool = False,
+    color_jitter: float = 0.0,
+    auto_augment: str | None = None,
+    hflip: bool = True,
+) -> ImageData:
+    """Build train/eval datasets for a classification recipe.
+
+    Args:
+        dataset: fashion-mnist, cifar10, cifar100, imagefolder (ImageNet layout: root/train/<class>/*, root/val/...).
+        root: data folder (None: the default search locations for Fashion-MNIST).
+        img_size: the model's input size; images are resized/cropped to it.
+        download: let torchvision download CIFAR / Fashion-MNIST when missing (needs the network).
+        three_augment, color_jitter, auto_augment: timm training transforms for ImageFolder datasets.
+        hflip: random horizontal flips in training (not for Fashion-MNIST, whose classes are orientation-aware-ish).
+    """
+    if dataset not in DATASETS:
+        raise DataError(f"unknown dataset {dataset!r}; allowed: {', '.join(DATASETS)}")
+    chans, native, num_classes, mean, std = DATASETS[dataset]
+    if dataset == "fashion-mnist":
+        if download and find_fashion_mnist(root) is None:
+            fetch_fashion_mnist(root or "data")
+        train = load_fashion_mnist(root, "train", small_image_transforms(img_size, native, mean, std, True, False))
+        test = load_fashion_mnist(root, "test", small_image_transforms(img_size, native, mean, std, False, False))
+        return ImageData(train, test, num_classes, chans, img_size)
+    if dataset in ("cifar10", "cifar100"):
+        cls = torchvision.datasets.CIFAR10 if dataset == "cifar10" else torchvision.datasets.CIFAR100
+        if root is None:
+            raise DataError(f"{dataset} needs a data root (--data-root); add --download to fetch it when online")
+        try:
+            train = cls(root, train=True, download=download,
+                        transform=_pil_to_small_tensor(small_image_transforms(img_size, native, mean, std, True, hflip)))
+            test = cls(root, train=False, download=download,
+                       transform=_pil_to_small_tensor(small_image_transforms(img_size, native, mean, std, False, hflip)))
+        except Exception as err:  # noqa: BLE001 - torchvision raises RuntimeError/URLError/pickle errors
+            raise DataError(
+                f"{dataset} not found or corrupt in {root} ({type(err).__name__}: {str(err).splitlines()[0][:100]}); "
+                f"expected torchvision's layout {root}/{cls.base_folder}/ (add --download when online)"
+            ) from None
+        return ImageData(train, test, num_classes, chans, img_size)
+    # ImageFolder / ImageNet
+    from timm.data import create_transform
+
+    if root is None or not (Path(root) / "train").is_dir() or not (Path(root) / "val").is_dir():
+        raise DataError(f"imagefolder needs {root}/train/<class>/* and {root}/val/<class>/*; not found")
+    train_tf = create_transform(
+        img_size, is_training=True, color_jitter=color_jitter or None, hflip=0.5 if hflip else 0.0,
+        auto_augment="3a" if three_augment else auto_augment, mean=mean, std=std,
+    )
+    eval_tf = create_transform(img_size, is_training=False, mean=mean, std=std)
+    try:
+        train = torchvision.datasets.ImageFolder(str(Path(root) / "train"), transform=train_tf)
+        test = torchvision.datasets.ImageFolder(str(Path(root) / "val"), transform=eval_tf)
+    except (FileNotFoundError, OSError) as err:
+        raise DataError(f"cannot read ImageFolder data in {root}: {err}") from None
+    if train.classes != test.classes:
+        raise DataError(f"{root}/train has {len(train.classes)} classes but {root}/val has {len(test.classes)}")
+    return ImageData(train, test, len(train.classes), chans, img_size)

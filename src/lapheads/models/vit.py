@@ -1,0 +1,134 @@
+"""timm Vision Transformers with Laplacian heads.
+
+Design choices:
+
+* **timm builds the model.** ``create_vit`` calls ``timm.create_model`` with ``attn_layer=LaplacianAttention``, so
+  every timm VisionTransformer variant (DeiT-III, plain ViT, small CPU sizes) gets Laplacian heads with timm's own
+  init, LayerScale, drop-path and QK-norm. The head masks are set per block afterwards through the one parser,
+  which is how per-layer specs ("0,2,2,0") work (timm passes one attention class to all blocks).
+* **State dicts are timm's.** The head mask is a non-persistent buffer, so a timm checkpoint (a local file) loads
+  into a Laplacian model with ``strict=True`` and the other way round.
+* **Registered names.** After ``import lapheads``, names in the spirit of the authors' code such as
+  ``deit3_base_12L_patch16_192`` (DeiT-III base, 12 Laplacian heads per layer, 192 px, QK-norm) work with
+  ``timm.create_model``; ``vit_fmnist_patch4`` is the small CPU ViT (6 layers, 192 dim, 3 heads, patch 4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import timm
+import torch
+from timm.models import generate_default_cfgs, register_model
+from timm.models.vision_transformer import VisionTransformer
+
+from lapheads.attention import LaplacianAttention, parse_laplacian_heads
+
+__all__ = ["CPU_VIT_ARGS", "create_vit", "set_laplacian_heads", "vit_laplacian_masks"]
+
+#: The small CPU ViT for 28-32 px images: 6 layers, 192 dims, 3 heads, patch 4.
+CPU_VIT_ARGS: dict[str, Any] = dict(patch_size=4, embed_dim=192, depth=6, num_heads=3, mlp_ratio=4.0)
+
+
+def set_laplacian_heads(model: torch.nn.Module, laplacian_heads: object) -> list[torch.Tensor]:
+    """Set the Laplacian heads of every ``LaplacianAttention`` in ``model`` (in module order); returns the masks."""
+    layers = [m for m in model.modules() if isinstance(m, LaplacianAttention)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no LaplacianAttention layers; build it with create_vit")
+    masks = parse_laplacian_heads(laplacian_heads, num_heads=layers[0].num_heads, num_layers=len(layers))
+    for layer, mask in zip(layers, masks):
+        layer.set_laplacian_heads(mask)
+    return masks
+
+
+def vit_laplacian_masks(model: torch.nn.Module) -> list[list[bool]]:
+    """Each attention layer's Laplacian mask, for configs and plots."""
+    return [m.laplacian_mask.tolist() for m in model.modules() if isinstance(m, LaplacianAttention)]
+
+
+def create_vit(
+    name: str,
+    laplacian_heads: object = 0,
+    *,
+    qk_norm: bool = False,
+    pretrained_file: str | None = None,
+    **timm_kwargs: Any,
+) -> VisionTransformer:
+    """Build a timm VisionTransformer whose attention layers are ``LaplacianAttention``.
+
+    Args:
+        name: a timm model name (``deit3_small_patch16_224``, ``vit_base_patch16_224``, ``vit_fmnist_patch4``...).
+        laplacian_heads: k Laplacian heads in every layer, a per-layer list / "0,2,2,0" string, or per-layer masks.
+        qk_norm: LayerNorm on queries and keys (the paper's baseline is the QK-norm model with 0 Laplacian heads).
+        pretrained_file: a local timm checkpoint (.pth / .safetensors) to load; with a different ``num_classes``
+            timm drops the classifier, as for any fine-tune.
+        **timm_kwargs: passed to ``timm.create_model`` (num_classes, img_size, in_chans, drop_path_rate, ...).
+    """
+    if name not in timm.list_models():
+        raise ValueError(
+            f"unknown model {name!r}; allowed: a timm VisionTransformer name, e.g. vit_fmnist_patch4, "
+            f"deit3_small_patch16_224, deit3_base_patch16_224 (see timm.list_models('*vit*'))"
+        )
+    if pretrained_file is not None:
+        timm_kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=str(pretrained_file)))
+    model = timm.create_model(name, attn_layer=LaplacianAttention, qk_norm=qk_norm, **timm_kwargs)
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(f"model {name!r} is a {type(model).__name__}; allowed: timm VisionTransformer models")
+    set_laplacian_heads(model, laplacian_heads)
+    return model
+
+
+def _registered(base: str, laplacian_heads: int, **fixed: Any):
+    """A timm entry point: ``base`` with k Laplacian heads per layer, QK-norm, and fixed arguments."""
+
+    def build(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+        kwargs = {**fixed, **kwargs}
+        heads = kwargs.pop("laplacian_heads", laplacian_heads)
+        return create_vit(base, heads, qk_norm=kwargs.pop("qk_norm", True), pretrained=pretrained, **kwargs)
+
+    return build
+
+
+def _default_cfg(input_size: tuple[int, int, int], num_classes: int) -> dict[str, Any]:
+    return dict(url="", num_classes=num_classes, input_size=input_size, mean=(0.5,) * input_size[0],
+                std=(0.5,) * input_size[0], first_conv="patch_embed.proj", classifier="head")
+
+
+# timm's register_model reads the registering module's ``default_cfgs``; untrained names need one too.
+default_cfgs = generate_default_cfgs({
+    "vit_fmnist_patch4": _default_cfg((1, 28, 28), 10),
+    "vit_lite_7_patch4_32": _default_cfg((3, 32, 32), 10),
+    **{f"deit3_{size}_{k}L_patch16_192": _default_cfg((3, 192, 192), 1000)
+       for size, heads in (("small", 6), ("base", 12), ("large", 16)) for k in range(heads + 1)},
+})
+
+
+def _register_all() -> None:
+    @register_model
+    def vit_fmnist_patch4(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+        """Small CPU ViT for 28-32 px images: 6 layers, 192 dim, 3 heads, patch 4."""
+        from timm.models.vision_transformer import _create_vision_transformer
+
+        args = dict(CPU_VIT_ARGS, img_size=28, in_chans=1, num_classes=10)
+        return _create_vision_transformer("vit_fmnist_patch4", pretrained=pretrained, **dict(args, **kwargs))
+
+    @register_model
+    def vit_lite_7_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+        """ViT-Lite-7/4 (Hassani et al. 2021) for 32 px: 7 layers, 256 dim, 4 heads, MLP ratio 2, patch 4."""
+        from timm.models.vision_transformer import _create_vision_transformer
+
+        args = dict(img_size=32, patch_size=4, embed_dim=256, depth=7, num_heads=4, mlp_ratio=2.0, num_classes=10)
+        return _create_vision_transformer("vit_lite_7_patch4_32", pretrained=pretrained, **dict(args, **kwargs))
+
+    # DeiT-III with k Laplacian heads per layer and QK-norm, as in the authors' timm scripts (192 px pre-training).
+    for size, heads in (("small", 6), ("base", 12), ("large", 16)):
+        for k in (0, *range(1, heads + 1)):
+            fn_name = f"deit3_{size}_{k}L_patch16_192"
+            fn = _registered(f"deit3_{size}_patch16_224", k, img_size=192)
+            fn.__name__ = fn_name
+            fn.__doc__ = f"DeiT-III {size}, {k} of {heads} heads Laplacian in every layer, QK-norm, 192 px."
+            fn.__module__ = __name__
+            register_model(fn)
+
+
+_register_all()

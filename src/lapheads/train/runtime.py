@@ -1,0 +1,375 @@
+"""What every training loop shares: distributed set-up, the run directory, checkpoints, batching, RNG state.
+
+Design choices:
+
+* **torchrun only.** ``setup_distributed`` reads the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK) and
+  initialises gloo on CPU, nccl on CUDA; without them the run is a single process. No home-made launcher.
+* **Global batches are defined once.** ``GlobalBatchSampler`` shuffles with (seed, epoch) and cuts each global
+  batch into world_size x accum_steps micro-batches, so 1 rank and N ranks see the same samples per optimizer
+  step, and a resumed run continues mid-epoch at the exact next batch.
+* **Checkpoints without pickle.** Weights, optimizer tensors and RNG states are safetensors; everything else is
+  JSON. A checkpoint is written into a temporary folder, then renamed into place, then ``latest`` is replaced
+  atomically: a crash at any point leaves the previous checkpoint intact.
+* **The run directory is the contract**: config.json, metrics.jsonl, checkpoints/ (design.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import random
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+import lapheads
+
+__all__ = [
+    "CheckpointError",
+    "Distributed",
+    "GlobalBatchSampler",
+    "NonFiniteLossError",
+    "RunDir",
+    "load_checkpoint",
+    "save_checkpoint",
+    "seed_everything",
+    "setup_distributed",
+]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, corrupt, unsafe or does not match the model; one-line message."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or inf; the message names the step."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Distributed
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+
+def setup_distributed(device: str = "auto") -> Distributed:
+    """Join the torchrun process group if launched by torchrun; pick the device ("auto", "cpu", "cuda")."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}; allowed: auto, cpu, cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but no CUDA device is available; allowed here: cpu")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    torch_device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(torch_device)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30))
+    return Distributed(rank, world_size, local_rank, torch_device)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Batching
+
+
+class GlobalBatchSampler:
+    """Yields this rank's micro-batches of indices, epoch by epoch, from a given global step on.
+
+    Global batch b of epoch e is ``perm_e[b * G : (b + 1) * G]`` with ``perm_e`` a permutation seeded by
+    (seed, e) and G = world_size * accum_steps * micro_batch; rank r's micro-batch a is the slice
+    ``[(a * world_size + r) * micro_batch, ... + micro_batch)``. Incomplete last global batches are dropped.
+
+    Args:
+        num_samples: dataset length.
+        micro_batch: samples per forward pass per rank.
+        accum_steps: micro-batches per optimizer step.
+        rank, world_size: this process and the number of processes.
+        seed: shuffling seed.
+    """
+
+    def __init__(self, num_samples: int, micro_batch: int, accum_steps: int, rank: int, world_size: int, seed: int):
+        self.num_samples, self.micro_batch, self.accum_steps = num_samples, micro_batch, accum_steps
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.global_batch = micro_batch * accum_steps * world_size
+        self.steps_per_epoch = num_samples // self.global_batch
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"global batch {self.global_batch} is larger than the dataset ({num_samples} samples); allowed: "
+                f"batch_size <= {num_samples}"
+            )
+
+    def epoch_permutation(self, epoch: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        return torch.randperm(self.num_samples, generator=gen)
+
+    def step_batches(self, start_step: int) -> Iterator[tuple[int, list[list[int]]]]:
+        """(global step, this rank's accum_steps micro-batches) from ``start_step`` on, forever."""
+        step = start_step
+        while True:
+            epoch, b = divmod(step, self.steps_per_epoch)
+            perm = self.epoch_permutation(epoch)
+            while b < self.steps_per_epoch:
+                batch = perm[b * self.global_batch : (b + 1) * self.global_batch]
+                micro = []
+                for a in range(self.accum_steps):
+                    start = (a * self.world_size + self.rank) * self.micro_batch
+                    micro.append(batch[start : start + self.micro_batch].tolist())
+                yield step, micro
+                step, b = step + 1, b + 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Run directory
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
+        )
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+class RunDir:
+    """A run directory: config.json, metrics.jsonl, checkpoints/, report/."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+        self.metrics_file = self.path / "metrics.jsonl"
+        self.config_file = self.path / "config.json"
+
+    def write_config(self, task: str, config: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        record = {
+            "task": task,
+            "config": config,
+            "lapheads_version": lapheads.__version__,
+            "torch_version": torch.__version__,
+            "git_revision": _git_revision(),
+            **(extra or {}),
+        }
+        _atomic_write_text(self.config_file, json.dumps(record, indent=2) + "\n")
+
+    def read_config(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.config_file.read_text())
+        except FileNotFoundError:
+            raise CheckpointError(f"{self.path} is not a run directory: no config.json") from None
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{self.config_file} is corrupt: {err}") from None
+
+    def log(self, record: dict[str, Any]) -> None:
+        with open(self.metrics_file, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_file.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
+
+    def truncate_metrics(self, after_step: int) -> None:
+        """Drop records logged after ``after_step`` (they are redone when a run resumes from that step)."""
+        kept = [r for r in self.read_metrics() if r.get("step", 0) <= after_step]
+        _atomic_write_text(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    state = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch_cuda"] = torch.cuda.get_rng_state()
+    np_state = np.random.get_state()
+    state["numpy_keys"] = torch.from_numpy(np_state[1].astype(np.int64))
+    state["numpy_meta"] = torch.tensor([np_state[2], np_state[3]], dtype=torch.int64)
+    state["numpy_gauss"] = torch.tensor([np_state[4]], dtype=torch.float64)
+    py_state = random.getstate()
+    state["python"] = torch.tensor(py_state[1], dtype=torch.int64)
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["torch_cpu"])
+    if "torch_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["torch_cuda"])
+    meta = state["numpy_meta"].tolist()
+    np.random.set_state(
+        ("MT19937", state["numpy_keys"].numpy().astype(np.uint32), meta[0], meta[1], float(state["numpy_gauss"][0]))
+    )
+    random.setstate((3, tuple(state["python"].tolist()), None))
+
+
+def _flatten_optimizer(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Optimizer state -> (tensors for safetensors, JSON for the rest)."""
+    tensors, scalars = {}, {}
+    for param_id, param_state in state_dict["state"].items():
+        for name, value in param_state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{param_id}.{name}"] = value.detach().contiguous().cpu()
+            else:
+                scalars[f"{param_id}.{name}"] = value
+    return tensors, {"param_groups": state_dict["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in [*tensors.items(), *meta["scalars"].items()]:
+        param_id, name = key.split(".", 1)
+        state.setdefault(int(param_id), {})[name] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def save_checkpoint(
+    run: RunDir,
+    step: int,
+    dist_: Distributed,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict[str, Any],
+    extra_models: dict[str, torch.nn.Module] | None = None,
+    keep: int = 2,
+) -> Path:
+    """Write checkpoints/step-<step>/ atomically and point checkpoints/latest at it; keep the newest ``keep``.
+
+    Every rank writes its RNG state; rank 0 writes the rest and publishes the folder after a barrier.
+    """
+    final = run.checkpoints / f"step-{step:08d}"
+    tmp = run.checkpoints / f".tmp-step-{step:08d}"
+    if dist_.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist_.barrier()
+    save_file(_rng_state(), str(tmp / f"rng-rank{dist_.rank}.safetensors"))
+    if dist_.is_main:
+        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+        for name, module in (extra_models or {}).items():
+            save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}, str(tmp / f"{name}.safetensors"))
+        opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
+        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        state = {"step": step, "world_size": dist_.world_size, "optimizer": opt_meta, **trainer_state}
+        (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    dist_.barrier()
+    if dist_.is_main:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        _atomic_write_text(run.checkpoints / "latest", final.name + "\n")
+        for old in sorted(run.checkpoints.glob("step-*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist_.barrier()
+    return final
+
+
+def latest_checkpoint(run: RunDir) -> Path | None:
+    pointer = run.checkpoints / "latest"
+    if not pointer.is_file():
+        return None
+    folder = run.checkpoints / pointer.read_text().strip()
+    if not folder.is_dir():
+        raise CheckpointError(f"{pointer} points at {folder}, which does not exist")
+    return folder
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Load a safetensors file; anything else (a pickle with code in it, a truncated file) is refused."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{path} is not a valid safetensors file ({str(err).splitlines()[0][:100]}); refusing to load it "
+            "(lapheads never unpickles checkpoints)"
+        ) from None
+
+
+def load_weights(module: torch.nn.Module, path: Path) -> None:
+    """Load a safetensors state dict with strict key and shape checks and a one-line error on mismatch."""
+    tensors = load_safetensors(path)
+    expected = module.state_dict()
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    shapes = [k for k in set(expected) & set(tensors) if expected[k].shape != tensors[k].shape]
+    if missing or unexpected or shapes:
+        detail = (
+            f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
+            else f"shape of {shapes[0]}: checkpoint {tuple(tensors[shapes[0]].shape)} vs model {tuple(expected[shapes[0]].shape)}"
+        )
+        raise CheckpointError(f"{path} does not match the model ({detail}); was it written by a different config?")
+    module.load_state_dict(tensors, strict=True)
+
+
+def load_checkpoint(
+    folder: Path,
+    dist_: Distributed,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    extra_models: dict[str, torch.nn.Module] | None = None,
+) -> dict[str, Any]:
+    """Restore weights, optimizer, this rank's RNG state; return the trainer state."""
+    try:
+        state = json.loads((folder / "state.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{folder}/state.json is missing or corrupt: {err}") from None
+    if state.get("world_size", 1) != dist_.world_size:
+        raise CheckpointError(
+            f"{folder} was written by {state['world_size']} processes; resuming with {dist_.world_size} would change "
+            "the data order; allowed: the same world size"
+        )
+    load_weights(model, folder / "model.safetensors")
+    for name, module in (extra_models or {}).items():
+        load_weights(module, folder / f"{name}.safetensors")
+    if optimizer is not None:
+        tensors = load_safetensors(folder / "optimizer.safetensors")
+        optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
+    _set_rng_state(load_safetensors(folder / f"rng-rank{dist_.rank}.safetensors"))
+    return state
