@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -83,33 +84,33 @@ def _cmd_data(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lapheads",
+        allow_abbrev=False,  # an override such as --data must never be taken for --data-root
         description="Laplacian heads for transformers: train, measure and reproduce (arXiv 2602.09297).",
+        epilog="train and demo also take --key value overrides of any config field (e.g. --lr 5e-4 --epochs 2).",
     )
     parser.add_argument("--version", action="version", version=f"lapheads {lapheads.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = sub.add_parser("demo", help="the main job on embedded data, with a report at the end")
+    demo = sub.add_parser("demo", allow_abbrev=False, help="the main job on embedded data, with a report at the end")
     demo.add_argument("--out", default="runs/demo", help="report and run directories go here")
     demo.add_argument("--laplacian-heads", default="3", help="the Laplacian run's spec (the other run has 0)")
     demo.add_argument("--data-root", default=None, help="where Fashion-MNIST is or goes")
-    demo.add_argument("overrides", nargs=argparse.REMAINDER, help="--key value overrides of the fmnist-cpu preset")
-    demo.set_defaults(func=_cmd_demo)
+    demo.set_defaults(func=_cmd_demo, takes_overrides=True)
 
-    train = sub.add_parser("train", help="train a model from a preset")
+    train = sub.add_parser("train", allow_abbrev=False, help="train a model from a preset")
     train.add_argument("task", choices=["classify", "lm", "dino"])
     train.add_argument("--preset", required=True, help="a preset name or a .json preset file")
     train.add_argument("--laplacian-heads", default=None, help="k, or a per-layer list such as 0,2,2,0")
     train.add_argument("--out", default=None, help="the run directory (default: runs/<task>-<preset>-L<k>-<time>)")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    train.add_argument("overrides", nargs=argparse.REMAINDER, help="--key value overrides of any config field")
-    train.set_defaults(func=_cmd_train)
+    train.set_defaults(func=_cmd_train, takes_overrides=True)
 
-    evaluate = sub.add_parser("eval", help="evaluate a run directory's final checkpoint")
+    evaluate = sub.add_parser("eval", allow_abbrev=False, help="evaluate a run directory's final checkpoint")
     evaluate.add_argument("task", choices=["classify", "lm", "dino"])
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     evaluate.set_defaults(func=_cmd_eval)
 
-    data = sub.add_parser("data", help="list or fetch datasets")
+    data = sub.add_parser("data", allow_abbrev=False, help="list or fetch datasets")
     data.add_argument("action", choices=["list", "fetch"])
     data.add_argument("name", nargs="?", default="fashion-mnist")
     data.add_argument("--root", default=None)
@@ -119,12 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Options a sub-command does not declare are config overrides (--key value), typed and checked by the config.
+    args, overrides = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
+    if overrides and not getattr(args, "takes_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(overrides)}")
+    args.overrides = overrides
     try:
         return args.func(args)
     except _user_errors() as err:
+        if os.environ.get("LAPHEADS_DEBUG"):
+            raise
         print(f"lapheads {args.command}: error: {err}", file=sys.stderr)
         return 2

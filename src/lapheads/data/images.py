@@ -198,6 +198,33 @@ def _pil_to_small_tensor(transform: T.Compose) -> T.Compose:
     return T.Compose([T.PILToTensor(), T.ConvertImageDtype(torch.float32), transform])
 
 
+class _PresenceChecked:
+    """torchvision's CIFAR, checking that the batch files exist instead of their md5 sums.
+
+    The md5 check would refuse any CIFAR-format file that is not the official one (our generated test files, a
+    re-packed copy); a corrupt file still fails when it is unpickled, which we report as a DataError.
+    """
+
+    def _check_integrity(self) -> bool:
+        folder = Path(self.root) / self.base_folder
+        return all((folder / name).is_file() for name, _ in (*self.train_list, *self.test_list))
+
+    def _load_meta(self) -> None:
+        import pickle
+
+        with open(Path(self.root) / self.base_folder / self.meta["filename"], "rb") as f:
+            self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+
+
+class _CIFAR10(_PresenceChecked, torchvision.datasets.CIFAR10):
+    pass
+
+
+class _CIFAR100(_PresenceChecked, torchvision.datasets.CIFAR100):
+    pass
+
+
 @dataclass
 class ImageData:
     """Train and eval datasets with what the model needs to know about them."""
@@ -219,6 +246,7 @@ def build_image_data(
     color_jitter: float = 0.0,
     auto_augment: str | None = None,
     hflip: bool = True,
+    augment: bool = True,
 ) -> ImageData:
     """Build train/eval datasets for a classification recipe.
 
@@ -228,7 +256,8 @@ def build_image_data(
         img_size: the model's input size; images are resized/cropped to it.
         download: let torchvision download CIFAR / Fashion-MNIST when missing (needs the network).
         three_augment, color_jitter, auto_augment: timm training transforms for ImageFolder datasets.
-        hflip: random horizontal flips in training (not for Fashion-MNIST, whose classes are orientation-aware-ish).
+        hflip: random horizontal flips in training (never for Fashion-MNIST).
+        augment: random training transforms at all; False gives the eval transforms (deterministic runs, tests).
     """
     if dataset not in DATASETS:
         raise DataError(f"unknown dataset {dataset!r}; allowed: {', '.join(DATASETS)}")
@@ -236,16 +265,16 @@ def build_image_data(
     if dataset == "fashion-mnist":
         if download and find_fashion_mnist(root) is None:
             fetch_fashion_mnist(root or "data")
-        train = load_fashion_mnist(root, "train", small_image_transforms(img_size, native, mean, std, True, False))
+        train = load_fashion_mnist(root, "train", small_image_transforms(img_size, native, mean, std, augment, False))
         test = load_fashion_mnist(root, "test", small_image_transforms(img_size, native, mean, std, False, False))
         return ImageData(train, test, num_classes, chans, img_size)
     if dataset in ("cifar10", "cifar100"):
-        cls = torchvision.datasets.CIFAR10 if dataset == "cifar10" else torchvision.datasets.CIFAR100
+        cls = _CIFAR10 if dataset == "cifar10" else _CIFAR100
         if root is None:
             raise DataError(f"{dataset} needs a data root (--data-root); add --download to fetch it when online")
         try:
             train = cls(root, train=True, download=download,
-                        transform=_pil_to_small_tensor(small_image_transforms(img_size, native, mean, std, True, hflip)))
+                        transform=_pil_to_small_tensor(small_image_transforms(img_size, native, mean, std, augment, hflip)))
             test = cls(root, train=False, download=download,
                        transform=_pil_to_small_tensor(small_image_transforms(img_size, native, mean, std, False, hflip)))
         except Exception as err:  # noqa: BLE001 - torchvision raises RuntimeError/URLError/pickle errors
@@ -260,7 +289,7 @@ def build_image_data(
     if root is None or not (Path(root) / "train").is_dir() or not (Path(root) / "val").is_dir():
         raise DataError(f"imagefolder needs {root}/train/<class>/* and {root}/val/<class>/*; not found")
     train_tf = create_transform(
-        img_size, is_training=True, color_jitter=color_jitter or None, hflip=0.5 if hflip else 0.0,
+        img_size, is_training=augment, color_jitter=color_jitter or None, hflip=0.5 if hflip else 0.0,
         auto_augment="3a" if three_augment else auto_augment, mean=mean, std=std,
     )
     eval_tf = create_transform(img_size, is_training=False, mean=mean, std=std)

@@ -71,7 +71,12 @@ def create_vit(
         )
     if pretrained_file is not None:
         timm_kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=str(pretrained_file)))
-    model = timm.create_model(name, attn_layer=LaplacianAttention, qk_norm=qk_norm, **timm_kwargs)
+    try:
+        model = timm.create_model(name, attn_layer=LaplacianAttention, qk_norm=qk_norm, **timm_kwargs)
+    except TypeError as err:
+        if "attn_layer" not in str(err) and "qk_norm" not in str(err):
+            raise
+        raise ValueError(f"model {name!r} takes no attn_layer; allowed: timm VisionTransformer models") from None
     if not isinstance(model, VisionTransformer):
         raise ValueError(f"model {name!r} is a {type(model).__name__}; allowed: timm VisionTransformer models")
     set_laplacian_heads(model, laplacian_heads)

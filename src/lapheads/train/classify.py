@@ -64,6 +64,7 @@ class ClassifyConfig:
     download: bool = False
     train_subset: int | None = None
     eval_subset: int | None = None
+    augment: bool = True
     three_augment: bool = False
     color_jitter: float = 0.0
     hflip: bool = True
@@ -196,7 +197,7 @@ def train_classify(
     micro_batch = _micro_batch(cfg, dist_.world_size)
     data = build_image_data(
         cfg.dataset, cfg.data_root, cfg.img_size, download=cfg.download, three_augment=cfg.three_augment,
-        color_jitter=cfg.color_jitter, hflip=cfg.hflip,
+        color_jitter=cfg.color_jitter, hflip=cfg.hflip, augment=cfg.augment,
     )
     train_set = data.train if cfg.train_subset is None else Subset(data.train, range(min(cfg.train_subset, len(data.train))))
     eval_set = data.eval if cfg.eval_subset is None else Subset(data.eval, range(min(cfg.eval_subset, len(data.eval))))

@@ -1,0 +1,57 @@
+"""Shared fixtures: small datasets generated in the true on-disk formats."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write an MNIST-style idx file (gzip-compressed when the name ends in .gz)."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">I", d) for d in array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    if path.suffix == ".gz":
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+
+
+def pattern_images(n: int, num_classes: int = 10, size: int = 28, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Learnable images: a fixed random template per class (the same in every split), plus noise."""
+    templates = np.random.default_rng(1234).integers(0, 256, (num_classes, size, size))
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, num_classes, n)
+    noise = rng.integers(0, 256, (n, size, size))
+    images = (0.6 * templates[labels] + 0.4 * noise).astype(np.uint8)
+    return images, labels.astype(np.uint8)
+
+
+@pytest.fixture(scope="session")
+def fmnist_root(tmp_path_factory) -> Path:
+    """A Fashion-MNIST folder with the four idx.gz files: 512 training and 256 test images."""
+    root = tmp_path_factory.mktemp("fmnist")
+    for split, n, seed in (("train", 512, 0), ("t10k", 256, 1)):
+        images, labels = pattern_images(n, seed=seed)
+        write_idx(root / f"{split}-images-idx3-ubyte.gz", images)
+        write_idx(root / f"{split}-labels-idx1-ubyte.gz", labels)
+    return root
+
+
+TINY_VIT = {"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 7}
+
+
+@pytest.fixture
+def tiny_config(fmnist_root):
+    """A classification config that trains a 2-layer ViT on the generated data in seconds, deterministically."""
+    from lapheads.train.classify import ClassifyConfig
+
+    return ClassifyConfig(
+        model="vit_fmnist_patch4", model_kwargs=dict(TINY_VIT), laplacian_heads="1", data_root=str(fmnist_root),
+        batch_size=32, epochs=0.5, lr=3e-3, warmup_epochs=0.0, amp=False, augment=False, eval_every_epochs=0.25,
+        log_every=1, device="cpu",
+    )

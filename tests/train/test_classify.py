@@ -1,0 +1,173 @@
+"""Classification training: learning, resume identity, DDP equivalence, checkpoints, failures, the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import lapheads.train.classify as classify
+from lapheads.cli import main
+from lapheads.train.classify import evaluate_run, train_classify
+from lapheads.train.runtime import CheckpointError, NonFiniteLossError, RunDir, load_safetensors
+
+
+def test_tiny_vit_learns_and_evaluates(tiny_config, tmp_path):
+    cfg = dataclasses.replace(tiny_config, epochs=2.0, eval_every_epochs=1.0)
+    result = train_classify(cfg, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    losses = [r["loss"] for r in run.read_metrics() if "loss" in r]
+    assert len(losses) == result["step"] == 32
+    assert sum(losses[-4:]) / 4 < 0.8 * sum(losses[:4]) / 4
+    assert result["eval_top1"] > 30  # 10 classes: chance is 10%
+    record = run.read_config()
+    assert record["config"]["laplacian_heads"] == "1" and record["config"]["seed"] == 0
+    assert record["laplacian_masks"] == [[False, True]] * 2 and record["torch_version"] == torch.__version__
+    again = evaluate_run(tmp_path / "run")
+    assert again["eval_top1"] == pytest.approx(result["eval_top1"])
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return load_file(str(run_dir / "checkpoints" / latest / "model.safetensors"))
+
+
+def test_resume_continues_the_same_trajectory(tiny_config, tmp_path):
+    cfg = dataclasses.replace(tiny_config, checkpoint_every=3, augment=True, drop_path=0.1, ema_decay=0.9)
+    full = train_classify(cfg, tmp_path / "full")
+    stopped = train_classify(cfg, tmp_path / "split", stop_at_step=7)  # killed after step 7; last checkpoint: 6
+    assert stopped["stopped"] and (tmp_path / "split" / "checkpoints" / "step-00000006").is_dir()
+    resumed = train_classify(cfg, tmp_path / "split", resume=True)
+    assert resumed["step"] == full["step"] == 8
+    a, b = final_weights(tmp_path / "full"), final_weights(tmp_path / "split")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    metrics = lambda d: [r for r in RunDir(d).read_metrics()]  # noqa: E731
+    assert metrics(tmp_path / "full") == [
+        {**r, "images_per_s": m["images_per_s"]} if "images_per_s" in r else r
+        for r, m in zip(metrics(tmp_path / "split"), metrics(tmp_path / "full"))
+    ]
+
+
+def test_resume_refuses_a_changed_config(tiny_config, tmp_path):
+    train_classify(tiny_config, tmp_path / "run", stop_at_step=1)
+    with pytest.raises(ValueError, match="differs from .*config.json in: lr"):
+        train_classify(dataclasses.replace(tiny_config, lr=1.0), tmp_path / "run", resume=True)
+    with pytest.raises(ValueError, match="already holds a run; use --resume"):
+        train_classify(tiny_config, tmp_path / "run")
+
+
+def test_ddp_two_ranks_match_one_rank(tiny_config, tmp_path):
+    # Parameters with zero true gradient would not compare: Adam turns the float noise in their gradients into
+    # lr-sized steps. They are the key bias and the key-norm bias (softmax is shift-invariant) and the value bias of
+    # Laplacian heads ((I - P) 1 b = 0), so the model has no qkv bias and k_norm.bias is skipped below.
+    cfg = dataclasses.replace(tiny_config, epochs=0.25, model_kwargs={**tiny_config.model_kwargs, "qkv_bias": False})
+    train_classify(cfg, tmp_path / "one")
+    preset = tmp_path / "preset.json"
+    preset.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items()}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lapheads",
+         "train", "classify", "--preset", str(preset), "--out", str(tmp_path / "two")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    one, two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    for key in (k for k in one if not k.endswith("k_norm.bias")):
+        # Same batches and init; only the order of float sums differs. A wrong split (unaveraged gradients, other
+        # samples) moves weights by ~lr = 3e-3 per step.
+        torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=2e-5)
+    assert RunDir(tmp_path / "two").read_config()["world_size"] == 2
+
+
+def test_checkpoint_with_code_payload_is_refused(tiny_config, tmp_path):
+    tiny_config = dataclasses.replace(tiny_config, checkpoint_every=1)
+    train_classify(tiny_config, tmp_path / "run", stop_at_step=1)
+    folder = tmp_path / "run" / "checkpoints" / "step-00000001"
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (folder / "model.safetensors").write_bytes(pickle.dumps({"weights": Payload()}))
+    with pytest.raises(CheckpointError, match="is not a valid safetensors file .* refusing to load it"):
+        load_safetensors(folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match="not a valid safetensors file"):
+        train_classify(tiny_config, tmp_path / "run", resume=True)
+    assert not marker.exists()
+
+
+def test_mismatched_checkpoint_is_one_line(tiny_config, tmp_path):
+    train_classify(dataclasses.replace(tiny_config, checkpoint_every=1), tmp_path / "run", stop_at_step=1)
+    config_file = tmp_path / "run" / "config.json"
+    record = json.loads(config_file.read_text())
+    record["config"]["model_kwargs"]["embed_dim"] = 64
+    config_file.write_text(json.dumps(record))
+    with pytest.raises(CheckpointError, match="does not match the model .*different config"):
+        evaluate_run(tmp_path / "run")
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tiny_config, tmp_path, monkeypatch):
+    real = classify._loss_fn
+    calls = {"n": 0}
+
+    def poisoned(cfg):
+        inner = real(cfg)
+
+        def loss(logits, labels):
+            calls["n"] += 1
+            value = inner(logits, labels)
+            return value * float("nan") if calls["n"] == 5 else value
+
+        return loss
+
+    monkeypatch.setattr(classify, "_loss_fn", poisoned)
+    cfg = dataclasses.replace(tiny_config, checkpoint_every=2)
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    with pytest.raises(NonFiniteLossError, match="non-finite loss nan at step 5; stopped before the optimizer step"):
+        train_classify(cfg, tmp_path / "run")
+    folder = tmp_path / "run" / "checkpoints" / "step-00000004"
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == folder.name
+    before = digest(folder / "model.safetensors")
+    weights = load_file(str(folder / "model.safetensors"))
+    assert all(torch.isfinite(w).all() for w in weights.values()) and digest(folder / "model.safetensors") == before
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--preset", "nope"], "unknown preset 'nope'; allowed: fmnist-cpu"),
+        (["--preset", "fmnist-cpu", "--model", "vit_nope"], "unknown model 'vit_nope'"),
+        (["--preset", "fmnist-cpu", "--data-root", "/does/not/exist"], None),
+        (["--preset", "fmnist-cpu", "--img-size", "30"], "img_size=30 is not a multiple of the patch size 4"),
+        (["--preset", "fmnist-cpu", "--laplacian-heads", "4"], "laplacian_heads=4 is out of range; allowed: 0 to 3"),
+        (["--preset", "fmnist-cpu", "--laplacian-heads", "1,1"], "has 2 entries .* but the model has 6 layers"),
+        (["--preset", "fmnist-cpu", "--lr", "fast"], "--lr='fast' is not a valid"),
+        (["--preset", "fmnist-cpu", "--learning-rate", "1"], "unknown option --learning-rate; allowed:"),
+    ],
+)
+def test_cli_bad_input_is_one_line(argv, message, tmp_path, capsys, monkeypatch, fmnist_root):
+    import lapheads.data.images as images
+
+    monkeypatch.setattr(images, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian-copy")
+    if "--data-root" not in argv:
+        argv = [*argv, "--data-root", str(fmnist_root)]
+    code = main(["train", "classify", *argv[:2], "--out", str(tmp_path / "run"), *argv[2:]])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("lapheads train: error: ")
+    if message:
+        import re
+
+        assert re.search(message, err), err
+    else:
+        assert "Fashion-MNIST not found in /does/not/exist" in err
