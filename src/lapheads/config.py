@@ -46,6 +46,11 @@ def _coerce(key: str, text: str, annotation: Any) -> Any:
                 raise ValueError("not a boolean")
             if option in (int, float, str):
                 return option(text)
+            if option is dict or typing.get_origin(option) is dict:
+                value = json.loads(text)
+                if not isinstance(value, dict):
+                    raise ValueError("not a JSON object")
+                return value
             if typing.get_origin(option) in (list, tuple):
                 return json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",")]
         except ValueError as err:
