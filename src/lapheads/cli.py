@@ -63,6 +63,19 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from lapheads.geometry.analyze import AnalyzeOptions, analyze_runs
+
+    if args.max_tokens < 2:
+        raise UserError(f"--max-tokens {args.max_tokens}: allowed: an integer >= 2")
+    options = AnalyzeOptions(layers=args.layers, max_tokens=args.max_tokens, fraction=args.fraction,
+                             batch_size=args.batch_size, ema=args.ema, device=args.device)
+    _, summary = analyze_runs(args.run_dirs, args.out, options, force=args.force)
+    print(summary.read_text())
+    print(f"summary: {summary}")
+    return 0
+
+
 def _cmd_data(args: argparse.Namespace) -> int:
     from lapheads.data.images import DATASETS, fetch_fashion_mnist, find_fashion_mnist
 
@@ -109,6 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     evaluate.set_defaults(func=_cmd_eval)
+
+    analyze = sub.add_parser("analyze", allow_abbrev=False, help="token-geometry metrics of runs, side by side")
+    analyze.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    analyze.add_argument("--layers", default="all", help='"all" or a comma list such as embed,3,6,norm')
+    analyze.add_argument("--max-tokens", type=int, default=1_000_000, help="tokens per layer (a random subset)")
+    analyze.add_argument("--fraction", type=float, default=0.99, help="variance fraction for the spectra")
+    analyze.add_argument("--batch-size", type=int, default=256)
+    analyze.add_argument("--ema", action="store_true", help="analyse the EMA weights")
+    analyze.add_argument("--device", default="auto")
+    analyze.add_argument("--out", default=None, help="default: RUN_DIR/report, or <common parent>/analysis")
+    analyze.add_argument("--force", action="store_true", help="recompute even if a cached analysis.json matches")
+    analyze.set_defaults(func=_cmd_analyze)
 
     data = sub.add_parser("data", allow_abbrev=False, help="list or fetch datasets")
     data.add_argument("action", choices=["list", "fetch"])

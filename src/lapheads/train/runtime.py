@@ -191,7 +191,7 @@ class RunDir:
             "git_revision": _git_revision(),
             **(extra or {}),
         }
-        _atomic_write_text(self.config_file, json.dumps(record, indent=2) + "\n")
+        atomic_write_text(self.config_file, json.dumps(record, indent=2) + "\n")
 
     def read_config(self) -> dict[str, Any]:
         try:
@@ -213,10 +213,10 @@ class RunDir:
     def truncate_metrics(self, after_step: int) -> None:
         """Drop records logged after ``after_step`` (they are redone when a run resumes from that step)."""
         kept = [r for r in self.read_metrics() if r.get("step", 0) <= after_step]
-        _atomic_write_text(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept))
+        atomic_write_text(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept))
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -303,7 +303,7 @@ def save_checkpoint(
     if dist_.is_main:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        _atomic_write_text(run.checkpoints / "latest", final.name + "\n")
+        atomic_write_text(run.checkpoints / "latest", final.name + "\n")
         for old in sorted(run.checkpoints.glob("step-*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     dist_.barrier()

@@ -1,0 +1,332 @@
+"""``lapheads analyze``: every geometry metric that applies to a run, per layer, side by side across runs.
+
+Design choices:
+
+* **Run directories are the input.** The model is rebuilt from config.json and the latest checkpoint; the data is
+  the run's evaluation split with evaluation transforms. Nothing else about the training is assumed.
+* **Streaming.** Each batch's residual stream is captured by hooks, fed to the accumulators of every layer and
+  dropped; only per-sequence means (N_seq x D per layer, float32) are kept, for the nearest-class-centre test.
+* **A fixed random subset.** ``max_tokens`` caps the tokens per layer; the sequences are a seeded random subset of
+  the split (evaluation sets are often sorted by class, so the first N would miss classes).
+* **All tokens.** Prefix tokens (CLS) count as tokens of their sequence, as in the paper's token-level analyses.
+* **Cached per run.** Each run's numbers go to RUN_DIR/report/analysis.json and are reused while the checkpoint
+  and options are unchanged; the comparison (plots, summary.md) goes to ``out``.
+
+Per task: classify runs get ANOVA, Neural Collapse on sequence means and on tokens (and on the classifier's input,
+with nc3/nc4), spectra and token similarity; lm and dino runs are analysed once their pipelines exist.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from lapheads.geometry.anova import AnovaAccumulator
+from lapheads.geometry.collapse import NeuralCollapseAccumulator, neural_collapse
+from lapheads.geometry.features import ResidualStream, select_layers
+from lapheads.geometry.similarity import SimilarityAccumulator
+from lapheads.geometry.spectrum import SpectrumAccumulator
+
+__all__ = ["AnalyzeOptions", "analyze_run", "analyze_runs", "plot_analyses", "write_summary"]
+
+ANALYSIS_FILE = "analysis.json"
+
+
+@dataclass
+class AnalyzeOptions:
+    """What to measure. Args: layers ("all" or "embed,3,norm"); max_tokens per layer; fraction of variance for
+    the spectra; batch_size; ema (analyse the EMA weights); device ("auto", "cpu", "cuda")."""
+
+    layers: str = "all"
+    max_tokens: int = 1_000_000
+    fraction: float = 0.99
+    batch_size: int = 256
+    ema: bool = False
+    device: str = "auto"
+
+    def cache_key(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k not in ("batch_size", "device")}
+
+
+class _LayerGeometry:
+    """The accumulators of one layer of a supervised run."""
+
+    def __init__(self, fraction: float) -> None:
+        self.anova = AnovaAccumulator()
+        self.collapse_tokens = NeuralCollapseAccumulator()
+        self.spectrum = SpectrumAccumulator(fraction)
+        self.similarity = SimilarityAccumulator()
+        self.seq_means: list[torch.Tensor] = []
+
+    def update(self, h: torch.Tensor, labels: torch.Tensor) -> None:
+        h = h.float().cpu()
+        self.anova.update(h, labels)
+        self.collapse_tokens.update(h.reshape(-1, h.shape[-1]), labels.repeat_interleave(h.shape[1]))
+        self.spectrum.update(h)
+        self.similarity.update(h)
+        self.seq_means.append(h.mean(1))
+
+    def compute(self, labels: torch.Tensor, predictions: torch.Tensor) -> dict[str, Any]:
+        return {
+            "anova": self.anova.compute(),
+            "collapse_seq": neural_collapse(torch.cat(self.seq_means), labels, predictions=predictions),
+            "collapse_tokens": self.collapse_tokens.compute(),
+            "spectrum": self.spectrum.compute(),
+            "similarity": self.similarity.compute(),
+        }
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _classify_model_and_data(record: dict[str, Any], run_path: Path, options: AnalyzeOptions):
+    from lapheads.config import config_from_dict
+    from lapheads.data.images import build_image_data
+    from lapheads.train.classify import ClassifyConfig, build_model
+    from lapheads.train.runtime import CheckpointError, RunDir, latest_checkpoint, load_weights
+
+    cfg = config_from_dict(ClassifyConfig, record["config"], source=str(run_path / "config.json"))
+    data = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size)
+    dataset = data.eval
+    if cfg.eval_subset is not None:
+        dataset = torch.utils.data.Subset(dataset, range(min(cfg.eval_subset, len(dataset))))
+    model = build_model(cfg, data.num_classes, data.in_chans)
+    folder = latest_checkpoint(RunDir(run_path))
+    if folder is None:
+        raise CheckpointError(f"{run_path} has no checkpoint yet; analyze needs a trained run")
+    weights = folder / ("ema.safetensors" if options.ema else "model.safetensors")
+    if not weights.exists():
+        raise CheckpointError(f"{weights} does not exist (EMA weights exist only for runs with --ema-decay > 0)")
+    load_weights(model, weights)
+    return cfg, model.eval(), dataset, folder.name
+
+
+def _analyze_classify(record: dict[str, Any], run_path: Path, options: AnalyzeOptions) -> dict[str, Any]:
+    cfg, model, dataset, checkpoint = _classify_model_and_data(record, run_path, options)
+    device = _device(options.device)
+    model.to(device)
+    layers = select_layers(model, options.layers)
+    tokens_per_seq = model.patch_embed.num_patches + model.num_prefix_tokens
+    num_seq = min(len(dataset), max(2, options.max_tokens // tokens_per_seq))
+    chosen = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:num_seq].sort().values
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, chosen.tolist()), batch_size=options.batch_size)
+
+    geometry = {name: _LayerGeometry(options.fraction) for name in layers}
+    head_inputs, labels_all, predictions_all = [], [], []
+    with ResidualStream(model, layers, head_input=True) as stream, torch.no_grad():
+        for images, labels in tqdm(loader, desc=f"analyze {run_path.name}", dynamic_ncols=True, leave=False):
+            logits = model(images.to(device))
+            for name in layers:
+                geometry[name].update(stream.tokens[name], labels)
+            head_inputs.append(stream.head_input.float().cpu())
+            labels_all.append(labels)
+            predictions_all.append(logits.argmax(1).cpu())
+    labels, predictions = torch.cat(labels_all), torch.cat(predictions_all)
+    head = model.get_classifier()
+    return {
+        "task": "classify",
+        "checkpoint": checkpoint,
+        "laplacian_heads": cfg.laplacian_heads,
+        "seed": cfg.seed,
+        "dataset": cfg.dataset,
+        "split": "eval",
+        "num_sequences": num_seq,
+        "tokens_per_sequence": tokens_per_seq,
+        "accuracy": float((predictions == labels).double().mean()),
+        "layers": layers,
+        "per_layer": {name: geometry[name].compute(labels, predictions) for name in layers},
+        "head_input": neural_collapse(torch.cat(head_inputs), labels, classifier=head.weight,
+                                      predictions=predictions),
+    }
+
+
+def analyze_run(run_dir: str | os.PathLike, options: AnalyzeOptions | None = None, force: bool = False) -> dict[str, Any]:
+    """Measure one run directory (or reuse its cached RUN_DIR/report/analysis.json); returns the analysis."""
+    from lapheads.train.runtime import RunDir, atomic_write_text, latest_checkpoint
+
+    options = options or AnalyzeOptions()
+    run = RunDir(run_dir)
+    record = run.read_config()
+    cache = run.path / "report" / ANALYSIS_FILE
+    folder = latest_checkpoint(run)
+    if cache.exists() and not force:
+        cached = json.loads(cache.read_text())
+        if cached.get("options") == options.cache_key() and folder is not None and cached.get("checkpoint") == folder.name:
+            return cached
+    task = record.get("task")
+    if task != "classify":
+        raise ValueError(f"{run.path} holds a {task!r} run; analyze supports now: classify")
+    result = {"run_dir": str(run.path), "options": options.cache_key(), **_analyze_classify(record, run.path, options)}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(cache, json.dumps(result) + "\n")
+    return result
+
+
+def _labels(analyses: list[dict[str, Any]]) -> list[str]:
+    """A legend label per run: its Laplacian spec, plus the seed or folder when specs repeat."""
+    labels = [f"k={a['laplacian_heads']}" for a in analyses]
+    if len(set(labels)) < len(labels):
+        labels = [f"{label} seed {a.get('seed')}" for label, a in zip(labels, analyses)]
+    if len(set(labels)) < len(labels):
+        labels = [f"{label} ({Path(a['run_dir']).name})" for label, a in zip(labels, analyses)]
+    return labels
+
+
+# (group, key, title, log scale) of every scalar plotted against layer
+PLOTS: dict[str, list[tuple[str, str, str, bool]]] = {
+    "anova": [
+        ("anova", "within_seq_fraction", "within-sequence fraction", False),
+        ("anova", "between_seq_fraction", "between-sequence (within class) fraction", False),
+        ("anova", "between_class_fraction", "between-class fraction", False),
+    ],
+    "collapse": [
+        ("collapse_seq", "nc1", "NC1, sequence means", True),
+        ("collapse_tokens", "nc1", "NC1, tokens", True),
+        ("collapse_seq", "etf_distance", "distance to simplex ETF, sequence means", False),
+        ("collapse_seq", "equinorm", "equinorm, sequence means", False),
+        ("collapse_seq", "nc4", "NC4: NCC agrees with network, sequence means", False),
+        ("collapse_seq", "ncc_accuracy", "NCC accuracy, sequence means", False),
+    ],
+    "spectrum": [
+        ("spectrum", "n_components", "components for 99% variance, pooled", False),
+        ("spectrum", "n_components_per_seq", "components for 99% variance, per sequence", False),
+    ],
+    "similarity": [("similarity", "", "mean pairwise cosine of tokens", False)],
+}
+
+
+def _value(layer: dict[str, Any], group: str, key: str) -> float:
+    value = layer.get(group, math.nan)
+    return value.get(key, math.nan) if isinstance(value, dict) else value
+
+
+def plot_analyses(analyses: list[dict[str, Any]], out: Path) -> list[Path]:
+    """One PNG per metric group: each metric against layer, one line per run; spectrum.png adds the spectra."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    labels = _labels(analyses)
+    paths = []
+    for name, panels in PLOTS.items():
+        extra = 1 if name == "spectrum" else 0
+        cols = min(3, len(panels) + extra)
+        rows = math.ceil((len(panels) + extra) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), dpi=110, squeeze=False)
+        for ax, (group, key, title, log) in zip(axes.flat, panels):
+            for label, analysis in zip(labels, analyses):
+                layers = analysis["layers"]
+                ax.plot(range(len(layers)), [_value(analysis["per_layer"][n], group, key) for n in layers],
+                        marker="o", markersize=3, label=label)
+                ax.set_xticks(range(len(layers)), layers, fontsize=7)
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("layer", fontsize=8)
+            if log:
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+        if extra:
+            ax = axes.flat[len(panels)]
+            for label, analysis in zip(labels, analyses):
+                last = _last_block(analysis)
+                ax.semilogy(range(1, len(analysis["per_layer"][last]["spectrum"]["eigenvalues"]) + 1),
+                            analysis["per_layer"][last]["spectrum"]["eigenvalues"], label=f"{label} (layer {last})")
+            ax.set_title("normalised eigenvalues, last block", fontsize=9)
+            ax.set_xlabel("component", fontsize=8)
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(panels) + extra:]:
+            ax.axis("off")
+        axes.flat[0].legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"{name}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _last_block(analysis: dict[str, Any]) -> str:
+    blocks = [n for n in analysis["layers"] if n.isdigit()]
+    return blocks[-1] if blocks else analysis["layers"][-1]
+
+
+SUMMARY_ROWS = [
+    ("test accuracy (%)", lambda a, layer: 100 * a["accuracy"]),
+    ("within-sequence fraction", lambda a, layer: a["per_layer"][layer]["anova"]["within_seq_fraction"]),
+    ("between-sequence fraction", lambda a, layer: a["per_layer"][layer]["anova"]["between_seq_fraction"]),
+    ("between-class fraction", lambda a, layer: a["per_layer"][layer]["anova"]["between_class_fraction"]),
+    ("NC1, sequence means", lambda a, layer: a["per_layer"][layer]["collapse_seq"]["nc1"]),
+    ("NC1, tokens", lambda a, layer: a["per_layer"][layer]["collapse_tokens"]["nc1"]),
+    ("ETF distance, sequence means", lambda a, layer: a["per_layer"][layer]["collapse_seq"]["etf_distance"]),
+    ("equinorm, sequence means", lambda a, layer: a["per_layer"][layer]["collapse_seq"]["equinorm"]),
+    ("NC4, sequence means", lambda a, layer: a["per_layer"][layer]["collapse_seq"]["nc4"]),
+    ("components for 99%, pooled", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components"]),
+    ("components for 99%, per sequence", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components_per_seq"]),
+    ("token cosine similarity", lambda a, layer: a["per_layer"][layer]["similarity"]),
+    ("NC1, classifier input", lambda a, layer: a["head_input"]["nc1"]),
+    ("NC3, classifier input", lambda a, layer: a["head_input"]["nc3"]),
+    ("NC4, classifier input", lambda a, layer: a["head_input"]["nc4"]),
+]
+
+
+def write_summary(analyses: list[dict[str, Any]], out: Path, plots: list[Path]) -> Path:
+    """summary.md: the metrics at the last block of each run, side by side, and the plots."""
+    labels = _labels(analyses)
+    lines = [
+        "# Token geometry, side by side",
+        "",
+        "Metrics at the last block (before the final norm); classifier-input rows use the head's input. "
+        "Definitions: docs/geometry.md. Per-layer numbers: each run's report/analysis.json.",
+        "",
+        "| metric | " + " | ".join(labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
+    for title, read in SUMMARY_ROWS:
+        cells = []
+        for analysis in analyses:
+            try:
+                value = read(analysis, _last_block(analysis))
+            except KeyError:
+                value = math.nan
+            cells.append(f"{value:.4g}")
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    lines += ["", "| run | directory | checkpoint | sequences x tokens |", "|---|---|---|---|"]
+    lines += [f"| {label} | `{a['run_dir']}` | {a['checkpoint']} | {a['num_sequences']} x {a['tokens_per_sequence']} |"
+              for label, a in zip(labels, analyses)]
+    lines += ["", *[f"![{p.stem}]({p.name})" for p in plots], ""]
+    path = out / "summary.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def analyze_runs(
+    run_dirs: list[str | os.PathLike], out: str | os.PathLike | None = None, options: AnalyzeOptions | None = None,
+    force: bool = False,
+) -> tuple[list[dict[str, Any]], Path]:
+    """Analyse several runs and write analysis.json (all runs), the plots and summary.md into ``out``.
+
+    ``out`` defaults to RUN_DIR/report for one run and to <common parent>/analysis for several.
+    """
+    if not run_dirs:
+        raise ValueError("analyze needs at least one RUN_DIR")
+    analyses = [analyze_run(path, options, force=force) for path in run_dirs]
+    if out is None:
+        out = Path(run_dirs[0]) / "report" if len(run_dirs) == 1 else Path(os.path.commonpath(
+            [Path(p).resolve() for p in run_dirs])) / "analysis"
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if len(run_dirs) > 1:
+        (out / ANALYSIS_FILE).write_text(json.dumps(analyses) + "\n")
+    plots = plot_analyses(analyses, out)
+    return analyses, write_summary(analyses, out, plots)

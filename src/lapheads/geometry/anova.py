@@ -1,0 +1,90 @@
+"""ANOVA of token variance: within-sequence, between-sequence-within-class and between-class scatter (paper §3).
+
+Tokens h[s, t] of sequence (image) s with class c(s); sequence mean mu_s, class mean mu_c, global mean mu_G. The
+token-weighted mean squared distance to mu_G splits exactly as
+
+    total = Avg ||h - mu_s||^2  +  Avg ||mu_s - mu_c||^2  +  Avg ||mu_c - mu_G||^2
+            (within_seq)          (between_seq)             (between_class)
+
+where every average runs over tokens. ``total`` is computed independently, so the identity is a check, not a
+definition. The paper's claim: Laplacian heads shrink ``within_seq`` and grow ``between_class``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lapheads.geometry.moments import ClassMoments
+
+__all__ = ["AnovaAccumulator", "anova"]
+
+PARTS = ("within_seq", "between_seq", "between_class")
+
+
+def _with_fractions(parts: dict[str, float], total: float) -> dict[str, float]:
+    out = {**parts, "total": total}
+    out.update({f"{name}_fraction": (value / total if total > 0 else 0.0) for name, value in parts.items()})
+    return out
+
+
+def _check(h: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+    if h.ndim != 3:
+        raise ValueError(f"h must be (N_seq, T, D); got shape {tuple(h.shape)}")
+    if labels is None:
+        return torch.zeros(len(h), dtype=torch.long)
+    if labels.shape != (len(h),):
+        raise ValueError(f"labels must be (N_seq,) = ({len(h)},); got shape {tuple(labels.shape)}")
+    labels = labels.to("cpu", torch.long)
+    if len(labels) and int(labels.min()) < 0:
+        raise ValueError(f"labels must be class indices >= 0; got {int(labels.min())}")
+    return labels
+
+
+def anova(h: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, float]:
+    """The variance decomposition of tokens ``h`` (N_seq, T, D) with sequence ``labels`` (N_seq,), in one shot.
+
+    Returns ``within_seq``, ``between_seq``, ``between_class``, ``total`` and each part's ``*_fraction`` of the
+    total. Without labels every sequence is one class (``between_class`` = 0).
+    """
+    labels = _check(h, labels)
+    h = h.detach().to("cpu", torch.float64)
+    seq_means = h.mean(1)
+    classes, index = labels.unique(return_inverse=True)
+    class_means = torch.zeros(len(classes), h.shape[2], dtype=torch.float64).index_add_(0, index, seq_means)
+    class_means /= torch.bincount(index, minlength=len(classes))[:, None]
+    global_mean = h.mean((0, 1))
+    parts = {  # equal T per sequence, so token-weighted averages of per-sequence terms are plain means
+        "within_seq": float((h - seq_means[:, None]).square().sum(-1).mean()),
+        "between_seq": float((seq_means - class_means[index]).square().sum(-1).mean()),
+        "between_class": float((class_means[index] - global_mean).square().sum(-1).mean()),
+    }
+    return _with_fractions(parts, float((h - global_mean).square().sum(-1).mean()))
+
+
+class AnovaAccumulator:
+    """Streaming :func:`anova`: feed batches of whole sequences; memory O(C*D)."""
+
+    def __init__(self) -> None:
+        self.within_sum = 0.0
+        self.tokens = ClassMoments()  # all tokens, one class: the independent total
+        self.seq_means = ClassMoments()  # sequence means weighted by their token count, per class
+
+    def update(self, h: torch.Tensor, labels: torch.Tensor | None = None) -> None:
+        labels = _check(h, labels)
+        h = h.detach().to("cpu", torch.float64)
+        seq_means = h.mean(1)
+        self.within_sum += float((h - seq_means[:, None]).square().sum())
+        self.tokens.update(h.reshape(-1, h.shape[2]))
+        self.seq_means.update(seq_means, labels, weight=torch.full((len(h),), float(h.shape[1])))
+
+    def compute(self) -> dict[str, float]:
+        n = self.tokens.total
+        seq = self.seq_means
+        keep = seq.present()
+        weights = seq.count[keep]
+        parts = {
+            "within_seq": self.within_sum / n,
+            "between_seq": float((weights * seq.class_variances()).sum()) / n,
+            "between_class": float((weights * (seq.means() - seq.global_mean()).square().sum(1)).sum()) / n,
+        }
+        return _with_fractions(parts, self.tokens.total_variance())

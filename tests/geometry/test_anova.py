@@ -1,0 +1,85 @@
+"""ANOVA of token variance: the exact decomposition, hand cases, and streaming == one shot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lapheads.geometry import AnovaAccumulator, anova
+from tests.geometry.conftest import random_splits
+
+
+def _tokens(n_seq=40, t=7, d=5, classes=4, offset=0.0, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, classes, (n_seq,), generator=gen)
+    class_part = 2 * torch.randn(classes, d, generator=gen, dtype=torch.float64)[labels]
+    seq_part = torch.randn(n_seq, d, generator=gen, dtype=torch.float64)
+    h = class_part[:, None] + seq_part[:, None] + 0.5 * torch.randn(n_seq, t, d, generator=gen, dtype=torch.float64)
+    return h + offset, labels
+
+
+def test_hand_computed_case():
+    # two classes, one sequence each, two 1-D tokens: {0, 2} (class 0) and {4, 4} (class 1)
+    h = torch.tensor([[[0.0], [2.0]], [[4.0], [4.0]]])
+    out = anova(h, torch.tensor([0, 1]))
+    # means: seq 1, 4; global 2.5. within = (1 + 1 + 0 + 0)/4; between_class = (1.5^2 * 2 + 1.5^2 * 2)/4
+    assert out["within_seq"] == pytest.approx(0.5)
+    assert out["between_seq"] == pytest.approx(0.0)
+    assert out["between_class"] == pytest.approx(2.25)
+    assert out["total"] == pytest.approx((2.5**2 + 0.5**2 + 1.5**2 * 2) / 4)
+
+
+def test_parts_sum_to_total_and_fractions_to_one():
+    h, labels = _tokens()
+    out = anova(h, labels)
+    assert out["within_seq"] + out["between_seq"] + out["between_class"] == pytest.approx(out["total"], rel=1e-12)
+    assert sum(out[f"{p}_fraction"] for p in ("within_seq", "between_seq", "between_class")) == pytest.approx(1.0)
+    assert min(out["within_seq"], out["between_seq"], out["between_class"]) > 0
+
+
+def test_zero_within_sequence_variance_gives_zero_within_fraction():
+    h, labels = _tokens()
+    flat = h.mean(1, keepdim=True).expand_as(h)  # every token equals its sequence mean
+    for out in (anova(flat, labels), _stream(flat, labels)):
+        assert out["within_seq_fraction"] == pytest.approx(0.0, abs=1e-14)
+        assert out["between_seq"] + out["between_class"] == pytest.approx(out["total"], rel=1e-12)
+
+
+def test_identical_sequences_within_a_class_have_no_between_sequence_part():
+    h, labels = _tokens()
+    means = torch.stack([h[labels == c].mean(0) for c in range(4)])
+    out = anova(means[labels], labels)
+    assert out["between_seq_fraction"] == pytest.approx(0.0, abs=1e-14)
+
+
+def test_without_labels_there_is_no_between_class_part():
+    h, _ = _tokens()
+    out = anova(h)
+    assert out["between_class"] == pytest.approx(0.0, abs=1e-20)
+    assert out["within_seq"] + out["between_seq"] == pytest.approx(out["total"])
+
+
+def _stream(h, labels, seed=0):
+    acc = AnovaAccumulator()
+    for part in random_splits(len(h), seed):
+        acc.update(h[part].float() if h.dtype == torch.float32 else h[part], labels[part])
+    return acc.compute()
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_streaming_equals_one_shot(offset, seed):
+    """Random batch splits, also with a large common offset (the shifted sums keep the digits)."""
+    h, labels = _tokens(offset=offset, seed=seed)
+    one_shot, streamed = anova(h, labels), _stream(h, labels, seed)
+    for key, value in one_shot.items():
+        assert streamed[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_bad_shapes_are_one_line_errors():
+    with pytest.raises(ValueError, match=r"h must be \(N_seq, T, D\)"):
+        anova(torch.zeros(4, 3))
+    with pytest.raises(ValueError, match="labels must be"):
+        anova(torch.zeros(4, 3, 2), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match=">= 0"):
+        anova(torch.zeros(2, 3, 2), torch.tensor([0, -1]))
