@@ -16,5 +16,8 @@ def test_demo_trains_both_runs_and_writes_the_report(fmnist_root, tmp_path, caps
     assert "| baseline (0 Laplacian heads) |" in report and "| 2 Laplacian heads |" in report
     assert (tmp_path / "report" / "loss.png").stat().st_size > 1000
     assert (tmp_path / "report" / "accuracy.png").stat().st_size > 1000
+    assert "![anova](anova.png)" in report and "![spectrum](spectrum.png)" in report
+    assert (tmp_path / "report" / "anova.png").stat().st_size > 5000
+    assert "| metric | k=0 | k=2 |" in (tmp_path / "report" / "summary.md").read_text()
     assert json.loads((tmp_path / "fmnist-cpu-L2" / "config.json").read_text())["config"]["laplacian_heads"] == "2"
     assert f"report: {tmp_path / 'report' / 'report.md'}" in capsys.readouterr().out

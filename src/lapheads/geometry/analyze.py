@@ -55,7 +55,7 @@ class AnalyzeOptions:
         return {k: v for k, v in asdict(self).items() if k not in ("batch_size", "device")}
 
 
-class _LayerGeometry:
+class LayerGeometry:
     """The accumulators of one layer of a supervised run."""
 
     def __init__(self, fraction: float) -> None:
@@ -121,7 +121,7 @@ def _analyze_classify(record: dict[str, Any], run_path: Path, options: AnalyzeOp
     chosen = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:num_seq].sort().values
     loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, chosen.tolist()), batch_size=options.batch_size)
 
-    geometry = {name: _LayerGeometry(options.fraction) for name in layers}
+    geometry = {name: LayerGeometry(options.fraction) for name in layers}
     head_inputs, labels_all, predictions_all = [], [], []
     with ResidualStream(model, layers, head_input=True) as stream, torch.no_grad():
         for images, labels in tqdm(loader, desc=f"analyze {run_path.name}", dynamic_ncols=True, leave=False):
