@@ -42,14 +42,17 @@ def _default_out(task: str, preset: str, heads: str | None) -> Path:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    if args.task != "classify":
-        raise UserError(f"train {args.task} is not available yet; allowed now: classify")
-    from lapheads.presets import resolve_classify_config
-    from lapheads.train.classify import train_classify
+    if args.task not in ("classify", "lm"):
+        raise UserError(f"train {args.task} is not available yet; allowed now: classify, lm")
+    from lapheads.presets import resolve_config
 
-    cfg = resolve_classify_config(args.preset, args.laplacian_heads, args.overrides)
+    cfg = resolve_config(args.task, args.preset, args.laplacian_heads, args.overrides)
     out = Path(args.out) if args.out else _default_out(args.task, args.preset, args.laplacian_heads)
-    result = train_classify(cfg, out, resume=args.resume)
+    if args.task == "classify":
+        from lapheads.train.classify import train_classify as train
+    else:
+        from lapheads.train.lm import train_lm as train
+    result = train(cfg, out, resume=args.resume)
     print(json.dumps({"run_dir": str(out), **result}))
     return 0
 

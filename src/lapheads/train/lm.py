@@ -1,0 +1,394 @@
+"""Language-model pre-training with Laplacian heads, after nanochat's ``base_train.py``.
+
+Design choices:
+
+* **Optimizers as nanochat**: ``torch.optim.Muon`` (Nesterov, momentum warmed from 0.85 to 0.95 over 300 steps, no
+  weight decay) for every matrix inside the blocks; AdamW (betas 0.8/0.95, eps 1e-10) for the embedding and the
+  head, their learning rates scaled by (width/768)^-0.5.
+* **Schedule**: linear warm-up (``warmup_ratio``), constant, then a linear warm-down over the last
+  ``warmdown_ratio`` of the steps to ``final_lr_frac``; steps = ``num_iterations`` or, when -1, tokens =
+  ``target_param_data_ratio`` x parameters (Chinchilla-style) divided by the batch.
+* **The batch is in tokens**: ``total_batch_size`` tokens per optimizer step = micro_batch x sequence_len x world
+  size x accumulation steps (derived, and checked to divide).
+* **Data**: token shards prepared once per (dataset, tokenizer) under DATA_ROOT/tokens/, and batches that are a
+  pure function of (seed, step) (``TokenBatches``), so DDP and resume need no loader state.
+* **Evaluation** in bits per byte on the validation split (special tokens excluded, as nanochat), and samples from
+  a prompt, both logged to the run directory (metrics.jsonl, samples.jsonl).
+* **Nothing already written is lost**: a non-finite loss stops the run before the optimizer step, naming the step;
+  checkpoints are atomic. The tokenizer is copied into the run directory, so evals use exactly it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from lapheads.data.text import TEXT_DATASETS, TokenBatches, TokenShards, prepare_tokens, shakespeare_plays, validation_windows
+from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
+from lapheads.models.gpt import GPT, GPTConfig
+from lapheads.train.runtime import (
+    CheckpointError,
+    Distributed,
+    NonFiniteLossError,
+    RunDir,
+    latest_checkpoint,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+    seed_everything,
+    setup_distributed,
+)
+
+__all__ = ["LMConfig", "build_gpt", "evaluate_bpb", "load_lm_run", "prepare_lm_data", "train_lm"]
+
+
+@dataclass
+class LMConfig:
+    """Every option of a language-model run (``lapheads train lm --key value`` sets any of them)."""
+
+    description: str = ""
+    # data and tokenizer
+    dataset: str = "shakespeare"
+    data_root: str = "data"
+    download_shards: int = 0
+    max_shards: int | None = None
+    tokenizer: str = "char"
+    tokenizer_vocab: int = 4096
+    tokenizer_train_chars: int = 2_000_000_000
+    # model (depth is the dial; see lapheads.models.gpt)
+    depth: int = 4
+    aspect_ratio: int = 64
+    head_dim: int = 64
+    n_kv_head: int | None = None
+    laplacian_heads: str = "0"
+    sequence_len: int = 256
+    softcap: float = 15.0
+    # optimisation
+    total_batch_size: int = 8192
+    micro_batch: int = 32
+    num_iterations: int = -1
+    target_param_data_ratio: float = 20.0
+    embedding_lr: float = 0.2
+    unembedding_lr: float = 0.004
+    matrix_lr: float = 0.02
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.8
+    adam_beta2: float = 0.95
+    warmup_ratio: float = 0.0
+    warmdown_ratio: float = 0.2
+    final_lr_frac: float = 0.0
+    muon_momentum_start: float = 0.85
+    muon_momentum_end: float = 0.95
+    muon_momentum_warmup: int = 300
+    grad_clip: float = 1.0
+    # runtime
+    seed: int = 0
+    device: str = "auto"
+    amp: bool = True
+    compile: bool = False
+    log_every: int = 10
+    eval_every: int = 250
+    eval_tokens: int = 524_288
+    sample_prompt: str = ""
+    sample_tokens: int = 200
+    sample_temperature: float = 0.8
+    sample_top_k: int = 50
+    checkpoint_every: int = 0
+
+
+def gpt_config(cfg: LMConfig, vocab_size: int) -> GPTConfig:
+    return GPTConfig(depth=cfg.depth, vocab_size=vocab_size, sequence_len=cfg.sequence_len,
+                     aspect_ratio=cfg.aspect_ratio, head_dim=cfg.head_dim, n_kv_head=cfg.n_kv_head,
+                     laplacian_heads=cfg.laplacian_heads, softcap=cfg.softcap)
+
+
+def build_gpt(cfg: LMConfig, vocab_size: int) -> GPT:
+    return GPT(gpt_config(cfg, vocab_size))
+
+
+def _tokens_dir(cfg: LMConfig) -> Path:
+    vocab = f"{cfg.tokenizer_vocab}" if cfg.tokenizer == "bpe" else ""
+    return Path(cfg.data_root) / "tokens" / f"{cfg.dataset}-{cfg.tokenizer}{vocab}"
+
+
+def _training_texts(cfg: LMConfig, limit: int):
+    """Training-split text for fitting a tokenizer, at most ``limit`` characters."""
+    if cfg.dataset == "shakespeare":
+        texts = (t for i, (_, t) in enumerate(shakespeare_plays(cfg.data_root)) if i % 10 != 9)
+    else:
+        from lapheads.data.text import fineweb_documents, fineweb_shards
+
+        shards = fineweb_shards(Path(cfg.data_root) / "fineweb-edu", cfg.download_shards)
+        texts = (d for s in shards[:-1] for d in fineweb_documents(s))
+    seen = 0
+    for text in texts:
+        yield text[: limit - seen]
+        seen += len(text)
+        if seen >= limit:
+            return
+
+
+def prepare_lm_data(cfg: LMConfig) -> tuple[Tokenizer, TokenShards]:
+    """The tokenizer (built or trained once, cached) and the token shards of ``cfg``'s dataset."""
+    if cfg.dataset not in TEXT_DATASETS:
+        raise ValueError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(TEXT_DATASETS)}")
+    if cfg.tokenizer not in KINDS:
+        raise ValueError(f"unknown tokenizer {cfg.tokenizer!r}; allowed: {', '.join(KINDS)}")
+    folder = _tokens_dir(cfg)
+    try:
+        tokenizer = load_tokenizer(folder / "tokenizer")
+    except TokenizerError:
+        if cfg.tokenizer == "gpt2":
+            tokenizer = Tokenizer.gpt2()
+        elif cfg.tokenizer == "char":
+            tokenizer = Tokenizer.char("".join(_training_texts(cfg, cfg.tokenizer_train_chars)))
+        else:
+            tokenizer = train_bpe(_training_texts(cfg, cfg.tokenizer_train_chars), cfg.tokenizer_vocab)
+    prepare_tokens(cfg.dataset, tokenizer, folder, cfg.data_root, cfg.max_shards, cfg.download_shards)
+    return tokenizer, TokenShards.open(folder)
+
+
+def build_optimizers(model: GPT, cfg: LMConfig) -> dict[str, torch.optim.Optimizer]:
+    """nanochat's split: Muon for the block matrices, AdamW for embedding and head (LRs scaled by width)."""
+    scale = (model.config.n_embd / 768) ** -0.5
+    adamw = torch.optim.AdamW(
+        [dict(params=list(model.lm_head.parameters()), lr=cfg.unembedding_lr * scale),
+         dict(params=list(model.transformer["wte"].parameters()), lr=cfg.embedding_lr * scale)],
+        betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-10, weight_decay=cfg.weight_decay,
+    )
+    muon = torch.optim.Muon(list(model.blocks.parameters()), lr=cfg.matrix_lr, momentum=cfg.muon_momentum_end,
+                            nesterov=True, weight_decay=0.0)
+    for opt in (adamw, muon):
+        for group in opt.param_groups:
+            group["initial_lr"] = group["lr"]
+    return {"adamw": adamw, "muon": muon}
+
+
+def lr_multiplier(step: int, total: int, cfg: LMConfig) -> float:
+    warmup, warmdown = round(cfg.warmup_ratio * total), round(cfg.warmdown_ratio * total)
+    if step < warmup:
+        return (step + 1) / warmup
+    if step <= total - warmdown:
+        return 1.0
+    progress = (total - step) / warmdown
+    return progress + (1 - progress) * cfg.final_lr_frac
+
+
+def muon_momentum(step: int, cfg: LMConfig) -> float:
+    frac = min(step / max(cfg.muon_momentum_warmup, 1), 1.0)
+    return (1 - frac) * cfg.muon_momentum_start + frac * cfg.muon_momentum_end
+
+
+@torch.no_grad()
+def evaluate_bpb(model: GPT, tokens: np.ndarray, token_bytes: torch.Tensor, dist_: Distributed, *, seq_len: int,
+                 max_tokens: int, batch_size: int, amp: bool) -> float:
+    """Bits per byte of ``model`` on the first ``max_tokens`` of ``tokens`` (targets with 0 bytes left out)."""
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=dist_.device)
+    token_bytes = token_bytes.to(dist_.device)
+    windows = list(validation_windows(tokens, seq_len, max_tokens, dist_.rank, dist_.world_size))
+    for start in range(0, len(windows), batch_size):
+        chunk = windows[start:start + batch_size]
+        x = torch.cat([w[0] for w in chunk]).to(dist_.device)
+        y = torch.cat([w[1] for w in chunk]).to(dist_.device)
+        with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=amp):
+            nats = model(x, y, loss_reduction="none").view_as(y).double()
+        nbytes = token_bytes[y]
+        totals += torch.stack([(nats * (nbytes > 0)).sum(), nbytes.sum().double()])
+    dist_.all_reduce_sum(totals)
+    model.train(was_training)
+    return float(totals[0] / (math.log(2) * totals[1].clamp_min(1)))
+
+
+@torch.no_grad()
+def sample(model: GPT, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
+           seed: int, device: torch.device) -> str:
+    """One continuation of ``prompt`` (after BOS), decoded."""
+    was_training = model.training
+    model.eval()
+    ids = torch.tensor([tokenizer.encode(prompt, bos=True)], device=device)
+    room = model.config.sequence_len - ids.shape[1]
+    out = model.generate(ids, max(0, min(max_new_tokens, room)), temperature=temperature, top_k=top_k,
+                         generator=torch.Generator(device).manual_seed(seed))
+    model.train(was_training)
+    return tokenizer.decode(out[0, 1:].tolist())
+
+
+def _accum_steps(cfg: LMConfig, world_size: int) -> int:
+    per_pass = cfg.micro_batch * cfg.sequence_len * world_size
+    if cfg.total_batch_size % per_pass:
+        raise ValueError(f"total_batch_size={cfg.total_batch_size} tokens is not a multiple of micro_batch x "
+                         f"sequence_len x world_size = {per_pass}; allowed: a multiple of {per_pass}")
+    return cfg.total_batch_size // per_pass
+
+
+def train_lm(cfg: LMConfig, run_dir: str | Path, *, resume: bool = False, stop_at_step: int | None = None) -> dict[str, Any]:
+    """Train (or resume) a language-model run into ``run_dir``; returns the final metrics.
+
+    Args:
+        cfg: the resolved config (written to config.json).
+        run_dir: the run directory.
+        resume: continue from the latest checkpoint (config.json must match ``cfg``).
+        stop_at_step: stop after this many steps as if killed (for testing resume).
+    """
+    run = RunDir(run_dir)
+    dist_ = setup_distributed(cfg.device)
+    accum_steps = _accum_steps(cfg, dist_.world_size)
+    if dist_.is_main:
+        tokenizer, shards = prepare_lm_data(cfg)
+    dist_.barrier()
+    if not dist_.is_main:
+        tokenizer, shards = prepare_lm_data(cfg)  # prepared by rank 0: loads from the cache
+    token_bytes = tokenizer.token_bytes()
+
+    seed_everything(cfg.seed)
+    model = build_gpt(cfg, tokenizer.vocab_size).to(dist_.device)
+    num_params = model.num_params()
+    batches = TokenBatches(shards.train, cfg.sequence_len, cfg.micro_batch, accum_steps, dist_.rank,
+                           dist_.world_size, cfg.seed)
+    total_steps = cfg.num_iterations if cfg.num_iterations > 0 else max(
+        1, round(cfg.target_param_data_ratio * num_params / cfg.total_batch_size))
+    optimizers = build_optimizers(model, cfg)
+
+    start_step = 0
+    record = dataclasses.asdict(cfg)
+    if resume:
+        saved = run.read_config()
+        if saved.get("config") != record:
+            changed = sorted(k for k in record if saved.get("config", {}).get(k) != record[k])
+            raise ValueError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
+        folder = latest_checkpoint(run)
+        if folder is not None:
+            start_step = load_checkpoint(folder, dist_, model, optimizers)["step"]
+        if dist_.is_main:
+            run.truncate_metrics(start_step)
+            _truncate_samples(run, start_step)
+    elif dist_.is_main:
+        if run.config_file.exists():
+            raise ValueError(f"{run.path} already holds a run; use --resume to continue it or choose another --out")
+        run.write_config("lm", record, {
+            "num_params": num_params, "world_size": dist_.world_size, "laplacian_masks": model.laplacian_masks(),
+            "vocab_size": tokenizer.vocab_size, "n_embd": model.config.n_embd, "n_head": model.config.n_head,
+            "steps": total_steps, "accum_steps": accum_steps, "train_tokens": len(shards.train),
+        })
+        tokenizer.save(run.path / "tokenizer")
+    dist_.barrier()
+
+    train_model: torch.nn.Module = model
+    if dist_.enabled:
+        train_model = DistributedDataParallel(model, device_ids=[dist_.local_rank] if dist_.device.type == "cuda" else None)
+    forward_model = torch.compile(train_model) if cfg.compile else train_model
+
+    def evaluate(step: int) -> dict[str, float]:
+        bpb = evaluate_bpb(model, shards.val, token_bytes, dist_, seq_len=cfg.sequence_len,
+                           max_tokens=cfg.eval_tokens, batch_size=cfg.micro_batch, amp=cfg.amp)
+        if dist_.is_main:
+            run.log({"step": step, "val_bpb": bpb})
+            text = sample(model, tokenizer, cfg.sample_prompt, cfg.sample_tokens, cfg.sample_temperature,
+                          cfg.sample_top_k, cfg.seed + step, dist_.device)
+            with open(run.path / "samples.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "prompt": cfg.sample_prompt, "text": text}) + "\n")
+            progress.write(f"step {step}: val_bpb {bpb:.4f}\n--- sample ---\n{text}\n--------------")
+        return {"val_bpb": bpb}
+
+    progress = tqdm(total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train lm", dynamic_ncols=True)
+    last_eval: dict[str, float] = {}
+    tick, seen = time.perf_counter(), 0
+    model.train()
+    step = start_step
+    while step < total_steps:
+        if stop_at_step is not None and step >= stop_at_step:
+            progress.close()
+            return {"step": step, "stopped": True}
+        micro_batches = batches.step(step)
+        loss_sum = torch.zeros((), device=dist_.device)
+        for a, (x, y) in enumerate(micro_batches):
+            x, y = x.to(dist_.device, non_blocking=True), y.to(dist_.device, non_blocking=True)
+            sync = a == len(micro_batches) - 1 or not dist_.enabled
+            with (contextlib.nullcontext() if sync else train_model.no_sync()):
+                with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=cfg.amp):
+                    loss = forward_model(x, y)
+                (loss / len(micro_batches)).backward()
+            loss_sum += loss.detach()
+        seen += cfg.total_batch_size
+        mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
+        if not math.isfinite(mean_loss):
+            progress.close()
+            raise NonFiniteLossError(
+                f"non-finite loss {mean_loss} at step {step + 1}; stopped before the optimizer step, the last "
+                f"checkpoint in {run.checkpoints} is intact (lower --matrix-lr / --embedding-lr)"
+            )
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        multiplier = lr_multiplier(step, total_steps, cfg)
+        for opt in optimizers.values():
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * multiplier
+        for group in optimizers["muon"].param_groups:
+            group["momentum"] = muon_momentum(step, cfg)
+        for opt in optimizers.values():
+            opt.step()
+        model.zero_grad(set_to_none=True)
+        step += 1
+        progress.update(1)
+        if step % cfg.log_every == 0 or step == total_steps:
+            elapsed = time.perf_counter() - tick
+            rate = seen / elapsed if elapsed > 0 else 0.0
+            tick, seen = time.perf_counter(), 0
+            progress.set_postfix(loss=f"{mean_loss:.4f}", lrm=f"{multiplier:.2f}", tok_s=f"{rate:.0f}")
+            if dist_.is_main:
+                run.log({"step": step, "loss": mean_loss, "lr_multiplier": multiplier, "tokens_per_s": rate,
+                         "tokens": step * cfg.total_batch_size})
+        if step % cfg.eval_every == 0 or step == total_steps:
+            last_eval = evaluate(step)
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step % cfg.eval_every == 0 or step == total_steps:
+            save_checkpoint(run, step, dist_, model, optimizers, {"tokens": step * cfg.total_batch_size})
+    progress.close()
+    return {"step": step, "num_params": num_params, **last_eval}
+
+
+def _truncate_samples(run: RunDir, after_step: int) -> None:
+    from lapheads.train.runtime import atomic_write_text
+
+    path = run.path / "samples.jsonl"
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= after_step]
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def load_lm_run(run_dir: str | Path, device: str = "auto") -> tuple[LMConfig, GPT, Tokenizer, TokenShards | None]:
+    """The config, trained model (latest checkpoint), tokenizer and (when present) token shards of an LM run."""
+    from lapheads.config import config_from_dict
+
+    run = RunDir(run_dir)
+    record = run.read_config()
+    if record.get("task") != "lm":
+        raise CheckpointError(f"{run.path} holds a {record.get('task')!r} run; allowed here: lm")
+    cfg = config_from_dict(LMConfig, record["config"], source=str(run.config_file))
+    tokenizer = load_tokenizer(run.path / "tokenizer")
+    if tokenizer.vocab_size != record["vocab_size"]:
+        raise CheckpointError(f"{run.path}/tokenizer has {tokenizer.vocab_size} tokens but the model was trained with "
+                              f"{record['vocab_size']}; allowed: the run's own tokenizer")
+    dist_ = setup_distributed(device if device != "auto" else cfg.device)
+    model = build_gpt(cfg, record["vocab_size"]).to(dist_.device)
+    folder = latest_checkpoint(run)
+    if folder is None:
+        raise CheckpointError(f"{run.path} has no checkpoint yet")
+    load_weights(model, folder / "model.safetensors")
+    try:
+        shards = TokenShards.open(_tokens_dir(cfg))
+    except Exception:
+        shards = None
+    return cfg, model.eval(), tokenizer, shards
