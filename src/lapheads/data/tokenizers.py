@@ -66,6 +66,8 @@ class Tokenizer:
 
     def __init__(self, kind: str, backend=None, chars: list[str] | None = None, bos: str = BOS) -> None:
         self.kind, self.backend, self.bos = kind, backend, bos
+        if backend is not None:
+            backend.encode_special_tokens = True  # "<|bos|>" inside a document is text, never a control token
         if kind == "char":
             self.chars = list(chars or [])
             self._specials = list(SPECIAL_TOKENS)

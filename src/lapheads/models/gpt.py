@@ -200,7 +200,11 @@ class GPT(nn.Module):
         return self.transformer["h"]
 
     def laplacian_masks(self) -> list[list[bool]]:
-        return [block.attn.laplacian_mask.tolist() for block in self.blocks]
+        """Each layer's Laplacian head mask (from the config, so it works on the meta device too)."""
+        with torch.device("cpu"):
+            masks = parse_laplacian_heads(self.config.laplacian_heads, num_heads=self.config.n_head,
+                                          num_layers=self.config.depth)
+        return [mask.tolist() for mask in masks]
 
     def _rotary(self, seq_len: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         head_dim = self.config.n_embd // self.config.n_head

@@ -1,0 +1,321 @@
+"""Language-model evaluations: ARC-Easy/Challenge, MMLU, GSM8K, HumanEval and validation bits per byte.
+
+Design choices:
+
+* **Multiple choice as nanochat scores it**: the question is rendered with its lettered choices ("Multiple Choice
+  question: ... - choice=A ..."), and the model's logits at the answer position are restricted to the answer
+  letters; the highest letter is the prediction. No generation, so even tiny models get a well-defined score
+  (chance = 1 / number of choices).
+* **GSM8K by final-answer match**: greedy generation, then the number after "####" (or the last number) compared
+  with the reference's "#### N" as a number.
+* **HumanEval by execution**: completions (cut at the Codex stop sequences) are run with the task's tests in
+  :mod:`lapheads.evals.sandbox`; pass@k uses the unbiased estimator of Chen et al. (2021) over n samples.
+* **Data in the hub's schema**: a local ``DATA_DIR/<task>.jsonl`` or ``.parquet`` (or a ``DATA_DIR/<task>/``
+  folder of them) is read first; otherwise ``datasets.load_dataset`` fetches the hub dataset when online.
+* **Base or chat prompts**: prompts are plain text after BOS by default; ``chat=True`` wraps them in the chat
+  tokens the SFT stage will use.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from lapheads.data.images import DataError
+from lapheads.data.tokenizers import Tokenizer
+from lapheads.evals.sandbox import run_program
+from lapheads.models.gpt import GPT
+
+__all__ = [
+    "HUB_DATASETS",
+    "TASKS",
+    "extract_number",
+    "load_task",
+    "pass_at_k",
+    "render_mc",
+    "run_evals",
+    "score_gsm8k",
+    "score_humaneval",
+    "score_multiple_choice",
+]
+
+LETTERS = "ABCDEFGHIJ"
+# task -> (hub path, config, split)
+HUB_DATASETS: dict[str, tuple[str, str | None, str]] = {
+    "arc_easy": ("allenai/ai2_arc", "ARC-Easy", "test"),
+    "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge", "test"),
+    "mmlu": ("cais/mmlu", "all", "test"),
+    "gsm8k": ("openai/gsm8k", "main", "test"),
+    "humaneval": ("openai/openai_humaneval", None, "test"),
+}
+TASKS = ("val_bpb", *HUB_DATASETS)
+HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        if path.suffix == ".jsonl":
+            return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    except Exception as err:  # OSError, JSONDecodeError, pyarrow's ArrowInvalid
+        raise DataError(f"{path} is not readable jsonl/parquet: {str(err)[:100]}") from None
+
+
+_REQUIRED = {
+    "arc_easy": ("question", "choices", "answerKey"),
+    "arc_challenge": ("question", "choices", "answerKey"),
+    "mmlu": ("question", "choices", "answer"),
+    "gsm8k": ("question", "answer"),
+    "humaneval": ("task_id", "prompt", "test", "entry_point"),
+}
+
+
+def load_task(task: str, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """Rows of ``task`` in the hub's schema, from ``data_dir`` if it holds them, else from the hub."""
+    if task not in HUB_DATASETS:
+        raise ValueError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+    rows = None
+    if data_dir is not None:
+        base = Path(data_dir)
+        files = [p for p in (base / f"{task}.jsonl", base / f"{task}.parquet") if p.is_file()]
+        if (base / task).is_dir():
+            files += sorted([*(base / task).glob("*.parquet"), *(base / task).glob("*.jsonl")])
+        if files:
+            rows = [row for f in files for row in _read_rows(f)]
+    if rows is None:
+        path, name, split = HUB_DATASETS[task]
+        try:
+            from datasets import load_dataset
+
+            rows = list(load_dataset(path, name, split=split))
+        except Exception as err:  # ImportError, offline, hub errors
+            where = f"no {task}.jsonl / {task}.parquet in {data_dir}" if data_dir else "no --data-dir"
+            raise DataError(f"task {task}: {where}, and the hub dataset {path} could not be loaded "
+                            f"({type(err).__name__}); allowed: local files in the hub's schema") from None
+    missing = [k for k in _REQUIRED[task] if rows and k not in rows[0]]
+    if missing or not rows:
+        raise DataError(f"task {task}: rows lack {', '.join(missing) or 'everything (no rows)'}; allowed: the "
+                        f"schema of {HUB_DATASETS[task][0]}")
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Prompts
+
+
+def render_mc(question: str, choices: list[str]) -> str:
+    """nanochat's multiple-choice rendering."""
+    lines = [f"Multiple Choice question: {question}"]
+    lines += [f"- {choice}={letter}" for letter, choice in zip(LETTERS, choices)]
+    return "\n".join(lines) + "\n\nRespond only with the letter of the correct answer."
+
+
+def _prompt_ids(tokenizer: Tokenizer, text: str, chat: bool) -> list[int]:
+    if not chat:
+        return tokenizer.encode(text, bos=True)
+    return ([tokenizer.bos_id, tokenizer.special_id("<|user_start|>")] + tokenizer.encode(text)
+            + [tokenizer.special_id("<|user_end|>"), tokenizer.special_id("<|assistant_start|>")])
+
+
+def _answer_tokens(tokenizer: Tokenizer, letters: str) -> tuple[str, list[int]]:
+    """The text that ends a base-model prompt and the single-token ids of the letters after it."""
+    for suffix, form in (("\nAnswer:", " {}"), ("\nAnswer: ", "{}")):
+        ids = [tokenizer.encode(form.format(letter)) for letter in letters]
+        if all(len(i) == 1 for i in ids):
+            return suffix, [i[0] for i in ids]
+    raise DataError(f"the {tokenizer.kind} tokenizer has no single-token answer letters; allowed: char, bpe, gpt2")
+
+
+def _mc_item(task: str, row: dict[str, Any]) -> tuple[str, list[str], int]:
+    if task == "mmlu":
+        return row["question"], list(row["choices"]), int(row["answer"])
+    labels = list(row["choices"]["label"])
+    return row["question"], list(row["choices"]["text"]), labels.index(row["answerKey"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scoring
+
+
+@torch.no_grad()
+def _last_logits(model: GPT, sequences: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Logits at the last position of each sequence (right-padded batch; causal, so padding cannot leak)."""
+    length = max(len(s) for s in sequences)
+    if length > model.config.sequence_len:
+        raise ValueError(f"a prompt of {length} tokens is longer than the model's sequence_len "
+                         f"{model.config.sequence_len}; allowed: --max-prompt-tokens to skip long items")
+    batch = torch.zeros(len(sequences), length, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        batch[i, :len(s)] = torch.tensor(s)
+    logits = model(batch.to(device))
+    last = torch.tensor([len(s) - 1 for s in sequences], device=device)
+    return logits[torch.arange(len(sequences), device=device), last]
+
+
+def score_multiple_choice(model: GPT, tokenizer: Tokenizer, task: str, rows: list[dict[str, Any]], *,
+                          chat: bool = False, batch_size: int = 16, progress: bool = True) -> dict[str, Any]:
+    """Accuracy of the letter with the highest logit among the answer letters (ARC, MMLU)."""
+    device = model.lm_head.weight.device
+    items = [_mc_item(task, row) for row in rows]
+    correct, skipped, predictions = 0, 0, []
+    for start in tqdm(range(0, len(items), batch_size), desc=task, disable=not progress, leave=False):
+        chunk = items[start:start + batch_size]
+        prompts, letter_ids = [], []
+        for question, choices, _ in chunk:
+            suffix, ids = _answer_tokens(tokenizer, LETTERS[:len(choices)])
+            prompts.append(_prompt_ids(tokenizer, render_mc(question, choices) + ("" if chat else suffix), chat))
+            letter_ids.append(ids)
+        keep = [i for i, p in enumerate(prompts) if len(p) <= model.config.sequence_len]
+        skipped += len(prompts) - len(keep)
+        if not keep:
+            continue
+        logits = _last_logits(model, [prompts[i] for i in keep], device)
+        for row_logits, i in zip(logits, keep):
+            choice = int(row_logits[torch.tensor(letter_ids[i], device=device)].argmax())
+            predictions.append(choice)
+            correct += choice == chunk[i][2]
+    scored = len(items) - skipped
+    return {"accuracy": correct / max(scored, 1), "n": scored, "skipped_too_long": skipped,
+            "chance": sum(1 / len(c) for _, c, _ in items) / max(len(items), 1)}
+
+
+def extract_number(text: str) -> str | None:
+    """The answer number of a GSM8K solution: after "####" if present, else the last number; commas and $ dropped."""
+    marked = re.search(r"####\s*(-?[\d,\.]+)", text)
+    if marked:
+        found = marked.group(1)
+    else:
+        numbers = re.findall(r"-?\d[\d,]*\.?\d*", text)
+        if not numbers:
+            return None
+        found = numbers[-1]
+    found = found.replace(",", "").rstrip(".")
+    try:
+        value = float(found)
+    except ValueError:
+        return None
+    return str(int(value)) if value == int(value) else str(value)
+
+
+def _generate(model: GPT, tokenizer: Tokenizer, prompt_ids: list[int], max_new_tokens: int, *, num_samples: int = 1,
+              temperature: float = 0.0, seed: int = 0) -> list[str]:
+    device = model.lm_head.weight.device
+    room = model.config.sequence_len - len(prompt_ids)
+    if room <= 0:
+        return [""] * num_samples
+    ids = torch.tensor([prompt_ids] * num_samples, device=device)
+    out = model.generate(ids, min(max_new_tokens, room), temperature=temperature, top_k=None if temperature == 0 else 50,
+                         generator=torch.Generator(device).manual_seed(seed), stop_token=tokenizer.bos_id)
+    texts = []
+    for row in out[:, len(prompt_ids):].tolist():
+        if tokenizer.bos_id in row:
+            row = row[:row.index(tokenizer.bos_id)]
+        texts.append(tokenizer.decode(row))
+    return texts
+
+
+def score_gsm8k(model: GPT, tokenizer: Tokenizer, rows: list[dict[str, Any]], *, chat: bool = False,
+                max_new_tokens: int = 256, progress: bool = True,
+                generate: Callable[..., list[str]] | None = None) -> dict[str, Any]:
+    """Fraction of problems whose generated final number equals the reference's "#### N"."""
+    generate = generate or _generate
+    correct = 0
+    for row in tqdm(rows, desc="gsm8k", disable=not progress, leave=False):
+        prompt = _prompt_ids(tokenizer, f"Question: {row['question']}\n" + ("" if chat else "Answer:"), chat)
+        completion = generate(model, tokenizer, prompt, max_new_tokens)[0].split("\nQuestion:")[0]
+        answer = extract_number(completion)
+        correct += answer is not None and answer == extract_number(row["answer"])
+    return {"accuracy": correct / max(len(rows), 1), "n": len(rows)}
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c pass (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples; got n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def humaneval_program(row: dict[str, Any], completion: str) -> str:
+    """The program HumanEval runs: prompt + completion (cut at the stop sequences) + tests + check(entry_point)."""
+    cut = min([completion.find(s) for s in HUMANEVAL_STOPS if s in completion] or [len(completion)])
+    return f"{row['prompt']}{completion[:cut]}\n\n{row['test']}\n\ncheck({row['entry_point']})\n"
+
+
+def score_humaneval(model: GPT | None, tokenizer: Tokenizer | None, rows: list[dict[str, Any]], *,
+                    num_samples: int = 1, ks: tuple[int, ...] = (1,), temperature: float | None = None,
+                    max_new_tokens: int = 256, timeout: float = 10.0, progress: bool = True,
+                    completions: list[list[str]] | None = None) -> dict[str, Any]:
+    """pass@k over n = ``num_samples`` completions per problem (greedy when n = 1, else sampled at 0.8).
+
+    ``completions`` (one list per row) skips generation, for scoring given solutions.
+    """
+    temperature = (0.0 if num_samples == 1 else 0.8) if temperature is None else temperature
+    results, statuses = {k: [] for k in ks}, {"passed": 0, "failed": 0, "timeout": 0}
+    for i, row in enumerate(tqdm(rows, desc="humaneval", disable=not progress, leave=False)):
+        if completions is not None:
+            samples = completions[i]
+        else:
+            samples = _generate(model, tokenizer, tokenizer.encode(row["prompt"], bos=True), max_new_tokens,
+                                num_samples=num_samples, temperature=temperature, seed=i)
+        outcomes = [run_program(humaneval_program(row, s), timeout=timeout) for s in samples]
+        for outcome in outcomes:
+            statuses[outcome.status] += 1
+        passed = sum(o.passed for o in outcomes)
+        for k in ks:
+            results[k].append(pass_at_k(len(samples), passed, k))
+    return {**{f"pass@{k}": sum(v) / max(len(v), 1) for k, v in results.items()}, "n": len(rows),
+            "samples": statuses}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Whole runs
+
+
+def run_evals(run_dir: str | Path, tasks: list[str], *, data_dir: str | None = None, max_examples: int | None = None,
+              num_samples: int = 1, chat: bool = False, device: str = "auto", progress: bool = True) -> dict[str, Any]:
+    """Evaluate the latest checkpoint of an LM run on ``tasks``; writes RUN_DIR/report/eval_lm.json."""
+    from lapheads.train.lm import evaluate_bpb, load_lm_run
+    from lapheads.train.runtime import Distributed, atomic_write_text
+
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"unknown task(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(TASKS)}")
+    rows = {t: load_task(t, data_dir)[:max_examples] for t in tasks if t != "val_bpb"}  # fail early on data
+    cfg, model, tokenizer, shards = load_lm_run(run_dir, device)
+    results: dict[str, Any] = {}
+    for task in tasks:
+        if task == "val_bpb":
+            if shards is None:
+                raise DataError(f"val_bpb needs the run's token shards; run `lapheads train lm` data preparation "
+                                f"for {cfg.dataset} ({cfg.tokenizer}) under {cfg.data_root} first")
+            dist_ = Distributed(device=model.lm_head.weight.device)
+            results[task] = {"bpb": evaluate_bpb(model, shards.val, tokenizer.token_bytes(), dist_,
+                                                 seq_len=cfg.sequence_len, max_tokens=cfg.eval_tokens,
+                                                 batch_size=cfg.micro_batch, amp=False)}
+        elif task in ("arc_easy", "arc_challenge", "mmlu"):
+            results[task] = score_multiple_choice(model, tokenizer, task, rows[task], chat=chat, progress=progress)
+        elif task == "gsm8k":
+            results[task] = score_gsm8k(model, tokenizer, rows[task], chat=chat, progress=progress)
+        else:
+            ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
+            results[task] = score_humaneval(model, tokenizer, rows[task], num_samples=num_samples, ks=ks,
+                                            progress=progress)
+    out = Path(run_dir) / "report" / "eval_lm.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps({"tasks": results, "max_examples": max_examples, "chat": chat}, indent=1) + "\n")
+    return results

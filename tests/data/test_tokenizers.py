@@ -1,0 +1,64 @@
+"""Tokenizers: GPT-2 ids, unicode round trips, save/load, byte counts, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lapheads.data.tokenizers import SPECIAL_TOKENS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
+
+CORPUS = ["First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 20,
+          "Numbers 12345 and 2026; unicode: café, naïve, 東京, emoji 🌍.\n" * 10]
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return {"char": Tokenizer.char("".join(CORPUS)), "bpe": train_bpe(CORPUS, 400), "gpt2": Tokenizer.gpt2()}
+
+
+def test_gpt2_ids_equal_openais():
+    gpt2 = Tokenizer.gpt2()
+    assert gpt2.encode("Hello world") == [15496, 995]
+    assert gpt2.encode("hello world") == [31373, 995]
+    assert gpt2.bos_id == 50256 and gpt2.decode([50256]) == "<|endoftext|>"
+    assert gpt2.encode("<|endoftext|>") != [50256]  # special strings in text stay text
+    assert gpt2.special_id("<|assistant_start|>") >= 50257
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=80))
+def test_arbitrary_unicode_round_trips(tokenizers, text):
+    for tokenizer in tokenizers.values():
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "gpt2"])
+def test_save_load_and_byte_counts(tokenizers, kind, tmp_path):
+    tokenizer = tokenizers[kind]
+    loaded = load_tokenizer(tokenizer.save(tmp_path / kind))
+    text = CORPUS[1] + CORPUS[0][:200]
+    assert loaded.encode(text, bos=True) == tokenizer.encode(text, bos=True)
+    assert loaded.vocab_size == tokenizer.vocab_size
+    ids = tokenizer.encode(text, bos=True)
+    assert ids[0] == tokenizer.bos_id
+    assert int(tokenizer.token_bytes()[ids].sum()) == len(text.encode("utf-8"))  # BOS counts 0 bytes
+
+
+def test_bpe_learns_merges_and_keeps_special_tokens(tokenizers):
+    bpe = tokenizers["bpe"]
+    assert len(bpe.encode(CORPUS[0])) < len(CORPUS[0].encode("utf-8")) / 2
+    assert [bpe.special_id(t) for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
+
+
+def test_bad_input(tmp_path, tokenizers):
+    with pytest.raises(TokenizerError, match="holds no tokenizer"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "lapheads_tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match="is corrupt"):
+        load_tokenizer(tmp_path)
+    with pytest.raises(TokenizerError, match="BPE vocab_size 100 is too small; allowed: >= 265"):
+        train_bpe(CORPUS, 100)
+    with pytest.raises(TokenizerError, match="unknown special token"):
+        tokenizers["char"].special_id("<|nope|>")
+    with pytest.raises(TokenizerError, match="GPT-2 BPE file .* is missing"):
+        Tokenizer.gpt2(tmp_path)

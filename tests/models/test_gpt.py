@@ -1,0 +1,127 @@
+"""The nanochat-style GPT: parameter count, causality with Laplacian heads, KV cache, generation, the one op."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import lapheads
+from lapheads.models import gpt as gpt_module
+from lapheads.models.gpt import GPT, GPTConfig
+
+TINY = dict(depth=2, vocab_size=40, sequence_len=48, aspect_ratio=32, head_dim=16)  # 64 dim, 4 heads
+
+
+def _random_weights(model: GPT, seed: int = 0) -> GPT:
+    """Non-zero everywhere (the real init zeroes output projections, which would make causality trivial)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
+def test_d20_has_the_papers_parameter_count():
+    with torch.device("meta"):
+        model = GPT(GPTConfig(depth=20, vocab_size=65536, laplacian_heads=5))
+    assert model.num_params() == 560_988_160
+    assert (model.config.n_embd, model.config.n_head) == (1280, 10)
+    assert model.laplacian_masks()[0] == [False] * 5 + [True] * 5
+
+
+def test_state_dict_uses_nanochat_names_and_no_mask_buffers():
+    keys = set(GPT(GPTConfig(**TINY, laplacian_heads=2)).state_dict())
+    assert {"transformer.wte.weight", "transformer.h.0.attn.c_q.weight", "transformer.h.1.mlp.c_proj.weight",
+            "lm_head.weight"} <= keys
+    assert not any("laplacian" in k or "cos" in k for k in keys)
+
+
+def test_init_starts_every_block_as_identity_and_predicts_uniformly():
+    model = GPT(GPTConfig(**TINY, laplacian_heads=4))
+    idx = torch.randint(0, 40, (2, 10))
+    loss = model(idx, idx)
+    assert loss.item() == pytest.approx(math.log(40), abs=1e-5)
+    for block in model.blocks:
+        assert block.attn.c_proj.weight.abs().sum() == 0 and block.mlp.c_proj.weight.abs().sum() == 0
+
+
+@pytest.mark.parametrize("spec, kv", [("0,2", None), (4, 2), ("3,1", 1)])
+def test_perturbing_future_tokens_changes_nothing_before(spec, kv):
+    model = _random_weights(GPT(GPTConfig(**TINY, laplacian_heads=spec, n_kv_head=kv)))
+    idx = torch.randint(0, 40, (3, 20))
+    t = 11
+    changed = idx.clone()
+    changed[:, t + 1:] = torch.randint(0, 40, (3, 20 - t - 1))
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :t + 1], b[:, :t + 1], rtol=0, atol=0)
+    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+
+
+@pytest.mark.parametrize("kv", [None, 2, 1])
+def test_kv_cache_logits_equal_the_full_forward(kv):
+    model = _random_weights(GPT(GPTConfig(**TINY, laplacian_heads="1,3", n_kv_head=kv)))
+    idx = torch.randint(0, 40, (2, 17))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_kv_cache(2, 17)
+        parts = [model(idx[:, :9], kv_cache=cache)] + [model(idx[:, i:i + 1], kv_cache=cache) for i in range(9, 13)]
+        parts.append(model(idx[:, 13:], kv_cache=cache))
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_generation_matches_step_by_step_argmax_of_the_full_forward():
+    model = _random_weights(GPT(GPTConfig(**TINY, laplacian_heads=2)))
+    prompt = torch.randint(0, 40, (2, 5))
+    out = model.generate(prompt, 8, temperature=0)
+    with torch.no_grad():
+        ids = prompt
+        for _ in range(8):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, ids)
+    sampled = model.generate(prompt, 8, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(0))
+    again = model.generate(prompt, 8, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sampled, again) and sampled.shape == (2, 13)
+
+
+def test_every_attention_goes_through_the_one_op(monkeypatch):
+    calls = []
+    real = gpt_module.laplacian_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["laplacian_heads"].tolist())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpt_module, "laplacian_attention", spy)
+    GPT(GPTConfig(**TINY, laplacian_heads="0,3"))(torch.randint(0, 40, (1, 6)))
+    assert calls == [[False] * 4, [False, True, True, True]]
+
+
+def test_bad_input_is_a_one_line_error():
+    model = GPT(GPTConfig(**TINY))
+    with pytest.raises(ValueError, match="sequence of 49 tokens is longer than the model's sequence_len 48"):
+        model(torch.zeros(1, 49, dtype=torch.long))
+    with pytest.raises(lapheads.HeadSpecError):
+        GPT(GPTConfig(**TINY, laplacian_heads=5))
+    with pytest.raises(ValueError, match="n_kv_head=3 must divide the 4 query heads"):
+        GPT(GPTConfig(**TINY, n_kv_head=3))
+
+
+def test_random_tokens_leave_nothing_to_learn_about_the_future():
+    """A leak of future tokens would let the model copy its target; on random tokens it must stay >= ln(V)."""
+    torch.manual_seed(0)
+    vocab = 16
+    model = GPT(GPTConfig(depth=2, vocab_size=vocab, sequence_len=32, aspect_ratio=32, head_dim=16, laplacian_heads=2))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(60):
+        x = torch.randint(0, vocab, (16, 33))
+        loss = model(x[:, :-1], x[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    held_out = torch.randint(0, vocab, (64, 33), generator=torch.Generator().manual_seed(123))
+    with torch.no_grad():
+        loss = model(held_out[:, :-1], held_out[:, 1:]).item()
+    assert loss > math.log(vocab) - 0.02

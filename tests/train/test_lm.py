@@ -1,0 +1,154 @@
+"""Language-model training on the real Shakespeare corpus: learning, resume identity, NaN, bad input, evals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lapheads.cli import main
+from lapheads.train import lm as lm_module
+from lapheads.train.lm import LMConfig, train_lm
+from lapheads.train.runtime import NonFiniteLossError
+
+
+@pytest.fixture(scope="session")
+def text_root(tmp_path_factory):
+    """A data root where the Shakespeare corpus and its character tokens get prepared once per session."""
+    return tmp_path_factory.mktemp("text-data")
+
+
+def tiny_lm(root, **changes) -> LMConfig:
+    base = LMConfig(
+        dataset="shakespeare", data_root=str(root), tokenizer="char", depth=2, aspect_ratio=32, head_dim=16,
+        laplacian_heads="2", sequence_len=64, total_batch_size=1024, micro_batch=16, num_iterations=12,
+        eval_every=6, eval_tokens=2048, sample_prompt="ROMEO:\n", sample_tokens=24, log_every=1, device="cpu",
+        amp=False,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.fixture(scope="module")
+def trained_run(text_root, tmp_path_factory):
+    run = tmp_path_factory.mktemp("lm") / "run"
+    # long enough for the multiple-choice prompts of the eval test
+    result = train_lm(tiny_lm(text_root, num_iterations=30, eval_every=15, sequence_len=256, micro_batch=4), run)
+    return run, result
+
+
+def test_loss_drops_on_shakespeare_and_the_run_directory_is_complete(trained_run):
+    run, result = trained_run
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["loss"] for m in metrics if "loss" in m]
+    record = json.loads((run / "config.json").read_text())
+    vocab = record["vocab_size"]
+    assert losses[0] == pytest.approx(math.log(vocab), abs=0.05)  # zero-initialised head: uniform
+    assert losses[-1] < losses[0] - 1.2
+    assert result["val_bpb"] < math.log2(vocab) - 1.5
+    assert record["laplacian_masks"] == [[False, False, True, True]] * 2 and record["config"]["seed"] == 0
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [15, 30] and samples[-1]["text"].startswith("ROMEO:\n")
+    assert (run / "tokenizer" / "lapheads_tokenizer.json").is_file()
+
+
+def test_resume_continues_the_same_trajectory(text_root, tmp_path):
+    cfg = tiny_lm(text_root, num_iterations=8, eval_every=4, checkpoint_every=2)
+    train_lm(cfg, tmp_path / "straight")
+    assert train_lm(cfg, tmp_path / "resumed", stop_at_step=5)["stopped"]
+    train_lm(cfg, tmp_path / "resumed", resume=True)
+    for name in ("model", "optimizer-adamw", "optimizer-muon"):
+        a = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
+        b = load_file(str(tmp_path / "resumed" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+    def comparable(path):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+
+    assert comparable(tmp_path / "straight" / "metrics.jsonl") == comparable(tmp_path / "resumed" / "metrics.jsonl")
+    assert (tmp_path / "straight" / "samples.jsonl").read_text() == (tmp_path / "resumed" / "samples.jsonl").read_text()
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(text_root, tmp_path, monkeypatch):
+    real_build = lm_module.build_gpt
+
+    def poisoned(cfg, vocab_size):
+        model = real_build(cfg, vocab_size)
+        forward, calls = model.forward, []
+
+        def forward_with_nan(idx, targets=None, **kwargs):
+            out = forward(idx, targets, **kwargs)
+            if targets is not None and kwargs.get("loss_reduction", "mean") == "mean":
+                calls.append(1)
+                if len(calls) > 3:  # the 4th training step
+                    return out * float("nan")
+            return out
+
+        model.forward = forward_with_nan
+        return model
+
+    monkeypatch.setattr(lm_module, "build_gpt", poisoned)
+    with pytest.raises(NonFiniteLossError, match="non-finite loss nan at step 4"):
+        train_lm(tiny_lm(text_root, checkpoint_every=1), tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-00000003"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--preset", "nope"], "unknown lm preset 'nope'; allowed: shakespeare-cpu, nanochat-d20, nanochat-d12"),
+        (["--preset", "shakespeare-cpu", "--dataset", "wiki"], "unknown dataset 'wiki'; allowed: shakespeare, fineweb-edu"),
+        (["--preset", "shakespeare-cpu", "--tokenizer", "words"], "unknown tokenizer 'words'; allowed: char, bpe, gpt2"),
+        (["--preset", "shakespeare-cpu", "--total-batch-size", "1000"],
+         "total_batch_size=1000 tokens is not a multiple of micro_batch x sequence_len x world_size = 8192"),
+        (["--preset", "shakespeare-cpu", "--laplacian-heads", "9"], "laplacian_heads=9"),
+    ],
+)
+def test_bad_training_input_is_a_one_line_error(args, message, tmp_path, capsys, text_root):
+    code = main(["train", "lm", *args, "--out", str(tmp_path / "r"), "--data-root", str(text_root), "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("lapheads train: error: ") and message in err and "\n" not in err
+
+
+def test_eval_lm_scores_val_bpb_and_arc_from_local_files(trained_run, tmp_path, capsys):
+    run, result = trained_run
+    rows = [{"id": f"q{i}", "question": f"Which is {i}?", "choices": {"text": ["one", "two", "three"],
+                                                                     "label": ["A", "B", "C"]},
+             "answerKey": "ABC"[i % 3]} for i in range(6)]
+    (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["eval", "lm", str(run), "--tasks", "val_bpb,arc_easy", "--data-dir", str(tmp_path)]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["val_bpb"]["bpb"] == pytest.approx(result["val_bpb"], rel=1e-4)
+    assert printed["arc_easy"]["n"] == 6 and printed["arc_easy"]["skipped_too_long"] == 0
+    assert printed["arc_easy"]["chance"] == pytest.approx(1 / 3) and 0 <= printed["arc_easy"]["accuracy"] <= 1
+    assert json.loads((run / "report" / "eval_lm.json").read_text())["tasks"]["arc_easy"]["n"] == 6
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tasks", "squad"], "unknown task(s) squad; allowed: val_bpb, arc_easy, arc_challenge, mmlu, gsm8k, humaneval"),
+        (["--tasks", "mmlu", "--data-dir", "/nonexistent"], "task mmlu: no mmlu.jsonl / mmlu.parquet in /nonexistent"),
+    ],
+)
+def test_bad_eval_input_is_a_one_line_error(trained_run, args, message, capsys):
+    assert main(["eval", "lm", str(trained_run[0]), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_a_tokenizer_that_does_not_match_the_checkpoint_is_refused(trained_run, tmp_path, capsys):
+    import shutil
+
+    from lapheads.data.tokenizers import Tokenizer
+
+    run = tmp_path / "copy"
+    shutil.copytree(trained_run[0], run)
+    shutil.rmtree(run / "tokenizer")
+    Tokenizer.char("xyz").save(run / "tokenizer")
+    assert main(["eval", "lm", str(run)]) == 2
+    assert "tokenizer has 268 tokens but the model was trained with" in capsys.readouterr().err
