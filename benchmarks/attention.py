@@ -8,8 +8,8 @@ Forms compared side by side in one process (ratios = median time / median time o
 * ``cat``       fused SDPA then ``torch.cat([y_A, v_L - y_L])``: the authors' form (copies y).
 * ``naive``     ``lapheads.laplacian_attention_reference``: materialise P, multiply by (I - P) explicitly.
 
-Then whole training steps (forward, backward, AdamW step) of a timm ViT built with ``LaplacianAttention``, with 0,
-half and all heads Laplacian.
+Then whole training steps (forward, backward, optimizer step) of a timm ViT built with ``LaplacianAttention`` (0, 1
+and 3 of 3 heads Laplacian) and of ``lapheads.GPT`` (0, 2 and 4 of 4 heads Laplacian).
 
     python benchmarks/attention.py                      # full table (a few minutes on 2 CPU cores)
     python benchmarks/attention.py --seq-lens 256 1024 --repeats-scale 0.3   # quicker
@@ -106,7 +106,35 @@ def bench_vit_step(device: torch.device, dtype: torch.dtype, repeats: int, batch
     return {name: {"seconds": t, "ratio": t / base} for name, t in times.items()}
 
 
-def markdown(op_results: dict[int, dict], vit: dict | None, header: str) -> str:
+def bench_gpt_step(device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 16) -> dict[str, float]:
+    """A whole GPT training step (shakespeare-cpu size: depth 4, 256 dim, 4 heads of 64, T = 256, Muon + AdamW as
+    in training) with 0, 2 and 4 Laplacian heads per layer."""
+    from lapheads.models.gpt import GPT, GPTConfig
+    from lapheads.train.lm import LMConfig, build_optimizers
+
+    steps = {}
+    for n_lap in (0, 2, 4):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(depth=4, vocab_size=320, sequence_len=256, aspect_ratio=64, head_dim=64,
+                              laplacian_heads=n_lap)).to(device)
+        optimizers = build_optimizers(model, LMConfig())
+        tokens = torch.randint(0, 320, (batch, 257), device=device)
+
+        def run(model: torch.nn.Module = model, optimizers: dict = optimizers) -> None:
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = model(tokens[:, :-1], tokens[:, 1:])
+            loss.backward()
+            for opt in optimizers.values():
+                opt.step()
+            model.zero_grad(set_to_none=True)
+
+        steps[f"gpt {n_lap}/4 Laplacian"] = run
+    times = time_interleaved(steps, repeats, device=device)
+    base = times["gpt 0/4 Laplacian"]
+    return {name: {"seconds": t, "ratio": t / base} for name, t in times.items()}
+
+
+def markdown(op_results: dict[int, dict], vit: dict | None, header: str, gpt: dict | None = None) -> str:
     forms = list(next(iter(op_results.values()))["forms"])
     lines = [header, "", "Forward + backward of attention alone (ratio = median time / median plain-SDPA time, same run):", ""]
     lines.append("| T | batch | " + " | ".join(f"{f} ratio" for f in forms) + " | sdpa ms | " + " | ".join(f"{f} peak MiB" for f in forms) + " |")
@@ -119,6 +147,10 @@ def markdown(op_results: dict[int, dict], vit: dict | None, header: str) -> str:
     if vit:
         lines += ["", "Whole ViT training step (forward, backward, AdamW):", "", "| model | ms/step | ratio |", "|---|---|---|"]
         lines += [f"| {name} | {r['seconds'] * 1e3:.1f} | {r['ratio']:.3f} |" for name, r in vit.items()]
+    if gpt:
+        lines += ["", "Whole GPT training step (forward, backward, Muon + AdamW):", "", "| model | ms/step | ratio |",
+                  "|---|---|---|"]
+        lines += [f"| {name} | {r['seconds'] * 1e3:.1f} | {r['ratio']:.3f} |" for name, r in gpt.items()]
     return "\n".join(lines)
 
 
@@ -130,6 +162,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--skip-vit", action="store_true")
+    parser.add_argument("--skip-gpt", action="store_true")
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     op_results = {}
@@ -138,11 +171,12 @@ def main(argv: list[str] | None = None) -> str:
         op_results[t] = bench_op(t, args.laplacian_heads, device, dtype, repeats)
         print(f"T={t}: " + ", ".join(f"{n} {r['ratio']:.3f}x" for n, r in op_results[t]["forms"].items()), flush=True)
     vit = None if args.skip_vit else bench_vit_step(device, dtype, max(3, round(20 * args.repeats_scale)))
+    gpt = None if args.skip_gpt else bench_gpt_step(device, dtype, max(3, round(15 * args.repeats_scale)))
     header = (
         f"{machine_summary(device)}; {args.dtype}; {HEADS} heads x {HEAD_DIM} dims, "
         f"{args.laplacian_heads} Laplacian, batch x T = {TOKENS_PER_BATCH} tokens"
     )
-    table = markdown(op_results, vit, header)
+    table = markdown(op_results, vit, header, gpt)
     print(table)
     return table
 

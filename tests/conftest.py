@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import struct
 from pathlib import Path
@@ -55,3 +56,22 @@ def tiny_config(fmnist_root):
         batch_size=32, epochs=0.5, lr=3e-3, warmup_epochs=0.0, amp=False, augment=False, eval_every_epochs=0.25,
         log_every=1, device="cpu",
     )
+
+
+@pytest.fixture(scope="session")
+def text_root(tmp_path_factory):
+    """A data root where the Shakespeare corpus and its character tokens get prepared once per session."""
+    return tmp_path_factory.mktemp("text-data")
+
+
+def tiny_lm(root, **changes):
+    """A 2-layer, 64-dim character GPT on the real Shakespeare corpus that trains in seconds."""
+    from lapheads.train.lm import LMConfig
+
+    base = LMConfig(
+        dataset="shakespeare", data_root=str(root), tokenizer="char", depth=2, aspect_ratio=32, head_dim=16,
+        laplacian_heads="2", sequence_len=64, total_batch_size=1024, micro_batch=16, num_iterations=12,
+        eval_every=6, eval_tokens=2048, sample_prompt="ROMEO:\n", sample_tokens=24, log_every=1, device="cpu",
+        amp=False,
+    )
+    return dataclasses.replace(base, **changes)

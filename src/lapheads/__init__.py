@@ -2,7 +2,8 @@
 
 A Laplacian head outputs (I - P) V = V - P V instead of P V. This package provides the op
 (:func:`laplacian_attention`), a drop-in for ``timm.layers.Attention`` (:class:`LaplacianAttention`) and the one
-head-spec parser every model and the CLI share (:func:`parse_laplacian_heads`).
+head-spec parser every model and the CLI share (:func:`parse_laplacian_heads`); models are timm ViTs
+(:func:`create_vit`) and a nanochat-style GPT (:class:`GPT`).
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -16,7 +17,7 @@ from lapheads.attention import (
     laplacian_head_mask,
     parse_laplacian_heads,
 )
-from lapheads.models import create_vit  # also registers lapheads' timm model names
+from lapheads.models import GPT, GPTConfig, create_vit  # also registers lapheads' timm model names
 
 try:
     __version__ = version("lapheads")
@@ -24,6 +25,8 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "GPT",
+    "GPTConfig",
     "HeadSpec",
     "HeadSpecError",
     "LaplacianAttention",

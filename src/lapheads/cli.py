@@ -80,7 +80,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if args.max_tokens < 2:
         raise UserError(f"--max-tokens {args.max_tokens}: allowed: an integer >= 2")
     options = AnalyzeOptions(layers=args.layers, max_tokens=args.max_tokens, fraction=args.fraction,
-                             batch_size=args.batch_size, ema=args.ema, device=args.device)
+                             top_k=args.top_k, batch_size=args.batch_size, ema=args.ema, device=args.device)
     _, summary = analyze_runs(args.run_dirs, args.out, options, force=args.force)
     print(summary.read_text())
     print(f"summary: {summary}")
@@ -89,19 +89,43 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 def _cmd_data(args: argparse.Namespace) -> int:
     from lapheads.data.images import DATASETS, fetch_fashion_mnist, find_fashion_mnist
+    from lapheads.data.text import TEXT_DATASETS
 
     if args.action == "list":
         for name in DATASETS:
             where = find_fashion_mnist(args.root) if name == "fashion-mnist" else None
-            print(f"{name:15s} {'found in ' + str(where) if where else ''}")
+            print(f"{name:15s} image {'found in ' + str(where) if where else ''}")
+        for name in TEXT_DATASETS:
+            print(f"{name:15s} text")
         return 0
-    if args.name != "fashion-mnist":
+    if args.action == "prepare":
+        if args.name not in TEXT_DATASETS:
+            raise UserError(f"data prepare {args.name!r}: allowed: {', '.join(TEXT_DATASETS)}")
+        from lapheads.train.lm import LMConfig, prepare_lm_data
+
+        cfg = LMConfig(dataset=args.name, data_root=args.root or "data", tokenizer=args.tokenizer,
+                       tokenizer_vocab=args.tokenizer_vocab, download_shards=args.shards)
+        tokenizer, shards = prepare_lm_data(cfg)
+        print(json.dumps({"vocab_size": tokenizer.vocab_size, **shards.meta}))
+        return 0
+    if args.name == "fashion-mnist":
+        folder, what = fetch_fashion_mnist(args.root or "data")
+        print(f"fashion-mnist: {what}")
+    elif args.name == "shakespeare":
+        from lapheads.data.text import shakespeare_plays
+
+        plays = shakespeare_plays(args.root or "data")
+        print(f"shakespeare: {len(plays)} plays, {sum(len(t) for _, t in plays):,} characters")
+    elif args.name == "fineweb-edu":
+        from lapheads.data.text import fineweb_shards
+
+        shards = fineweb_shards(Path(args.root or "data") / "fineweb-edu", download=args.shards)
+        print(f"fineweb-edu: {len(shards)} shards in {shards[0].parent}")
+    else:
         raise UserError(
-            f"data fetch {args.name!r}: allowed: fashion-mnist (CIFAR downloads with --download on `train`; "
-            "ImageNet must be placed as an ImageFolder by hand)"
+            f"data fetch {args.name!r}: allowed: fashion-mnist, shakespeare, fineweb-edu (CIFAR downloads with "
+            "--download on `train`; ImageNet must be placed as an ImageFolder by hand)"
         )
-    folder, what = fetch_fashion_mnist(args.root or "data")
-    print(f"fashion-mnist: {what}")
     return 0
 
 
@@ -146,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--layers", default="all", help='"all" or a comma list such as embed,3,6,norm')
     analyze.add_argument("--max-tokens", type=int, default=1_000_000, help="tokens per layer (a random subset)")
     analyze.add_argument("--fraction", type=float, default=0.99, help="variance fraction for the spectra")
+    analyze.add_argument("--top-k", type=int, default=100, help="LM: next-token classes for linguistic collapse")
     analyze.add_argument("--batch-size", type=int, default=256)
     analyze.add_argument("--ema", action="store_true", help="analyse the EMA weights")
     analyze.add_argument("--device", default="auto")
@@ -153,10 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--force", action="store_true", help="recompute even if a cached analysis.json matches")
     analyze.set_defaults(func=_cmd_analyze)
 
-    data = sub.add_parser("data", allow_abbrev=False, help="list or fetch datasets")
-    data.add_argument("action", choices=["list", "fetch"])
+    data = sub.add_parser("data", allow_abbrev=False, help="list, fetch or tokenise datasets")
+    data.add_argument("action", choices=["list", "fetch", "prepare"])
     data.add_argument("name", nargs="?", default="fashion-mnist")
-    data.add_argument("--root", default=None)
+    data.add_argument("--root", default=None, help="the data root (default: data)")
+    data.add_argument("--shards", type=int, default=0, help="fineweb-edu: download the first N shards")
+    data.add_argument("--tokenizer", default="char", help="prepare: char, bpe or gpt2")
+    data.add_argument("--tokenizer-vocab", type=int, default=4096, help="prepare: BPE vocabulary size")
     data.set_defaults(func=_cmd_data)
     return parser
 

@@ -60,7 +60,7 @@ def test_cached_analysis_is_reused_until_options_change(two_runs, monkeypatch):
     options = module.AnalyzeOptions(layers="1,norm", max_tokens=1000)
     first = module.analyze_run(two_runs[0], options)
     calls = []
-    monkeypatch.setattr(module, "_analyze_classify", lambda *a: calls.append(a) or {})
+    monkeypatch.setitem(module.ANALYZERS, "classify", lambda *a: calls.append(a) or {})
     assert module.analyze_run(two_runs[0], options) == first and not calls
     module.analyze_run(two_runs[0], module.AnalyzeOptions(layers="1", max_tokens=1000))
     assert len(calls) == 1
@@ -89,3 +89,35 @@ def test_bad_options_are_one_line_errors(two_runs, args, message, capsys):
 def test_a_folder_that_is_not_a_run_is_a_one_line_error(tmp_path, capsys):
     assert main(["analyze", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == f"lapheads analyze: error: {tmp_path} is not a run directory: no config.json"
+
+
+def test_analyze_language_model_runs(text_root, tmp_path, capsys):
+    from lapheads.train.lm import train_lm
+    from tests.conftest import tiny_lm
+
+    runs = []
+    for heads in ("0", "4"):
+        train_lm(tiny_lm(text_root, laplacian_heads=heads, num_iterations=6, eval_every=6), tmp_path / f"lm{heads}")
+        runs.append(str(tmp_path / f"lm{heads}"))
+    out = tmp_path / "cmp"
+    assert main(["analyze", *runs, "--out", str(out), "--max-tokens", "4096", "--top-k", "20"]) == 0
+    printed = capsys.readouterr().out
+    assert "| CDNV, top-K next tokens |" in printed and "| metric | k=0 | k=4 |" in printed
+    for name in ("linguistic", "spectrum", "similarity"):
+        assert (out / f"{name}.png").stat().st_size > 5000
+    for analysis in json.loads((out / "analysis.json").read_text()):
+        assert analysis["task"] == "lm" and analysis["num_sequences"] == 64 and analysis["tokens_per_sequence"] == 64
+        assert 1.0 < analysis["next_token_loss"] < 5.0
+        last = analysis["per_layer"]["2"]
+        assert last["linguistic"]["num_classes"] == 20 and last["linguistic"]["cdnv"] > 0
+        assert 1 <= last["spectrum"]["n_components"] <= 64
+
+
+def test_runs_of_different_tasks_are_not_compared(two_runs, text_root, tmp_path, capsys):
+    from lapheads.train.lm import train_lm
+    from tests.conftest import tiny_lm
+
+    train_lm(tiny_lm(text_root, num_iterations=2, eval_every=2), tmp_path / "lm")
+    assert main(["analyze", str(two_runs[0]), str(tmp_path / "lm"), "--max-tokens", "1024", "--out",
+                 str(tmp_path / "x")]) == 2
+    assert "analyze compares runs of one task; got classify, lm" in capsys.readouterr().err

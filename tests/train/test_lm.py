@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -12,24 +11,9 @@ from safetensors.torch import load_file
 
 from lapheads.cli import main
 from lapheads.train import lm as lm_module
-from lapheads.train.lm import LMConfig, train_lm
+from lapheads.train.lm import train_lm
 from lapheads.train.runtime import NonFiniteLossError
-
-
-@pytest.fixture(scope="session")
-def text_root(tmp_path_factory):
-    """A data root where the Shakespeare corpus and its character tokens get prepared once per session."""
-    return tmp_path_factory.mktemp("text-data")
-
-
-def tiny_lm(root, **changes) -> LMConfig:
-    base = LMConfig(
-        dataset="shakespeare", data_root=str(root), tokenizer="char", depth=2, aspect_ratio=32, head_dim=16,
-        laplacian_heads="2", sequence_len=64, total_batch_size=1024, micro_batch=16, num_iterations=12,
-        eval_every=6, eval_tokens=2048, sample_prompt="ROMEO:\n", sample_tokens=24, log_every=1, device="cpu",
-        amp=False,
-    )
-    return dataclasses.replace(base, **changes)
+from tests.conftest import tiny_lm
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +136,12 @@ def test_a_tokenizer_that_does_not_match_the_checkpoint_is_refused(trained_run, 
     Tokenizer.char("xyz").save(run / "tokenizer")
     assert main(["eval", "lm", str(run)]) == 2
     assert "tokenizer has 268 tokens but the model was trained with" in capsys.readouterr().err
+
+
+def test_data_prepare_tokenises_the_corpus_once(text_root, capsys):
+    assert main(["data", "prepare", "shakespeare", "--root", str(text_root), "--tokenizer", "char"]) == 0
+    meta = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert meta["dataset"] == "shakespeare" and meta["train_tokens"] > 4_000_000 and meta["val_tokens"] > 300_000
+    assert meta["train_documents"] + meta["val_documents"] == 38  # plays; every 10th is validation
+    assert main(["data", "prepare", "cifar10", "--root", str(text_root)]) == 2
+    assert "allowed: shakespeare, fineweb-edu" in capsys.readouterr().err

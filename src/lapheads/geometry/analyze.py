@@ -13,7 +13,8 @@ Design choices:
   and options are unchanged; the comparison (plots, summary.md) goes to ``out``.
 
 Per task: classify runs get ANOVA, Neural Collapse on sequence means and on tokens (and on the classifier's input,
-with nc3/nc4), spectra and token similarity; lm and dino runs are analysed once their pipelines exist.
+with nc3/nc4), spectra and token similarity; lm runs get spectra, token similarity and linguistic collapse (CDNV
+and NC1 with the K most frequent next tokens as classes) on validation windows; dino runs wait for their pipeline.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tqdm.auto import tqdm
 from lapheads.geometry.anova import AnovaAccumulator
 from lapheads.geometry.collapse import NeuralCollapseAccumulator, neural_collapse
 from lapheads.geometry.features import ResidualStream, select_layers
+from lapheads.geometry.linguistic import CDNVAccumulator, top_k_classes
 from lapheads.geometry.similarity import SimilarityAccumulator
 from lapheads.geometry.spectrum import SpectrumAccumulator
 
@@ -42,11 +44,13 @@ ANALYSIS_FILE = "analysis.json"
 @dataclass
 class AnalyzeOptions:
     """What to measure. Args: layers ("all" or "embed,3,norm"); max_tokens per layer; fraction of variance for
-    the spectra; batch_size; ema (analyse the EMA weights); device ("auto", "cpu", "cuda")."""
+    the spectra; top_k next-token classes for linguistic collapse (LM); batch_size; ema (analyse the EMA weights);
+    device ("auto", "cpu", "cuda")."""
 
     layers: str = "all"
     max_tokens: int = 1_000_000
     fraction: float = 0.99
+    top_k: int = 100
     batch_size: int = 256
     ema: bool = False
     device: str = "auto"
@@ -81,6 +85,78 @@ class LayerGeometry:
             "spectrum": self.spectrum.compute(),
             "similarity": self.similarity.compute(),
         }
+
+
+class LMLayerGeometry:
+    """The accumulators of one layer of a language model: classes are the next token (top K), no sequence labels."""
+
+    def __init__(self, fraction: float) -> None:
+        self.spectrum = SpectrumAccumulator(fraction)
+        self.similarity = SimilarityAccumulator()
+        self.cdnv = CDNVAccumulator()
+        self.collapse = NeuralCollapseAccumulator()
+
+    def update(self, h: torch.Tensor, next_token_classes: torch.Tensor) -> None:
+        h = h.float().cpu()
+        flat, classes = h.reshape(-1, h.shape[-1]), next_token_classes.reshape(-1)
+        self.spectrum.update(h)
+        self.similarity.update(h)
+        self.cdnv.update(flat, classes)
+        self.collapse.update(flat, classes)
+
+    def compute(self) -> dict[str, Any]:
+        cdnv = self.cdnv.compute()
+        return {
+            "spectrum": self.spectrum.compute(),
+            "similarity": self.similarity.compute(),
+            "linguistic": {"cdnv": cdnv["cdnv"], "num_classes": cdnv["num_classes"],
+                           "nc1": self.collapse.compute()["nc1"]},
+        }
+
+
+def _analyze_lm(record: dict[str, Any], run_path: Path, options: AnalyzeOptions) -> dict[str, Any]:
+    from lapheads.data.images import DataError
+    from lapheads.data.text import validation_windows
+    from lapheads.train.lm import load_lm_run
+    from lapheads.train.runtime import RunDir, latest_checkpoint
+
+    if options.ema:
+        raise ValueError("--ema: language-model runs keep no EMA weights")
+    cfg, model, _, shards = load_lm_run(run_path, options.device)
+    if shards is None:
+        raise DataError(f"{run_path}: the run's token shards are missing; train or prepare {cfg.dataset} first")
+    device = model.lm_head.weight.device
+    layers = select_layers(model, options.layers)
+    windows = list(validation_windows(shards.val, cfg.sequence_len, options.max_tokens))
+    targets = torch.cat([y for _, y in windows])
+    # classes = rank of the next token among the K most frequent next tokens of the analysed text (others: -1)
+    classes = top_k_classes(targets, torch.bincount(targets.reshape(-1), minlength=model.config.vocab_size),
+                            options.top_k)
+    geometry = {name: LMLayerGeometry(options.fraction) for name in layers}
+    nats = 0.0
+    batch = max(1, options.batch_size // 8)
+    with ResidualStream(model, layers) as stream, torch.no_grad():
+        for start in tqdm(range(0, len(windows), batch), desc=f"analyze {run_path.name}", dynamic_ncols=True,
+                          leave=False):
+            x = torch.cat([w[0] for w in windows[start:start + batch]]).to(device)
+            y = targets[start:start + batch]
+            nats += float(model(x, y.to(device), loss_reduction="sum"))
+            for name in layers:
+                geometry[name].update(stream.tokens[name], classes[start:start + batch])
+    return {
+        "task": "lm",
+        "checkpoint": latest_checkpoint(RunDir(run_path)).name,
+        "laplacian_heads": cfg.laplacian_heads,
+        "seed": cfg.seed,
+        "dataset": cfg.dataset,
+        "split": "val",
+        "num_sequences": len(windows),
+        "tokens_per_sequence": cfg.sequence_len,
+        "next_token_loss": nats / targets.numel(),
+        "top_k": options.top_k,
+        "layers": layers,
+        "per_layer": {name: geometry[name].compute() for name in layers},
+    }
 
 
 def _device(name: str) -> torch.device:
@@ -150,6 +226,9 @@ def _analyze_classify(record: dict[str, Any], run_path: Path, options: AnalyzeOp
     }
 
 
+ANALYZERS = {"classify": _analyze_classify, "lm": _analyze_lm}
+
+
 def analyze_run(run_dir: str | os.PathLike, options: AnalyzeOptions | None = None, force: bool = False) -> dict[str, Any]:
     """Measure one run directory (or reuse its cached RUN_DIR/report/analysis.json); returns the analysis."""
     from lapheads.train.runtime import RunDir, atomic_write_text, latest_checkpoint
@@ -164,9 +243,9 @@ def analyze_run(run_dir: str | os.PathLike, options: AnalyzeOptions | None = Non
         if cached.get("options") == options.cache_key() and folder is not None and cached.get("checkpoint") == folder.name:
             return cached
     task = record.get("task")
-    if task != "classify":
-        raise ValueError(f"{run.path} holds a {task!r} run; analyze supports now: classify")
-    result = {"run_dir": str(run.path), "options": options.cache_key(), **_analyze_classify(record, run.path, options)}
+    if task not in ANALYZERS:
+        raise ValueError(f"{run.path} holds a {task!r} run; analyze supports: {', '.join(ANALYZERS)}")
+    result = {"run_dir": str(run.path), "options": options.cache_key(), **ANALYZERS[task](record, run.path, options)}
     cache.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(cache, json.dumps(result) + "\n")
     return result
@@ -182,7 +261,7 @@ def _labels(analyses: list[dict[str, Any]]) -> list[str]:
     return labels
 
 
-# (group, key, title, log scale) of every scalar plotted against layer
+# (group, key, title, log scale) of every scalar plotted against layer, per task and figure
 PLOTS: dict[str, list[tuple[str, str, str, bool]]] = {
     "anova": [
         ("anova", "within_seq_fraction", "within-sequence fraction", False),
@@ -202,7 +281,12 @@ PLOTS: dict[str, list[tuple[str, str, str, bool]]] = {
         ("spectrum", "n_components_per_seq", "components for 99% variance, per sequence", False),
     ],
     "similarity": [("similarity", "", "mean pairwise cosine of tokens", False)],
+    "linguistic": [
+        ("linguistic", "cdnv", "CDNV, top-K next-token classes", True),
+        ("linguistic", "nc1", "NC1, top-K next-token classes", True),
+    ],
 }
+FIGURES = {"classify": ("anova", "collapse", "spectrum", "similarity"), "lm": ("linguistic", "spectrum", "similarity")}
 
 
 def _value(layer: dict[str, Any], group: str, key: str) -> float:
@@ -220,7 +304,8 @@ def plot_analyses(analyses: list[dict[str, Any]], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     labels = _labels(analyses)
     paths = []
-    for name, panels in PLOTS.items():
+    for name in FIGURES[_task(analyses)]:
+        panels = PLOTS[name]
         extra = 1 if name == "spectrum" else 0
         cols = min(3, len(panels) + extra)
         rows = math.ceil((len(panels) + extra) / cols)
@@ -256,11 +341,29 @@ def plot_analyses(analyses: list[dict[str, Any]], out: Path) -> list[Path]:
     return paths
 
 
+def _task(analyses: list[dict[str, Any]]) -> str:
+    tasks = sorted({a["task"] for a in analyses})
+    if len(tasks) > 1:
+        raise ValueError(f"analyze compares runs of one task; got {', '.join(tasks)}")
+    return tasks[0]
+
+
 def _last_block(analysis: dict[str, Any]) -> str:
     blocks = [n for n in analysis["layers"] if n.isdigit()]
     return blocks[-1] if blocks else analysis["layers"][-1]
 
 
+_SHARED_ROWS = [
+    ("components for 99%, pooled", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components"]),
+    ("components for 99%, per sequence", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components_per_seq"]),
+    ("token cosine similarity", lambda a, layer: a["per_layer"][layer]["similarity"]),
+]
+LM_ROWS = [
+    ("next-token loss (nats)", lambda a, layer: a["next_token_loss"]),
+    ("CDNV, top-K next tokens", lambda a, layer: a["per_layer"][layer]["linguistic"]["cdnv"]),
+    ("NC1, top-K next tokens", lambda a, layer: a["per_layer"][layer]["linguistic"]["nc1"]),
+    *_SHARED_ROWS,
+]
 SUMMARY_ROWS = [
     ("test accuracy (%)", lambda a, layer: 100 * a["accuracy"]),
     ("within-sequence fraction", lambda a, layer: a["per_layer"][layer]["anova"]["within_seq_fraction"]),
@@ -271,9 +374,7 @@ SUMMARY_ROWS = [
     ("ETF distance, sequence means", lambda a, layer: a["per_layer"][layer]["collapse_seq"]["etf_distance"]),
     ("equinorm, sequence means", lambda a, layer: a["per_layer"][layer]["collapse_seq"]["equinorm"]),
     ("NC4, sequence means", lambda a, layer: a["per_layer"][layer]["collapse_seq"]["nc4"]),
-    ("components for 99%, pooled", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components"]),
-    ("components for 99%, per sequence", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components_per_seq"]),
-    ("token cosine similarity", lambda a, layer: a["per_layer"][layer]["similarity"]),
+    *_SHARED_ROWS,
     ("NC1, classifier input", lambda a, layer: a["head_input"]["nc1"]),
     ("NC3, classifier input", lambda a, layer: a["head_input"]["nc3"]),
     ("NC4, classifier input", lambda a, layer: a["head_input"]["nc4"]),
@@ -286,13 +387,14 @@ def write_summary(analyses: list[dict[str, Any]], out: Path, plots: list[Path]) 
     lines = [
         "# Token geometry, side by side",
         "",
-        "Metrics at the last block (before the final norm); classifier-input rows use the head's input. "
-        "Definitions: docs/geometry.md. Per-layer numbers: each run's report/analysis.json.",
+        "Metrics at the last block (before the final norm); classifier-input rows (vision) use the head's input; "
+        "LM classes are the K most frequent next tokens. Definitions: docs/geometry.md. Per-layer numbers: each "
+        "run's report/analysis.json.",
         "",
         "| metric | " + " | ".join(labels) + " |",
         "|---|" + "---|" * len(labels),
     ]
-    for title, read in SUMMARY_ROWS:
+    for title, read in (LM_ROWS if _task(analyses) == "lm" else SUMMARY_ROWS):
         cells = []
         for analysis in analyses:
             try:

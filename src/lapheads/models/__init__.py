@@ -1,5 +1,6 @@
-"""Models with Laplacian heads: timm ViTs (``vit``); more arrive with the LM and DINO pipelines."""
+"""Models with Laplacian heads: timm ViTs (``vit``) and the nanochat-style GPT (``gpt``)."""
 
+from lapheads.models.gpt import GPT, GPTConfig
 from lapheads.models.vit import create_vit
 
-__all__ = ["create_vit"]
+__all__ = ["GPT", "GPTConfig", "create_vit"]
