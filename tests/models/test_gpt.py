@@ -125,3 +125,11 @@ def test_random_tokens_leave_nothing_to_learn_about_the_future():
     with torch.no_grad():
         loss = model(held_out[:, :-1], held_out[:, 1:]).item()
     assert loss > math.log(vocab) - 0.02
+
+
+def test_generation_stops_and_pads_with_the_stop_token():
+    model = _random_weights(GPT(GPTConfig(**TINY)))
+    prompt = torch.randint(0, 40, (1, 4))
+    first = int(model.generate(prompt, 1, temperature=0)[0, -1])
+    out = model.generate(prompt, 6, temperature=0, stop_token=first)
+    assert out.shape == (1, 10) and out[0, 4:].tolist() == [first] * 6

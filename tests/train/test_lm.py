@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -145,3 +146,27 @@ def test_data_prepare_tokenises_the_corpus_once(text_root, capsys):
     assert meta["train_documents"] + meta["val_documents"] == 38  # plays; every 10th is validation
     assert main(["data", "prepare", "cifar10", "--root", str(text_root)]) == 2
     assert "allowed: shakespeare, fineweb-edu" in capsys.readouterr().err
+
+
+def test_ddp_two_ranks_match_one_rank(text_root, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    cfg = tiny_lm(text_root, num_iterations=4, eval_every=4, micro_batch=8)  # 1 rank: 2 accumulation steps
+    train_lm(cfg, tmp_path / "one")
+    preset = tmp_path / "preset.json"
+    preset.write_text(json.dumps(dataclasses.asdict(cfg)))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lapheads",
+         "train", "lm", "--preset", str(preset), "--out", str(tmp_path / "two")],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    one = load_file(str(tmp_path / "one" / "checkpoints" / "step-00000004" / "model.safetensors"))
+    two = load_file(str(tmp_path / "two" / "checkpoints" / "step-00000004" / "model.safetensors"))
+    for key in one:
+        # same tokens per step and init; only float summation order differs. Unaveraged gradients or other
+        # windows would move weights by ~lr (0.02 for Muon) per step.
+        torch.testing.assert_close(two[key], one[key], rtol=1e-3, atol=2e-4)
+    assert json.loads((tmp_path / "two" / "config.json").read_text())["world_size"] == 2

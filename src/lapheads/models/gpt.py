@@ -301,10 +301,11 @@ class GPT(nn.Module):
                 token = torch.where(done[:, None], torch.full_like(token, stop_token), token)
                 done |= token[:, 0] == stop_token
             out.append(token)
-            if step + 1 < max_new_tokens and not (stop_token is not None and bool(done.all())):
-                logits = self(token, kv_cache=cache)[:, -1]
-            elif step + 1 < max_new_tokens:
-                out.append(torch.full((idx.shape[0], max_new_tokens - step - 1), stop_token, device=idx.device,
-                                      dtype=idx.dtype))
+            if step + 1 == max_new_tokens or bool(done.all()):
                 break
+            logits = self(token, kv_cache=cache)[:, -1]
+        generated = sum(t.shape[1] for t in out[1:])
+        if generated < max_new_tokens:  # every row stopped early: pad with the stop token
+            out.append(torch.full((idx.shape[0], max_new_tokens - generated), stop_token, dtype=idx.dtype,
+                                  device=idx.device))
         return torch.cat(out, dim=1)
