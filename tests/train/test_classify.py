@@ -145,7 +145,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tiny_config, tmp_path, 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--preset", "nope"], "unknown preset 'nope'; allowed: fmnist-cpu"),
+        (["--preset", "nope"], "unknown classify preset 'nope'; allowed: fmnist-cpu"),
         (["--preset", "fmnist-cpu", "--model", "vit_nope"], "unknown model 'vit_nope'"),
         (["--preset", "fmnist-cpu", "--data-root", "/does/not/exist"], None),
         (["--preset", "fmnist-cpu", "--img-size", "30"], "img_size=30 is not a multiple of the patch size 7"),
