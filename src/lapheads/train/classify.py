@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
@@ -36,10 +35,11 @@ from lapheads.train.runtime import (
     NonFiniteLossError,
     RunDir,
     latest_checkpoint,
-    load_checkpoint,
     save_checkpoint,
     seed_everything,
     setup_distributed,
+    start_or_resume,
+    wrap_for_training,
 )
 
 __all__ = ["ClassifyConfig", "evaluate_classifier", "train_classify"]
@@ -227,32 +227,14 @@ def train_classify(
     extra = {"ema": ema.module} if ema is not None else {}
     loss_fn = _loss_fn(cfg)
 
-    start_step = 0
-    config_record = dataclasses.asdict(cfg)
-    if resume:
-        saved = run.read_config()
-        if saved.get("config") != config_record:
-            changed = sorted(k for k in config_record if saved.get("config", {}).get(k) != config_record[k])
-            raise ValueError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
-        folder = latest_checkpoint(run)
-        if folder is not None:
-            state = load_checkpoint(folder, dist_, model, optimizer, extra)
-            start_step = state["step"]
-        if dist_.is_main:
-            run.truncate_metrics(start_step)
-    elif dist_.is_main:
-        if run.config_file.exists():
-            raise ValueError(f"{run.path} already holds a run; use --resume to continue it or choose another --out")
-        run.write_config("classify", config_record, {
-            "num_params": num_params, "world_size": dist_.world_size, "laplacian_masks": vit_laplacian_masks(model),
-            "num_classes": data.num_classes, "in_chans": data.in_chans, "steps": total_steps,
-        })
-    dist_.barrier()
-
-    train_model: torch.nn.Module = model
-    if dist_.enabled:
-        train_model = DistributedDataParallel(model, device_ids=[dist_.local_rank] if dist_.device.type == "cuda" else None)
-    forward_model = torch.compile(train_model) if cfg.compile else train_model
+    start_step = start_or_resume(
+        run, "classify", dataclasses.asdict(cfg), dist_, model, optimizer, resume=resume, extra_models=extra,
+        extra_record={
+            "num_params": num_params, "laplacian_masks": vit_laplacian_masks(model), "num_classes": data.num_classes,
+            "in_chans": data.in_chans, "steps": total_steps,
+        },
+    )
+    train_model, forward_model = wrap_for_training(model, dist_, cfg.compile)
 
     steps_per_eval = max(1, round(cfg.eval_every_epochs * sampler.steps_per_epoch))
     progress = tqdm(total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train", dynamic_ncols=True)

@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from lapheads.data.text import TEXT_DATASETS, TokenBatches, TokenShards, prepare_tokens, shakespeare_plays, validation_windows
@@ -43,11 +42,12 @@ from lapheads.train.runtime import (
     NonFiniteLossError,
     RunDir,
     latest_checkpoint,
-    load_checkpoint,
     load_weights,
     save_checkpoint,
     seed_everything,
     setup_distributed,
+    start_or_resume,
+    wrap_for_training,
 )
 
 __all__ = ["LMConfig", "build_gpt", "evaluate_bpb", "load_lm_run", "prepare_lm_data", "train_lm"]
@@ -262,34 +262,17 @@ def train_lm(cfg: LMConfig, run_dir: str | Path, *, resume: bool = False, stop_a
         1, round(cfg.target_param_data_ratio * num_params / cfg.total_batch_size))
     optimizers = build_optimizers(model, cfg)
 
-    start_step = 0
-    record = dataclasses.asdict(cfg)
-    if resume:
-        saved = run.read_config()
-        if saved.get("config") != record:
-            changed = sorted(k for k in record if saved.get("config", {}).get(k) != record[k])
-            raise ValueError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
-        folder = latest_checkpoint(run)
-        if folder is not None:
-            start_step = load_checkpoint(folder, dist_, model, optimizers)["step"]
-        if dist_.is_main:
-            run.truncate_metrics(start_step)
-            _truncate_samples(run, start_step)
-    elif dist_.is_main:
-        if run.config_file.exists():
-            raise ValueError(f"{run.path} already holds a run; use --resume to continue it or choose another --out")
-        run.write_config("lm", record, {
-            "num_params": num_params, "world_size": dist_.world_size, "laplacian_masks": model.laplacian_masks(),
-            "vocab_size": tokenizer.vocab_size, "n_embd": model.config.n_embd, "n_head": model.config.n_head,
-            "steps": total_steps, "accum_steps": accum_steps, "train_tokens": len(shards.train),
-        })
+    start_step = start_or_resume(
+        run, "lm", dataclasses.asdict(cfg), dist_, model, optimizers, resume=resume, logs=("metrics.jsonl", "samples.jsonl"),
+        extra_record={
+            "num_params": num_params, "laplacian_masks": model.laplacian_masks(), "vocab_size": tokenizer.vocab_size,
+            "n_embd": model.config.n_embd, "n_head": model.config.n_head, "steps": total_steps,
+            "accum_steps": accum_steps, "train_tokens": len(shards.train),
+        },
+    )
+    if not resume and dist_.is_main:
         tokenizer.save(run.path / "tokenizer")
-    dist_.barrier()
-
-    train_model: torch.nn.Module = model
-    if dist_.enabled:
-        train_model = DistributedDataParallel(model, device_ids=[dist_.local_rank] if dist_.device.type == "cuda" else None)
-    forward_model = torch.compile(train_model) if cfg.compile else train_model
+    train_model, forward_model = wrap_for_training(model, dist_, cfg.compile)
 
     def evaluate(step: int) -> dict[str, float]:
         bpb = evaluate_bpb(model, shards.val, token_bytes, dist_, seq_len=cfg.sequence_len,
@@ -357,15 +340,6 @@ def train_lm(cfg: LMConfig, run_dir: str | Path, *, resume: bool = False, stop_a
             save_checkpoint(run, step, dist_, model, optimizers, {"tokens": step * cfg.total_batch_size})
     progress.close()
     return {"step": step, "num_params": num_params, **last_eval}
-
-
-def _truncate_samples(run: RunDir, after_step: int) -> None:
-    from lapheads.train.runtime import atomic_write_text
-
-    path = run.path / "samples.jsonl"
-    if path.exists():
-        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= after_step]
-        atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def load_lm_run(run_dir: str | Path, device: str = "auto") -> tuple[LMConfig, GPT, Tokenizer, TokenShards | None]:

@@ -36,6 +36,8 @@ import lapheads
 
 __all__ = [
     "CheckpointError",
+    "start_or_resume",
+    "wrap_for_training",
     "Distributed",
     "GlobalBatchSampler",
     "NonFiniteLossError",
@@ -210,10 +212,66 @@ class RunDir:
             return []
         return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
 
+    def truncate_log(self, name: str, after_step: int) -> None:
+        """Drop records of the JSONL log ``name`` written after ``after_step`` (a resumed run writes them again)."""
+        path = self.path / name
+        if not path.exists():
+            return
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        kept = [r for r in records if r.get("step", 0) <= after_step]
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+
     def truncate_metrics(self, after_step: int) -> None:
-        """Drop records logged after ``after_step`` (they are redone when a run resumes from that step)."""
-        kept = [r for r in self.read_metrics() if r.get("step", 0) <= after_step]
-        atomic_write_text(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept))
+        self.truncate_log(self.metrics_file.name, after_step)
+
+
+def start_or_resume(
+    run: RunDir,
+    task: str,
+    config: dict[str, Any],
+    dist_: Distributed,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | dict[str, torch.optim.Optimizer],
+    *,
+    resume: bool,
+    extra_record: dict[str, Any],
+    extra_models: dict[str, torch.nn.Module] | None = None,
+    logs: tuple[str, ...] = ("metrics.jsonl",),
+) -> int:
+    """Begin a run in ``run`` and return the step to start from.
+
+    A new run refuses a folder that already holds one and writes config.json (the config plus ``extra_record``). A
+    resumed run must have the same config; it loads the latest checkpoint (if any) and drops log records written
+    after it, so the continued run writes them again.
+    """
+    start_step = 0
+    if resume:
+        saved = run.read_config()
+        if saved.get("config") != config:
+            changed = sorted(k for k in config if saved.get("config", {}).get(k) != config[k])
+            raise ValueError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
+        folder = latest_checkpoint(run)
+        if folder is not None:
+            start_step = load_checkpoint(folder, dist_, model, optimizer, extra_models)["step"]
+        if dist_.is_main:
+            for name in logs:
+                run.truncate_log(name, start_step)
+    elif dist_.is_main:
+        if run.config_file.exists():
+            raise ValueError(f"{run.path} already holds a run; use --resume to continue it or choose another --out")
+        run.write_config(task, config, {"world_size": dist_.world_size, **extra_record})
+    dist_.barrier()
+    return start_step
+
+
+def wrap_for_training(model: torch.nn.Module, dist_: Distributed, compile_model: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the DDP-wrapped model, for no_sync; the module to call: compiled when asked)."""
+    train_model: torch.nn.Module = model
+    if dist_.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        train_model = DistributedDataParallel(model, device_ids=[dist_.local_rank] if dist_.device.type == "cuda" else None)
+    return train_model, (torch.compile(train_model) if compile_model else train_model)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
