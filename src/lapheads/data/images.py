@@ -247,6 +247,7 @@ def build_image_data(
     auto_augment: str | None = None,
     hflip: bool = True,
     augment: bool = True,
+    train_transform=None,
 ) -> ImageData:
     """Build train/eval datasets for a classification recipe.
 
@@ -258,6 +259,8 @@ def build_image_data(
         three_augment, color_jitter, auto_augment: timm training transforms for ImageFolder datasets.
         hflip: random horizontal flips in training (never for Fashion-MNIST).
         augment: random training transforms at all; False gives the eval transforms (deterministic runs, tests).
+        train_transform: replaces the training transform (e.g. DINO's multi-crop); it receives a float tensor
+            (C, H, W) in [0, 1] for Fashion-MNIST and CIFAR, a PIL image for ImageFolder.
     """
     if dataset not in DATASETS:
         raise DataError(f"unknown dataset {dataset!r}; allowed: {', '.join(DATASETS)}")
@@ -265,7 +268,7 @@ def build_image_data(
     if dataset == "fashion-mnist":
         if download and find_fashion_mnist(root) is None:
             fetch_fashion_mnist(root or "data")
-        train = load_fashion_mnist(root, "train", small_image_transforms(img_size, native, mean, std, augment, False))
+        train = load_fashion_mnist(root, "train", train_transform or small_image_transforms(img_size, native, mean, std, augment, False))
         test = load_fashion_mnist(root, "test", small_image_transforms(img_size, native, mean, std, False, False))
         return ImageData(train, test, num_classes, chans, img_size)
     if dataset in ("cifar10", "cifar100"):
@@ -273,8 +276,8 @@ def build_image_data(
         if root is None:
             raise DataError(f"{dataset} needs a data root (--data-root); add --download to fetch it when online")
         try:
-            train = cls(root, train=True, download=download,
-                        transform=_pil_to_small_tensor(small_image_transforms(img_size, native, mean, std, augment, hflip)))
+            train = cls(root, train=True, download=download, transform=_pil_to_small_tensor(
+                train_transform or small_image_transforms(img_size, native, mean, std, augment, hflip)))
             test = cls(root, train=False, download=download,
                        transform=_pil_to_small_tensor(small_image_transforms(img_size, native, mean, std, False, hflip)))
         except Exception as err:  # noqa: BLE001 - torchvision raises RuntimeError/URLError/pickle errors
@@ -294,7 +297,7 @@ def build_image_data(
     )
     eval_tf = create_transform(img_size, is_training=False, mean=mean, std=std)
     try:
-        train = torchvision.datasets.ImageFolder(str(Path(root) / "train"), transform=train_tf)
+        train = torchvision.datasets.ImageFolder(str(Path(root) / "train"), transform=train_transform or train_tf)
         test = torchvision.datasets.ImageFolder(str(Path(root) / "val"), transform=eval_tf)
     except (FileNotFoundError, OSError) as err:
         raise DataError(f"cannot read ImageFolder data in {root}: {err}") from None

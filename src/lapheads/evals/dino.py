@@ -1,0 +1,248 @@
+"""``lapheads eval dino``: k-NN, linear and segmentation probes on a DINO run's teacher, and its pictures.
+
+Design choices:
+
+* **The teacher backbone is evaluated** (DINO's ``checkpoint_key teacher``), frozen, on evaluation transforms.
+* **Features**: the final CLS token (after the last norm) for k-NN; the CLS tokens of the last 4 blocks, each after
+  the final norm, concatenated, for the linear probe (DINO's ViT-S protocol); the final patch tokens as a grid for
+  segmentation and PCA.
+* **Segmentation data**: composite Fashion-MNIST scenes for Fashion-MNIST runs (training scenes from training
+  items, test scenes from test items), ADE20K (``--ade20k ROOT``) otherwise.
+* **Pictures**: CLS-to-patch attention maps of the last block, per head, from the reference path (maps of P; a
+  Laplacian head outputs V - PV, so its map is marked); PCA pictures (first component thresholded for foreground,
+  a second PCA on the foreground patches, 3 components min-max scaled to RGB), one grid of images x runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Subset
+from tqdm.auto import tqdm
+
+from lapheads.evals.probes import knn_accuracy, linear_probe, segmentation_probe
+from lapheads.geometry.features import ResidualStream
+
+__all__ = ["attention_maps", "eval_dino", "load_dino_teacher", "pca_pictures"]
+
+
+def load_dino_teacher(run_dir: str | Path, device: str = "auto"):
+    """(config, frozen teacher backbone in eval mode, config.json record) of a DINO run's latest checkpoint."""
+    from lapheads.config import config_from_dict
+    from lapheads.train.dino import DINOConfig, build_backbone
+    from lapheads.train.runtime import CheckpointError, RunDir, latest_checkpoint, load_safetensors
+
+    run = RunDir(run_dir)
+    record = run.read_config()
+    if record.get("task") != "dino":
+        raise CheckpointError(f"{run.path} holds a {record.get('task')!r} run; allowed here: dino")
+    cfg = config_from_dict(DINOConfig, record["config"], source=str(run.config_file))
+    backbone = build_backbone(cfg, record["in_chans"])
+    folder = latest_checkpoint(run)
+    if folder is None:
+        raise CheckpointError(f"{run.path} has no checkpoint yet")
+    tensors = load_safetensors(folder / "teacher.safetensors")
+    weights = {k.removeprefix("backbone."): v for k, v in tensors.items() if k.startswith("backbone.")}
+    expected = backbone.state_dict()
+    if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in expected):
+        raise CheckpointError(f"{folder}/teacher.safetensors does not match the run's backbone config")
+    backbone.load_state_dict(weights)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg, backbone.to(device).eval(), record
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def extract_features(backbone: torch.nn.Module, dataset, batch_size: int = 256, n_last: int = 4,
+                     desc: str = "features") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(final CLS (N, D), last-``n_last``-blocks CLS concatenated (N, n_last * D), labels (N,))."""
+    depth = len(backbone.blocks)
+    layers = [str(i) for i in range(depth - n_last + 1, depth + 1)]
+    cls_final, cls_last, labels = [], [], []
+    with ResidualStream(backbone, layers) as stream:
+        for images, y in tqdm(DataLoader(dataset, batch_size=batch_size), desc=desc, leave=False, dynamic_ncols=True):
+            cls_final.append(backbone(images.to(_device(backbone))).float().cpu())
+            cls_last.append(torch.cat([backbone.norm(stream.tokens[n])[:, 0] for n in layers], 1).float().cpu())
+            labels.append(torch.as_tensor(y))
+    return torch.cat(cls_final), torch.cat(cls_last), torch.cat(labels)
+
+
+@torch.no_grad()
+def patch_grid(backbone: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """Final patch tokens (after the last norm) as a (B, D, h, w) grid."""
+    tokens = backbone.forward_features(images.to(_device(backbone)))[:, backbone.num_prefix_tokens:]
+    h, w = images.shape[-2] // backbone.patch_embed.patch_size[0], images.shape[-1] // backbone.patch_embed.patch_size[1]
+    return tokens.float().reshape(len(images), h, w, -1).permute(0, 3, 1, 2).cpu()
+
+
+@torch.no_grad()
+def attention_maps(backbone: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """CLS -> patch attention probabilities P of the last block, per head: (B, H, h, w)."""
+    depth = len(backbone.blocks)
+    before = "embed" if depth == 1 else str(depth - 1)
+    with ResidualStream(backbone, [before]) as stream:
+        backbone.forward_features(images.to(_device(backbone)))
+    last = backbone.blocks[-1]
+    _, attn = last.attn(last.norm1(stream.tokens[before]), return_attn=True)
+    h, w = images.shape[-2] // backbone.patch_embed.patch_size[0], images.shape[-1] // backbone.patch_embed.patch_size[1]
+    return attn[:, :, 0, backbone.num_prefix_tokens:].reshape(len(images), -1, h, w).float().cpu()
+
+
+def pca_pictures(grid: torch.Tensor) -> torch.Tensor:
+    """DINO/DINOv2 PCA pictures of patch grids (B, D, h, w) -> RGB (B, h, w, 3) in [0, 1], background black.
+
+    The first principal component over all patches of the batch separates foreground; its sign is chosen so that
+    border patches (mostly background) score low, and patches above 0 are foreground. A second PCA on the foreground
+    patches gives 3 components, each min-max scaled to a colour channel.
+    """
+    b, d, h, w = grid.shape
+    tokens = grid.permute(0, 2, 3, 1).reshape(-1, d).double()
+    centred = tokens - tokens.mean(0)
+    first = torch.linalg.svd(centred, full_matrices=False)[2][0]
+    score = (centred @ first).view(b, h, w)
+    border = torch.ones(h, w, dtype=torch.bool)
+    border[1:-1, 1:-1] = False
+    if score[:, border].mean() > 0:
+        score = -score
+    foreground = score > 0
+    rgb = torch.zeros(b, h, w, 3, dtype=torch.float64)
+    fg_tokens = tokens.view(b, h, w, d)[foreground]
+    if len(fg_tokens) >= 3:
+        fg_centred = fg_tokens - fg_tokens.mean(0)
+        components = fg_centred @ torch.linalg.svd(fg_centred, full_matrices=False)[2][:3].T
+        low, high = components.min(0).values, components.max(0).values
+        rgb[foreground] = (components - low) / (high - low).clamp_min(1e-12)
+    return rgb.float()
+
+
+def _segmentation_sets(cfg, ade20k: str | None, train_scenes: int, test_scenes: int):
+    from lapheads.data.images import load_fashion_mnist
+    from lapheads.data.segmentation import ADE20K, CompositeScenes
+
+    if cfg.dataset == "fashion-mnist":
+        train_items, test_items = load_fashion_mnist(cfg.data_root, "train"), load_fashion_mnist(cfg.data_root, "test")
+        return (CompositeScenes(train_items.images, train_items.targets, train_scenes, seed=0),
+                CompositeScenes(test_items.images, test_items.targets, test_scenes, seed=1), CompositeScenes.num_classes)
+    if ade20k:
+        train, test = ADE20K(ade20k, "training", cfg.img_size), ADE20K(ade20k, "validation", cfg.img_size)
+        return (Subset(train, range(min(train_scenes, len(train)))), Subset(test, range(min(test_scenes, len(test)))),
+                ADE20K.num_classes)
+    return None
+
+
+def _grids(backbone: torch.nn.Module, dataset, batch_size: int, desc: str) -> tuple[torch.Tensor, torch.Tensor]:
+    grids, masks = [], []
+    for images, m in tqdm(DataLoader(dataset, batch_size=batch_size), desc=desc, leave=False, dynamic_ncols=True):
+        grids.append(patch_grid(backbone, images))
+        masks.append(m)
+    return torch.cat(grids), torch.cat(masks)
+
+
+def _plot_attention(maps: torch.Tensor, images: torch.Tensor, laplacian: list[bool], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, heads = maps.shape[0], maps.shape[1]
+    fig, axes = plt.subplots(rows, heads + 1, figsize=(1.6 * (heads + 1), 1.6 * rows), dpi=110, squeeze=False)
+    for r in range(rows):
+        axes[r, 0].imshow(images[r].permute(1, 2, 0).squeeze(-1), cmap="gray")
+        for hd in range(heads):
+            axes[r, hd + 1].imshow(maps[r, hd], cmap="inferno")
+            if r == 0:
+                axes[r, hd + 1].set_title(f"head {hd}" + (" (Laplacian)" if laplacian[hd] else ""), fontsize=7)
+    for ax in axes.flat:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_pca(images: torch.Tensor, pictures: dict[str, torch.Tensor], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, cols = len(images), 1 + len(pictures)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.8 * cols, 1.8 * rows), dpi=110, squeeze=False)
+    for r in range(rows):
+        axes[r, 0].imshow(images[r].permute(1, 2, 0).squeeze(-1), cmap="gray")
+        for c, (label, rgb) in enumerate(pictures.items(), start=1):
+            axes[r, c].imshow(rgb[r], interpolation="nearest")
+            if r == 0:
+                axes[r, c].set_title(label, fontsize=8)
+    for ax in axes.flat:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def eval_dino(
+    run_dirs: list[str | os.PathLike], out: str | os.PathLike | None = None, *, max_train: int | None = None,
+    max_test: int | None = None, seg_train: int = 2000, seg_test: int = 500, seg_epochs: int = 10,
+    linear_epochs: int = 20, ade20k: str | None = None, num_pictures: int = 6, device: str = "auto",
+) -> dict[str, Any]:
+    """Evaluate DINO runs: k-NN (k = 10, 20, 100, 200; T = 0.07), linear probe, segmentation mIoU, pictures.
+
+    Writes RUN_DIR/report/eval_dino.json and attention.png per run, and pca.png (images x runs) into ``out``
+    (default: the first run's report folder). Returns {run_dir: results}.
+    """
+    from lapheads.data.images import build_image_data
+    from lapheads.train.runtime import RunDir, atomic_write_text, latest_checkpoint
+
+    results: dict[str, Any] = {}
+    picture_images, pictures = None, {}
+    for run_dir in run_dirs:
+        cfg, backbone, record = load_dino_teacher(run_dir, device)
+        data = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False)
+        train = data.train if max_train is None else Subset(data.train, range(min(max_train, len(data.train))))
+        test = data.eval if max_test is None else Subset(data.eval, range(min(max_test, len(data.eval))))
+        train_cls, train_last, train_y = extract_features(backbone, train, desc="train features")
+        test_cls, test_last, test_y = extract_features(backbone, test, desc="test features")
+        result: dict[str, Any] = {
+            "checkpoint": latest_checkpoint(RunDir(run_dir)).name,
+            "laplacian_heads": cfg.laplacian_heads,
+            "knn": {str(k): v for k, v in knn_accuracy(train_cls, train_y, test_cls, test_y,
+                                                       num_classes=data.num_classes).items()},
+            "linear": linear_probe(train_last, train_y, test_last, test_y, data.num_classes, epochs=linear_epochs),
+        }
+        segmentation = _segmentation_sets(cfg, ade20k, seg_train, seg_test)
+        report = Path(run_dir) / "report"
+        report.mkdir(parents=True, exist_ok=True)
+        if segmentation is not None:
+            seg_train_set, seg_test_set, seg_classes = segmentation
+            train_grid, train_masks = _grids(backbone, seg_train_set, 128, "segmentation train")
+            test_grid, test_masks = _grids(backbone, seg_test_set, 128, "segmentation test")
+            result["segmentation"] = segmentation_probe(train_grid, train_masks, test_grid, test_masks, seg_classes,
+                                                        epochs=seg_epochs)
+            images = torch.stack([seg_test_set[i][0] for i in range(min(num_pictures, len(seg_test_set)))])
+        else:
+            result["segmentation"] = "skipped: no segmentation data (Fashion-MNIST runs use composite scenes; "\
+                                     "pass --ade20k ROOT for others)"
+            images = torch.stack([test[i][0] for i in range(min(num_pictures, len(test)))])
+        laplacian = backbone.blocks[-1].attn.laplacian_mask.tolist()
+        label = f"k={cfg.laplacian_heads}"
+        _plot_attention(attention_maps(backbone, images), images, laplacian,
+                        f"{label}: CLS attention P of the last block", report / "attention.png")
+        picture_images = images if picture_images is None else picture_images
+        pictures[label if label not in pictures else f"{label} ({Path(run_dir).name})"] = pca_pictures(
+            patch_grid(backbone, picture_images))
+        atomic_write_text(report / "eval_dino.json", json.dumps(result, indent=1) + "\n")
+        results[str(run_dir)] = result
+    out = Path(out) if out else Path(run_dirs[0]) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    _plot_pca(picture_images, pictures, out / "pca.png")
+    return results

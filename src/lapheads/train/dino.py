@@ -1,0 +1,245 @@
+"""Self-supervised DINO training with Laplacian heads (after facebookresearch/dino ``main_dino.py``).
+
+Design choices:
+
+* **Student and teacher** are ``MultiCropWrapper(create_vit(..., num_classes=0, dynamic_img_size=True), DINOHead)``
+  with the same Laplacian spec; the teacher starts as a copy of the student, takes no gradients, and follows it by
+  EMA with a cosine momentum schedule (0.996 -> 1).
+* **DINO's defaults**: multi-crop (2 global + N local), centring and sharpening (student 0.1, teacher temperature
+  with linear warm-up), AdamW with cosine lr (linear warm-up, scaled by batch/256) and cosine weight decay
+  (0.04 -> 0.4, not on biases and norms), per-parameter gradient clipping at 3.0, the last layer frozen during the
+  first epoch.
+* **One step = one global batch** from ``GlobalBatchSampler`` (DDP: each rank its share; the centre is averaged
+  over ranks). Checkpoints hold student, teacher, the loss centre, optimizer and RNG states, so a resumed run
+  continues the same trajectory (augmentations draw from the saved RNG; exact with ``num_workers=0``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from lapheads.data.images import DATASETS, build_image_data
+from lapheads.data.multicrop import MultiCropAugmentation, collate_crops
+from lapheads.models.dino import (
+    DINOHead,
+    DINOLoss,
+    MultiCropWrapper,
+    cancel_last_layer_gradients,
+    cosine_schedule,
+    teacher_temperatures,
+    update_teacher,
+)
+from lapheads.models.vit import create_vit, vit_laplacian_masks
+from lapheads.train.runtime import (
+    GlobalBatchSampler,
+    NonFiniteLossError,
+    RunDir,
+    save_checkpoint,
+    seed_everything,
+    setup_distributed,
+    start_or_resume,
+    wrap_for_training,
+)
+
+__all__ = ["DINOConfig", "build_backbone", "train_dino"]
+
+
+@dataclass
+class DINOConfig:
+    """Every option of a DINO run (``lapheads train dino --key value`` sets any of them)."""
+
+    description: str = ""
+    # model
+    model: str = "vit_small_patch16_224"
+    laplacian_heads: str = "0"
+    qk_norm: bool = False
+    drop_path: float = 0.1
+    model_kwargs: dict = dataclasses.field(default_factory=dict)
+    out_dim: int = 65536
+    head_hidden_dim: int = 2048
+    head_bottleneck_dim: int = 256
+    norm_last_layer: bool = True
+    # data and multi-crop
+    dataset: str = "imagefolder"
+    data_root: str | None = None
+    download: bool = False
+    train_subset: int | None = None
+    img_size: int = 224
+    local_crop_size: int = 96
+    local_crops: int = 8
+    global_scale: list = dataclasses.field(default_factory=lambda: [0.4, 1.0])
+    local_scale: list = dataclasses.field(default_factory=lambda: [0.05, 0.4])
+    # optimisation
+    epochs: int = 100
+    batch_size: int = 512
+    lr: float = 0.0005
+    min_lr: float = 1e-6
+    warmup_epochs: float = 10
+    weight_decay: float = 0.04
+    weight_decay_end: float = 0.4
+    momentum_teacher: float = 0.996
+    teacher_temp: float = 0.04
+    warmup_teacher_temp: float = 0.04
+    warmup_teacher_temp_epochs: int = 0
+    student_temp: float = 0.1
+    center_momentum: float = 0.9
+    freeze_last_layer: int = 1
+    clip_grad: float = 3.0
+    # runtime
+    seed: int = 0
+    device: str = "auto"
+    amp: bool = True
+    compile: bool = False
+    num_workers: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 0
+    checkpoint_every_epochs: float = 1.0
+
+
+def build_backbone(cfg: DINOConfig, in_chans: int) -> torch.nn.Module:
+    """The ViT without classifier; any crop size (positions interpolated per forward)."""
+    kwargs = {"img_size": cfg.img_size, "in_chans": in_chans, "num_classes": 0, "dynamic_img_size": True,
+              **cfg.model_kwargs}
+    return create_vit(cfg.model, cfg.laplacian_heads, qk_norm=cfg.qk_norm, **kwargs)
+
+
+def build_student_teacher(cfg: DINOConfig, in_chans: int, drop_path: bool = True) -> tuple[MultiCropWrapper, MultiCropWrapper]:
+    def wrapper(rate: float) -> MultiCropWrapper:
+        backbone = build_backbone(dataclasses.replace(cfg, model_kwargs={**cfg.model_kwargs, "drop_path_rate": rate}), in_chans)
+        head = DINOHead(backbone.num_features, cfg.out_dim, cfg.head_hidden_dim, cfg.head_bottleneck_dim,
+                        norm_last_layer=cfg.norm_last_layer)
+        return MultiCropWrapper(backbone, head)
+
+    student = wrapper(cfg.drop_path if drop_path else 0.0)
+    teacher = wrapper(0.0)  # DINO's teacher has no drop-path
+    teacher.load_state_dict(student.state_dict())
+    for p in teacher.parameters():
+        p.requires_grad = False
+    return student, teacher
+
+
+def _param_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """DINO's groups: weight decay on matrices, none on biases and norms (1-D parameters)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if name.endswith(".bias") or p.ndim == 1 else decay).append(p)
+    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _clip_per_parameter(model: torch.nn.Module, clip: float) -> None:
+    """DINO clips each parameter's gradient norm separately."""
+    for p in model.parameters():
+        if p.grad is not None:
+            norm = p.grad.norm(2)
+            p.grad.mul_(torch.clamp(clip / (norm + 1e-6), max=1.0))
+
+
+def train_dino(cfg: DINOConfig, run_dir: str | Path, *, resume: bool = False, stop_at_step: int | None = None) -> dict[str, Any]:
+    """Train (or resume) a DINO run into ``run_dir``; returns the final metrics.
+
+    Args:
+        cfg: the resolved config (written to config.json).
+        run_dir: the run directory.
+        resume: continue from the latest checkpoint (config.json must match ``cfg``).
+        stop_at_step: stop after this many steps as if killed (for testing resume).
+    """
+    run = RunDir(run_dir)
+    dist_ = setup_distributed(cfg.device)
+    if cfg.dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(DATASETS)}")
+    if cfg.batch_size % dist_.world_size:
+        raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {dist_.world_size} processes")
+    chans, _, _, mean, std = DATASETS[cfg.dataset]
+    augment = MultiCropAugmentation(cfg.img_size, cfg.local_crop_size, cfg.local_crops, mean, std,
+                                    tuple(cfg.global_scale), tuple(cfg.local_scale))
+    data = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, download=cfg.download, train_transform=augment)
+    train_set = data.train if cfg.train_subset is None else torch.utils.data.Subset(
+        data.train, range(min(cfg.train_subset, len(data.train))))
+
+    seed_everything(cfg.seed)
+    student, teacher = build_student_teacher(cfg, data.in_chans)
+    student.to(dist_.device)
+    teacher.to(dist_.device)
+    sampler = GlobalBatchSampler(len(train_set), cfg.batch_size // dist_.world_size, 1, dist_.rank, dist_.world_size,
+                                 cfg.seed)
+    per_epoch = sampler.steps_per_epoch
+    total_steps = cfg.epochs * per_epoch
+    lr_schedule = cosine_schedule(cfg.lr * cfg.batch_size / 256, cfg.min_lr, cfg.epochs, per_epoch, cfg.warmup_epochs)
+    wd_schedule = cosine_schedule(cfg.weight_decay, cfg.weight_decay_end, cfg.epochs, per_epoch)
+    momentum_schedule = cosine_schedule(cfg.momentum_teacher, 1.0, cfg.epochs, per_epoch)
+    loss_fn = DINOLoss(cfg.out_dim, 2 + cfg.local_crops,
+                       teacher_temperatures(cfg.warmup_teacher_temp, cfg.teacher_temp, cfg.warmup_teacher_temp_epochs,
+                                            cfg.epochs), cfg.student_temp, cfg.center_momentum).to(dist_.device)
+    optimizer = torch.optim.AdamW(_param_groups(student))
+    extra = {"teacher": teacher, "dino_loss": loss_fn}
+    num_params = sum(p.numel() for p in student.backbone.parameters())
+
+    start_step = start_or_resume(
+        run, "dino", dataclasses.asdict(cfg), dist_, student, optimizer, resume=resume, extra_models=extra,
+        extra_record={"num_params": num_params, "laplacian_masks": vit_laplacian_masks(student.backbone),
+                      "in_chans": data.in_chans, "num_classes": data.num_classes, "steps": total_steps,
+                      "embed_dim": student.backbone.num_features},
+    )
+    _, forward_model = wrap_for_training(student, dist_, cfg.compile)
+    steps_per_checkpoint = max(1, round(cfg.checkpoint_every_epochs * per_epoch))
+    progress = tqdm(total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train dino", dynamic_ncols=True)
+    batches = sampler.step_batches(start_step)
+    tick, seen, mean_loss = time.perf_counter(), 0, math.nan
+    student.train()
+    step = start_step
+    while step < total_steps:
+        if stop_at_step is not None and step >= stop_at_step:
+            progress.close()
+            return {"step": step, "stopped": True}
+        step, (indices,) = next(batches)
+        epoch = step // per_epoch
+        for i, group in enumerate(optimizer.param_groups):
+            group["lr"] = float(lr_schedule[step])
+            if i == 0:
+                group["weight_decay"] = float(wd_schedule[step])
+        crops, _ = collate_crops([train_set[i] for i in indices])
+        crops = [c.to(dist_.device, non_blocking=True) for c in crops]
+        with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=cfg.amp):
+            with torch.no_grad():
+                teacher_output = teacher(crops[:2])  # only the global crops pass through the teacher
+            student_output = forward_model(crops)
+            loss = loss_fn(student_output.float(), teacher_output.float(), epoch)
+        mean_loss = dist_.all_reduce_sum(loss.detach().clone()).item() / dist_.world_size
+        if not math.isfinite(mean_loss):
+            progress.close()
+            raise NonFiniteLossError(
+                f"non-finite loss {mean_loss} at step {step + 1}; stopped before the optimizer step, the last "
+                f"checkpoint in {run.checkpoints} is intact (lower --lr or --clip-grad)"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip_grad:
+            _clip_per_parameter(student, cfg.clip_grad)
+        cancel_last_layer_gradients(epoch, student, cfg.freeze_last_layer)
+        optimizer.step()
+        update_teacher(student, teacher, float(momentum_schedule[step]))
+        seen += len(indices) * dist_.world_size
+        step += 1
+        progress.update(1)
+        if step % cfg.log_every == 0 or step == total_steps:
+            elapsed = time.perf_counter() - tick
+            rate = seen / elapsed if elapsed > 0 else 0.0
+            tick, seen = time.perf_counter(), 0
+            progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr_schedule[step - 1]:.2e}", img_s=f"{rate:.0f}")
+            if dist_.is_main:
+                run.log({"step": step, "epoch": step / per_epoch, "loss": mean_loss, "lr": float(lr_schedule[step - 1]),
+                         "weight_decay": float(wd_schedule[step - 1]), "teacher_momentum": float(momentum_schedule[step - 1]),
+                         "images_per_s": rate})
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step % steps_per_checkpoint == 0 or step == total_steps:
+            save_checkpoint(run, step, dist_, student, optimizer, {"epoch": step / per_epoch}, extra)
+    progress.close()
+    return {"step": step, "num_params": num_params, "loss": mean_loss}
