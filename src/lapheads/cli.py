@@ -42,22 +42,38 @@ def _default_out(task: str, preset: str, heads: str | None) -> Path:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    if args.task not in ("classify", "lm"):
-        raise UserError(f"train {args.task} is not available yet; allowed now: classify, lm")
     from lapheads.presets import resolve_config
 
     cfg = resolve_config(args.task, args.preset, args.laplacian_heads, args.overrides)
     out = Path(args.out) if args.out else _default_out(args.task, args.preset, args.laplacian_heads)
     if args.task == "classify":
         from lapheads.train.classify import train_classify as train
-    else:
+    elif args.task == "lm":
         from lapheads.train.lm import train_lm as train
+    else:
+        from lapheads.train.dino import train_dino as train
     result = train(cfg, out, resume=args.resume)
     print(json.dumps({"run_dir": str(out), **result}))
     return 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    if args.task == "dino":
+        from lapheads.evals.dino import eval_dino
+
+        results = eval_dino(args.run_dirs, args.out, max_train=args.max_train, max_test=args.max_examples,
+                            ade20k=args.ade20k, device=args.device)
+        for run_dir, result in results.items():
+            knn = ", ".join(f"k={k} {v:.2f}" for k, v in result["knn"].items())
+            seg = result["segmentation"]
+            seg = f"mIoU {seg['miou']:.2f}" if isinstance(seg, dict) else seg
+            print(f"{run_dir}: k-NN {knn}; linear {result['linear']['test_accuracy']:.2f} (lr {result['linear']['lr']}); "
+                  f"segmentation {seg}")
+        print(json.dumps(results))
+        return 0
+    if len(args.run_dirs) != 1:
+        raise UserError(f"eval {args.task} takes one RUN_DIR; got {len(args.run_dirs)}")
+    args.run_dir = args.run_dirs[0]
     if args.task == "lm":
         from lapheads.evals.lm import run_evals
 
@@ -66,8 +82,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                             num_samples=args.num_samples, chat=args.chat, device=args.device)
         print(json.dumps({"run_dir": args.run_dir, **results}))
         return 0
-    if args.task != "classify":
-        raise UserError(f"eval {args.task} is not available yet; allowed now: classify, lm")
     from lapheads.train.classify import evaluate_run
 
     print(json.dumps(evaluate_run(Path(args.run_dir), use_ema=args.ema)))
@@ -154,12 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("eval", allow_abbrev=False, help="evaluate a run directory's final checkpoint")
     evaluate.add_argument("task", choices=["classify", "lm", "dino"])
-    evaluate.add_argument("run_dir")
+    evaluate.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="one run (dino: one or more, compared)")
     evaluate.add_argument("--ema", action="store_true", help="classify: evaluate the EMA weights")
     evaluate.add_argument("--tasks", default="val_bpb", help="lm: comma list of val_bpb, arc_easy, arc_challenge, "
                           "mmlu, gsm8k, humaneval")
     evaluate.add_argument("--data-dir", default=None, help="lm: local <task>.jsonl/.parquet files in the hub's schema")
-    evaluate.add_argument("--max-examples", type=int, default=None, help="lm: evaluate the first N items per task")
+    evaluate.add_argument("--max-examples", type=int, default=None,
+                          help="lm: the first N items per task; dino: the first N test images")
+    evaluate.add_argument("--max-train", type=int, default=None, help="dino: the first N training images (k-NN, linear)")
+    evaluate.add_argument("--ade20k", default=None, help="dino: ADE20K root for the segmentation probe (non-FMNIST runs)")
+    evaluate.add_argument("--out", default=None, help="dino: where pca.png goes (default: the first run's report/)")
     evaluate.add_argument("--num-samples", type=int, default=1, help="lm: HumanEval samples per problem (pass@k)")
     evaluate.add_argument("--chat", action="store_true", help="lm: wrap prompts in the chat tokens (SFT models)")
     evaluate.add_argument("--device", default="auto")

@@ -120,8 +120,8 @@ class ADE20K(Dataset):
 
         image_path, mask_path = self.pairs[index]
         try:
-            image = torch.from_numpy(np.asarray(Image.open(image_path).convert("RGB"))).permute(2, 0, 1)
-            mask = torch.from_numpy(np.asarray(Image.open(mask_path), dtype=np.int64))
+            image = torch.from_numpy(np.array(Image.open(image_path).convert("RGB"))).permute(2, 0, 1)
+            mask = torch.from_numpy(np.array(Image.open(mask_path), dtype=np.int64))
         except OSError as err:
             raise DataError(f"cannot read ADE20K pair {image_path.name}: {err}") from None
         if mask.ndim != 2 or mask.shape != image.shape[1:]:

@@ -14,7 +14,8 @@ Design choices:
 
 Per task: classify runs get ANOVA, Neural Collapse on sequence means and on tokens (and on the classifier's input,
 with nc3/nc4), spectra and token similarity; lm runs get spectra, token similarity and linguistic collapse (CDNV
-and NC1 with the K most frequent next tokens as classes) on validation windows; dino runs wait for their pipeline.
+and NC1 with the K most frequent next tokens as classes) on validation windows; dino runs get the supervised set
+without the classifier rows (the teacher backbone, with the dataset's labels as classes).
 """
 
 from __future__ import annotations
@@ -187,8 +188,12 @@ def _classify_model_and_data(record: dict[str, Any], run_path: Path, options: An
     return cfg, model.eval(), dataset, folder.name
 
 
-def _analyze_classify(record: dict[str, Any], run_path: Path, options: AnalyzeOptions) -> dict[str, Any]:
-    cfg, model, dataset, checkpoint = _classify_model_and_data(record, run_path, options)
+def _labelled_geometry(model: torch.nn.Module, dataset, options: AnalyzeOptions, run_path: Path,
+                       classifier: bool) -> dict[str, Any]:
+    """Per-layer geometry of a ViT over a seeded random subset of a labelled image set (classify and dino runs).
+
+    With ``classifier`` the model's predictions feed NC4 and the classifier's input gets its own NC entry.
+    """
     device = _device(options.device)
     model.to(device)
     layers = select_layers(model, options.layers)
@@ -199,34 +204,53 @@ def _analyze_classify(record: dict[str, Any], run_path: Path, options: AnalyzeOp
 
     geometry = {name: LayerGeometry(options.fraction) for name in layers}
     head_inputs, labels_all, predictions_all = [], [], []
-    with ResidualStream(model, layers, head_input=True) as stream, torch.no_grad():
+    with ResidualStream(model, layers, head_input=classifier) as stream, torch.no_grad():
         for images, labels in tqdm(loader, desc=f"analyze {run_path.name}", dynamic_ncols=True, leave=False):
             logits = model(images.to(device))
             for name in layers:
                 geometry[name].update(stream.tokens[name], labels)
-            head_inputs.append(stream.head_input.float().cpu())
             labels_all.append(labels)
-            predictions_all.append(logits.argmax(1).cpu())
-    labels, predictions = torch.cat(labels_all), torch.cat(predictions_all)
-    head = model.get_classifier()
-    return {
-        "task": "classify",
-        "checkpoint": checkpoint,
-        "laplacian_heads": cfg.laplacian_heads,
-        "seed": cfg.seed,
-        "dataset": cfg.dataset,
+            if classifier:
+                head_inputs.append(stream.head_input.float().cpu())
+                predictions_all.append(logits.argmax(1).cpu())
+    labels = torch.cat(labels_all)
+    predictions = torch.cat(predictions_all) if classifier else None
+    out: dict[str, Any] = {
         "split": "eval",
         "num_sequences": num_seq,
         "tokens_per_sequence": tokens_per_seq,
-        "accuracy": float((predictions == labels).double().mean()),
         "layers": layers,
         "per_layer": {name: geometry[name].compute(labels, predictions) for name in layers},
-        "head_input": neural_collapse(torch.cat(head_inputs), labels, classifier=head.weight,
-                                      predictions=predictions),
     }
+    if classifier:
+        out["accuracy"] = float((predictions == labels).double().mean())
+        out["head_input"] = neural_collapse(torch.cat(head_inputs), labels, classifier=model.get_classifier().weight,
+                                            predictions=predictions)
+    return out
 
 
-ANALYZERS = {"classify": _analyze_classify, "lm": _analyze_lm}
+def _analyze_classify(record: dict[str, Any], run_path: Path, options: AnalyzeOptions) -> dict[str, Any]:
+    cfg, model, dataset, checkpoint = _classify_model_and_data(record, run_path, options)
+    return {"task": "classify", "checkpoint": checkpoint, "laplacian_heads": cfg.laplacian_heads, "seed": cfg.seed,
+            "dataset": cfg.dataset, **_labelled_geometry(model, dataset, options, run_path, classifier=True)}
+
+
+def _analyze_dino(record: dict[str, Any], run_path: Path, options: AnalyzeOptions) -> dict[str, Any]:
+    """The teacher backbone on the evaluation split; the dataset's labels give the ANOVA classes."""
+    from lapheads.data.images import build_image_data
+    from lapheads.evals.dino import load_dino_teacher
+    from lapheads.train.runtime import RunDir, latest_checkpoint
+
+    if options.ema:
+        raise ValueError("--ema: a DINO run's teacher already is the EMA model; analyze uses it")
+    cfg, backbone, _ = load_dino_teacher(run_path, options.device)
+    dataset = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False).eval
+    return {"task": "dino", "checkpoint": latest_checkpoint(RunDir(run_path)).name,
+            "laplacian_heads": cfg.laplacian_heads, "seed": cfg.seed, "dataset": cfg.dataset,
+            **_labelled_geometry(backbone, dataset, options, run_path, classifier=False)}
+
+
+ANALYZERS = {"classify": _analyze_classify, "lm": _analyze_lm, "dino": _analyze_dino}
 
 
 def analyze_run(run_dir: str | os.PathLike, options: AnalyzeOptions | None = None, force: bool = False) -> dict[str, Any]:
@@ -286,7 +310,11 @@ PLOTS: dict[str, list[tuple[str, str, str, bool]]] = {
         ("linguistic", "nc1", "NC1, top-K next-token classes", True),
     ],
 }
-FIGURES = {"classify": ("anova", "collapse", "spectrum", "similarity"), "lm": ("linguistic", "spectrum", "similarity")}
+FIGURES = {
+    "classify": ("anova", "collapse", "spectrum", "similarity"),
+    "dino": ("anova", "collapse", "spectrum", "similarity"),
+    "lm": ("linguistic", "spectrum", "similarity"),
+}
 
 
 def _value(layer: dict[str, Any], group: str, key: str) -> float:
@@ -380,6 +408,9 @@ SUMMARY_ROWS = [
     ("NC4, classifier input", lambda a, layer: a["head_input"]["nc4"]),
 ]
 
+# DINO runs have no classifier: no accuracy, no NC4, no classifier-input rows
+DINO_ROWS = [row for row in SUMMARY_ROWS[1:-3] if not row[0].startswith("NC4")]
+
 
 def write_summary(analyses: list[dict[str, Any]], out: Path, plots: list[Path]) -> Path:
     """summary.md: the metrics at the last block of each run, side by side, and the plots."""
@@ -394,7 +425,8 @@ def write_summary(analyses: list[dict[str, Any]], out: Path, plots: list[Path]) 
         "| metric | " + " | ".join(labels) + " |",
         "|---|" + "---|" * len(labels),
     ]
-    for title, read in (LM_ROWS if _task(analyses) == "lm" else SUMMARY_ROWS):
+    rows = {"lm": LM_ROWS, "dino": DINO_ROWS}.get(_task(analyses), SUMMARY_ROWS)
+    for title, read in rows:
         cells = []
         for analysis in analyses:
             try:
