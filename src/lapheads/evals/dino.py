@@ -66,7 +66,7 @@ def extract_features(backbone: torch.nn.Module, dataset, batch_size: int = 256, 
                      desc: str = "features") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(final CLS (N, D), last-``n_last``-blocks CLS concatenated (N, n_last * D), labels (N,))."""
     depth = len(backbone.blocks)
-    layers = [str(i) for i in range(depth - n_last + 1, depth + 1)]
+    layers = [str(i) for i in range(max(1, depth - n_last + 1), depth + 1)]  # all blocks if fewer than n_last
     cls_final, cls_last, labels = [], [], []
     with ResidualStream(backbone, layers) as stream:
         for images, y in tqdm(DataLoader(dataset, batch_size=batch_size), desc=desc, leave=False, dynamic_ncols=True):
@@ -156,9 +156,9 @@ def _plot_attention(maps: torch.Tensor, images: torch.Tensor, laplacian: list[bo
     rows, heads = maps.shape[0], maps.shape[1]
     fig, axes = plt.subplots(rows, heads + 1, figsize=(1.6 * (heads + 1), 1.6 * rows), dpi=110, squeeze=False)
     for r in range(rows):
-        axes[r, 0].imshow(images[r].permute(1, 2, 0).squeeze(-1), cmap="gray")
+        axes[r, 0].imshow(images[r].permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray")
         for hd in range(heads):
-            axes[r, hd + 1].imshow(maps[r, hd], cmap="inferno")
+            axes[r, hd + 1].imshow(maps[r, hd].numpy(), cmap="inferno")
             if r == 0:
                 axes[r, hd + 1].set_title(f"head {hd}" + (" (Laplacian)" if laplacian[hd] else ""), fontsize=7)
     for ax in axes.flat:
@@ -178,9 +178,9 @@ def _plot_pca(images: torch.Tensor, pictures: dict[str, torch.Tensor], path: Pat
     rows, cols = len(images), 1 + len(pictures)
     fig, axes = plt.subplots(rows, cols, figsize=(1.8 * cols, 1.8 * rows), dpi=110, squeeze=False)
     for r in range(rows):
-        axes[r, 0].imshow(images[r].permute(1, 2, 0).squeeze(-1), cmap="gray")
+        axes[r, 0].imshow(images[r].permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray")
         for c, (label, rgb) in enumerate(pictures.items(), start=1):
-            axes[r, c].imshow(rgb[r], interpolation="nearest")
+            axes[r, c].imshow(rgb[r].numpy(), interpolation="nearest")
             if r == 0:
                 axes[r, c].set_title(label, fontsize=8)
     for ax in axes.flat:
