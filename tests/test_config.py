@@ -42,3 +42,11 @@ def test_preset_file(tmp_path):
 def test_bad_overrides(overrides, message):
     with pytest.raises(ConfigError, match=message):
         resolve_classify_config("fmnist-cpu", None, overrides)
+
+
+def test_list_fields_take_comma_lists_typed_by_their_elements():
+    from lapheads.config import apply_overrides
+    from lapheads.train.dino import DINOConfig
+
+    cfg = apply_overrides(DINOConfig(), ["--local-scale", "0.2,0.5", "--global-scale=[0.5, 1]"])
+    assert cfg.local_scale == [0.2, 0.5] and cfg.global_scale == [0.5, 1]

@@ -64,7 +64,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         results = eval_dino(args.run_dirs, args.out, max_train=args.max_train, max_test=args.max_examples,
                             ade20k=args.ade20k, device=args.device)
         for run_dir, result in results.items():
-            knn = ", ".join(f"k={k} {v:.2f}" for k, v in result["knn"].items())
+            knn = ", ".join(f"k={k} {v:.2f} (random init {result['knn_random_init'][k]:.2f})"
+                            for k, v in result["knn"].items())
             seg = result["segmentation"]
             seg = f"mIoU {seg['miou']:.2f}" if isinstance(seg, dict) else seg
             print(f"{run_dir}: k-NN {knn}; linear {result['linear']['test_accuracy']:.2f} (lr {result['linear']['lr']}); "

@@ -51,8 +51,10 @@ def _coerce(key: str, text: str, annotation: Any) -> Any:
                 if not isinstance(value, dict):
                     raise ValueError("not a JSON object")
                 return value
-            if typing.get_origin(option) in (list, tuple):
-                return json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",")]
+            if option in (list, tuple) or typing.get_origin(option) in (list, tuple):
+                items = json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",")]
+                element = (typing.get_args(option) or (None,))[0]
+                return [element(item) for item in items] if element in (int, float, str) else items
         except ValueError as err:
             errors.append(str(err))
     raise ConfigError(f"--{key.replace('_', '-')}={text!r} is not a valid {annotation}")

@@ -195,12 +195,14 @@ def eval_dino(
     max_test: int | None = None, seg_train: int = 2000, seg_test: int = 500, seg_epochs: int = 10,
     linear_epochs: int = 20, ade20k: str | None = None, num_pictures: int = 6, device: str = "auto",
 ) -> dict[str, Any]:
-    """Evaluate DINO runs: k-NN (k = 10, 20, 100, 200; T = 0.07), linear probe, segmentation mIoU, pictures.
+    """Evaluate DINO runs: k-NN (k = 10, 20, 100, 200; T = 0.07) of the teacher and of the same architecture at
+    random initialisation (the reference a short run must beat), linear probe, segmentation mIoU, pictures.
 
     Writes RUN_DIR/report/eval_dino.json and attention.png per run, and pca.png (images x runs) into ``out``
     (default: the first run's report folder). Returns {run_dir: results}.
     """
     from lapheads.data.images import build_image_data
+    from lapheads.train.dino import build_backbone
     from lapheads.train.runtime import RunDir, atomic_write_text, latest_checkpoint
 
     results: dict[str, Any] = {}
@@ -212,11 +214,18 @@ def eval_dino(
         test = data.eval if max_test is None else Subset(data.eval, range(min(max_test, len(data.eval))))
         train_cls, train_last, train_y = extract_features(backbone, train, desc="train features")
         test_cls, test_last, test_y = extract_features(backbone, test, desc="test features")
+        # the same architecture, randomly initialised: what the training added, not what the architecture gives
+        torch.manual_seed(cfg.seed)
+        untrained = build_backbone(cfg, record["in_chans"]).to(_device(backbone)).eval()
+        base_train, _, _ = extract_features(untrained, train, desc="random-init train")
+        base_test, _, _ = extract_features(untrained, test, desc="random-init test")
         result: dict[str, Any] = {
             "checkpoint": latest_checkpoint(RunDir(run_dir)).name,
             "laplacian_heads": cfg.laplacian_heads,
             "knn": {str(k): v for k, v in knn_accuracy(train_cls, train_y, test_cls, test_y,
                                                        num_classes=data.num_classes).items()},
+            "knn_random_init": {str(k): v for k, v in knn_accuracy(base_train, train_y, base_test, test_y,
+                                                                   num_classes=data.num_classes).items()},
             "linear": linear_probe(train_last, train_y, test_last, test_y, data.num_classes, epochs=linear_epochs),
         }
         segmentation = _segmentation_sets(cfg, ade20k, seg_train, seg_test)

@@ -75,8 +75,8 @@ class DINOConfig:
     img_size: int = 224
     local_crop_size: int = 96
     local_crops: int = 8
-    global_scale: list = dataclasses.field(default_factory=lambda: [0.4, 1.0])
-    local_scale: list = dataclasses.field(default_factory=lambda: [0.05, 0.4])
+    global_scale: list[float] = dataclasses.field(default_factory=lambda: [0.4, 1.0])
+    local_scale: list[float] = dataclasses.field(default_factory=lambda: [0.05, 0.4])
     # optimisation
     epochs: int = 100
     batch_size: int = 512
@@ -165,8 +165,9 @@ def train_dino(cfg: DINOConfig, run_dir: str | Path, *, resume: bool = False, st
     train_set = data.train if cfg.train_subset is None else torch.utils.data.Subset(
         data.train, range(min(cfg.train_subset, len(data.train))))
 
-    seed_everything(cfg.seed)
+    seed_everything(cfg.seed)  # the same initial weights on every rank
     student, teacher = build_student_teacher(cfg, data.in_chans)
+    seed_everything(cfg.seed + dist_.rank)  # but independent augmentations per rank
     student.to(dist_.device)
     teacher.to(dist_.device)
     sampler = GlobalBatchSampler(len(train_set), cfg.batch_size // dist_.world_size, 1, dist_.rank, dist_.world_size,
