@@ -24,9 +24,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """Exception types that mean "bad input", printed as one line instead of a traceback."""
     from lapheads.config import ConfigError
     from lapheads.data.images import DataError
+    from lapheads.sweep import SweepError
     from lapheads.train.runtime import CheckpointError, NonFiniteLossError
 
-    return (UserError, lapheads.HeadSpecError, ConfigError, DataError, CheckpointError, NonFiniteLossError, ValueError)
+    return (UserError, SweepError, lapheads.HeadSpecError, ConfigError, DataError, CheckpointError, NonFiniteLossError, ValueError)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -99,6 +100,27 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     _, summary = analyze_runs(args.run_dirs, args.out, options, force=args.force)
     print(summary.read_text())
     print(f"summary: {summary}")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from lapheads.sweep import parse_seeds, parse_specs, run_sweep
+
+    specs, seeds = parse_specs(args.laplacian_heads), parse_seeds(args.seeds)
+    out = args.out or str(Path("runs") / "sweeps" / Path(args.preset).stem)
+    record = run_sweep(args.preset, specs, seeds, out, sets=args.set, dry_run=args.dry_run, task=args.task,
+                       nproc=args.nproc_per_node)
+    if not args.dry_run:
+        print(f"sweep: {len(record['cells'])} cells done in {out}; next: lapheads report {out}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from lapheads.report import write_report
+
+    path = write_report(args.sweep_dir, metric=args.metric, geometry=not args.no_geometry)
+    print(path.read_text())
+    print(f"report: {path}")
     return 0
 
 
@@ -196,6 +218,23 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--out", default=None, help="default: RUN_DIR/report, or <common parent>/analysis")
     analyze.add_argument("--force", action="store_true", help="recompute even if a cached analysis.json matches")
     analyze.set_defaults(func=_cmd_analyze)
+
+    sweep = sub.add_parser("sweep", allow_abbrev=False, help="a preset over Laplacian specs x seeds, resumable")
+    sweep.add_argument("preset", help="a preset name, or a .json preset file (then --task)")
+    sweep.add_argument("--laplacian-heads", required=True, help="k values 0,1,3,6 or per-layer specs 0;2,2,0,0")
+    sweep.add_argument("--seeds", required=True, help="comma list, e.g. 0,1,2")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    sweep.add_argument("--task", default=None, choices=["classify", "lm", "dino"], help="for preset files")
+    sweep.add_argument("--out", default=None, help="the sweep directory (default: runs/sweeps/<preset>)")
+    sweep.add_argument("--dry-run", action="store_true", help="print one torchrun command per cell instead")
+    sweep.add_argument("--nproc-per-node", type=int, default=8, help="--dry-run: GPUs per cell")
+    sweep.set_defaults(func=_cmd_sweep)
+
+    report = sub.add_parser("report", allow_abbrev=False, help="statistics and plots of a sweep")
+    report.add_argument("sweep_dir")
+    report.add_argument("--metric", default=None, help="the headline metric (default: the task's)")
+    report.add_argument("--no-geometry", action="store_true", help="skip lapheads analyze on the cells")
+    report.set_defaults(func=_cmd_report)
 
     data = sub.add_parser("data", allow_abbrev=False, help="list, fetch or tokenise datasets")
     data.add_argument("action", choices=["list", "fetch", "prepare"])

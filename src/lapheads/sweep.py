@@ -1,0 +1,167 @@
+"""``lapheads sweep``: one preset over Laplacian specs x seeds, one run directory per cell, resumable.
+
+Design choices:
+
+* **A sweep directory is a contract too**: ``sweep.json`` records the preset, task, specs, seeds and overrides, and
+  each cell's run directory and status. A directory holding a different sweep is refused, so cells of two
+  experiments never mix.
+* **Cells run one after another here** (each is an ordinary ``lapheads train`` run, so its own directory has the
+  full config and seed); finished cells are skipped, an interrupted cell resumes from its last checkpoint.
+  ``--dry-run`` prints one ``torchrun`` command per cell for a cluster scheduler instead.
+* **Spec lists**: ``0,1,3,6`` are k values; per-layer specs are separated by ``;`` (``0;2,2,0,0``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SweepError", "cell_name", "parse_seeds", "parse_specs", "run_sweep", "sweep_cells"]
+
+SWEEP_FILE = "sweep.json"
+
+
+class SweepError(ValueError):
+    """A bad sweep definition or directory; one-line message."""
+
+
+def parse_specs(text: str) -> list[str]:
+    """"0,1,3,6" -> ["0", "1", "3", "6"]; "0;2,2,0,0" -> ["0", "2,2,0,0"] (per-layer specs need ";")."""
+    items = [item.strip() for item in (text.split(";") if ";" in text else text.split(","))]
+    bad = [item for item in items if not re.fullmatch(r"\d+(,\d+)*", item)]
+    if not text.strip() or bad:
+        raise SweepError(f"malformed --laplacian-heads {text!r}; allowed: k values like 0,1,3,6, or per-layer specs "
+                         "separated by ';' like 0;2,2,0,0")
+    if len(set(items)) < len(items):
+        raise SweepError(f"--laplacian-heads {text!r} repeats a spec")
+    return items
+
+
+def parse_seeds(text: str) -> list[int]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items or not all(re.fullmatch(r"\d+", item) for item in items):
+        raise SweepError(f"--seeds {text!r}: allowed: a non-empty comma list of integers like 0,1,2")
+    return [int(item) for item in items]
+
+
+def cell_name(spec: str, seed: int) -> str:
+    return f"L{spec.replace(',', '_')}-s{seed}"
+
+
+def _task_of(preset: str, task: str | None) -> str:
+    from lapheads.presets import PRESETS
+
+    tasks = [name for name, presets in PRESETS.items() if preset in presets]
+    if tasks:
+        if task is not None and task != tasks[0]:
+            raise SweepError(f"preset {preset!r} is a {tasks[0]} preset, not {task}")
+        return tasks[0]
+    if preset.endswith(".json") or Path(preset).is_file():
+        if task not in PRESETS:
+            raise SweepError(f"a preset file needs --task; allowed: {', '.join(PRESETS)}")
+        return task
+    names = [name for presets in PRESETS.values() for name in presets]
+    raise SweepError(f"unknown preset {preset!r}; allowed: {', '.join(names)} or a .json preset file with --task")
+
+
+@dataclass
+class Cell:
+    spec: str
+    seed: int
+    run_dir: Path
+
+    @property
+    def name(self) -> str:
+        return cell_name(self.spec, self.seed)
+
+
+def sweep_cells(sweep_dir: Path, specs: list[str], seeds: list[int]) -> list[Cell]:
+    return [Cell(spec, seed, sweep_dir / cell_name(spec, seed)) for spec in specs for seed in seeds]
+
+
+def _finished(run_dir: Path) -> bool:
+    """A cell is finished when its latest checkpoint is at the run's last step."""
+    try:
+        record = json.loads((run_dir / "config.json").read_text())
+        latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    except (OSError, json.JSONDecodeError):
+        return False
+    return latest == f"step-{record.get('steps', -1):08d}"
+
+
+def _overrides(sets: list[str]) -> list[str]:
+    out = []
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise SweepError(f"--set {item!r}: allowed: key=value (a config field of the preset)")
+        out += [f"--{key.strip().replace('_', '-')}", value]
+    return out
+
+
+def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, sets: list[str] | None = None,
+              dry_run: bool = False, task: str | None = None, nproc: int = 8, log=print) -> dict[str, Any]:
+    """Run (or print, with ``dry_run``) every cell of the sweep; returns the sweep record."""
+    from lapheads.presets import resolve_config
+    from lapheads.train.runtime import atomic_write_text
+
+    task = _task_of(preset, task)
+    overrides = _overrides(sets or [])
+    for spec in specs:  # every cell's config must resolve before anything runs
+        resolve_config(task, preset, spec, overrides)
+    sweep_dir = Path(out)
+    definition = {"preset": preset, "task": task, "specs": specs, "seeds": seeds, "overrides": overrides}
+    record_file = sweep_dir / SWEEP_FILE
+    if record_file.exists():
+        existing = json.loads(record_file.read_text())
+        if {k: existing.get(k) for k in definition} != definition:
+            raise SweepError(f"{sweep_dir} holds a different sweep ({existing.get('preset')}, specs "
+                             f"{existing.get('specs')}, seeds {existing.get('seeds')}); allowed: the same definition "
+                             "to resume it, or another --out")
+    cells = sweep_cells(sweep_dir, specs, seeds)
+    if dry_run:
+        for cell in cells:
+            log(shlex.join(["torchrun", f"--nproc_per_node={nproc}", "-m", "lapheads", "train", task, "--preset",
+                            preset, "--laplacian-heads", cell.spec, "--seed", str(cell.seed), "--out",
+                            str(cell.run_dir), *overrides]))
+        return {**definition, "cells": {c.name: {"spec": c.spec, "seed": c.seed, "run_dir": str(c.run_dir)} for c in cells}}
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    record = {**definition, "cells": {}}
+
+    def save() -> None:
+        atomic_write_text(record_file, json.dumps(record, indent=1) + "\n")
+
+    for cell in cells:
+        entry = {"spec": cell.spec, "seed": cell.seed, "run_dir": str(cell.run_dir)}
+        if _finished(cell.run_dir):
+            record["cells"][cell.name] = {**entry, "status": "done"}
+            log(f"sweep: {cell.name} finished before, skipped")
+            continue
+        record["cells"][cell.name] = {**entry, "status": "running"}
+        save()
+        resume = (cell.run_dir / "config.json").exists()
+        log(f"sweep: {cell.name} {'resuming' if resume else 'training'} into {cell.run_dir}")
+        cfg = resolve_config(task, preset, cell.spec, [*overrides, "--seed", str(cell.seed)])
+        _train(task)(cfg, cell.run_dir, resume=resume)
+        record["cells"][cell.name]["status"] = "done"
+        save()
+    save()
+    return record
+
+
+def _train(task: str):
+    if task == "classify":
+        from lapheads.train.classify import train_classify
+
+        return train_classify
+    if task == "lm":
+        from lapheads.train.lm import train_lm
+
+        return train_lm
+    from lapheads.train.dino import train_dino
+
+    return train_dino
