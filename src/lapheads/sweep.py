@@ -111,8 +111,8 @@ def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, 
 
     task = _task_of(preset, task)
     overrides = _overrides(sets or [])
-    for spec in specs:  # every cell's config must resolve before anything runs
-        resolve_config(task, preset, spec, overrides)
+    for spec in specs:  # every cell's config and head spec must be valid before anything runs
+        _check_model(task, resolve_config(task, preset, spec, overrides))
     sweep_dir = Path(out)
     definition = {"preset": preset, "task": task, "specs": specs, "seeds": seeds, "overrides": overrides}
     record_file = sweep_dir / SWEEP_FILE
@@ -151,6 +151,31 @@ def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, 
         save()
     save()
     return record
+
+
+def _check_model(task: str, cfg: Any) -> None:
+    """Build the cell's model once: a head spec that does not fit the model fails here, in one line.
+
+    GPTs are built on the meta device (d20 would not be cheap otherwise); timm ViTs need real tensors at build time.
+    """
+    import torch
+
+    from lapheads.data.images import DATASETS
+
+    chans = DATASETS.get(cfg.dataset, (3,))[0] if task != "lm" else None
+    if task == "classify":
+        from lapheads.train.classify import build_model
+
+        build_model(cfg, 10, chans)
+    elif task == "lm":
+        from lapheads.train.lm import build_gpt
+
+        with torch.device("meta"):
+            build_gpt(cfg, 256)
+    else:
+        from lapheads.train.dino import build_backbone
+
+        build_backbone(cfg, chans)
 
 
 def _train(task: str):

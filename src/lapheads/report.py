@@ -1,0 +1,228 @@
+"""``lapheads report SWEEP_DIR``: per-spec statistics over seeds, tests against k = 0, plots, geometry against k.
+
+Design choices:
+
+* **Numbers come from the run directories** (metrics.jsonl, report/eval_dino.json, analyze's cached
+  analysis.json), never from logs.
+* **Statistics**: mean, sample std (ddof 1) and n per spec; against the spec "0" a Welch t-test (unequal variances,
+  Welch-Satterthwaite degrees of freedom, two-sided) and a paired bootstrap 95% interval of the mean difference over
+  the seeds both specs share (10,000 resamples, seeded). With 3 seeds both are coarse; they are reported as they are.
+* **Geometry against k**: ``lapheads analyze`` on every cell (cached per run), the last block's metrics, the same
+  statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["HEADLINE", "collect", "paired_bootstrap", "summarize", "welch_t_test", "write_report"]
+
+# task -> (metric key, label, higher is better)
+HEADLINE = {
+    "classify": ("eval_top1", "test top-1 (%)", True),
+    "lm": ("val_bpb", "validation bits per byte", False),
+    "dino": ("knn_20", "k-NN top-1, k = 20 (%)", True),
+}
+# task -> (label, path into a layer's analyze entry)
+GEOMETRY = {
+    "classify": [
+        ("within-sequence fraction", ("anova", "within_seq_fraction")),
+        ("between-class fraction", ("anova", "between_class_fraction")),
+        ("NC1, sequence means", ("collapse_seq", "nc1")),
+        ("ETF distance, sequence means", ("collapse_seq", "etf_distance")),
+        ("components for 99%, pooled", ("spectrum", "n_components")),
+        ("components for 99%, per sequence", ("spectrum", "n_components_per_seq")),
+        ("token cosine similarity", ("similarity",)),
+    ],
+    "lm": [
+        ("CDNV, next-token classes", ("linguistic", "cdnv")),
+        ("NC1, next-token classes", ("linguistic", "nc1")),
+        ("components for 99%, pooled", ("spectrum", "n_components")),
+        ("components for 99%, per sequence", ("spectrum", "n_components_per_seq")),
+        ("token cosine similarity", ("similarity",)),
+    ],
+}
+GEOMETRY["dino"] = GEOMETRY["classify"]
+
+
+def welch_t_test(a: list[float], b: list[float]) -> dict[str, float]:
+    """Two-sided Welch t-test of mean(a) - mean(b): t, degrees of freedom, p."""
+    from scipy.special import stdtr
+
+    a_, b_ = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a_) < 2 or len(b_) < 2:
+        return {"t": math.nan, "df": math.nan, "p": math.nan}
+    va, vb = a_.var(ddof=1) / len(a_), b_.var(ddof=1) / len(b_)
+    if va + vb == 0:
+        return {"t": math.nan, "df": math.nan, "p": math.nan}
+    t = (a_.mean() - b_.mean()) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a_) - 1) + vb**2 / (len(b_) - 1))
+    return {"t": float(t), "df": float(df), "p": float(2 * stdtr(df, -abs(t)))}
+
+
+def paired_bootstrap(a: dict[int, float], b: dict[int, float], resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """95% percentile interval of the mean paired difference a[s] - b[s] over shared seeds s."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return {"n_pairs": 0, "mean_difference": math.nan, "low": math.nan, "high": math.nan}
+    diff = np.array([a[s] - b[s] for s in seeds])
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(resamples, len(diff)))].mean(1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"n_pairs": len(seeds), "mean_difference": float(diff.mean()), "low": float(low), "high": float(high)}
+
+
+def _final(run_dir: Path, task: str, key: str) -> float | None:
+    """The run's last logged ``key`` (dino's k-NN comes from report/eval_dino.json)."""
+    if task == "dino" and key == "knn_20":
+        path = run_dir / "report" / "eval_dino.json"
+        return json.loads(path.read_text())["knn"]["20"] if path.exists() else None
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    values = [r[key] for r in map(json.loads, filter(str.strip, path.read_text().splitlines())) if key in r]
+    return values[-1] if values else None
+
+
+def collect(sweep_dir: Path, key: str | None = None) -> tuple[dict[str, Any], dict[str, dict[int, float]]]:
+    """(sweep.json, {spec: {seed: final value of key}}) for finished cells; key defaults to the task's headline."""
+    from lapheads.sweep import SWEEP_FILE, SweepError
+
+    try:
+        record = json.loads((sweep_dir / SWEEP_FILE).read_text())
+    except FileNotFoundError:
+        raise SweepError(f"{sweep_dir} holds no sweep ({SWEEP_FILE} missing); run `lapheads sweep` first") from None
+    key = key or HEADLINE[record["task"]][0]
+    values: dict[str, dict[int, float]] = {spec: {} for spec in record["specs"]}
+    for cell in record["cells"].values():
+        value = _final(Path(cell["run_dir"]), record["task"], key) if cell.get("status") == "done" else None
+        if value is not None:
+            values[cell["spec"]][cell["seed"]] = value
+    return record, values
+
+
+def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[str, dict[str, Any]]:
+    """Per spec: n, mean, std, and (if the baseline spec is present) Welch and paired-bootstrap tests against it."""
+    out = {}
+    for spec, by_seed in values.items():
+        xs = list(by_seed.values())
+        row: dict[str, Any] = {"n": len(xs), "mean": float(np.mean(xs)) if xs else math.nan,
+                               "std": float(np.std(xs, ddof=1)) if len(xs) > 1 else math.nan, "values": by_seed}
+        if spec != baseline and baseline in values:
+            row["welch"] = welch_t_test(xs, list(values[baseline].values()))
+            row["bootstrap"] = paired_bootstrap(by_seed, values[baseline])
+        out[spec] = row
+    return out
+
+
+def _geometry_values(record: dict[str, Any], max_tokens: int) -> dict[str, dict[str, dict[int, float]]]:
+    from lapheads.geometry.analyze import AnalyzeOptions, analyze_run
+
+    options = AnalyzeOptions(max_tokens=max_tokens)
+    metrics = GEOMETRY[record["task"]]
+    out: dict[str, dict[str, dict[int, float]]] = {label: {s: {} for s in record["specs"]} for label, _ in metrics}
+    for cell in record["cells"].values():
+        if cell.get("status") != "done":
+            continue
+        analysis = analyze_run(cell["run_dir"], options)
+        last = [n for n in analysis["layers"] if n.isdigit()][-1]
+        for label, path in metrics:
+            value: Any = analysis["per_layer"][last]
+            for key in path:
+                value = value[key]
+            out[label][cell["spec"]][cell["seed"]] = float(value)
+    return out
+
+
+def _spec_axis(specs: list[str]) -> tuple[list[float], list[str]]:
+    if all(s.isdigit() for s in specs):
+        return [float(s) for s in specs], specs
+    return list(range(len(specs))), specs
+
+
+def _plot(panels: dict[str, dict[str, dict[str, Any]]], specs: list[str], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs, labels = _spec_axis(specs)
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), dpi=110, squeeze=False)
+    for ax, (title, stats) in zip(axes.flat, panels.items()):
+        means = [stats[s]["mean"] for s in specs]
+        stds = [0.0 if math.isnan(stats[s]["std"]) else stats[s]["std"] for s in specs]
+        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=4)
+        for x, s in zip(xs, specs):
+            ax.scatter([x] * len(stats[s]["values"]), list(stats[s]["values"].values()), s=10, alpha=0.5, color="gray")
+        ax.set_xticks(xs, labels)
+        ax.set_xlabel("Laplacian heads per layer")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
+    cells = [label, spec, str(stats["n"]), f"{stats['mean']:.4g} ± {stats['std']:.2g}"]
+    if "welch" in stats:
+        boot = stats["bootstrap"]
+        cells += [f"{boot['mean_difference']:+.4g}", f"{stats['welch']['p']:.3g}",
+                  f"[{boot['low']:+.3g}, {boot['high']:+.3g}]"]
+    else:
+        cells += ["(baseline)", "", ""]
+    return "| " + " | ".join(cells) + " |"
+
+
+def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: bool = True,
+                 max_tokens: int = 262_144) -> Path:
+    """Write SWEEP_DIR/report/{report.md, stats.json, metric.png, geometry.png}; returns report.md."""
+    from lapheads.sweep import SweepError
+
+    sweep_dir = Path(sweep_dir)
+    record, values = collect(sweep_dir, metric)
+    task = record["task"]
+    label = metric or HEADLINE[task][1]
+    if not any(values.values()):
+        raise SweepError(f"{sweep_dir}: no finished cell has {label}; run or resume the sweep first")
+    headline = summarize(values)
+    out = sweep_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    specs = record["specs"]
+    lines = [
+        f"# Sweep report: {record['preset']} ({task})",
+        "",
+        f"Specs {', '.join(specs)}; seeds {', '.join(map(str, record['seeds']))}; overrides "
+        f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - 0; p = two-sided Welch t-test; interval = "
+        "paired bootstrap 95% over shared seeds.",
+        "",
+        "| metric | Laplacian heads | n | mean ± std | difference vs 0 | Welch p | bootstrap 95% |",
+        "|---|---|---|---|---|---|---|",
+        *[_row(label, s, headline[s]) for s in specs],
+    ]
+    panels = {label: headline}
+    geometry_stats: dict[str, Any] = {}
+    if geometry:
+        for name, by_spec in _geometry_values(record, max_tokens).items():
+            geometry_stats[name] = summarize(by_spec)
+            lines += [_row(name + " (last block)", s, geometry_stats[name][s]) for s in specs]
+    _plot(panels, specs, out / "metric.png")
+    lines += ["", "![metric](metric.png)"]
+    if geometry_stats:
+        _plot(geometry_stats, specs, out / "geometry.png")
+        lines += ["![geometry](geometry.png)"]
+    (out / "stats.json").write_text(json.dumps({"headline": headline, "geometry": geometry_stats}, indent=1,
+                                               default=str) + "\n")
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

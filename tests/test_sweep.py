@@ -1,0 +1,112 @@
+"""``lapheads sweep`` and ``lapheads report``: cells, resume without redoing, statistics, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from lapheads import sweep as sweep_module
+from lapheads.cli import main
+from lapheads.report import paired_bootstrap, summarize, welch_t_test
+
+
+@pytest.fixture
+def tiny_preset(tiny_config, tmp_path):
+    path = tmp_path / "tiny.json"
+    cfg = dataclasses.replace(tiny_config, epochs=0.25, eval_every_epochs=0.25, log_every=4)
+    path.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k != "laplacian_heads"}))
+    return path
+
+
+def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_preset, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "sweep"
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0,1", "--seeds", "0,1",
+            "--out", str(out), "--set", "lr=0.003"]
+    real_train = sweep_module._train("classify")
+    calls = []
+
+    def killed_after_two(cfg, run_dir, resume=False):
+        calls.append((run_dir.name, resume))
+        if len(calls) == 3:
+            real_train(cfg, run_dir, resume=resume, stop_at_step=1)  # a checkpoint-less partial cell
+            raise KeyboardInterrupt
+        return real_train(cfg, run_dir, resume=resume)
+
+    monkeypatch.setattr(sweep_module, "_train", lambda task: killed_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        main(args)
+    record = json.loads((out / "sweep.json").read_text())
+    assert [c["status"] for c in record["cells"].values()] == ["done", "done", "running"]
+    calls.clear()
+    assert main(args) == 0
+    assert calls == [("L1-s0", True), ("L1-s1", False)]  # finished cells skipped, the partial one resumed
+    record = json.loads((out / "sweep.json").read_text())
+    assert len(record["cells"]) == 4 and all(c["status"] == "done" for c in record["cells"].values())
+    assert json.loads((out / "L1-s1" / "config.json").read_text())["config"]["seed"] == 1
+    assert json.loads((out / "L1-s1" / "config.json").read_text())["config"]["lr"] == 0.003
+
+    assert main(["report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| test top-1 (%) | 1 | 2 |" in printed and "within-sequence fraction (last block) | 1 | 2 |" in printed
+    saved = json.loads((out / "report" / "stats.json").read_text())
+    assert saved["headline"]["1"]["n"] == 2 and "welch" in saved["headline"]["1"]
+    assert (out / "report" / "metric.png").stat().st_size > 5000 and (out / "report" / "geometry.png").exists()
+
+
+def test_dry_run_prints_one_torchrun_command_per_cell(capsys, tmp_path):
+    assert main(["sweep", "shakespeare-cpu", "--laplacian-heads", "0;2,2,0,0", "--seeds", "3,4", "--dry-run",
+                 "--out", str(tmp_path / "s"), "--nproc-per-node", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 and not (tmp_path / "s").exists()
+    assert lines[1] == (f"torchrun --nproc_per_node=2 -m lapheads train lm --preset shakespeare-cpu --laplacian-heads 0 "
+                        f"--seed 4 --out {tmp_path / 's' / 'L0-s4'}")
+    assert "--laplacian-heads 2,2,0,0" in lines[2]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nope", "--laplacian-heads", "0", "--seeds", "0"], "unknown preset 'nope'"),
+        (["fmnist-cpu", "--laplacian-heads", "0,x", "--seeds", "0"], "malformed --laplacian-heads '0,x'"),
+        (["fmnist-cpu", "--laplacian-heads", "0", "--seeds", ","], "--seeds ',': allowed: a non-empty comma list"),
+        (["fmnist-cpu", "--laplacian-heads", "0,9", "--seeds", "0"], "laplacian_heads=9"),
+        (["fmnist-cpu", "--laplacian-heads", "0", "--seeds", "0", "--set", "lr"], "--set 'lr': allowed: key=value"),
+    ],
+)
+def test_bad_sweep_input_is_a_one_line_error(args, message, capsys, tmp_path):
+    assert main(["sweep", *args, "--out", str(tmp_path / "s"), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_a_directory_holding_a_different_sweep_is_refused(tmp_path, capsys):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "sweep.json").write_text(json.dumps({"preset": "fmnist-cpu", "task": "classify", "specs": ["0"],
+                                                           "seeds": [0], "overrides": [], "cells": {}}))
+    assert main(["sweep", "fmnist-cpu", "--laplacian-heads", "0,3", "--seeds", "0", "--out", str(tmp_path / "s")]) == 2
+    assert "holds a different sweep" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "holds no sweep (sweep.json missing)" in capsys.readouterr().err
+
+
+def test_statistics_match_scipy_on_hand_made_results():
+    a, b = [86.1, 85.2, 86.9, 85.5], [85.7, 84.9, 85.1]
+    ours, theirs = welch_t_test(a, b), stats.ttest_ind(a, b, equal_var=False)
+    assert ours["t"] == pytest.approx(theirs.statistic) and ours["p"] == pytest.approx(theirs.pvalue)
+    assert ours["df"] == pytest.approx(theirs.df)
+    summary = summarize({"0": dict(enumerate(b)), "3": dict(enumerate(a))})
+    assert summary["3"]["mean"] == pytest.approx(np.mean(a)) and summary["3"]["std"] == pytest.approx(np.std(a, ddof=1))
+    assert summary["3"]["welch"]["p"] == pytest.approx(theirs.pvalue) and summary["0"]["n"] == 3
+
+
+def test_paired_bootstrap_interval():
+    same = paired_bootstrap({0: 2.0, 1: 3.0, 2: 4.0}, {0: 1.0, 1: 2.0, 2: 3.0})
+    assert same == {"n_pairs": 3, "mean_difference": 1.0, "low": 1.0, "high": 1.0}  # every difference is 1
+    spread = paired_bootstrap({0: 1.0, 1: 5.0, 2: 3.0, 3: 9.0}, {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}, seed=1)
+    assert spread["low"] < spread["mean_difference"] == 4.5 < spread["high"]
+    assert 1.0 <= spread["low"] and spread["high"] <= 9.0
+    assert paired_bootstrap({0: 1.0}, {1: 1.0})["n_pairs"] == 0
