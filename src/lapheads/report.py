@@ -22,11 +22,11 @@ import numpy as np
 
 __all__ = ["HEADLINE", "collect", "paired_bootstrap", "summarize", "welch_t_test", "write_report"]
 
-# task -> (metric key, label, higher is better)
+# task -> (metric key, label)
 HEADLINE = {
-    "classify": ("eval_top1", "test top-1 (%)", True),
-    "lm": ("val_bpb", "validation bits per byte", False),
-    "dino": ("knn_20", "k-NN top-1, k = 20 (%)", True),
+    "classify": ("eval_top1", "test top-1 (%)"),
+    "lm": ("val_bpb", "validation bits per byte"),
+    "dino": ("knn_20", "k-NN top-1, k = 20 (%)"),
 }
 # task -> (label, path into a layer's analyze entry)
 GEOMETRY = {

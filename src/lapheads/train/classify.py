@@ -30,6 +30,7 @@ from tqdm import tqdm
 from lapheads.data.images import DATASETS, build_image_data
 from lapheads.models.vit import create_vit, vit_laplacian_masks
 from lapheads.train.runtime import (
+    RunConfig,
     Distributed,
     GlobalBatchSampler,
     NonFiniteLossError,
@@ -46,13 +47,11 @@ __all__ = ["ClassifyConfig", "evaluate_classifier", "train_classify"]
 
 
 @dataclass
-class ClassifyConfig:
-    """Every option of a classification run (``lapheads train classify --key value`` sets any of them)."""
+class ClassifyConfig(RunConfig):
+    """Every option of a classification run (``lapheads train classify --key value`` sets any of them); the shared run options come from RunConfig."""
 
-    description: str = ""
     # model
     model: str = "vit_fmnist_patch4"
-    laplacian_heads: str = "0"
     qk_norm: bool = True
     img_size: int = 28
     drop_path: float = 0.0
@@ -85,14 +84,8 @@ class ClassifyConfig:
     clip_grad: float | None = 1.0
     ema_decay: float = 0.0
     # runtime
-    seed: int = 0
-    device: str = "auto"
-    amp: bool = True
-    compile: bool = False
     num_workers: int = 0
-    log_every: int = 10
     eval_every_epochs: float = 1.0
-    checkpoint_every: int = 0
     deterministic: bool = False
 
 

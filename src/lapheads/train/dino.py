@@ -39,6 +39,7 @@ from lapheads.models.dino import (
 )
 from lapheads.models.vit import create_vit, vit_laplacian_masks
 from lapheads.train.runtime import (
+    RunConfig,
     GlobalBatchSampler,
     NonFiniteLossError,
     RunDir,
@@ -53,13 +54,11 @@ __all__ = ["DINOConfig", "build_backbone", "train_dino"]
 
 
 @dataclass
-class DINOConfig:
-    """Every option of a DINO run (``lapheads train dino --key value`` sets any of them)."""
+class DINOConfig(RunConfig):
+    """Every option of a DINO run (``lapheads train dino --key value`` sets any of them); the shared run options come from RunConfig."""
 
-    description: str = ""
     # model
     model: str = "vit_small_patch16_224"
-    laplacian_heads: str = "0"
     qk_norm: bool = False
     drop_path: float = 0.1
     model_kwargs: dict = dataclasses.field(default_factory=dict)
@@ -94,13 +93,7 @@ class DINOConfig:
     freeze_last_layer: int = 1
     clip_grad: float = 3.0
     # runtime
-    seed: int = 0
-    device: str = "auto"
-    amp: bool = True
-    compile: bool = False
     num_workers: int = 0
-    log_every: int = 10
-    checkpoint_every: int = 0
     checkpoint_every_epochs: float = 1.0
 
 

@@ -33,10 +33,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from lapheads.data.images import DataError
 from lapheads.data.text import TEXT_DATASETS, TokenBatches, TokenShards, prepare_tokens, shakespeare_plays, validation_windows
 from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
 from lapheads.models.gpt import GPT, GPTConfig
 from lapheads.train.runtime import (
+    RunConfig,
     CheckpointError,
     Distributed,
     NonFiniteLossError,
@@ -54,10 +56,9 @@ __all__ = ["LMConfig", "build_gpt", "evaluate_bpb", "load_lm_run", "prepare_lm_d
 
 
 @dataclass
-class LMConfig:
-    """Every option of a language-model run (``lapheads train lm --key value`` sets any of them)."""
+class LMConfig(RunConfig):
+    """Every option of a language-model run (``lapheads train lm --key value`` sets any of them); the shared run options come from RunConfig."""
 
-    description: str = ""
     # data and tokenizer
     dataset: str = "shakespeare"
     data_root: str = "data"
@@ -71,7 +72,6 @@ class LMConfig:
     aspect_ratio: int = 64
     head_dim: int = 64
     n_kv_head: int | None = None
-    laplacian_heads: str = "0"
     sequence_len: int = 256
     softcap: float = 15.0
     # optimisation
@@ -93,18 +93,12 @@ class LMConfig:
     muon_momentum_warmup: int = 300
     grad_clip: float = 1.0
     # runtime
-    seed: int = 0
-    device: str = "auto"
-    amp: bool = True
-    compile: bool = False
-    log_every: int = 10
     eval_every: int = 250
     eval_tokens: int = 524_288
     sample_prompt: str = ""
     sample_tokens: int = 200
     sample_temperature: float = 0.8
     sample_top_k: int = 50
-    checkpoint_every: int = 0
 
 
 def gpt_config(cfg: LMConfig, vocab_size: int) -> GPTConfig:
@@ -363,6 +357,6 @@ def load_lm_run(run_dir: str | Path, device: str = "auto") -> tuple[LMConfig, GP
     load_weights(model, folder / "model.safetensors")
     try:
         shards = TokenShards.open(_tokens_dir(cfg))
-    except Exception:
+    except DataError:  # a copied run directory without its data: evals that need no shards still work
         shards = None
     return cfg, model.eval(), tokenizer, shards

@@ -41,12 +41,27 @@ __all__ = [
     "Distributed",
     "GlobalBatchSampler",
     "NonFiniteLossError",
+    "RunConfig",
     "RunDir",
     "load_checkpoint",
     "save_checkpoint",
     "seed_everything",
     "setup_distributed",
 ]
+
+
+@dataclass
+class RunConfig:
+    """The options every training run has; ClassifyConfig, LMConfig and DINOConfig extend it."""
+
+    description: str = ""
+    laplacian_heads: str = "0"
+    seed: int = 0
+    device: str = "auto"
+    amp: bool = True
+    compile: bool = False
+    log_every: int = 10
+    checkpoint_every: int = 0
 
 
 class CheckpointError(RuntimeError):
