@@ -3,7 +3,9 @@
 Design choices:
 
 * **Numbers come from the run directories** (metrics.jsonl, report/eval_dino.json, analyze's cached
-  analysis.json), never from logs.
+  analysis.json), never from logs. DINO cells are evaluated here (``lapheads eval dino``: k-NN, linear probe,
+  segmentation mIoU, PCA pictures of every cell in one grid); each cell's result is cached in its run directory and
+  reused while its checkpoint and the eval options are unchanged.
 * **Statistics**: mean, sample std (ddof 1) and n per spec; against the spec "0" a Welch t-test (unequal variances,
   Welch-Satterthwaite degrees of freedom, two-sided) and a paired bootstrap 95% interval of the mean difference over
   the seeds both specs share (10,000 resamples, seeded). With 3 seeds both are coarse; they are reported as they are.
@@ -22,11 +24,18 @@ import numpy as np
 
 __all__ = ["HEADLINE", "collect", "paired_bootstrap", "summarize", "welch_t_test", "write_report"]
 
-# task -> (metric key, label)
-HEADLINE = {
-    "classify": ("eval_top1", "test top-1 (%)"),
-    "lm": ("val_bpb", "validation bits per byte"),
-    "dino": ("knn_20", "k-NN top-1, k = 20 (%)"),
+# task -> [(label, source, path)]; source "metrics": the last logged value in metrics.jsonl, "eval_dino": a path
+# into report/eval_dino.json
+Metric = tuple[str, str, tuple[str, ...]]
+HEADLINE: dict[str, list[Metric]] = {
+    "classify": [("test top-1 (%)", "metrics", ("eval_top1",))],
+    "lm": [("validation bits per byte", "metrics", ("val_bpb",))],
+    "dino": [
+        ("k-NN top-1, k = 20 (%)", "eval_dino", ("knn", "20")),
+        ("k-NN top-1 at random init, k = 20 (%)", "eval_dino", ("knn_random_init", "20")),
+        ("linear probe top-1 (%)", "eval_dino", ("linear", "test_accuracy")),
+        ("segmentation mIoU (%)", "eval_dino", ("segmentation", "miou")),
+    ],
 }
 # task -> (label, path into a layer's analyze entry)
 GEOMETRY = {
@@ -77,33 +86,47 @@ def paired_bootstrap(a: dict[int, float], b: dict[int, float], resamples: int = 
     return {"n_pairs": len(seeds), "mean_difference": float(diff.mean()), "low": float(low), "high": float(high)}
 
 
-def _final(run_dir: Path, task: str, key: str) -> float | None:
-    """The run's last logged ``key`` (dino's k-NN comes from report/eval_dino.json)."""
-    if task == "dino" and key == "knn_20":
-        path = run_dir / "report" / "eval_dino.json"
-        return json.loads(path.read_text())["knn"]["20"] if path.exists() else None
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
+def _final(run_dir: Path, metric: Metric) -> float | None:
+    """One finished run's value of ``metric``, or None where the run has not produced it."""
+    _, source, path = metric
+    if source == "eval_dino":
+        from lapheads.evals.dino import EVAL_FILE
+
+        file = run_dir / "report" / EVAL_FILE
+        value: Any = json.loads(file.read_text()) if file.exists() else None
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+    file = run_dir / "metrics.jsonl"
+    if not file.exists():
         return None
-    values = [r[key] for r in map(json.loads, filter(str.strip, path.read_text().splitlines())) if key in r]
+    values = [r[path[0]] for r in map(json.loads, filter(str.strip, file.read_text().splitlines())) if path[0] in r]
     return values[-1] if values else None
 
 
-def collect(sweep_dir: Path, key: str | None = None) -> tuple[dict[str, Any], dict[str, dict[int, float]]]:
-    """(sweep.json, {spec: {seed: final value of key}}) for finished cells; key defaults to the task's headline."""
+def load_sweep(sweep_dir: Path) -> dict[str, Any]:
     from lapheads.sweep import SWEEP_FILE, SweepError
 
     try:
-        record = json.loads((sweep_dir / SWEEP_FILE).read_text())
+        return json.loads((sweep_dir / SWEEP_FILE).read_text())
     except FileNotFoundError:
         raise SweepError(f"{sweep_dir} holds no sweep ({SWEEP_FILE} missing); run `lapheads sweep` first") from None
-    key = key or HEADLINE[record["task"]][0]
+
+
+def _done_cells(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Finished cells, seed-major in spec order (the order of the PCA grid's columns)."""
+    cells = [c for c in record["cells"].values() if c.get("status") == "done"]
+    return sorted(cells, key=lambda c: (c["seed"], record["specs"].index(c["spec"])))
+
+
+def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float]]:
+    """{spec: {seed: value of metric}} over the sweep's finished cells."""
     values: dict[str, dict[int, float]] = {spec: {} for spec in record["specs"]}
-    for cell in record["cells"].values():
-        value = _final(Path(cell["run_dir"]), record["task"], key) if cell.get("status") == "done" else None
+    for cell in _done_cells(record):
+        value = _final(Path(cell["run_dir"]), metric)
         if value is not None:
             values[cell["spec"]][cell["seed"]] = value
-    return record, values
+    return values
 
 
 def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[str, dict[str, Any]]:
@@ -126,9 +149,7 @@ def _geometry_values(record: dict[str, Any], max_tokens: int) -> dict[str, dict[
     options = AnalyzeOptions(max_tokens=max_tokens)
     metrics = GEOMETRY[record["task"]]
     out: dict[str, dict[str, dict[int, float]]] = {label: {s: {} for s in record["specs"]} for label, _ in metrics}
-    for cell in record["cells"].values():
-        if cell.get("status") != "done":
-            continue
+    for cell in _done_cells(record):
         analysis = analyze_run(cell["run_dir"], options)
         last = [n for n in analysis["layers"] if n.isdigit()][-1]
         for label, path in metrics:
@@ -186,19 +207,31 @@ def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
 
 def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: bool = True,
                  max_tokens: int = 262_144) -> Path:
-    """Write SWEEP_DIR/report/{report.md, stats.json, metric.png, geometry.png}; returns report.md."""
+    """Write SWEEP_DIR/report/{report.md, stats.json, metric.png, geometry.png (, pca.png)}; returns report.md.
+
+    Args:
+        metric: a key of metrics.jsonl to report instead of the task's headline metrics.
+        geometry: run (or reuse) ``lapheads analyze`` on every finished cell and report the last block's geometry.
+        max_tokens: analyze's token budget per cell.
+    """
     from lapheads.sweep import SweepError
 
     sweep_dir = Path(sweep_dir)
-    record, values = collect(sweep_dir, metric)
-    task = record["task"]
-    label = metric or HEADLINE[task][1]
-    if not any(values.values()):
-        raise SweepError(f"{sweep_dir}: no finished cell has {label}; run or resume the sweep first")
-    headline = summarize(values)
+    record = load_sweep(sweep_dir)
+    task, specs = record["task"], record["specs"]
     out = sweep_dir / "report"
+    cells = _done_cells(record)
+    pictures = task == "dino" and metric is None and bool(cells)
+    if pictures:
+        from lapheads.evals.dino import eval_dino
+
+        eval_dino([c["run_dir"] for c in cells], out, reuse=True)
+    metrics = [(metric, "metrics", (metric,))] if metric else HEADLINE[task]
+    headline = {m[0]: summarize(collect(record, m)) for m in metrics}
+    if not any(row["n"] for rows in headline.values() for row in rows.values()):
+        names = ", ".join(headline)
+        raise SweepError(f"{sweep_dir}: no finished cell has {names}; run or resume the sweep first")
     out.mkdir(parents=True, exist_ok=True)
-    specs = record["specs"]
     lines = [
         f"# Sweep report: {record['preset']} ({task})",
         "",
@@ -208,20 +241,22 @@ def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: boo
         "",
         "| metric | Laplacian heads | n | mean ± std | difference vs 0 | Welch p | bootstrap 95% |",
         "|---|---|---|---|---|---|---|",
-        *[_row(label, s, headline[s]) for s in specs],
+        *[_row(label, s, stats[s]) for label, stats in headline.items() for s in specs],
     ]
-    panels = {label: headline}
     geometry_stats: dict[str, Any] = {}
     if geometry:
         for name, by_spec in _geometry_values(record, max_tokens).items():
             geometry_stats[name] = summarize(by_spec)
             lines += [_row(name + " (last block)", s, geometry_stats[name][s]) for s in specs]
-    _plot(panels, specs, out / "metric.png")
+    _plot(headline, specs, out / "metric.png")
     lines += ["", "![metric](metric.png)"]
     if geometry_stats:
         _plot(geometry_stats, specs, out / "geometry.png")
         lines += ["![geometry](geometry.png)"]
-    (out / "stats.json").write_text(json.dumps({"headline": headline, "geometry": geometry_stats}, indent=1,
+    if pictures:
+        lines += ["", "PCA pictures of the teachers' patch tokens (columns: cells, seed-major):", "",
+                  "![pca](pca.png)"]
+    (out / "stats.json").write_text(json.dumps({"metrics": headline, "geometry": geometry_stats}, indent=1,
                                                default=str) + "\n")
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")

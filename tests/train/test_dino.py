@@ -11,18 +11,7 @@ from safetensors.torch import load_file
 
 from lapheads.cli import main
 from lapheads.data.multicrop import MultiCropAugmentation, collate_crops
-from lapheads.train.dino import DINOConfig, build_student_teacher, train_dino
-
-
-@pytest.fixture
-def tiny_dino(fmnist_root) -> DINOConfig:
-    return DINOConfig(
-        model="vit_fmnist_patch4", model_kwargs={"depth": 2, "embed_dim": 32, "num_heads": 2}, laplacian_heads="1",
-        dataset="fashion-mnist", data_root=str(fmnist_root), img_size=28, local_crop_size=12, local_crops=2,
-        local_scale=[0.1, 0.4], out_dim=64, head_hidden_dim=32, head_bottleneck_dim=16, epochs=2, batch_size=64,
-        train_subset=256, lr=0.002, warmup_epochs=0.5, momentum_teacher=0.9, freeze_last_layer=1, drop_path=0.1,
-        amp=False, device="cpu", log_every=1, checkpoint_every_epochs=1.0,
-    )
+from lapheads.train.dino import build_student_teacher, train_dino
 
 
 def test_multicrop_shapes_and_collation():

@@ -28,7 +28,9 @@ from tqdm.auto import tqdm
 from lapheads.evals.probes import knn_accuracy, linear_probe, segmentation_probe
 from lapheads.geometry.features import ResidualStream
 
-__all__ = ["attention_maps", "eval_dino", "load_dino_teacher", "pca_pictures"]
+__all__ = ["EVAL_FILE", "attention_maps", "eval_dino", "load_dino_teacher", "pca_pictures"]
+
+EVAL_FILE = "eval_dino.json"
 
 
 def load_dino_teacher(run_dir: str | Path, device: str = "auto"):
@@ -190,57 +192,85 @@ def _plot_pca(images: torch.Tensor, pictures: dict[str, torch.Tensor], path: Pat
     plt.close(fig)
 
 
+def _probe_run(cfg, backbone: torch.nn.Module, record: dict[str, Any], segmentation, options: dict[str, Any]
+               ) -> dict[str, Any]:
+    """k-NN (trained and random-init), linear probe and segmentation probe of one teacher backbone."""
+    from lapheads.data.images import build_image_data
+    from lapheads.train.dino import build_backbone
+
+    data = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False)
+    max_train, max_test = options["max_train"], options["max_test"]
+    train = data.train if max_train is None else Subset(data.train, range(min(max_train, len(data.train))))
+    test = data.eval if max_test is None else Subset(data.eval, range(min(max_test, len(data.eval))))
+    train_cls, train_last, train_y = extract_features(backbone, train, desc="train features")
+    test_cls, test_last, test_y = extract_features(backbone, test, desc="test features")
+    # the same architecture, randomly initialised: what the training added, not what the architecture gives
+    torch.manual_seed(cfg.seed)
+    untrained = build_backbone(cfg, record["in_chans"]).to(_device(backbone)).eval()
+    base_train, _, _ = extract_features(untrained, train, desc="random-init train")
+    base_test, _, _ = extract_features(untrained, test, desc="random-init test")
+    result: dict[str, Any] = {
+        "knn": {str(k): v for k, v in knn_accuracy(train_cls, train_y, test_cls, test_y,
+                                                   num_classes=data.num_classes).items()},
+        "knn_random_init": {str(k): v for k, v in knn_accuracy(base_train, train_y, base_test, test_y,
+                                                               num_classes=data.num_classes).items()},
+        "linear": linear_probe(train_last, train_y, test_last, test_y, data.num_classes,
+                               epochs=options["linear_epochs"]),
+    }
+    if segmentation is not None:
+        seg_train_set, seg_test_set, seg_classes = segmentation
+        train_grid, train_masks = _grids(backbone, seg_train_set, 128, "segmentation train")
+        test_grid, test_masks = _grids(backbone, seg_test_set, 128, "segmentation test")
+        result["segmentation"] = segmentation_probe(train_grid, train_masks, test_grid, test_masks, seg_classes,
+                                                    epochs=options["seg_epochs"])
+    else:
+        result["segmentation"] = "skipped: no segmentation data (Fashion-MNIST runs use composite scenes; "\
+                                 "pass --ade20k ROOT for others)"
+    return result
+
+
 def eval_dino(
     run_dirs: list[str | os.PathLike], out: str | os.PathLike | None = None, *, max_train: int | None = None,
     max_test: int | None = None, seg_train: int = 2000, seg_test: int = 500, seg_epochs: int = 10,
     linear_epochs: int = 20, ade20k: str | None = None, num_pictures: int = 6, device: str = "auto",
+    reuse: bool = False,
 ) -> dict[str, Any]:
     """Evaluate DINO runs: k-NN (k = 10, 20, 100, 200; T = 0.07) of the teacher and of the same architecture at
     random initialisation (the reference a short run must beat), linear probe, segmentation mIoU, pictures.
 
     Writes RUN_DIR/report/eval_dino.json and attention.png per run, and pca.png (images x runs) into ``out``
     (default: the first run's report folder). Returns {run_dir: results}.
+
+    Args:
+        reuse: keep a run's eval_dino.json when it was measured on the same checkpoint with the same options
+            (``lapheads report`` on a sweep); the pictures are always redrawn.
     """
     from lapheads.data.images import build_image_data
-    from lapheads.train.dino import build_backbone
     from lapheads.train.runtime import RunDir, atomic_write_text, latest_checkpoint
 
+    options = {"max_train": max_train, "max_test": max_test, "seg_train": seg_train, "seg_test": seg_test,
+               "seg_epochs": seg_epochs, "linear_epochs": linear_epochs, "ade20k": ade20k}
     results: dict[str, Any] = {}
     picture_images, pictures = None, {}
     for run_dir in run_dirs:
         cfg, backbone, record = load_dino_teacher(run_dir, device)
-        data = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False)
-        train = data.train if max_train is None else Subset(data.train, range(min(max_train, len(data.train))))
-        test = data.eval if max_test is None else Subset(data.eval, range(min(max_test, len(data.eval))))
-        train_cls, train_last, train_y = extract_features(backbone, train, desc="train features")
-        test_cls, test_last, test_y = extract_features(backbone, test, desc="test features")
-        # the same architecture, randomly initialised: what the training added, not what the architecture gives
-        torch.manual_seed(cfg.seed)
-        untrained = build_backbone(cfg, record["in_chans"]).to(_device(backbone)).eval()
-        base_train, _, _ = extract_features(untrained, train, desc="random-init train")
-        base_test, _, _ = extract_features(untrained, test, desc="random-init test")
-        result: dict[str, Any] = {
-            "checkpoint": latest_checkpoint(RunDir(run_dir)).name,
-            "laplacian_heads": cfg.laplacian_heads,
-            "knn": {str(k): v for k, v in knn_accuracy(train_cls, train_y, test_cls, test_y,
-                                                       num_classes=data.num_classes).items()},
-            "knn_random_init": {str(k): v for k, v in knn_accuracy(base_train, train_y, base_test, test_y,
-                                                                   num_classes=data.num_classes).items()},
-            "linear": linear_probe(train_last, train_y, test_last, test_y, data.num_classes, epochs=linear_epochs),
-        }
-        segmentation = _segmentation_sets(cfg, ade20k, seg_train, seg_test)
         report = Path(run_dir) / "report"
         report.mkdir(parents=True, exist_ok=True)
+        checkpoint = latest_checkpoint(RunDir(run_dir)).name
+        cache = report / EVAL_FILE
+        cached = json.loads(cache.read_text()) if reuse and cache.exists() else {}
+        segmentation = _segmentation_sets(cfg, ade20k, seg_train, seg_test)
+        if cached.get("checkpoint") == checkpoint and cached.get("options") == options:
+            result = cached  # the probes are the expensive part; the pictures below are redrawn
+        else:
+            result = _probe_run(cfg, backbone, record, segmentation, options)
+            result = {"checkpoint": checkpoint, "laplacian_heads": cfg.laplacian_heads, "options": options, **result}
+            atomic_write_text(cache, json.dumps(result, indent=1) + "\n")
         if segmentation is not None:
-            seg_train_set, seg_test_set, seg_classes = segmentation
-            train_grid, train_masks = _grids(backbone, seg_train_set, 128, "segmentation train")
-            test_grid, test_masks = _grids(backbone, seg_test_set, 128, "segmentation test")
-            result["segmentation"] = segmentation_probe(train_grid, train_masks, test_grid, test_masks, seg_classes,
-                                                        epochs=seg_epochs)
+            seg_test_set = segmentation[1]
             images = torch.stack([seg_test_set[i][0] for i in range(min(num_pictures, len(seg_test_set)))])
         else:
-            result["segmentation"] = "skipped: no segmentation data (Fashion-MNIST runs use composite scenes; "\
-                                     "pass --ade20k ROOT for others)"
+            test = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False).eval
             images = torch.stack([test[i][0] for i in range(min(num_pictures, len(test)))])
         laplacian = backbone.blocks[-1].attn.laplacian_mask.tolist()
         label = f"k={cfg.laplacian_heads}"
@@ -249,7 +279,6 @@ def eval_dino(
         picture_images = images if picture_images is None else picture_images
         pictures[label if label not in pictures else f"{label} ({Path(run_dir).name})"] = pca_pictures(
             patch_grid(backbone, picture_images))
-        atomic_write_text(report / "eval_dino.json", json.dumps(result, indent=1) + "\n")
         results[str(run_dir)] = result
     out = Path(out) if out else Path(run_dirs[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
