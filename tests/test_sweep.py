@@ -69,7 +69,7 @@ def test_a_dino_sweep_report_evaluates_every_cell_once(tiny_dino, tmp_path, monk
     assert main(["report", str(out), "--no-geometry"]) == 0
     report = (out / "report" / "report.md").read_text()
     for label in ("k-NN top-1, k = 20 (%)", "k-NN top-1 at random init, k = 20 (%)", "linear probe top-1 (%)",
-                  "segmentation mIoU (%)"):
+                  "segmentation mIoU (%)", "PCA foreground IoU (%)"):
         assert f"| {label} | 1 | 2 |" in report
     assert (out / "report" / "pca.png").stat().st_size > 5000 and "![pca](pca.png)" in report
     first = (out / "L1-s1" / "report" / "eval_dino.json").read_text()

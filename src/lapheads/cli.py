@@ -69,6 +69,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                             for k, v in result["knn"].items())
             seg = result["segmentation"]
             seg = f"mIoU {seg['miou']:.2f}" if isinstance(seg, dict) else seg
+            if "pca_foreground_iou" in result:
+                seg += f"; PCA foreground IoU {result['pca_foreground_iou']:.2f}"
             print(f"{run_dir}: k-NN {knn}; linear {result['linear']['test_accuracy']:.2f} (lr {result['linear']['lr']}); "
                   f"segmentation {seg}")
         print(json.dumps(results))

@@ -35,6 +35,7 @@ HEADLINE: dict[str, list[Metric]] = {
         ("k-NN top-1 at random init, k = 20 (%)", "eval_dino", ("knn_random_init", "20")),
         ("linear probe top-1 (%)", "eval_dino", ("linear", "test_accuracy")),
         ("segmentation mIoU (%)", "eval_dino", ("segmentation", "miou")),
+        ("PCA foreground IoU (%)", "eval_dino", ("pca_foreground_iou",)),
     ],
 }
 # task -> (label, path into a layer's analyze entry)

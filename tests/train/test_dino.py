@@ -61,6 +61,7 @@ def test_eval_dino_prints_probes_and_writes_pictures(tiny_dino, tmp_path, capsys
     assert result["knn"]["10"] > 30  # chance: 10%
     assert "random init" in out
     assert 0 <= result["segmentation"]["miou"] <= 100 and len(result["segmentation"]["per_class"]) == 11
+    assert 0 <= result["pca_foreground_iou"] <= 100
     assert (tmp_path / "a" / "report" / "attention.png").stat().st_size > 5000
     assert (tmp_path / "pics" / "pca.png").stat().st_size > 5000
     assert main(["analyze", str(tmp_path / "a"), "--max-tokens", "2000"]) == 0

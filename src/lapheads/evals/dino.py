@@ -11,6 +11,10 @@ Design choices:
 * **Pictures**: CLS-to-patch attention maps of the last block, per head, from the reference path (maps of P; a
   Laplacian head outputs V - PV, so its map is marked); PCA pictures (first component thresholded for foreground,
   a second PCA on the foreground patches, 3 components min-max scaled to RGB), one grid of images x runs.
+* **The PCA pictures measured**: on composite scenes the true foreground is known, so the first step of the PCA
+  pictures (is the object separated from the background?) is scored as the IoU of the PCA foreground patches with
+  the true ones (``pca_foreground_iou``), over all test scenes. Boundary sharpness itself stays a picture.
+* **Cached per run**: eval_dino.json records the checkpoint and options; ``reuse=True`` keeps a matching one.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from tqdm.auto import tqdm
 from lapheads.evals.probes import knn_accuracy, linear_probe, segmentation_probe
 from lapheads.geometry.features import ResidualStream
 
-__all__ = ["EVAL_FILE", "attention_maps", "eval_dino", "load_dino_teacher", "pca_pictures"]
+__all__ = ["EVAL_FILE", "attention_maps", "eval_dino", "foreground_iou", "load_dino_teacher", "pca_foreground",
+           "pca_pictures"]
 
 EVAL_FILE = "eval_dino.json"
+EVAL_VERSION = 2  # bump when the probes change, so cached eval_dino.json files are measured again
 
 
 def load_dino_teacher(run_dir: str | Path, device: str = "auto"):
@@ -99,25 +105,37 @@ def attention_maps(backbone: torch.nn.Module, images: torch.Tensor) -> torch.Ten
     return attn[:, :, 0, backbone.num_prefix_tokens:].reshape(len(images), -1, h, w).float().cpu()
 
 
-def pca_pictures(grid: torch.Tensor) -> torch.Tensor:
-    """DINO/DINOv2 PCA pictures of patch grids (B, D, h, w) -> RGB (B, h, w, 3) in [0, 1], background black.
-
-    The first principal component over all patches of the batch separates foreground; its sign is chosen so that
-    border patches (mostly background) score low, and patches above 0 are foreground. A second PCA on the foreground
-    patches gives 3 components, each min-max scaled to a colour channel.
-    """
+def pca_foreground(grid: torch.Tensor) -> torch.Tensor:
+    """Foreground patches (B, h, w) of patch grids (B, D, h, w) by DINO's rule: the first principal component over
+    all patches of the batch, its sign chosen so that border patches (mostly background) score low, above 0."""
     b, d, h, w = grid.shape
     tokens = grid.permute(0, 2, 3, 1).reshape(-1, d).double()
     centred = tokens - tokens.mean(0)
-    first = torch.linalg.svd(centred, full_matrices=False)[2][0]
-    score = (centred @ first).view(b, h, w)
+    score = (centred @ torch.linalg.svd(centred, full_matrices=False)[2][0]).view(b, h, w)
     border = torch.ones(h, w, dtype=torch.bool)
     border[1:-1, 1:-1] = False
-    if score[:, border].mean() > 0:
-        score = -score
-    foreground = score > 0
+    return score < 0 if score[:, border].mean() > 0 else score > 0
+
+
+def foreground_iou(foreground: torch.Tensor, masks: torch.Tensor) -> float:
+    """IoU (%) of predicted foreground patches (B, h, w) with the true foreground of pixel masks (B, H, W), label 0
+    = background; a patch is truly foreground when most of its pixels are. Measures the PCA pictures' first step."""
+    b, h, w = foreground.shape
+    truth = F.adaptive_avg_pool2d((masks > 0).float().unsqueeze(1), (h, w)).squeeze(1) >= 0.5
+    union = (truth | foreground).sum().item()
+    return 100.0 * (truth & foreground).sum().item() / union if union else 100.0
+
+
+def pca_pictures(grid: torch.Tensor) -> torch.Tensor:
+    """DINO/DINOv2 PCA pictures of patch grids (B, D, h, w) -> RGB (B, h, w, 3) in [0, 1], background black.
+
+    Foreground patches come from ``pca_foreground``; a second PCA on the foreground patches gives 3 components,
+    each min-max scaled to a colour channel.
+    """
+    b, d, h, w = grid.shape
+    foreground = pca_foreground(grid)
     rgb = torch.zeros(b, h, w, 3, dtype=torch.float64)
-    fg_tokens = tokens.view(b, h, w, d)[foreground]
+    fg_tokens = grid.permute(0, 2, 3, 1).double()[foreground]
     if len(fg_tokens) >= 3:
         fg_centred = fg_tokens - fg_tokens.mean(0)
         components = fg_centred @ torch.linalg.svd(fg_centred, full_matrices=False)[2][:3].T
@@ -196,6 +214,7 @@ def _probe_run(cfg, backbone: torch.nn.Module, record: dict[str, Any], segmentat
                ) -> dict[str, Any]:
     """k-NN (trained and random-init), linear probe and segmentation probe of one teacher backbone."""
     from lapheads.data.images import build_image_data
+    from lapheads.data.segmentation import CompositeScenes
     from lapheads.train.dino import build_backbone
 
     data = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False)
@@ -223,6 +242,8 @@ def _probe_run(cfg, backbone: torch.nn.Module, record: dict[str, Any], segmentat
         test_grid, test_masks = _grids(backbone, seg_test_set, 128, "segmentation test")
         result["segmentation"] = segmentation_probe(train_grid, train_masks, test_grid, test_masks, seg_classes,
                                                     epochs=options["seg_epochs"])
+        if isinstance(seg_test_set, CompositeScenes):  # label 0 = background here; in ADE20K it is "other"
+            result["pca_foreground_iou"] = foreground_iou(pca_foreground(test_grid), test_masks)
     else:
         result["segmentation"] = "skipped: no segmentation data (Fashion-MNIST runs use composite scenes; "\
                                  "pass --ade20k ROOT for others)"
@@ -248,7 +269,7 @@ def eval_dino(
     from lapheads.data.images import build_image_data
     from lapheads.train.runtime import RunDir, atomic_write_text, latest_checkpoint
 
-    options = {"max_train": max_train, "max_test": max_test, "seg_train": seg_train, "seg_test": seg_test,
+    options = {"version": EVAL_VERSION, "max_train": max_train, "max_test": max_test, "seg_train": seg_train, "seg_test": seg_test,
                "seg_epochs": seg_epochs, "linear_epochs": linear_epochs, "ade20k": ade20k}
     results: dict[str, Any] = {}
     picture_images, pictures = None, {}
