@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HEADLINE", "collect", "paired_bootstrap", "summarize", "welch_t_test", "write_report"]
+__all__ = ["HEADLINE", "collect", "load_sweep", "paired_bootstrap", "summarize", "welch_t_test", "write_report"]
 
 # task -> [(label, source, path)]; source "metrics": the last logged value in metrics.jsonl, "eval_dino": a path
 # into report/eval_dino.json
