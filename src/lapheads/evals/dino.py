@@ -272,7 +272,7 @@ def eval_dino(
     options = {"version": EVAL_VERSION, "max_train": max_train, "max_test": max_test, "seg_train": seg_train, "seg_test": seg_test,
                "seg_epochs": seg_epochs, "linear_epochs": linear_epochs, "ade20k": ade20k}
     results: dict[str, Any] = {}
-    picture_images, pictures = None, {}
+    picture_images, pictures = None, []
     for run_dir in run_dirs:
         cfg, backbone, record = load_dino_teacher(run_dir, device)
         report = Path(run_dir) / "report"
@@ -298,10 +298,11 @@ def eval_dino(
         _plot_attention(attention_maps(backbone, images), images, laplacian,
                         f"{label}: CLS attention P of the last block", report / "attention.png")
         picture_images = images if picture_images is None else picture_images
-        pictures[label if label not in pictures else f"{label} ({Path(run_dir).name})"] = pca_pictures(
-            patch_grid(backbone, picture_images))
+        pictures.append((label, Path(run_dir).name, pca_pictures(patch_grid(backbone, picture_images))))
         results[str(run_dir)] = result
     out = Path(out) if out else Path(run_dirs[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
-    _plot_pca(picture_images, pictures, out / "pca.png")
+    named = len({label for label, _, _ in pictures}) < len(pictures)  # runs share a k (seeds): name every column
+    _plot_pca(picture_images, {f"{label} ({name})" if named else label: rgb for label, name, rgb in pictures},
+              out / "pca.png")
     return results
