@@ -212,7 +212,7 @@ def _plot_pca(images: torch.Tensor, pictures: dict[str, torch.Tensor], path: Pat
 
 def _probe_run(cfg, backbone: torch.nn.Module, record: dict[str, Any], segmentation, options: dict[str, Any]
                ) -> dict[str, Any]:
-    """k-NN (trained and random-init), linear probe and segmentation probe of one teacher backbone."""
+    """k-NN (trained and random-init), linear probe, segmentation probe and PCA foreground IoU of one teacher."""
     from lapheads.data.images import build_image_data
     from lapheads.data.segmentation import CompositeScenes
     from lapheads.train.dino import build_backbone
@@ -269,8 +269,8 @@ def eval_dino(
     from lapheads.data.images import build_image_data
     from lapheads.train.runtime import RunDir, atomic_write_text, latest_checkpoint
 
-    options = {"version": EVAL_VERSION, "max_train": max_train, "max_test": max_test, "seg_train": seg_train, "seg_test": seg_test,
-               "seg_epochs": seg_epochs, "linear_epochs": linear_epochs, "ade20k": ade20k}
+    options = {"version": EVAL_VERSION, "max_train": max_train, "max_test": max_test, "seg_train": seg_train,
+               "seg_test": seg_test, "seg_epochs": seg_epochs, "linear_epochs": linear_epochs, "ade20k": ade20k}
     results: dict[str, Any] = {}
     picture_images, pictures = None, []
     for run_dir in run_dirs:
