@@ -30,11 +30,11 @@ from tqdm import tqdm
 from lapheads.data.images import DATASETS, build_image_data
 from lapheads.models.vit import create_vit, vit_laplacian_masks
 from lapheads.train.runtime import (
-    RunConfig,
     Distributed,
     GlobalBatchSampler,
-    NonFiniteLossError,
+    RunConfig,
     RunDir,
+    check_finite_loss,
     latest_checkpoint,
     save_checkpoint,
     seed_everything,
@@ -255,12 +255,7 @@ def train_classify(
             loss_sum += loss.detach()
             seen += len(indices) * dist_.world_size
         mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
-        if not math.isfinite(mean_loss):
-            progress.close()
-            raise NonFiniteLossError(
-                f"non-finite loss {mean_loss} at step {step + 1}; stopped before the optimizer step, the last "
-                f"checkpoint in {run.checkpoints} is intact (lower --lr or enable --clip-grad)"
-            )
+        check_finite_loss(mean_loss, step, run, "lower --lr or enable --clip-grad", progress)
         if cfg.clip_grad:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
         optimizer.step()

@@ -39,10 +39,10 @@ from lapheads.models.dino import (
 )
 from lapheads.models.vit import create_vit, vit_laplacian_masks
 from lapheads.train.runtime import (
-    RunConfig,
     GlobalBatchSampler,
-    NonFiniteLossError,
+    RunConfig,
     RunDir,
+    check_finite_loss,
     save_checkpoint,
     seed_everything,
     setup_distributed,
@@ -208,12 +208,7 @@ def train_dino(cfg: DINOConfig, run_dir: str | Path, *, resume: bool = False, st
             student_output = forward_model(crops)
             loss = loss_fn(student_output.float(), teacher_output.float(), epoch)
         mean_loss = dist_.all_reduce_sum(loss.detach().clone()).item() / dist_.world_size
-        if not math.isfinite(mean_loss):
-            progress.close()
-            raise NonFiniteLossError(
-                f"non-finite loss {mean_loss} at step {step + 1}; stopped before the optimizer step, the last "
-                f"checkpoint in {run.checkpoints} is intact (lower --lr or --clip-grad)"
-            )
+        check_finite_loss(mean_loss, step, run, "lower --lr or --clip-grad", progress)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.clip_grad:

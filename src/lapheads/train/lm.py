@@ -38,11 +38,11 @@ from lapheads.data.text import TEXT_DATASETS, TokenBatches, TokenShards, prepare
 from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
 from lapheads.models.gpt import GPT, GPTConfig
 from lapheads.train.runtime import (
-    RunConfig,
     CheckpointError,
     Distributed,
-    NonFiniteLossError,
+    RunConfig,
     RunDir,
+    check_finite_loss,
     latest_checkpoint,
     load_weights,
     save_checkpoint,
@@ -301,12 +301,7 @@ def train_lm(cfg: LMConfig, run_dir: str | Path, *, resume: bool = False, stop_a
             loss_sum += loss.detach()
         seen += cfg.total_batch_size
         mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
-        if not math.isfinite(mean_loss):
-            progress.close()
-            raise NonFiniteLossError(
-                f"non-finite loss {mean_loss} at step {step + 1}; stopped before the optimizer step, the last "
-                f"checkpoint in {run.checkpoints} is intact (lower --matrix-lr / --embedding-lr)"
-            )
+        check_finite_loss(mean_loss, step, run, "lower --matrix-lr / --embedding-lr", progress)
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         multiplier = lr_multiplier(step, total_steps, cfg)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import random
 import shutil
@@ -41,6 +42,7 @@ __all__ = [
     "Distributed",
     "GlobalBatchSampler",
     "NonFiniteLossError",
+    "check_finite_loss",
     "RunConfig",
     "RunDir",
     "load_checkpoint",
@@ -70,6 +72,17 @@ class CheckpointError(RuntimeError):
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or inf; the message names the step."""
+
+
+def check_finite_loss(mean_loss: float, step: int, run: RunDir, hint: str, progress=None) -> None:
+    """Stop a run before a NaN/inf loss reaches the optimizer: one-line error naming the (1-based) step, the
+    intact checkpoints and ``hint`` (the options that usually cure it); closes the tqdm ``progress`` bar first."""
+    if math.isfinite(mean_loss):
+        return
+    if progress is not None:
+        progress.close()
+    raise NonFiniteLossError(f"non-finite loss {mean_loss} at step {step + 1}; stopped before the optimizer step, the "
+                             f"last checkpoint in {run.checkpoints} is intact ({hint})")
 
 
 # ----------------------------------------------------------------------------------------------------------------
