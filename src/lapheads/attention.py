@@ -31,10 +31,13 @@ import torch.nn.functional as F
 from timm.layers import Attention
 from torch import Tensor
 
+from lapheads.errors import InputError, LapheadsError
+
 __all__ = [
     "HeadSpec",
     "HeadSpecError",
     "LaplacianAttention",
+    "LaplacianHeadsMixin",
     "laplacian_attention",
     "laplacian_attention_reference",
     "laplacian_head_mask",
@@ -45,7 +48,7 @@ __all__ = [
 HeadSpec = Union[int, Sequence[bool], Tensor]
 
 
-class HeadSpecError(ValueError):
+class HeadSpecError(LapheadsError, ValueError):
     """A Laplacian-head spec that cannot be applied; the message names the value and what is allowed."""
 
 
@@ -93,9 +96,10 @@ def laplacian_head_mask(laplacian_heads: HeadSpec, num_heads: int) -> Tensor:
                 f"laplacian_heads mask {list(laplacian_heads)!r} is not {num_heads} bools; "
                 f"allowed: a bool sequence of length {num_heads} or an int from 0 to {num_heads}"
             )
-        return torch.tensor(list(laplacian_heads), dtype=torch.bool)
+        return torch.tensor(list(laplacian_heads), dtype=torch.bool, device="cpu")
     k = _check_count(laplacian_heads, num_heads)
-    mask = torch.zeros(num_heads, dtype=torch.bool)
+    # Explicitly on the CPU: under ``with torch.device("meta")`` a mask must still hold its values.
+    mask = torch.zeros(num_heads, dtype=torch.bool, device="cpu")
     mask[num_heads - k :] = True
     return mask
 
@@ -235,19 +239,30 @@ def _causal_mask(t: int, s: int, device: torch.device) -> Tensor:
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
+        raise InputError(
             f"q, k, v must be 4-D (B, H, T, D); got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     h, hkv = q.shape[1], k.shape[1]
     if v.shape[1] != hkv or hkv == 0 or h % hkv:
-        raise ValueError(
+        raise InputError(
             f"q has {h} heads and k, v have {k.shape[1]}, {v.shape[1]}; allowed: k and v with the same Hkv heads "
             f"and H % Hkv == 0"
         )
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise InputError(f"batch sizes differ: {shapes}; allowed: the same B for q, k and v")
+    if k.shape[-2] != v.shape[-2]:
+        raise InputError(f"k has {k.shape[-2]} positions but v has {v.shape[-2]}: {shapes}; allowed: the same S")
+    if q.shape[-1] != k.shape[-1]:
+        raise InputError(f"q and k head dims differ: {shapes}; allowed: the same D for q and k")
     if q.shape[-2] > k.shape[-2]:
-        raise ValueError(
+        raise InputError(
             f"q has {q.shape[-2]} positions but k has {k.shape[-2]}; allowed: T <= S (queries are the last T keys)"
         )
+    if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_floating_point:
+        raise InputError(f"dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}; allowed: one floating dtype for all three")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"devices q {q.device}, k {k.device}, v {v.device}; allowed: one device for all three")
     return h, hkv
 
 
@@ -282,7 +297,7 @@ def laplacian_attention(
     t, s = q.shape[-2], k.shape[-2]
     if is_causal and t != s:
         if attn_mask is not None:
-            raise ValueError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
+            raise InputError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
         attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
     y = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=h != hkv
@@ -357,7 +372,7 @@ def laplacian_attention_reference(
     logits = (q @ k.transpose(-2, -1)) * scale
     if is_causal:
         if attn_mask is not None:
-            raise ValueError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
+            raise InputError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
         attn_mask = _causal_mask(t, s, q.device)
     if attn_mask is not None:
         logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
@@ -378,7 +393,59 @@ def _shifted_eye(t: int, s: int, like: Tensor) -> Tensor:
 # The timm-compatible module
 
 
-class LaplacianAttention(Attention):
+class LaplacianHeadsMixin:
+    """Holds one attention layer's Laplacian head mask for an ``nn.Module``: host truth plus a device buffer.
+
+    The mask's truth is a CPU tensor kept beside the module; ``laplacian_mask`` is a non-persistent buffer (state
+    dicts stay those of the plain model) that is rewritten from it whenever the module's tensors are moved or
+    re-allocated (``_apply``: ``to``, ``cuda``, ``to_empty``). So a model built on the meta device and then
+    ``to_empty``-ed runs with the heads it was configured with, not with uninitialised memory.
+    """
+
+    laplacian_mask: Tensor
+
+    def _init_laplacian_heads(self, num_heads: int, laplacian_heads: HeadSpec) -> None:
+        self.register_buffer("laplacian_mask", torch.zeros(num_heads, dtype=torch.bool), persistent=False)
+        self.set_laplacian_heads(laplacian_heads)
+
+    def set_laplacian_heads(self, laplacian_heads: HeadSpec) -> None:
+        """Choose which heads are Laplacian (no parameters change)."""
+        mask = laplacian_head_mask(laplacian_heads, len(self.laplacian_mask))
+        self._laplacian_host = mask
+        self._sync_laplacian_mask()
+        # What forward hands the op: an int k when the mask is "the trailing k heads" (no device work to build it),
+        # else the on-device buffer; either way no host-device sync per step.
+        k = int(mask.sum())
+        self._op_heads: HeadSpec | None = k if bool(mask[len(mask) - k :].all()) else None
+
+    def _sync_laplacian_mask(self) -> None:
+        device = self.laplacian_mask.device
+        # A new tensor, not an in-place copy: on the meta device there is nothing to copy into.
+        self._buffers["laplacian_mask"] = (
+            self._laplacian_host.to(device, copy=True) if device.type != "meta" else self.laplacian_mask
+        )
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        module = super()._apply(fn, recurse)  # type: ignore[misc]
+        self._sync_laplacian_mask()  # to_empty() leaves buffers uninitialised; the host copy is the truth
+        return module
+
+    @property
+    def laplacian_heads_for_op(self) -> HeadSpec:
+        """The spec to hand ``laplacian_attention``: an int k for trailing heads, else the device mask."""
+        return self.laplacian_mask if self._op_heads is None else self._op_heads
+
+    @property
+    def laplacian_head_list(self) -> list[bool]:
+        """The mask as Python bools (works on any device, meta included)."""
+        return self._laplacian_host.tolist()
+
+    @property
+    def num_laplacian_heads(self) -> int:
+        return int(self._laplacian_host.sum())
+
+
+class LaplacianAttention(LaplacianHeadsMixin, Attention):
     """``timm.layers.Attention`` with Laplacian heads: same arguments, parameters and state dict, plus a head spec.
 
     A timm Attention state dict loads with ``strict=True`` (the head mask is a non-persistent buffer), and with
@@ -394,21 +461,7 @@ class LaplacianAttention(Attention):
 
     def __init__(self, dim: int, num_heads: int = 8, *args, laplacian_heads: HeadSpec = 0, **kwargs) -> None:
         super().__init__(dim, num_heads, *args, **kwargs)
-        self.register_buffer("laplacian_mask", torch.zeros(num_heads, dtype=torch.bool), persistent=False)
-        self.set_laplacian_heads(laplacian_heads)
-
-    def set_laplacian_heads(self, laplacian_heads: HeadSpec) -> None:
-        """Choose which heads are Laplacian (no parameters change)."""
-        mask = laplacian_head_mask(laplacian_heads, self.num_heads)
-        self.laplacian_mask.copy_(mask.to(self.laplacian_mask.device))
-        # What forward hands the op: an int k when the mask is "the trailing k heads" (no device work to build it),
-        # else the on-device buffer; either way no host-device sync per step.
-        k = int(mask.sum())
-        self._op_heads: HeadSpec | None = k if bool(mask[self.num_heads - k :].all()) else None
-
-    @property
-    def num_laplacian_heads(self) -> int:
-        return int(self.laplacian_mask.sum())
+        self._init_laplacian_heads(num_heads, laplacian_heads)
 
     def forward(
         self,
@@ -428,7 +481,7 @@ class LaplacianAttention(Attention):
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
-        heads = self.laplacian_mask if self._op_heads is None else self._op_heads
+        heads = self.laplacian_heads_for_op
         dropout_p = self.attn_drop.p if self.training else 0.0
         attn = None
         if self.fused_attn and not return_attn:
@@ -448,4 +501,4 @@ class LaplacianAttention(Attention):
         return (x, attn) if return_attn else x
 
     def extra_repr(self) -> str:
-        return f"laplacian_heads={format_head_mask(self.laplacian_mask)}"
+        return f"laplacian_heads={format_head_mask(self._laplacian_host)}"

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import lapheads
+from lapheads.errors import LapheadsError
 
 
-class UserError(Exception):
+class UserError(LapheadsError):
     """A problem with the user's input or environment; printed as one line, exit status 2."""
 
 

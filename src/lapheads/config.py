@@ -13,12 +13,14 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+from lapheads.errors import LapheadsError
+
 __all__ = ["ConfigError", "apply_overrides", "config_from_dict", "load_preset_file"]
 
 C = TypeVar("C")
 
 
-class ConfigError(ValueError):
+class ConfigError(LapheadsError, ValueError):
     """A bad preset, key or value; the message names it and what is allowed."""
 
 

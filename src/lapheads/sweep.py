@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lapheads.errors import LapheadsError
+
 __all__ = ["SweepError", "cell_name", "parse_seeds", "parse_specs", "run_sweep", "sweep_cells"]
 
 SWEEP_FILE = "sweep.json"
 
 
-class SweepError(ValueError):
+class SweepError(LapheadsError, ValueError):
     """A bad sweep definition or directory; one-line message."""
 
 

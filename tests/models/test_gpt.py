@@ -91,7 +91,7 @@ def test_every_attention_goes_through_the_one_op(monkeypatch):
     real = gpt_module.laplacian_attention
 
     def spy(*args, **kwargs):
-        calls.append(kwargs["laplacian_heads"].tolist())
+        calls.append(lapheads.laplacian_head_mask(kwargs["laplacian_heads"], 4).tolist())
         return real(*args, **kwargs)
 
     monkeypatch.setattr(gpt_module, "laplacian_attention", spy)

@@ -27,6 +27,8 @@ import torchvision
 from torch.utils.data import Dataset
 from torchvision import transforms as T
 
+from lapheads.errors import LapheadsError
+
 __all__ = [
     "DATASETS",
     "DataError",
@@ -55,7 +57,7 @@ DATASETS = {
 }
 
 
-class DataError(RuntimeError):
+class DataError(LapheadsError, RuntimeError):
     """Missing or unreadable data; the message names the path and what to do."""
 
 

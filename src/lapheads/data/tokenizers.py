@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from lapheads.errors import LapheadsError
+
 __all__ = [
     "CHAT_TOKENS",
     "SPECIAL_TOKENS",
@@ -49,7 +51,7 @@ META_FILE = "lapheads_tokenizer.json"
 KINDS = ("char", "bpe", "gpt2")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(LapheadsError, ValueError):
     """A missing, corrupt or mismatched tokenizer; one-line message."""
 
 

@@ -293,7 +293,7 @@ def eval_dino(
         else:
             test = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False).eval
             images = torch.stack([test[i][0] for i in range(min(num_pictures, len(test)))])
-        laplacian = backbone.blocks[-1].attn.laplacian_mask.tolist()
+        laplacian = backbone.blocks[-1].attn.laplacian_head_list
         label = f"k={cfg.laplacian_heads}"
         _plot_attention(attention_maps(backbone, images), images, laplacian,
                         f"{label}: CLS attention P of the last block", report / "attention.png")

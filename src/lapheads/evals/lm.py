@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from lapheads.data.images import DataError
 from lapheads.data.tokenizers import Tokenizer
+from lapheads.errors import InputError
 from lapheads.evals.sandbox import run_program
 from lapheads.models.gpt import GPT
 
@@ -86,7 +87,7 @@ _REQUIRED = {
 def load_task(task: str, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
     """Rows of ``task`` in the hub's schema, from ``data_dir`` if it holds them, else from the hub."""
     if task not in HUB_DATASETS:
-        raise ValueError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+        raise InputError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
     rows = None
     if data_dir is not None:
         base = Path(data_dir)
@@ -155,7 +156,7 @@ def _last_logits(model: GPT, sequences: list[list[int]], device: torch.device) -
     """Logits at the last position of each sequence (right-padded batch; causal, so padding cannot leak)."""
     length = max(len(s) for s in sequences)
     if length > model.config.sequence_len:
-        raise ValueError(f"a prompt of {length} tokens is longer than the model's sequence_len "
+        raise InputError(f"a prompt of {length} tokens is longer than the model's sequence_len "
                          f"{model.config.sequence_len}; allowed: --max-prompt-tokens to skip long items")
     batch = torch.zeros(len(sequences), length, dtype=torch.long)
     for i, s in enumerate(sequences):
@@ -244,7 +245,7 @@ def score_gsm8k(model: GPT, tokenizer: Tokenizer, rows: list[dict[str, Any]], *,
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples of which c pass (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
     if k > n:
-        raise ValueError(f"pass@{k} needs at least {k} samples; got n={n}")
+        raise InputError(f"pass@{k} needs at least {k} samples; got n={n}")
     if n - c < k:
         return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
@@ -294,7 +295,7 @@ def run_evals(run_dir: str | Path, tasks: list[str], *, data_dir: str | None = N
 
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks:
-        raise ValueError(f"unknown task(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(TASKS)}")
+        raise InputError(f"unknown task(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(TASKS)}")
     rows = {t: load_task(t, data_dir)[:max_examples] for t in tasks if t != "val_bpb"}  # fail early on data
     cfg, model, tokenizer, shards = load_lm_run(run_dir, device)
     results: dict[str, Any] = {}

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from lapheads.errors import InputError
 from lapheads.geometry.anova import AnovaAccumulator
 from lapheads.geometry.collapse import NeuralCollapseAccumulator, neural_collapse
 from lapheads.geometry.features import ResidualStream, select_layers
@@ -122,7 +123,7 @@ def _analyze_lm(record: dict[str, Any], run_path: Path, options: AnalyzeOptions)
     from lapheads.train.runtime import RunDir, latest_checkpoint
 
     if options.ema:
-        raise ValueError("--ema: language-model runs keep no EMA weights")
+        raise InputError("--ema: language-model runs keep no EMA weights")
     cfg, model, _, shards = load_lm_run(run_path, options.device)
     if shards is None:
         raise DataError(f"{run_path}: the run's token shards are missing; train or prepare {cfg.dataset} first")
@@ -242,7 +243,7 @@ def _analyze_dino(record: dict[str, Any], run_path: Path, options: AnalyzeOption
     from lapheads.train.runtime import RunDir, latest_checkpoint
 
     if options.ema:
-        raise ValueError("--ema: a DINO run's teacher already is the EMA model; analyze uses it")
+        raise InputError("--ema: a DINO run's teacher already is the EMA model; analyze uses it")
     cfg, backbone, _ = load_dino_teacher(run_path, options.device)
     dataset = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False).eval
     return {"task": "dino", "checkpoint": latest_checkpoint(RunDir(run_path)).name,
@@ -268,7 +269,7 @@ def analyze_run(run_dir: str | os.PathLike, options: AnalyzeOptions | None = Non
             return cached
     task = record.get("task")
     if task not in ANALYZERS:
-        raise ValueError(f"{run.path} holds a {task!r} run; analyze supports: {', '.join(ANALYZERS)}")
+        raise InputError(f"{run.path} holds a {task!r} run; analyze supports: {', '.join(ANALYZERS)}")
     result = {"run_dir": str(run.path), "options": options.cache_key(), **ANALYZERS[task](record, run.path, options)}
     cache.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(cache, json.dumps(result) + "\n")
@@ -372,7 +373,7 @@ def plot_analyses(analyses: list[dict[str, Any]], out: Path) -> list[Path]:
 def _task(analyses: list[dict[str, Any]]) -> str:
     tasks = sorted({a["task"] for a in analyses})
     if len(tasks) > 1:
-        raise ValueError(f"analyze compares runs of one task; got {', '.join(tasks)}")
+        raise InputError(f"analyze compares runs of one task; got {', '.join(tasks)}")
     return tasks[0]
 
 
@@ -453,7 +454,7 @@ def analyze_runs(
     ``out`` defaults to RUN_DIR/report for one run and to <common parent>/analysis for several.
     """
     if not run_dirs:
-        raise ValueError("analyze needs at least one RUN_DIR")
+        raise InputError("analyze needs at least one RUN_DIR")
     analyses = [analyze_run(path, options, force=force) for path in run_dirs]
     if out is None:
         out = Path(run_dirs[0]) / "report" if len(run_dirs) == 1 else Path(os.path.commonpath(

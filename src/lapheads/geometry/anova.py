@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from lapheads.errors import InputError
 from lapheads.geometry.moments import ClassMoments
 
 __all__ = ["AnovaAccumulator", "anova"]
@@ -29,14 +30,14 @@ def _with_fractions(parts: dict[str, float], total: float) -> dict[str, float]:
 
 def _check(h: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
     if h.ndim != 3:
-        raise ValueError(f"h must be (N_seq, T, D); got shape {tuple(h.shape)}")
+        raise InputError(f"h must be (N_seq, T, D); got shape {tuple(h.shape)}")
     if labels is None:
         return torch.zeros(len(h), dtype=torch.long)
     if labels.shape != (len(h),):
-        raise ValueError(f"labels must be (N_seq,) = ({len(h)},); got shape {tuple(labels.shape)}")
+        raise InputError(f"labels must be (N_seq,) = ({len(h)},); got shape {tuple(labels.shape)}")
     labels = labels.to("cpu", torch.long)
     if len(labels) and int(labels.min()) < 0:
-        raise ValueError(f"labels must be class indices >= 0; got {int(labels.min())}")
+        raise InputError(f"labels must be class indices >= 0; got {int(labels.min())}")
     return labels
 
 

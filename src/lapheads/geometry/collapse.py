@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from lapheads.errors import InputError
 from lapheads.geometry.moments import ClassMoments
 
 __all__ = ["NeuralCollapseAccumulator", "neural_collapse"]
@@ -33,7 +34,7 @@ def collapse_from_moments(
     """NC1-NC3 from class means (C, D), the global mean (D,), Sigma_W (D, D) and an optional classifier (C, D)."""
     num_classes = len(means)
     if num_classes < 2:
-        raise ValueError(f"neural collapse needs at least 2 classes with samples; got {num_classes}")
+        raise InputError(f"neural collapse needs at least 2 classes with samples; got {num_classes}")
     centred = means - global_mean
     _, s, vh = torch.linalg.svd(centred, full_matrices=False)
     keep = s > _RANK_RTOL * s[0]
@@ -55,7 +56,7 @@ def collapse_from_moments(
     if classifier is not None:
         w = classifier.detach().to("cpu", torch.float64)
         if w.shape != centred.shape:
-            raise ValueError(f"classifier must be (C, D) = {tuple(centred.shape)}; got {tuple(w.shape)}")
+            raise InputError(f"classifier must be (C, D) = {tuple(centred.shape)}; got {tuple(w.shape)}")
         out["nc3"] = float((w / w.norm() - centred / centred.norm()).norm())
     return out
 
@@ -84,7 +85,7 @@ def neural_collapse(
     x = features.detach().to("cpu", torch.float64)
     y = labels.detach().to("cpu", torch.long)
     if x.ndim != 2 or y.shape != (len(x),):
-        raise ValueError(f"features must be (N, D) and labels (N,); got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise InputError(f"features must be (N, D) and labels (N,); got {tuple(x.shape)} and {tuple(y.shape)}")
     classes, index = y.unique(return_inverse=True)
     counts = torch.bincount(index, minlength=len(classes)).to(torch.float64)
     means = torch.zeros(len(classes), x.shape[1], dtype=torch.float64).index_add_(0, index, x) / counts[:, None]

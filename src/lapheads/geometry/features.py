@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import torch
 
+from lapheads.errors import InputError
+
 __all__ = ["ResidualStream", "layer_names", "select_layers"]
 
 
 def _blocks(model: torch.nn.Module) -> torch.nn.Module:
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, (torch.nn.ModuleList, torch.nn.Sequential)) or len(blocks) == 0:
-        raise ValueError(f"{type(model).__name__} has no `blocks` list of modules; allowed: timm ViTs and lapheads.GPT")
+        raise InputError(f"{type(model).__name__} has no `blocks` list of modules; allowed: timm ViTs and lapheads.GPT")
     return blocks
 
 
@@ -35,7 +37,7 @@ def select_layers(model: torch.nn.Module, spec: str = "all") -> list[str]:
     chosen = [part.strip() for part in str(spec).split(",") if part.strip()]
     unknown = [name for name in chosen if name not in available]
     if unknown or not chosen:
-        raise ValueError(f"unknown layers {', '.join(unknown) or repr(spec)}; allowed: all, or a comma list of "
+        raise InputError(f"unknown layers {', '.join(unknown) or repr(spec)}; allowed: all, or a comma list of "
                          f"{', '.join(available)}")
     return [name for name in available if name in chosen]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from lapheads.errors import InputError
 from lapheads.geometry.moments import ClassMoments
 
 __all__ = ["CDNVAccumulator", "cdnv", "cdnv_from_moments", "top_k_classes"]
@@ -21,7 +22,7 @@ def cdnv_from_moments(moments: ClassMoments) -> dict[str, object]:
     means, variances = moments.means(), moments.class_variances()
     num_classes = len(means)
     if num_classes < 2:
-        raise ValueError(f"CDNV needs at least 2 classes with samples; got {num_classes}")
+        raise InputError(f"CDNV needs at least 2 classes with samples; got {num_classes}")
     distances = torch.cdist(means, means).square()
     matrix = (variances[:, None] + variances[None, :]) / (2 * distances)
     off_diagonal = ~torch.eye(num_classes, dtype=torch.bool)
@@ -35,7 +36,7 @@ def cdnv(features: torch.Tensor, labels: torch.Tensor) -> dict[str, object]:
     Labels < 0 are left out (tokens whose next token is not among the K most frequent).
     """
     if features.ndim != 2 or labels.shape != (len(features),):
-        raise ValueError(
+        raise InputError(
             f"features must be (N, D) and labels (N,); got {tuple(features.shape)} and {tuple(labels.shape)}"
         )
     moments = ClassMoments()
@@ -59,7 +60,7 @@ class CDNVAccumulator:
 def top_k_classes(next_tokens: torch.Tensor, counts: torch.Tensor, k: int) -> torch.Tensor:
     """Map next-token ids to classes 0..k-1 by frequency rank in ``counts`` (vocab,), and the rest to -1."""
     if k < 2:
-        raise ValueError(f"top_k must be >= 2; got {k}")
+        raise InputError(f"top_k must be >= 2; got {k}")
     top = counts.topk(min(k, len(counts))).indices
     rank = torch.full((len(counts),), -1, dtype=torch.long)
     rank[top] = torch.arange(len(top))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from lapheads.errors import InputError
+
 __all__ = ["ClassMoments"]
 
 
@@ -49,10 +51,10 @@ class ClassMoments:
         """Add vectors ``x`` (N, D) with class ``labels`` (N,) (all class 0 when None) and optional ``weight`` (N,)."""
         x = x.detach().to("cpu", torch.float64)
         if x.ndim != 2:
-            raise ValueError(f"features must be (N, D); got shape {tuple(x.shape)}")
+            raise InputError(f"features must be (N, D); got shape {tuple(x.shape)}")
         labels = torch.zeros(len(x), dtype=torch.long) if labels is None else labels.detach().to("cpu", torch.long)
         if labels.shape != (len(x),):
-            raise ValueError(f"labels must be ({len(x)},) to match the features; got shape {tuple(labels.shape)}")
+            raise InputError(f"labels must be ({len(x)},) to match the features; got shape {tuple(labels.shape)}")
         keep = labels >= 0
         if not bool(keep.all()):
             x, labels = x[keep], labels[keep]

@@ -10,12 +10,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lapheads.errors import InputError
+
 __all__ = ["SimilarityAccumulator", "token_similarity"]
 
 
 def _unit(h: torch.Tensor) -> torch.Tensor:
     if h.ndim != 3 or h.shape[1] < 2:
-        raise ValueError(f"h must be (N_seq, T >= 2, D); got shape {tuple(h.shape)}")
+        raise InputError(f"h must be (N_seq, T >= 2, D); got shape {tuple(h.shape)}")
     return F.normalize(h.detach().to("cpu", torch.float64), dim=-1)
 
 

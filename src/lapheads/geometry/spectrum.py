@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from lapheads.errors import InputError
 from lapheads.geometry.moments import ClassMoments
 
 __all__ = ["SpectrumAccumulator", "components_for", "spectral_decay"]
@@ -44,7 +45,7 @@ def _per_sequence_eigenvalues(h: torch.Tensor) -> torch.Tensor:
 
 def _check_fraction(fraction: float) -> None:
     if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1]; got {fraction}")
+        raise InputError(f"fraction must be in (0, 1]; got {fraction}")
 
 
 def spectral_decay(h: torch.Tensor, fraction: float = 0.99) -> dict[str, object]:

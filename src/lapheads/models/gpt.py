@@ -32,7 +32,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lapheads.attention import laplacian_attention, parse_laplacian_heads
+from lapheads.attention import LaplacianHeadsMixin, laplacian_attention, parse_laplacian_heads
+from lapheads.errors import InputError
 
 __all__ = ["GPT", "GPTConfig", "KVCache"]
 
@@ -71,14 +72,14 @@ class GPTConfig:
 
     def validate(self) -> None:
         if self.depth < 1 or self.vocab_size < 2 or self.sequence_len < 1:
-            raise ValueError(f"GPTConfig needs depth >= 1, vocab_size >= 2, sequence_len >= 1; got depth="
+            raise InputError(f"GPTConfig needs depth >= 1, vocab_size >= 2, sequence_len >= 1; got depth="
                              f"{self.depth}, vocab_size={self.vocab_size}, sequence_len={self.sequence_len}")
         if self.n_embd % self.n_head:
-            raise ValueError(f"width {self.n_embd} (= depth x aspect_ratio) is not divisible into {self.n_head} heads "
+            raise InputError(f"width {self.n_embd} (= depth x aspect_ratio) is not divisible into {self.n_head} heads "
                              f"of about {self.head_dim}; allowed: a width that is a multiple of the head count")
         kv = self.n_kv_head or self.n_head
         if self.n_head % kv:
-            raise ValueError(f"n_kv_head={kv} must divide the {self.n_head} query heads")
+            raise InputError(f"n_kv_head={kv} must divide the {self.n_head} query heads")
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -119,7 +120,7 @@ class KVCache:
         """Store this step's k, v (B, Hkv, T, D) for ``layer``; return all keys and values so far."""
         end = self.pos + k.shape[2]
         if end > self.max_len:
-            raise ValueError(f"KV cache full: {end} tokens > its max_len {self.max_len}")
+            raise InputError(f"KV cache full: {end} tokens > its max_len {self.max_len}")
         self.kv[layer, 0, :, :, self.pos:end] = k
         self.kv[layer, 1, :, :, self.pos:end] = v
         if layer == self.kv.shape[0] - 1:  # the last layer moves the cache forward
@@ -127,7 +128,7 @@ class KVCache:
         return self.kv[layer, 0, :, :, :end], self.kv[layer, 1, :, :, :end]
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int, laplacian_mask: torch.Tensor) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -137,8 +138,9 @@ class CausalSelfAttention(nn.Module):
         self.c_k = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.c_v = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        # non-persistent: nanochat checkpoints load unchanged, and the spec lives in config.json
-        self.register_buffer("laplacian_mask", laplacian_mask.clone(), persistent=False)
+        # a non-persistent buffer (nanochat checkpoints load unchanged; the spec lives in the config) that
+        # survives meta-device builds and to_empty (LaplacianHeadsMixin)
+        self._init_laplacian_heads(self.n_head, laplacian_mask)
 
     def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -151,7 +153,7 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.insert(self.layer_idx, k, v)
         # T < S with a cache: the op aligns the causal mask bottom-right and uses the query's own value
-        y = laplacian_attention(q, k, v, laplacian_heads=self.laplacian_mask, is_causal=True)
+        y = laplacian_attention(q, k, v, laplacian_heads=self.laplacian_heads_for_op, is_causal=True)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -249,7 +251,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > self.config.sequence_len:
-            raise ValueError(f"sequence of {start + T} tokens is longer than the model's sequence_len "
+            raise InputError(f"sequence of {start + T} tokens is longer than the model's sequence_len "
                              f"{self.config.sequence_len}; allowed: at most {self.config.sequence_len}")
         cos_sin = self.cos[:, start:start + T].to(idx.device), self.sin[:, start:start + T].to(idx.device)
         x = rms_norm(self.transformer["wte"](idx))
@@ -284,7 +286,7 @@ class GPT(nn.Module):
         ``temperature`` 0 is greedy. Rows that produce ``stop_token`` keep emitting it (callers cut there).
         """
         if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0; got {max_new_tokens}")
+            raise InputError(f"max_new_tokens must be >= 0; got {max_new_tokens}")
         cache = self.new_kv_cache(idx.shape[0], idx.shape[1] + max_new_tokens)
         logits = self(idx, kv_cache=cache)[:, -1]
         out, done = [idx], torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)

@@ -23,6 +23,7 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 
 from lapheads.attention import LaplacianAttention, parse_laplacian_heads
+from lapheads.errors import InputError
 
 __all__ = ["CPU_VIT_ARGS", "create_vit", "set_laplacian_heads", "vit_laplacian_masks"]
 
@@ -34,7 +35,7 @@ def set_laplacian_heads(model: torch.nn.Module, laplacian_heads: object) -> list
     """Set the Laplacian heads of every ``LaplacianAttention`` in ``model`` (in module order); returns the masks."""
     layers = [m for m in model.modules() if isinstance(m, LaplacianAttention)]
     if not layers:
-        raise ValueError(f"{type(model).__name__} has no LaplacianAttention layers; build it with create_vit")
+        raise InputError(f"{type(model).__name__} has no LaplacianAttention layers; build it with create_vit")
     masks = parse_laplacian_heads(laplacian_heads, num_heads=layers[0].num_heads, num_layers=len(layers))
     for layer, mask in zip(layers, masks):
         layer.set_laplacian_heads(mask)
@@ -43,7 +44,7 @@ def set_laplacian_heads(model: torch.nn.Module, laplacian_heads: object) -> list
 
 def vit_laplacian_masks(model: torch.nn.Module) -> list[list[bool]]:
     """Each attention layer's Laplacian mask, for configs and plots."""
-    return [m.laplacian_mask.tolist() for m in model.modules() if isinstance(m, LaplacianAttention)]
+    return [m.laplacian_head_list for m in model.modules() if isinstance(m, LaplacianAttention)]
 
 
 def create_vit(
@@ -65,7 +66,7 @@ def create_vit(
         **timm_kwargs: passed to ``timm.create_model`` (num_classes, img_size, in_chans, drop_path_rate, ...).
     """
     if name not in timm.list_models():
-        raise ValueError(
+        raise InputError(
             f"unknown model {name!r}; allowed: a timm VisionTransformer name, e.g. vit_fmnist_patch4, "
             f"deit3_small_patch16_224, deit3_base_patch16_224 (see timm.list_models('*vit*'))"
         )
@@ -76,9 +77,9 @@ def create_vit(
     except TypeError as err:
         if "attn_layer" not in str(err) and "qk_norm" not in str(err):
             raise
-        raise ValueError(f"model {name!r} takes no attn_layer; allowed: timm VisionTransformer models") from None
+        raise InputError(f"model {name!r} takes no attn_layer; allowed: timm VisionTransformer models") from None
     if not isinstance(model, VisionTransformer):
-        raise ValueError(f"model {name!r} is a {type(model).__name__}; allowed: timm VisionTransformer models")
+        raise InputError(f"model {name!r} is a {type(model).__name__}; allowed: timm VisionTransformer models")
     set_laplacian_heads(model, laplacian_heads)
     return model
 

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from lapheads.data.images import DATASETS, build_image_data
+from lapheads.errors import InputError
 from lapheads.models.vit import create_vit, vit_laplacian_masks
 from lapheads.train.runtime import (
     Distributed,
@@ -93,14 +94,14 @@ def _micro_batch(cfg: ClassifyConfig, world_size: int) -> int:
     """Samples per forward pass per rank; with ``micro_batch`` set, accum_steps follows from the global batch."""
     if cfg.micro_batch is not None:
         if cfg.batch_size % (cfg.micro_batch * world_size):
-            raise ValueError(
+            raise InputError(
                 f"batch_size={cfg.batch_size} is not divisible by micro_batch x world_size = "
                 f"{cfg.micro_batch * world_size}; allowed: a micro_batch that divides {cfg.batch_size // world_size}"
             )
         cfg.accum_steps = cfg.batch_size // (cfg.micro_batch * world_size)
     per_step = world_size * cfg.accum_steps
     if cfg.batch_size % per_step:
-        raise ValueError(
+        raise InputError(
             f"batch_size={cfg.batch_size} is not divisible by world_size x accum_steps = {per_step}; allowed: a "
             f"multiple of {per_step}"
         )
@@ -113,7 +114,7 @@ def build_model(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> torch.n
         kwargs["init_values"] = cfg.layer_scale
     patch = kwargs.get("patch_size") or _model_patch_size(cfg.model)
     if patch and cfg.img_size % patch:
-        raise ValueError(f"img_size={cfg.img_size} is not a multiple of the patch size {patch} of {cfg.model}")
+        raise InputError(f"img_size={cfg.img_size} is not a multiple of the patch size {patch} of {cfg.model}")
     return create_vit(
         cfg.model, cfg.laplacian_heads, qk_norm=cfg.qk_norm, num_classes=num_classes, in_chans=in_chans,
         img_size=cfg.img_size, drop_path_rate=cfg.drop_path, **kwargs,
@@ -184,7 +185,7 @@ def train_classify(
     run = RunDir(run_dir)
     dist_ = setup_distributed(cfg.device)
     if cfg.dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(DATASETS)}")
+        raise InputError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(DATASETS)}")
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     micro_batch = _micro_batch(cfg, dist_.world_size)

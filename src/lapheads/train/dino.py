@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from lapheads.data.images import DATASETS, build_image_data
 from lapheads.data.multicrop import MultiCropAugmentation, collate_crops
+from lapheads.errors import InputError
 from lapheads.models.dino import (
     DINOHead,
     DINOLoss,
@@ -148,9 +149,9 @@ def train_dino(cfg: DINOConfig, run_dir: str | Path, *, resume: bool = False, st
     run = RunDir(run_dir)
     dist_ = setup_distributed(cfg.device)
     if cfg.dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(DATASETS)}")
+        raise InputError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(DATASETS)}")
     if cfg.batch_size % dist_.world_size:
-        raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {dist_.world_size} processes")
+        raise InputError(f"batch_size={cfg.batch_size} is not divisible by the {dist_.world_size} processes")
     chans, _, _, mean, std = DATASETS[cfg.dataset]
     augment = MultiCropAugmentation(cfg.img_size, cfg.local_crop_size, cfg.local_crops, mean, std,
                                     tuple(cfg.global_scale), tuple(cfg.local_scale))

@@ -36,6 +36,7 @@ from tqdm import tqdm
 from lapheads.data.images import DataError
 from lapheads.data.text import TEXT_DATASETS, TokenBatches, TokenShards, prepare_tokens, shakespeare_plays, validation_windows
 from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
+from lapheads.errors import InputError
 from lapheads.models.gpt import GPT, GPTConfig
 from lapheads.train.runtime import (
     CheckpointError,
@@ -136,9 +137,9 @@ def _training_texts(cfg: LMConfig, limit: int):
 def prepare_lm_data(cfg: LMConfig) -> tuple[Tokenizer, TokenShards]:
     """The tokenizer (built or trained once, cached) and the token shards of ``cfg``'s dataset."""
     if cfg.dataset not in TEXT_DATASETS:
-        raise ValueError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(TEXT_DATASETS)}")
+        raise InputError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(TEXT_DATASETS)}")
     if cfg.tokenizer not in KINDS:
-        raise ValueError(f"unknown tokenizer {cfg.tokenizer!r}; allowed: {', '.join(KINDS)}")
+        raise InputError(f"unknown tokenizer {cfg.tokenizer!r}; allowed: {', '.join(KINDS)}")
     folder = _tokens_dir(cfg)
     try:
         tokenizer = load_tokenizer(folder / "tokenizer")
@@ -223,7 +224,7 @@ def sample(model: GPT, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, t
 def _accum_steps(cfg: LMConfig, world_size: int) -> int:
     per_pass = cfg.micro_batch * cfg.sequence_len * world_size
     if cfg.total_batch_size % per_pass:
-        raise ValueError(f"total_batch_size={cfg.total_batch_size} tokens is not a multiple of micro_batch x "
+        raise InputError(f"total_batch_size={cfg.total_batch_size} tokens is not a multiple of micro_batch x "
                          f"sequence_len x world_size = {per_pass}; allowed: a multiple of {per_pass}")
     return cfg.total_batch_size // per_pass
 

@@ -34,6 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 import lapheads
+from lapheads.errors import InputError, LapheadsError
 
 __all__ = [
     "CheckpointError",
@@ -66,11 +67,11 @@ class RunConfig:
     checkpoint_every: int = 0
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(LapheadsError, RuntimeError):
     """A checkpoint that is missing, corrupt, unsafe or does not match the model; one-line message."""
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(LapheadsError, RuntimeError):
     """The loss became NaN or inf; the message names the step."""
 
 
@@ -119,9 +120,9 @@ def setup_distributed(device: str = "auto") -> Distributed:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r}; allowed: auto, cpu, cuda")
+        raise InputError(f"device={device!r}; allowed: auto, cpu, cuda")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but no CUDA device is available; allowed here: cpu")
+        raise InputError("device='cuda' but no CUDA device is available; allowed here: cpu")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     torch_device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
@@ -163,7 +164,7 @@ class GlobalBatchSampler:
         self.global_batch = micro_batch * accum_steps * world_size
         self.steps_per_epoch = num_samples // self.global_batch
         if self.steps_per_epoch == 0:
-            raise ValueError(
+            raise InputError(
                 f"global batch {self.global_batch} is larger than the dataset ({num_samples} samples); allowed: "
                 f"batch_size <= {num_samples}"
             )
@@ -277,7 +278,7 @@ def start_or_resume(
         saved = run.read_config()
         if saved.get("config") != config:
             changed = sorted(k for k in config if saved.get("config", {}).get(k) != config[k])
-            raise ValueError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
+            raise InputError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
         folder = latest_checkpoint(run)
         if folder is not None:
             start_step = load_checkpoint(folder, dist_, model, optimizer, extra_models)["step"]
@@ -286,7 +287,7 @@ def start_or_resume(
                 run.truncate_log(name, start_step)
     elif dist_.is_main:
         if run.config_file.exists():
-            raise ValueError(f"{run.path} already holds a run; use --resume to continue it or choose another --out")
+            raise InputError(f"{run.path} already holds a run; use --resume to continue it or choose another --out")
         run.write_config(task, config, {"world_size": dist_.world_size, **extra_record})
     dist_.barrier()
     return start_step
