@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import typing
 from pathlib import Path
 
 import lapheads
@@ -21,14 +22,13 @@ class UserError(LapheadsError):
     """A problem with the user's input or environment; printed as one line, exit status 2."""
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    """Exception types that mean "bad input", printed as one line instead of a traceback."""
-    from lapheads.config import ConfigError
-    from lapheads.data.images import DataError
-    from lapheads.sweep import SweepError
-    from lapheads.train.runtime import CheckpointError, NonFiniteLossError
-
-    return (UserError, SweepError, lapheads.HeadSpecError, ConfigError, DataError, CheckpointError, NonFiniteLossError, ValueError)
+def _one_line(err: BaseException) -> str:
+    """The user-facing line of an error: lapheads' own message, or an OSError's reason and path."""
+    if isinstance(err, OSError) and not isinstance(err, LapheadsError):
+        where = f": {err.filename}" if err.filename else ""
+        return (f"{err.strerror or err}{where} (check that the path exists, is writable and its disk has room; "
+                "whatever was written before stays)")
+    return " ".join(str(err).split("\n"))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -44,17 +44,28 @@ def _default_out(task: str, preset: str, heads: str | None) -> Path:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from lapheads.presets import resolve_config
+    from lapheads.presets import resolve_config, resume_config
 
-    cfg = resolve_config(args.task, args.preset, args.laplacian_heads, args.overrides)
-    out = Path(args.out) if args.out else _default_out(args.task, args.preset, args.laplacian_heads)
+    if args.resume:
+        if not args.out:
+            raise UserError("--resume needs --out, the run directory to continue")
+        out = Path(args.out)
+        cfg = resume_config(args.task, out, args.preset, args.laplacian_heads, args.overrides)
+    else:
+        if args.preset is None:
+            raise UserError(f"train {args.task} needs --preset (a name or a .json file); "
+                            f"see lapheads train {args.task} --help")
+        cfg = resolve_config(args.task, args.preset, args.laplacian_heads, args.overrides)
+        out = Path(args.out) if args.out else _default_out(args.task, args.preset, args.laplacian_heads)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; allowed: a new directory or a run directory")
     if args.task == "classify":
         from lapheads.train.classify import train_classify as train
     elif args.task == "lm":
         from lapheads.train.lm import train_lm as train
     else:
         from lapheads.train.dino import train_dino as train
-    result = train(cfg, out, resume=args.resume)
+    result = train(cfg, out, resume=args.resume, preset=args.preset)
     print(json.dumps({"run_dir": str(out), **result}))
     return 0
 
@@ -169,28 +180,61 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (usage is one ``--help`` away), as every other lapheads error."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _TrainParser(_Parser):
+    """A ``train TASK`` parser whose help ends with the task's presets and config fields, built only when asked
+    (it imports the training modules)."""
+
+    def format_help(self) -> str:
+        self.epilog = _train_epilog(self.prog.split()[-1])
+        return super().format_help()
+
+
+def _train_epilog(task: str) -> str:
+    from lapheads.config import config_help
+    from lapheads.presets import CONFIG_TYPES, PRESETS
+
+    presets = "\n".join(f"  {name}" for name in PRESETS[task])
+    return (f"presets:\n{presets}\n\nconfig fields (override any with --key value; a preset sets many):\n"
+            f"{config_help(CONFIG_TYPES[task])}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lapheads",
         allow_abbrev=False,  # an override such as --data must never be taken for --data-root
         description="Laplacian heads for transformers: train, measure and reproduce (arXiv 2602.09297).",
         epilog="train and demo also take --key value overrides of any config field (e.g. --lr 5e-4 --epochs 2).",
     )
     parser.add_argument("--version", action="version", version=f"lapheads {lapheads.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     demo = sub.add_parser("demo", allow_abbrev=False, help="the main job on embedded data, with a report at the end")
     demo.add_argument("--out", default="runs/demo", help="report and run directories go here")
     demo.add_argument("--laplacian-heads", default="3", help="the Laplacian run's spec (the other run has 0)")
     demo.add_argument("--data-root", default=None, help="where Fashion-MNIST is or goes")
     demo.set_defaults(func=_cmd_demo, takes_overrides=True)
 
-    train = sub.add_parser("train", allow_abbrev=False, help="train a model from a preset")
-    train.add_argument("task", choices=["classify", "lm", "dino"])
-    train.add_argument("--preset", required=True, help="a preset name or a .json preset file")
-    train.add_argument("--laplacian-heads", default=None, help="k, or a per-layer list such as 0,2,2,0")
-    train.add_argument("--out", default=None, help="the run directory (default: runs/<task>-<preset>-L<k>-<time>)")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    train.set_defaults(func=_cmd_train, takes_overrides=True)
+    train = sub.add_parser("train", allow_abbrev=False, help="train a model from a preset",
+                           description="lapheads train TASK --help lists the presets and every config field.")
+    tasks = train.add_subparsers(dest="task", metavar="TASK", required=True, parser_class=_TrainParser)
+    for task, what in (("classify", "supervised image classification (ViT)"), ("lm", "language-model pre-training "
+                       "(nanochat GPT)"), ("dino", "self-supervised DINO (ViT)")):
+        task_parser = tasks.add_parser(task, allow_abbrev=False, help=what,
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
+        task_parser.add_argument("--preset", default=None, help="a preset name or a .json file of config fields "
+                                 "(with --resume: optional, checked against the run)")
+        task_parser.add_argument("--laplacian-heads", default=None, help="k, or a per-layer list such as 0,2,2,0")
+        task_parser.add_argument("--out", default=None,
+                                 help="the run directory (default: runs/<task>-<preset>-L<k>-<time>)")
+        task_parser.add_argument("--resume", action="store_true", help="continue the run in --out with its stored "
+                                 "config from its last checkpoint (or from the start if it wrote none)")
+        task_parser.set_defaults(func=_cmd_train, takes_overrides=True)
 
     evaluate = sub.add_parser("eval", allow_abbrev=False, help="evaluate a run directory's final checkpoint")
     evaluate.add_argument("task", choices=["classify", "lm", "dino"])
@@ -262,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = overrides
     try:
         return args.func(args)
-    except _user_errors() as err:
+    except (LapheadsError, OSError) as err:  # anything else is a bug and keeps its traceback
         if os.environ.get("LAPHEADS_DEBUG"):
             raise
-        print(f"lapheads {args.command}: error: {err}", file=sys.stderr)
+        print(f"lapheads {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2

@@ -2,26 +2,188 @@
 
 No exec-based configs: a preset is a dataclass instance in ``lapheads.presets`` or a JSON file holding a subset of
 the fields; overrides are typed by the dataclass fields, and an unknown key or a bad value is a one-line error.
+
+Every field is declared with :func:`option`: a default, a one-line description and a :class:`Domain` (the values it
+allows). :func:`validate_config` checks every field's type and domain, then the config's own cross-field ``check()``,
+before a run writes anything; :func:`config_help` turns the same declarations into ``--help`` text.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from lapheads.errors import LapheadsError
 
-__all__ = ["ConfigError", "apply_overrides", "config_from_dict", "load_preset_file"]
+__all__ = [
+    "ConfigError",
+    "Domain",
+    "apply_overrides",
+    "config_from_dict",
+    "config_help",
+    "load_preset_file",
+    "option",
+    "validate_config",
+]
 
 C = TypeVar("C")
 
 
 class ConfigError(LapheadsError, ValueError):
     """A bad preset, key or value; the message names it and what is allowed."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Declaring fields: default, description, allowed values
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """The values a config field allows: a predicate and the words for it (used in errors and ``--help``)."""
+
+    allowed: str
+    test: Callable[[Any], bool]
+
+
+def greater(lo: float) -> Domain:
+    return Domain(f"> {lo}", lambda v: v > lo)
+
+
+def at_least(lo: float) -> Domain:
+    return Domain(f">= {lo}", lambda v: v >= lo)
+
+
+def interval(lo: float, hi: float, *, open_lo: bool = False, open_hi: bool = False) -> Domain:
+    words = f"in {'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}"
+    return Domain(words, lambda v: (v > lo if open_lo else v >= lo) and (v < hi if open_hi else v <= hi))
+
+
+def one_of(*choices: Any) -> Domain:
+    return Domain("one of " + ", ".join(map(str, choices)), lambda v: v in choices)
+
+
+POSITIVE, NON_NEGATIVE = greater(0), at_least(0)
+#: a probability-like rate that must stay below 1 (momenta, decays, drop rates)
+RATE = interval(0, 1, open_hi=True)
+FRACTION = interval(0, 1)
+
+
+def option(default: Any, help: str, domain: Domain | None = None) -> Any:
+    """A dataclass field with its description and allowed values; lists and dicts are copied per instance."""
+    metadata = {"help": help, "domain": domain}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: json.loads(json.dumps(default)), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _options(annotation: Any) -> tuple[Any, ...]:
+    origin = typing.get_origin(annotation)
+    return typing.get_args(annotation) if origin in (typing.Union, types.UnionType) else (annotation,)
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    for option_ in _options(annotation):
+        origin = typing.get_origin(option_) or option_
+        if option_ is Any:
+            return True
+        if option_ is type(None) and value is None:
+            return True
+        if option_ is bool and isinstance(value, bool):
+            return True
+        if option_ is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if option_ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return math.isfinite(value)
+        if option_ is str and isinstance(value, str):
+            return True
+        if origin is dict and isinstance(value, dict):
+            return True
+        if origin in (list, tuple) and isinstance(value, (list, tuple)):
+            element = (typing.get_args(option_) or (Any,))[0]
+            return all(_type_ok(item, element) for item in value)
+    return False
+
+
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string",
+               type(None): "none"}
+
+
+def _type_words(annotation: Any) -> str:
+    words = []
+    for option_ in _options(annotation):
+        origin = typing.get_origin(option_) or option_
+        if origin is dict:
+            words.append("a JSON object")
+        elif origin in (list, tuple):
+            element = (typing.get_args(option_) or (Any,))[0]
+            words.append(f"a list of {_TYPE_WORDS.get(element, 'values').split(' ', 1)[-1]}s")
+        else:
+            words.append(_TYPE_WORDS.get(option_, str(option_)))
+    return " or ".join(words)
+
+
+def _allowed(field: dataclasses.Field, annotation: Any) -> str:
+    domain = field.metadata.get("domain")
+    words = _type_words(annotation)
+    if domain is None:
+        return words
+    none = " (or none)" if type(None) in _options(annotation) else ""
+    return f"{words.replace(' or none', '')}, {domain.allowed}{none}"
+
+
+def validate_config(config: Any, source: str = "") -> None:
+    """Check every field's type and allowed values, then ``config.check()`` (cross-field rules).
+
+    Raises:
+        ConfigError: one line naming the field (as its ``--flag``), the value and what is allowed.
+    """
+    where = f" ({source})" if source else ""
+    types_ = _field_types(type(config))
+    for field in dataclasses.fields(config):
+        value, annotation = getattr(config, field.name), types_[field.name]
+        domain = field.metadata.get("domain")
+        ok = _type_ok(value, annotation)
+        if ok and domain is not None and value is not None:
+            try:
+                ok = bool(domain.test(value))
+            except TypeError:
+                ok = False
+        if not ok:
+            raise ConfigError(f"{_flag(field.name)} {value!r}{where}: allowed: {_allowed(field, annotation)}")
+    check = getattr(config, "check", None)
+    if check is not None:
+        check()
+
+
+def config_help(cls: type) -> str:
+    """``--help`` text for every field of ``cls``: flag, type, default, allowed values, description."""
+    types_ = _field_types(cls)
+    defaults = cls()
+    lines = []
+    for field in dataclasses.fields(cls):
+        if field.name == "description":
+            continue
+        annotation = types_[field.name]
+        domain = field.metadata.get("domain")
+        default = json.dumps(getattr(defaults, field.name))
+        allowed = f"; {domain.allowed}" if domain is not None else ""
+        lines.append(f"  {_flag(field.name):28s} {field.metadata.get('help', '')} "
+                     f"[{_type_words(annotation)}{allowed}; default {default}]")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading configs
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -69,6 +231,9 @@ def config_from_dict(cls: type[C], data: dict[str, Any], base: C | None = None, 
     if unknown:
         raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(types_))}")
     base = base if base is not None else cls()
+    # A JSON number where the field is text (e.g. "laplacian_heads": 3) means the same thing as its string.
+    data = {k: str(v) if types_[k] is str and isinstance(v, int) and not isinstance(v, bool) else v
+            for k, v in data.items()}
     return dataclasses.replace(base, **data)
 
 

@@ -7,7 +7,7 @@ Each subclasses the built-in type it used to be (``ValueError`` for bad values, 
 
 from __future__ import annotations
 
-__all__ = ["InputError", "LapheadsError"]
+__all__ = ["CheckpointError", "InputError", "LapheadsError"]
 
 
 class LapheadsError(Exception):
@@ -17,3 +17,7 @@ class LapheadsError(Exception):
 
 class InputError(LapheadsError, ValueError):
     """A bad argument to a lapheads function (a shape, a name, a size); the message names it and what is allowed."""
+
+
+class CheckpointError(LapheadsError, RuntimeError):
+    """A checkpoint or run directory that is missing, corrupt, unsafe or does not match the model; one line."""

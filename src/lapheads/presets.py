@@ -9,12 +9,20 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from lapheads.config import ConfigError, apply_overrides, config_from_dict, load_preset_file
+from lapheads.config import ConfigError, apply_overrides, config_from_dict, load_preset_file, validate_config
 from lapheads.train.classify import ClassifyConfig
 from lapheads.train.dino import DINOConfig
 from lapheads.train.lm import LMConfig
 
-__all__ = ["CLASSIFY_PRESETS", "DINO_PRESETS", "LM_PRESETS", "PRESETS", "resolve_classify_config", "resolve_config"]
+__all__ = [
+    "CLASSIFY_PRESETS",
+    "DINO_PRESETS",
+    "LM_PRESETS",
+    "PRESETS",
+    "resolve_classify_config",
+    "resolve_config",
+    "resume_config",
+]
 
 _DEIT3_AUTHORS = ClassifyConfig(
     description=(
@@ -157,7 +165,42 @@ def resolve_config(task: str, preset: str, laplacian_heads: str | None, override
     config = apply_overrides(config, overrides)
     if laplacian_heads is not None:
         config = config_from_dict(cls, {"laplacian_heads": laplacian_heads}, base=config)
+    validate_config(config, source=preset if preset not in presets else "")
     return config
+
+
+def resume_config(task: str, run_dir: str | Path, preset: str | None, laplacian_heads: str | None,
+                  overrides: list[str]):
+    """The stored config of the run in ``run_dir``, for ``--resume``.
+
+    Repeating the options of the original command is allowed, not required: each one given (``--laplacian-heads``,
+    ``--key value``, a preset name recorded in config.json) must equal the stored value, else a one-line error.
+    """
+    from lapheads.train.runtime import CheckpointError, RunDir
+
+    run = RunDir(run_dir)
+    if not run.config_file.is_file():
+        raise CheckpointError(f"--resume: {run.path} holds no run (no config.json); allowed: the --out of an earlier "
+                              "run, or drop --resume to start one")
+    record = run.read_config()
+    if record.get("task") != task:
+        raise CheckpointError(f"--resume: {run.path} holds a {record.get('task')!r} run; allowed: "
+                              f"lapheads train {record.get('task')} ... --resume")
+    cls = CONFIG_TYPES[task]
+    stored = config_from_dict(cls, record["config"], source=str(run.config_file))
+    if preset is not None and record.get("preset") not in (None, preset):
+        raise ConfigError(f"--resume: --preset {preset!r} differs from the run's {record['preset']!r} "
+                          f"({run.config_file}); allowed: the same preset, or leave --preset out")
+    given = apply_overrides(stored, overrides)
+    if laplacian_heads is not None:
+        given = config_from_dict(cls, {"laplacian_heads": laplacian_heads}, base=given)
+    changed = [f.name for f in dataclasses.fields(cls) if getattr(given, f.name) != getattr(stored, f.name)]
+    if changed:
+        detail = ", ".join(f"--{k.replace('_', '-')} {getattr(given, k)!r} (run: {getattr(stored, k)!r})"
+                           for k in changed)
+        raise ConfigError(f"--resume continues the run as it was configured; differs from {run.config_file}: "
+                          f"{detail}; allowed: the stored values, or leave those options out")
+    return stored
 
 
 def resolve_classify_config(preset: str, laplacian_heads: str | None, overrides: list[str]) -> ClassifyConfig:

@@ -72,6 +72,40 @@ def test_cifar10_pickle_batches(tmp_path):
     assert image.shape == (3, 32, 32) and 0 <= label < 10
 
 
+@pytest.mark.parametrize("victim", ["data_batch_2", "test_batch", "batches.meta"])
+def test_cifar_batch_with_code_is_refused_before_it_runs(tmp_path, victim):
+    import os
+
+    from lapheads.train.classify import ClassifyConfig, train_classify
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'ran'}",)
+
+    write_cifar(tmp_path)
+    with open(tmp_path / "cifar-10-batches-py" / victim, "wb") as f:
+        pickle.dump({"data": Payload(), "labels": [0], "label_names": Payload()}, f)
+    with pytest.raises(DataError, match="refused to load posix.system"):
+        build_image_data("cifar10", str(tmp_path), 32)
+    cfg = ClassifyConfig(dataset="cifar10", data_root=str(tmp_path), img_size=32, device="cpu")
+    with pytest.raises(DataError, match="cifar10 not found or corrupt"):
+        train_classify(cfg, tmp_path / "run")
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "run").exists()
+
+
+def test_cifar100_fine_labels_and_bytes_keys(tmp_path):
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 6), ("test", 4)):
+        entry = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), b"fine_labels": list(range(n))}
+        (folder / split).write_bytes(pickle.dumps(entry, protocol=2))
+    (folder / "meta").write_bytes(pickle.dumps({"fine_label_names": [f"c{i}" for i in range(100)]}))
+    data = build_image_data("cifar100", str(tmp_path), 32, augment=False)
+    assert (len(data.train), len(data.eval), data.num_classes) == (6, 4, 100)
+    assert data.eval[3][1] == 3 and data.train.classes[99] == "c99"
+
+
 def test_cifar_missing_or_corrupt_is_one_line(tmp_path):
     with pytest.raises(DataError, match=r"cifar10 not found or corrupt in .*cifar-10-batches-py"):
         build_image_data("cifar10", str(tmp_path), 32)

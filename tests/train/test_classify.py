@@ -58,11 +58,21 @@ def test_resume_continues_the_same_trajectory(tiny_config, tmp_path):
 
 
 def test_resume_refuses_a_changed_config(tiny_config, tmp_path):
+    tiny_config = dataclasses.replace(tiny_config, checkpoint_every=1)
     train_classify(tiny_config, tmp_path / "run", stop_at_step=1)
     with pytest.raises(ValueError, match="differs from .*config.json in: lr"):
         train_classify(dataclasses.replace(tiny_config, lr=1.0), tmp_path / "run", resume=True)
     with pytest.raises(ValueError, match="already holds a run; use --resume"):
         train_classify(tiny_config, tmp_path / "run")
+
+
+def test_a_run_killed_before_its_first_checkpoint_can_start_over_or_resume(tiny_config, tmp_path, capsys):
+    train_classify(tiny_config, tmp_path / "run", stop_at_step=1)  # config.json written, no checkpoint yet
+    assert not (tmp_path / "run" / "checkpoints" / "latest").exists()
+    assert train_classify(tiny_config, tmp_path / "run", stop_at_step=1)["stopped"]
+    assert "never wrote a checkpoint; starting it over" in capsys.readouterr().err
+    full = train_classify(tiny_config, tmp_path / "run", resume=True)
+    assert full["step"] == 8 and not full.get("stopped")
 
 
 def test_ddp_two_ranks_match_one_rank(tiny_config, tmp_path):
@@ -170,4 +180,4 @@ def test_cli_bad_input_is_one_line(argv, message, tmp_path, capsys, monkeypatch,
 
         assert re.search(message, err), err
     else:
-        assert "Fashion-MNIST not found in /does/not/exist" in err
+        assert "--data-root '/does/not/exist' does not exist; allowed: an existing directory" in err

@@ -73,7 +73,7 @@ def test_eval_dino_prints_probes_and_writes_pictures(tiny_dino, tmp_path, capsys
     "args, message",
     [
         (["--preset", "nope"], "unknown dino preset 'nope'; allowed: dino-vits16-imagenet, dino-fmnist-cpu"),
-        (["--preset", "dino-fmnist-cpu", "--dataset", "mnist"], "unknown dataset 'mnist'; allowed: fashion-mnist"),
+        (["--preset", "dino-fmnist-cpu", "--dataset", "mnist"], "--dataset 'mnist': allowed: a string, one of fashion-mnist"),
         (["--preset", "dino-fmnist-cpu", "--laplacian-heads", "7"], "laplacian_heads"),
     ],
 )

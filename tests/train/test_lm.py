@@ -86,10 +86,10 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(text_
     "args, message",
     [
         (["--preset", "nope"], "unknown lm preset 'nope'; allowed: shakespeare-cpu, nanochat-d20, nanochat-d12"),
-        (["--preset", "shakespeare-cpu", "--dataset", "wiki"], "unknown dataset 'wiki'; allowed: shakespeare, fineweb-edu"),
-        (["--preset", "shakespeare-cpu", "--tokenizer", "words"], "unknown tokenizer 'words'; allowed: char, bpe, gpt2"),
+        (["--preset", "shakespeare-cpu", "--dataset", "wiki"], "--dataset 'wiki': allowed: a string, one of shakespeare, fineweb-edu"),
+        (["--preset", "shakespeare-cpu", "--tokenizer", "words"], "--tokenizer 'words': allowed: a string, one of char, bpe, gpt2"),
         (["--preset", "shakespeare-cpu", "--total-batch-size", "1000"],
-         "total_batch_size=1000 tokens is not a multiple of micro_batch x sequence_len x world_size = 8192"),
+         "--total-batch-size 1000 is not a multiple of micro_batch x sequence_len = 8192"),
         (["--preset", "shakespeare-cpu", "--laplacian-heads", "9"], "laplacian_heads=9"),
     ],
 )

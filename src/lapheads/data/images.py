@@ -3,9 +3,9 @@
 * Fashion-MNIST is read from its idx files (``.gz`` or plain), found in a user-given root, in the Debian package's
   folder ``/usr/share/datasets/fashion-mnist``, or in torchvision's layout ``ROOT/FashionMNIST/raw``; torchvision
   downloads it when asked and online. It is small, so it is held as one uint8 tensor.
-* CIFAR-10/100 are torchvision's datasets on their on-disk format (the python-pickle batches of the official
-  tarball); ImageNet and any other folder-per-class tree are torchvision ``ImageFolder`` with ``train/`` and
-  ``val/`` sub-folders.
+* CIFAR-10/100 are read from the python-pickle batches of the official tarball (torchvision's layout and
+  download) through a restricted unpickler: data only, never code. ImageNet and any other folder-per-class tree
+  are torchvision ``ImageFolder`` with ``train/`` and ``val/`` sub-folders.
 * Transforms come from timm (``create_transform``: random-resized crop, 3-Augment, colour jitter, normalisation)
   for the big datasets, and a light pad-and-crop + flip for the 28-32 px CPU recipes.
 
@@ -27,6 +27,7 @@ import torchvision
 from torch.utils.data import Dataset
 from torchvision import transforms as T
 
+from lapheads.config import ConfigError
 from lapheads.errors import LapheadsError
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "ImageData",
     "IdxDataset",
     "build_image_data",
+    "check_data_root",
     "fetch_fashion_mnist",
     "find_fashion_mnist",
     "read_idx",
@@ -196,35 +198,77 @@ def small_image_transforms(size: int, native: int, mean, std, train: bool, hflip
     return T.Compose(steps)
 
 
-def _pil_to_small_tensor(transform: T.Compose) -> T.Compose:
-    return T.Compose([T.PILToTensor(), T.ConvertImageDtype(torch.float32), transform])
+class CIFAR(Dataset):
+    """CIFAR-10 or CIFAR-100 from the official python-pickle batches, read without running code from them.
 
-
-class _PresenceChecked:
-    """torchvision's CIFAR, checking that the batch files exist instead of their md5 sums.
-
-    The md5 check would refuse any CIFAR-format file that is not the official one (our generated test files, a
-    re-packed copy); a corrupt file still fails when it is unpickled, which we report as a DataError.
+    The layout and download address are torchvision's (``torchvision.datasets.CIFAR10/100`` class attributes, and
+    its ``download_and_extract_archive``); the batches are unpickled by :func:`lapheads.io.restricted_unpickle`,
+    which admits only numpy arrays, lists, dicts, bytes and strings, so a batch carrying a ``__reduce__`` payload is
+    refused before any of it runs. File presence is checked, not md5 sums, so re-packed and generated files in the
+    same format work. Items are (transform(float image (3, 32, 32) in [0, 1]), label).
     """
 
-    def _check_integrity(self) -> bool:
-        folder = Path(self.root) / self.base_folder
-        return all((folder / name).is_file() for name, _ in (*self.train_list, *self.test_list))
+    def __init__(self, root: str | os.PathLike, name: str, train: bool, transform=None, download: bool = False) -> None:
+        spec = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+        folder = Path(root) / spec.base_folder
+        files = [file for file, _ in (spec.train_list if train else spec.test_list)]
+        if download and not all((folder / file).is_file() for file in files):
+            from torchvision.datasets.utils import download_and_extract_archive
 
-    def _load_meta(self) -> None:
-        import pickle
+            download_and_extract_archive(spec.url, str(root), filename=spec.filename, md5=spec.tgz_md5)
+        arrays, labels = [], []
+        for file in files:
+            entry = _read_batch(folder / file)
+            arrays.append(np.asarray(_field(entry, "data", folder / file), dtype=np.uint8))
+            labels += list(_field(entry, "labels" if name == "cifar10" else "fine_labels", folder / file))
+        self.data = np.concatenate(arrays).reshape(-1, 3, 32, 32)
+        if len(self.data) != len(labels):
+            raise DataError(f"{folder}: {len(self.data)} images but {len(labels)} labels")
+        self.targets = [int(label) for label in labels]
+        meta = _read_batch(folder / spec.meta["filename"])
+        self.classes = [str(c) for c in _field(meta, spec.meta["key"], folder / spec.meta["filename"])]
+        self.transform = transform
 
-        with open(Path(self.root) / self.base_folder / self.meta["filename"], "rb") as f:
-            self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
-        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int):
+        image = torch.from_numpy(self.data[i]).float().div_(255)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, self.targets[i]
 
 
-class _CIFAR10(_PresenceChecked, torchvision.datasets.CIFAR10):
-    pass
+def _read_batch(path: Path) -> dict:
+    from lapheads.io import restricted_unpickle
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing")
+    with open(path, "rb") as f:
+        entry = restricted_unpickle(f)
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path} holds a {type(entry).__name__}, not a dict")
+    return entry
 
 
-class _CIFAR100(_PresenceChecked, torchvision.datasets.CIFAR100):
-    pass
+def _field(entry: dict, key: str, path: Path):
+    """A batch's field by str or bytes key (python-2 pickles decode either way)."""
+    for candidate in (key, key.encode()):
+        if candidate in entry:
+            return entry[candidate]
+    raise KeyError(f"{path} has no {key!r} entry")
+
+
+def check_data_root(data_root: str | None, download: bool) -> None:
+    """An image data root must be an existing directory, or one to create with --download."""
+    if data_root is None:
+        return
+    path = Path(data_root)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--data-root {data_root!r} is a file; allowed: a directory")
+    if not path.exists() and not download:
+        raise ConfigError(f"--data-root {data_root!r} does not exist; allowed: an existing directory (or add "
+                          "--download to fetch the data into it)")
 
 
 @dataclass
@@ -274,18 +318,18 @@ def build_image_data(
         test = load_fashion_mnist(root, "test", small_image_transforms(img_size, native, mean, std, False, False))
         return ImageData(train, test, num_classes, chans, img_size)
     if dataset in ("cifar10", "cifar100"):
-        cls = _CIFAR10 if dataset == "cifar10" else _CIFAR100
         if root is None:
             raise DataError(f"{dataset} needs a data root (--data-root); add --download to fetch it when online")
         try:
-            train = cls(root, train=True, download=download, transform=_pil_to_small_tensor(
-                train_transform or small_image_transforms(img_size, native, mean, std, augment, hflip)))
-            test = cls(root, train=False, download=download,
-                       transform=_pil_to_small_tensor(small_image_transforms(img_size, native, mean, std, False, hflip)))
-        except Exception as err:  # noqa: BLE001 - torchvision raises RuntimeError/URLError/pickle errors
+            train = CIFAR(root, dataset, train=True, download=download,
+                          transform=train_transform or small_image_transforms(img_size, native, mean, std, augment, hflip))
+            test = CIFAR(root, dataset, train=False, download=download,
+                         transform=small_image_transforms(img_size, native, mean, std, False, hflip))
+        except Exception as err:  # noqa: BLE001 - unpickling, a refused global, a download: all mean "no usable data"
+            folder = (torchvision.datasets.CIFAR10 if dataset == "cifar10" else torchvision.datasets.CIFAR100).base_folder
             raise DataError(
                 f"{dataset} not found or corrupt in {root} ({type(err).__name__}: {str(err).splitlines()[0][:100]}); "
-                f"expected torchvision's layout {root}/{cls.base_folder}/ (add --download when online)"
+                f"expected the official python batches in {root}/{folder}/ (add --download when online)"
             ) from None
         return ImageData(train, test, num_classes, chans, img_size)
     # ImageFolder / ImageNet

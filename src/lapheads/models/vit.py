@@ -24,6 +24,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from lapheads.attention import LaplacianAttention, parse_laplacian_heads
 from lapheads.errors import InputError
+from lapheads.io import load_tensor_file
 
 __all__ = ["CPU_VIT_ARGS", "create_vit", "set_laplacian_heads", "vit_laplacian_masks"]
 
@@ -71,7 +72,10 @@ def create_vit(
             f"deit3_small_patch16_224, deit3_base_patch16_224 (see timm.list_models('*vit*'))"
         )
     if pretrained_file is not None:
-        timm_kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=str(pretrained_file)))
+        # Read here (safetensors, or torch.load with weights_only) so a bad or unsafe file is one clear error;
+        # timm then applies its own filters (classifier reset, position-embedding resize) to the state dict.
+        state_dict = load_tensor_file(pretrained_file)
+        timm_kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(state_dict=state_dict))
     try:
         model = timm.create_model(name, attn_layer=LaplacianAttention, qk_norm=qk_norm, **timm_kwargs)
     except TypeError as err:

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from lapheads.data.images import DATASETS, build_image_data
+from lapheads.config import NON_NEGATIVE, POSITIVE, RATE, ConfigError, one_of, option, validate_config
+from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.errors import InputError
 from lapheads.models.vit import create_vit, vit_laplacian_masks
 from lapheads.train.runtime import (
@@ -37,6 +38,7 @@ from lapheads.train.runtime import (
     RunDir,
     check_finite_loss,
     latest_checkpoint,
+    optimizer_step,
     save_checkpoint,
     seed_everything,
     setup_distributed,
@@ -52,42 +54,59 @@ class ClassifyConfig(RunConfig):
     """Every option of a classification run (``lapheads train classify --key value`` sets any of them); the shared run options come from RunConfig."""
 
     # model
-    model: str = "vit_fmnist_patch4"
-    qk_norm: bool = True
-    img_size: int = 28
-    drop_path: float = 0.0
-    layer_scale: float | None = None
-    model_kwargs: dict = dataclasses.field(default_factory=dict)
+    model: str = option("vit_fmnist_patch4", "a timm VisionTransformer name (timm.list_models('*vit*'))")
+    qk_norm: bool = option(True, "LayerNorm on queries and keys (the paper's baseline has it)")
+    img_size: int = option(28, "model input size in pixels (a multiple of the patch size)", POSITIVE)
+    drop_path: float = option(0.0, "stochastic-depth rate", RATE)
+    layer_scale: float | None = option(None, "LayerScale init value (DeiT-III: 1e-6); none = no LayerScale", POSITIVE)
+    model_kwargs: dict = option({}, "extra timm model arguments as JSON, e.g. {\"patch_size\": 7}")
     # data
-    dataset: str = "fashion-mnist"
-    data_root: str | None = None
-    download: bool = False
-    train_subset: int | None = None
-    eval_subset: int | None = None
-    augment: bool = True
-    three_augment: bool = False
-    color_jitter: float = 0.0
-    hflip: bool = True
-    mixup: float = 0.0
-    cutmix: float = 0.0
-    smoothing: float = 0.0
-    bce: bool = False
+    dataset: str = option("fashion-mnist", "the image dataset", one_of(*DATASETS))
+    data_root: str | None = option(None, "data folder (an existing directory; none: Fashion-MNIST's default places)")
+    download: bool = option(False, "let torchvision download the dataset into --data-root (needs the network)")
+    train_subset: int | None = option(None, "train on the first N training images", POSITIVE)
+    eval_subset: int | None = option(None, "evaluate on the first N test images", POSITIVE)
+    augment: bool = option(True, "random training transforms (crop, flip)")
+    three_augment: bool = option(False, "DeiT-III's 3-Augment (ImageFolder data)")
+    color_jitter: float = option(0.0, "colour-jitter strength (ImageFolder data)", NON_NEGATIVE)
+    hflip: bool = option(True, "random horizontal flips (never for Fashion-MNIST)")
+    mixup: float = option(0.0, "Mixup alpha (0: off)", NON_NEGATIVE)
+    cutmix: float = option(0.0, "CutMix alpha (0: off)", NON_NEGATIVE)
+    smoothing: float = option(0.0, "label smoothing", RATE)
+    bce: bool = option(False, "binary cross-entropy loss (DeiT-III)")
     # optimisation
-    epochs: float = 1.0
-    batch_size: int = 128
-    accum_steps: int = 1
-    micro_batch: int | None = None
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    min_lr: float = 1e-6
-    warmup_epochs: float = 0.05
-    weight_decay: float = 0.05
-    clip_grad: float | None = 1.0
-    ema_decay: float = 0.0
+    epochs: float = option(1.0, "training length in epochs (fractions allowed)", POSITIVE)
+    batch_size: int = option(128, "global batch: images per optimizer step, over all processes", POSITIVE)
+    accum_steps: int = option(1, "micro-batches per optimizer step (derived when --micro-batch is set)", POSITIVE)
+    micro_batch: int | None = option(None, "images per forward pass per process; sets --accum-steps", POSITIVE)
+    optimizer: str = option("adamw", "a timm optimizer name (adamw, lamb, ...)")
+    lr: float = option(1e-3, "peak learning rate", POSITIVE)
+    min_lr: float = option(1e-6, "learning rate at the end of the cosine and at the start of warm-up", NON_NEGATIVE)
+    warmup_epochs: float = option(0.05, "linear warm-up length in epochs", NON_NEGATIVE)
+    weight_decay: float = option(0.05, "AdamW/LAMB weight decay", NON_NEGATIVE)
+    clip_grad: float | None = option(1.0, "gradient-norm clip; none = no clipping", POSITIVE)
+    ema_decay: float = option(0.0, "EMA of the weights (0: off), evaluated beside the model", RATE)
     # runtime
-    num_workers: int = 0
-    eval_every_epochs: float = 1.0
-    deterministic: bool = False
+    num_workers: int = option(0, "data-loader worker processes for evaluation", NON_NEGATIVE)
+    eval_every_epochs: float = option(1.0, "epochs between test-set evaluations (and checkpoints)", POSITIVE)
+    deterministic: bool = option(False, "torch.use_deterministic_algorithms")
+
+    def check(self) -> None:
+        """Rules that tie fields together; ``validate_config`` calls it after the per-field checks."""
+        check_data_root(self.data_root, self.download)
+        if self.min_lr > self.lr:
+            raise ConfigError(f"--min-lr {self.min_lr} is above --lr {self.lr}; allowed: min_lr <= lr")
+        if self.micro_batch is not None and self.batch_size % self.micro_batch:
+            raise ConfigError(f"--micro-batch {self.micro_batch} does not divide --batch-size {self.batch_size}; "
+                              "allowed: a divisor of the batch size")
+        if self.micro_batch is None and self.batch_size % self.accum_steps:
+            raise ConfigError(f"--accum-steps {self.accum_steps} does not divide --batch-size {self.batch_size}; "
+                              "allowed: a divisor of the batch size")
+        from timm.optim import list_optimizers
+
+        if self.optimizer.lower() not in list_optimizers():
+            raise ConfigError(f"--optimizer {self.optimizer!r}: allowed: a timm optimizer, e.g. adamw, lamb, sgd, "
+                              "lion (timm.optim.list_optimizers())")
 
 
 def _micro_batch(cfg: ClassifyConfig, world_size: int) -> int:
@@ -171,7 +190,8 @@ def evaluate_classifier(
 
 
 def train_classify(
-    cfg: ClassifyConfig, run_dir: str | Path, *, resume: bool = False, stop_at_step: int | None = None
+    cfg: ClassifyConfig, run_dir: str | Path, *, resume: bool = False, stop_at_step: int | None = None,
+    preset: str | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) a classification run into ``run_dir``; returns the final metrics.
 
@@ -179,9 +199,11 @@ def train_classify(
         cfg: the resolved config (written to config.json).
         run_dir: the run directory.
         resume: continue from the run directory's latest checkpoint (its config.json must match ``cfg``).
+        preset: the preset name the config came from, recorded in config.json (``--resume`` checks it).
         stop_at_step: stop after this many steps without finishing, as if the process were killed (for testing
             resume); checkpoints written so far stay.
     """
+    validate_config(cfg)  # before anything is written
     run = RunDir(run_dir)
     dist_ = setup_distributed(cfg.device)
     if cfg.dataset not in DATASETS:
@@ -224,6 +246,7 @@ def train_classify(
     start_step = start_or_resume(
         run, "classify", dataclasses.asdict(cfg), dist_, model, optimizer, resume=resume, extra_models=extra,
         extra_record={
+            "preset": preset,
             "num_params": num_params, "laplacian_masks": vit_laplacian_masks(model), "num_classes": data.num_classes,
             "in_chans": data.in_chans, "steps": total_steps,
         },
@@ -256,10 +279,11 @@ def train_classify(
             loss_sum += loss.detach()
             seen += len(indices) * dist_.world_size
         mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
-        check_finite_loss(mean_loss, step, run, "lower --lr or enable --clip-grad", progress)
+        hint = "lower --lr" if cfg.clip_grad else "lower --lr or set --clip-grad 1.0"
+        check_finite_loss(mean_loss, step, run, hint, progress)
         if cfg.clip_grad:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-        optimizer.step()
+        optimizer_step([optimizer], step, run, hint, progress)
         optimizer.zero_grad(set_to_none=True)
         scheduler.step_update(step + 1)
         if ema is not None:

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from lapheads.data.images import DATASETS, build_image_data
+from lapheads.config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, ConfigError, Domain, one_of, option, validate_config
+from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.data.multicrop import MultiCropAugmentation, collate_crops
 from lapheads.errors import InputError
 from lapheads.models.dino import (
@@ -44,6 +45,7 @@ from lapheads.train.runtime import (
     RunConfig,
     RunDir,
     check_finite_loss,
+    optimizer_step,
     save_checkpoint,
     seed_everything,
     setup_distributed,
@@ -54,48 +56,62 @@ from lapheads.train.runtime import (
 __all__ = ["DINOConfig", "build_backbone", "train_dino"]
 
 
+#: DINO's crop scales: [low, high] with 0 < low <= high <= 1
+SCALE_RANGE = Domain("[low, high] with 0 < low <= high <= 1",
+                     lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1)
+
+
 @dataclass
 class DINOConfig(RunConfig):
     """Every option of a DINO run (``lapheads train dino --key value`` sets any of them); the shared run options come from RunConfig."""
 
     # model
-    model: str = "vit_small_patch16_224"
-    qk_norm: bool = False
-    drop_path: float = 0.1
-    model_kwargs: dict = dataclasses.field(default_factory=dict)
-    out_dim: int = 65536
-    head_hidden_dim: int = 2048
-    head_bottleneck_dim: int = 256
-    norm_last_layer: bool = True
+    model: str = option("vit_small_patch16_224", "a timm VisionTransformer name")
+    qk_norm: bool = option(False, "LayerNorm on queries and keys")
+    drop_path: float = option(0.1, "stochastic-depth rate of the student", RATE)
+    model_kwargs: dict = option({}, "extra timm model arguments as JSON")
+    out_dim: int = option(65536, "prototypes (the DINO head's output size)", POSITIVE)
+    head_hidden_dim: int = option(2048, "hidden width of the DINO head's MLP", POSITIVE)
+    head_bottleneck_dim: int = option(256, "bottleneck width before the prototypes", POSITIVE)
+    norm_last_layer: bool = option(True, "weight-normalised last layer with a fixed norm")
     # data and multi-crop
-    dataset: str = "imagefolder"
-    data_root: str | None = None
-    download: bool = False
-    train_subset: int | None = None
-    img_size: int = 224
-    local_crop_size: int = 96
-    local_crops: int = 8
-    global_scale: list[float] = dataclasses.field(default_factory=lambda: [0.4, 1.0])
-    local_scale: list[float] = dataclasses.field(default_factory=lambda: [0.05, 0.4])
+    dataset: str = option("imagefolder", "the image dataset", one_of(*DATASETS))
+    data_root: str | None = option(None, "data folder (an existing directory; none: Fashion-MNIST's default places)")
+    download: bool = option(False, "let torchvision download the dataset into --data-root (needs the network)")
+    train_subset: int | None = option(None, "train on the first N images", POSITIVE)
+    img_size: int = option(224, "global crop size in pixels", POSITIVE)
+    local_crop_size: int = option(96, "local crop size in pixels", POSITIVE)
+    local_crops: int = option(8, "local crops per image", NON_NEGATIVE)
+    global_scale: list[float] = option([0.4, 1.0], "area range of the global crops", SCALE_RANGE)
+    local_scale: list[float] = option([0.05, 0.4], "area range of the local crops", SCALE_RANGE)
     # optimisation
-    epochs: int = 100
-    batch_size: int = 512
-    lr: float = 0.0005
-    min_lr: float = 1e-6
-    warmup_epochs: float = 10
-    weight_decay: float = 0.04
-    weight_decay_end: float = 0.4
-    momentum_teacher: float = 0.996
-    teacher_temp: float = 0.04
-    warmup_teacher_temp: float = 0.04
-    warmup_teacher_temp_epochs: int = 0
-    student_temp: float = 0.1
-    center_momentum: float = 0.9
-    freeze_last_layer: int = 1
-    clip_grad: float = 3.0
+    epochs: int = option(100, "training epochs", POSITIVE)
+    batch_size: int = option(512, "global batch over all processes", POSITIVE)
+    lr: float = option(0.0005, "peak learning rate per 256 images (scaled by batch/256)", POSITIVE)
+    min_lr: float = option(1e-6, "learning rate at the end of the cosine", NON_NEGATIVE)
+    warmup_epochs: float = option(10, "linear warm-up length in epochs", NON_NEGATIVE)
+    weight_decay: float = option(0.04, "weight decay at the start (cosine schedule)", NON_NEGATIVE)
+    weight_decay_end: float = option(0.4, "weight decay at the end", NON_NEGATIVE)
+    momentum_teacher: float = option(0.996, "teacher EMA momentum at the start (cosine to 1)", FRACTION)
+    teacher_temp: float = option(0.04, "teacher temperature after its warm-up", POSITIVE)
+    warmup_teacher_temp: float = option(0.04, "teacher temperature at the start", POSITIVE)
+    warmup_teacher_temp_epochs: int = option(0, "epochs of teacher-temperature warm-up", NON_NEGATIVE)
+    student_temp: float = option(0.1, "student temperature", POSITIVE)
+    center_momentum: float = option(0.9, "momentum of the teacher-output centre", RATE)
+    freeze_last_layer: int = option(1, "epochs with the head's last layer frozen", NON_NEGATIVE)
+    clip_grad: float = option(3.0, "per-parameter gradient-norm clip (0: off)", NON_NEGATIVE)
     # runtime
-    num_workers: int = 0
-    checkpoint_every_epochs: float = 1.0
+    num_workers: int = option(0, "data-loader worker processes", NON_NEGATIVE)
+    checkpoint_every_epochs: float = option(1.0, "epochs between checkpoints", POSITIVE)
+
+    def check(self) -> None:
+        """Rules that tie fields together; ``validate_config`` calls it after the per-field checks."""
+        check_data_root(self.data_root, self.download)
+        if self.min_lr > self.lr * self.batch_size / 256:
+            raise ConfigError(f"--min-lr {self.min_lr} is above the scaled peak lr {self.lr * self.batch_size / 256}")
+        if self.warmup_teacher_temp_epochs > self.epochs:
+            raise ConfigError(f"--warmup-teacher-temp-epochs {self.warmup_teacher_temp_epochs} > --epochs "
+                              f"{self.epochs}; allowed: at most the training length")
 
 
 def build_backbone(cfg: DINOConfig, in_chans: int) -> torch.nn.Module:
@@ -137,15 +153,20 @@ def _clip_per_parameter(model: torch.nn.Module, clip: float) -> None:
             p.grad.mul_(torch.clamp(clip / (norm + 1e-6), max=1.0))
 
 
-def train_dino(cfg: DINOConfig, run_dir: str | Path, *, resume: bool = False, stop_at_step: int | None = None) -> dict[str, Any]:
+def train_dino(
+    cfg: DINOConfig, run_dir: str | Path, *, resume: bool = False, stop_at_step: int | None = None,
+    preset: str | None = None,
+) -> dict[str, Any]:
     """Train (or resume) a DINO run into ``run_dir``; returns the final metrics.
 
     Args:
         cfg: the resolved config (written to config.json).
         run_dir: the run directory.
         resume: continue from the latest checkpoint (config.json must match ``cfg``).
+        preset: the preset name the config came from, recorded in config.json (``--resume`` checks it).
         stop_at_step: stop after this many steps as if killed (for testing resume).
     """
+    validate_config(cfg)  # before anything is written
     run = RunDir(run_dir)
     dist_ = setup_distributed(cfg.device)
     if cfg.dataset not in DATASETS:
@@ -180,7 +201,7 @@ def train_dino(cfg: DINOConfig, run_dir: str | Path, *, resume: bool = False, st
 
     start_step = start_or_resume(
         run, "dino", dataclasses.asdict(cfg), dist_, student, optimizer, resume=resume, extra_models=extra,
-        extra_record={"num_params": num_params, "laplacian_masks": vit_laplacian_masks(student.backbone),
+        extra_record={"preset": preset, "num_params": num_params, "laplacian_masks": vit_laplacian_masks(student.backbone),
                       "in_chans": data.in_chans, "num_classes": data.num_classes, "steps": total_steps,
                       "embed_dim": student.backbone.num_features},
     )
@@ -209,13 +230,14 @@ def train_dino(cfg: DINOConfig, run_dir: str | Path, *, resume: bool = False, st
             student_output = forward_model(crops)
             loss = loss_fn(student_output.float(), teacher_output.float(), epoch)
         mean_loss = dist_.all_reduce_sum(loss.detach().clone()).item() / dist_.world_size
-        check_finite_loss(mean_loss, step, run, "lower --lr or --clip-grad", progress)
+        hint = "lower --lr or --clip-grad" if cfg.clip_grad else "lower --lr or set --clip-grad 3.0"
+        check_finite_loss(mean_loss, step, run, hint, progress)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.clip_grad:
             _clip_per_parameter(student, cfg.clip_grad)
         cancel_last_layer_gradients(epoch, student, cfg.freeze_last_layer)
-        optimizer.step()
+        optimizer_step([optimizer], step, run, hint, progress)
         update_teacher(student, teacher, float(momentum_schedule[step]))
         seen += len(indices) * dist_.world_size
         step += 1

@@ -33,6 +33,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from lapheads.config import (
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    RATE,
+    ConfigError,
+    Domain,
+    at_least,
+    one_of,
+    option,
+    validate_config,
+)
 from lapheads.data.images import DataError
 from lapheads.data.text import TEXT_DATASETS, TokenBatches, TokenShards, prepare_tokens, shakespeare_plays, validation_windows
 from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
@@ -46,6 +58,7 @@ from lapheads.train.runtime import (
     check_finite_loss,
     latest_checkpoint,
     load_weights,
+    optimizer_step,
     save_checkpoint,
     seed_everything,
     setup_distributed,
@@ -61,45 +74,59 @@ class LMConfig(RunConfig):
     """Every option of a language-model run (``lapheads train lm --key value`` sets any of them); the shared run options come from RunConfig."""
 
     # data and tokenizer
-    dataset: str = "shakespeare"
-    data_root: str = "data"
-    download_shards: int = 0
-    max_shards: int | None = None
-    tokenizer: str = "char"
-    tokenizer_vocab: int = 4096
-    tokenizer_train_chars: int = 2_000_000_000
+    dataset: str = option("shakespeare", "the text corpus", one_of(*TEXT_DATASETS))
+    data_root: str = option("data", "folder for corpora and token shards (created when missing; not a file)")
+    download_shards: int = option(0, "fineweb-edu: download the first N parquet shards when missing", NON_NEGATIVE)
+    max_shards: int | None = option(None, "fineweb-edu: tokenise at most N shards", POSITIVE)
+    tokenizer: str = option("char", "characters, a BPE trained on the corpus, or GPT-2's BPE", one_of(*KINDS))
+    tokenizer_vocab: int = option(4096, "BPE vocabulary size", at_least(256))
+    tokenizer_train_chars: int = option(2_000_000_000, "characters of training text to fit the BPE on", POSITIVE)
     # model (depth is the dial; see lapheads.models.gpt)
-    depth: int = 4
-    aspect_ratio: int = 64
-    head_dim: int = 64
-    n_kv_head: int | None = None
-    sequence_len: int = 256
-    softcap: float = 15.0
+    depth: int = option(4, "number of blocks; the width is depth x aspect ratio", POSITIVE)
+    aspect_ratio: int = option(64, "width per block of depth", POSITIVE)
+    head_dim: int = option(64, "target head dimension", POSITIVE)
+    n_kv_head: int | None = option(None, "key/value heads (GQA); none = as many as query heads", POSITIVE)
+    sequence_len: int = option(256, "tokens per training sequence", POSITIVE)
+    softcap: float = option(15.0, "logit soft cap (0: off)", NON_NEGATIVE)
     # optimisation
-    total_batch_size: int = 8192
-    micro_batch: int = 32
-    num_iterations: int = -1
-    target_param_data_ratio: float = 20.0
-    embedding_lr: float = 0.2
-    unembedding_lr: float = 0.004
-    matrix_lr: float = 0.02
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.8
-    adam_beta2: float = 0.95
-    warmup_ratio: float = 0.0
-    warmdown_ratio: float = 0.2
-    final_lr_frac: float = 0.0
-    muon_momentum_start: float = 0.85
-    muon_momentum_end: float = 0.95
-    muon_momentum_warmup: int = 300
-    grad_clip: float = 1.0
+    total_batch_size: int = option(8192, "tokens per optimizer step, over all processes", POSITIVE)
+    micro_batch: int = option(32, "sequences per forward pass per process", POSITIVE)
+    num_iterations: int = option(-1, "optimizer steps; -1 = from --target-param-data-ratio",
+                                 Domain("-1 or > 0", lambda v: v == -1 or v > 0))
+    target_param_data_ratio: float = option(20.0, "training tokens per parameter when --num-iterations is -1",
+                                            POSITIVE)
+    embedding_lr: float = option(0.2, "AdamW learning rate of the embedding (scaled by (width/768)^-0.5)", POSITIVE)
+    unembedding_lr: float = option(0.004, "AdamW learning rate of the LM head (scaled likewise)", POSITIVE)
+    matrix_lr: float = option(0.02, "Muon learning rate of the block matrices", POSITIVE)
+    weight_decay: float = option(0.0, "AdamW weight decay", NON_NEGATIVE)
+    adam_beta1: float = option(0.8, "AdamW beta1", RATE)
+    adam_beta2: float = option(0.95, "AdamW beta2", RATE)
+    warmup_ratio: float = option(0.0, "fraction of the steps in linear warm-up", FRACTION)
+    warmdown_ratio: float = option(0.2, "fraction of the steps in the final linear warm-down", FRACTION)
+    final_lr_frac: float = option(0.0, "learning rate at the end, as a fraction of the peak", FRACTION)
+    muon_momentum_start: float = option(0.85, "Muon momentum at step 0", RATE)
+    muon_momentum_end: float = option(0.95, "Muon momentum after the warm-up", RATE)
+    muon_momentum_warmup: int = option(300, "steps to move Muon's momentum from start to end", NON_NEGATIVE)
+    grad_clip: float = option(1.0, "gradient-norm clip (0: off)", NON_NEGATIVE)
     # runtime
-    eval_every: int = 250
-    eval_tokens: int = 524_288
-    sample_prompt: str = ""
-    sample_tokens: int = 200
-    sample_temperature: float = 0.8
-    sample_top_k: int = 50
+    eval_every: int = option(250, "steps between validation bpb, samples and checkpoints", POSITIVE)
+    eval_tokens: int = option(524_288, "validation tokens per evaluation", POSITIVE)
+    sample_prompt: str = option("", "prompt of the sample written at each evaluation")
+    sample_tokens: int = option(200, "tokens per sample", NON_NEGATIVE)
+    sample_temperature: float = option(0.8, "sampling temperature (0: greedy)", NON_NEGATIVE)
+    sample_top_k: int = option(50, "sample from the top k tokens (0: all)", NON_NEGATIVE)
+
+    def check(self) -> None:
+        """Rules that tie fields together; ``validate_config`` calls it after the per-field checks."""
+        if Path(self.data_root).is_file():
+            raise ConfigError(f"--data-root {self.data_root!r} is a file; allowed: a directory (created if missing)")
+        if self.warmup_ratio + self.warmdown_ratio > 1:
+            raise ConfigError(f"--warmup-ratio {self.warmup_ratio} + --warmdown-ratio {self.warmdown_ratio} > 1; "
+                              "allowed: a sum <= 1")
+        per_pass = self.micro_batch * self.sequence_len
+        if self.total_batch_size % per_pass:
+            raise ConfigError(f"--total-batch-size {self.total_batch_size} is not a multiple of micro_batch x "
+                              f"sequence_len = {per_pass}; allowed: a multiple of {per_pass}")
 
 
 def gpt_config(cfg: LMConfig, vocab_size: int) -> GPTConfig:
@@ -229,15 +256,20 @@ def _accum_steps(cfg: LMConfig, world_size: int) -> int:
     return cfg.total_batch_size // per_pass
 
 
-def train_lm(cfg: LMConfig, run_dir: str | Path, *, resume: bool = False, stop_at_step: int | None = None) -> dict[str, Any]:
+def train_lm(
+    cfg: LMConfig, run_dir: str | Path, *, resume: bool = False, stop_at_step: int | None = None,
+    preset: str | None = None,
+) -> dict[str, Any]:
     """Train (or resume) a language-model run into ``run_dir``; returns the final metrics.
 
     Args:
         cfg: the resolved config (written to config.json).
         run_dir: the run directory.
         resume: continue from the latest checkpoint (config.json must match ``cfg``).
+        preset: the preset name the config came from, recorded in config.json (``--resume`` checks it).
         stop_at_step: stop after this many steps as if killed (for testing resume).
     """
+    validate_config(cfg)  # before anything is written
     run = RunDir(run_dir)
     dist_ = setup_distributed(cfg.device)
     accum_steps = _accum_steps(cfg, dist_.world_size)
@@ -260,6 +292,7 @@ def train_lm(cfg: LMConfig, run_dir: str | Path, *, resume: bool = False, stop_a
     start_step = start_or_resume(
         run, "lm", dataclasses.asdict(cfg), dist_, model, optimizers, resume=resume, logs=("metrics.jsonl", "samples.jsonl"),
         extra_record={
+            "preset": preset,
             "num_params": num_params, "laplacian_masks": model.laplacian_masks(), "vocab_size": tokenizer.vocab_size,
             "n_embd": model.config.n_embd, "n_head": model.config.n_head, "steps": total_steps,
             "accum_steps": accum_steps, "train_tokens": len(shards.train),
@@ -302,7 +335,8 @@ def train_lm(cfg: LMConfig, run_dir: str | Path, *, resume: bool = False, stop_a
             loss_sum += loss.detach()
         seen += cfg.total_batch_size
         mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
-        check_finite_loss(mean_loss, step, run, "lower --matrix-lr / --embedding-lr", progress)
+        hint = "lower --matrix-lr / --embedding-lr / --unembedding-lr"
+        check_finite_loss(mean_loss, step, run, hint, progress)
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         multiplier = lr_multiplier(step, total_steps, cfg)
@@ -311,8 +345,7 @@ def train_lm(cfg: LMConfig, run_dir: str | Path, *, resume: bool = False, stop_a
                 group["lr"] = group["initial_lr"] * multiplier
         for group in optimizers["muon"].param_groups:
             group["momentum"] = muon_momentum(step, cfg)
-        for opt in optimizers.values():
-            opt.step()
+        optimizer_step(list(optimizers.values()), step, run, hint, progress)
         model.zero_grad(set_to_none=True)
         step += 1
         progress.update(1)

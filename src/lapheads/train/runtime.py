@@ -20,8 +20,10 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 import lapheads
-from lapheads.errors import InputError, LapheadsError
+from lapheads.config import NON_NEGATIVE, POSITIVE, ConfigError, Domain, one_of, option
+from lapheads.errors import CheckpointError, InputError, LapheadsError
 
 __all__ = [
     "CheckpointError",
@@ -53,37 +56,66 @@ __all__ = [
 ]
 
 
+#: ``--laplacian-heads`` in a config: k, or one k per layer ("0,2,2,0"); checked against the model when it is built
+HEAD_SPEC = Domain("k or a comma list of per-layer k, e.g. 3 or 0,2,2,0",
+                   lambda v: bool(re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", v)))
+
+
 @dataclass
 class RunConfig:
     """The options every training run has; ClassifyConfig, LMConfig and DINOConfig extend it."""
 
-    description: str = ""
-    laplacian_heads: str = "0"
-    seed: int = 0
-    device: str = "auto"
-    amp: bool = True
-    compile: bool = False
-    log_every: int = 10
-    checkpoint_every: int = 0
-
-
-class CheckpointError(LapheadsError, RuntimeError):
-    """A checkpoint that is missing, corrupt, unsafe or does not match the model; one-line message."""
+    description: str = option("", "what this recipe is (free text, shown in reports)")
+    laplacian_heads: str = option("0", "Laplacian heads: k trailing heads per layer, or one k per layer", HEAD_SPEC)
+    seed: int = option(0, "seed of the weights and the data order (arms with the same seed are paired)",
+                       NON_NEGATIVE)
+    device: str = option("auto", "where to train (auto = cuda when available)", one_of("auto", "cpu", "cuda"))
+    amp: bool = option(True, "bf16 autocast")
+    compile: bool = option(False, "torch.compile the model")
+    log_every: int = option(10, "steps between metrics.jsonl records", POSITIVE)
+    checkpoint_every: int = option(0, "steps between extra checkpoints (0: only at evals and the end)", NON_NEGATIVE)
 
 
 class NonFiniteLossError(LapheadsError, RuntimeError):
     """The loss became NaN or inf; the message names the step."""
 
 
+def _kept_checkpoint(run: RunDir) -> str:
+    """Where a stopped run can resume from, in words."""
+    try:
+        folder = latest_checkpoint(run)
+    except CheckpointError:
+        folder = None
+    if folder is None:
+        return "no checkpoint was written yet"
+    return f"the last checkpoint {folder} is intact (resume with --resume)"
+
+
 def check_finite_loss(mean_loss: float, step: int, run: RunDir, hint: str, progress=None) -> None:
     """Stop a run before a NaN/inf loss reaches the optimizer: one-line error naming the (1-based) step, the
-    intact checkpoints and ``hint`` (the options that usually cure it); closes the tqdm ``progress`` bar first."""
+    intact checkpoint (or that there is none) and ``hint`` (the options that usually cure it); closes the tqdm
+    ``progress`` bar first."""
     if math.isfinite(mean_loss):
         return
     if progress is not None:
         progress.close()
-    raise NonFiniteLossError(f"non-finite loss {mean_loss} at step {step + 1}; stopped before the optimizer step, the "
-                             f"last checkpoint in {run.checkpoints} is intact ({hint})")
+    raise NonFiniteLossError(f"non-finite loss {mean_loss} at step {step + 1}; stopped before the optimizer step; "
+                             f"{_kept_checkpoint(run)} ({hint})")
+
+
+def optimizer_step(optimizers: list[torch.optim.Optimizer], step: int, run: RunDir, hint: str, progress=None) -> None:
+    """``opt.step()`` for each optimizer; a numeric overflow inside one (a learning rate so large that a scalar no
+    longer fits the parameter dtype) stops the run like a NaN loss, naming the step and the kept checkpoint."""
+    for opt in optimizers:
+        try:
+            opt.step()
+        except (RuntimeError, OverflowError) as err:
+            if "overflow" not in str(err).lower():
+                raise
+            if progress is not None:
+                progress.close()
+            raise NonFiniteLossError(f"numeric overflow in the {type(opt).__name__} step at step {step + 1} "
+                                     f"({str(err).splitlines()[0][:80]}); {_kept_checkpoint(run)} ({hint})") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -212,7 +244,13 @@ class RunDir:
         self.metrics_file = self.path / "metrics.jsonl"
         self.config_file = self.path / "config.json"
 
+    def check_is_directory(self) -> None:
+        """A run directory is a directory (or does not exist yet); anything else is a one-line error."""
+        if self.path.exists() and not self.path.is_dir():
+            raise CheckpointError(f"--out {self.path} is a file; allowed: a new directory or a run directory")
+
     def write_config(self, task: str, config: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+        self.check_is_directory()
         self.path.mkdir(parents=True, exist_ok=True)
         record = {
             "task": task,
@@ -237,18 +275,52 @@ class RunDir:
             f.write(json.dumps(record) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        if not self.metrics_file.exists():
-            return []
-        return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
+        return read_jsonl(self.metrics_file)[0]
 
     def truncate_log(self, name: str, after_step: int) -> None:
         """Drop records of the JSONL log ``name`` written after ``after_step`` (a resumed run writes them again)."""
         path = self.path / name
         if not path.exists():
             return
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records, _ = read_jsonl(path)
         kept = [r for r in records if r.get("step", 0) <= after_step]
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def repair(self, logs: tuple[str, ...]) -> None:
+        """Undo what a kill can leave behind, saying so in one line each: half-written checkpoint folders (never
+        published, so never loaded) and a torn last line in a JSONL log."""
+        for partial in sorted(self.checkpoints.glob(".tmp-step-*")):
+            shutil.rmtree(partial, ignore_errors=True)
+            notice(f"removed the half-written checkpoint {partial}")
+        for name in logs:
+            path = self.path / name
+            records, torn = read_jsonl(path)
+            if torn:
+                atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+                notice(f"dropped a torn last line of {path}")
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """(records, whether a torn last line was skipped) of a JSONL log; a missing file has no records.
+
+    A last line cut off by a kill is skipped (it is rewritten on resume); a bad line before it is corruption and a
+    one-line error naming the file and line.
+    """
+    if not path.exists():
+        return [], False
+    lines = path.read_text().split("\n")
+    records, torn = [], False
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number == len(lines):  # no newline after it: the write was interrupted
+                torn = True
+                continue
+            raise CheckpointError(f"{path} line {number} is corrupt ({err}); allowed: one JSON object per line") from None
+    return records, torn
 
     def truncate_metrics(self, after_step: int) -> None:
         self.truncate_log(self.metrics_file.name, after_step)
@@ -269,16 +341,22 @@ def start_or_resume(
 ) -> int:
     """Begin a run in ``run`` and return the step to start from.
 
-    A new run refuses a folder that already holds one and writes config.json (the config plus ``extra_record``). A
-    resumed run must have the same config; it loads the latest checkpoint (if any) and drops log records written
-    after it, so the continued run writes them again.
+    A new run refuses a folder that already holds one (a config.json *and* a checkpoint; a run that died before
+    its first checkpoint is started over) and writes config.json (the config plus ``extra_record``). A resumed run
+    must have the same config; it repairs what a kill can leave (a half-written checkpoint folder, a torn last log
+    line), loads the latest checkpoint (if any) and drops log records written after it, so the continued run writes
+    them again.
     """
+    run.check_is_directory()
     start_step = 0
     if resume:
         saved = run.read_config()
         if saved.get("config") != config:
             changed = sorted(k for k in config if saved.get("config", {}).get(k) != config[k])
-            raise InputError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
+            raise ConfigError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
+        if dist_.is_main:
+            run.repair(logs)
+        dist_.barrier()
         folder = latest_checkpoint(run)
         if folder is not None:
             start_step = load_checkpoint(folder, dist_, model, optimizer, extra_models)["step"]
@@ -287,10 +365,20 @@ def start_or_resume(
                 run.truncate_log(name, start_step)
     elif dist_.is_main:
         if run.config_file.exists():
-            raise InputError(f"{run.path} already holds a run; use --resume to continue it or choose another --out")
+            if latest_checkpoint(run) is not None:
+                raise ConfigError(f"{run.path} already holds a run; use --resume to continue it or choose another "
+                                  "--out")
+            notice(f"{run.path} holds a run that never wrote a checkpoint; starting it over")
+            for name in logs:
+                (run.path / name).unlink(missing_ok=True)
         run.write_config(task, config, {"world_size": dist_.world_size, **extra_record})
     dist_.barrier()
     return start_step
+
+
+def notice(message: str) -> None:
+    """One line for the user on stderr (repairs, restarts), outside tqdm's bar."""
+    print(f"lapheads: {message}", file=sys.stderr, flush=True)
 
 
 def wrap_for_training(model: torch.nn.Module, dist_: Distributed, compile_model: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -386,21 +474,31 @@ def save_checkpoint(
     """
     final = run.checkpoints / f"step-{step:08d}"
     tmp = run.checkpoints / f".tmp-step-{step:08d}"
-    if dist_.is_main:
+    # Weights that overflowed without a NaN loss yet must not replace the last good checkpoint.
+    if not all(bool(p.isfinite().all()) for p in model.parameters()):
+        raise NonFiniteLossError(f"the weights are not finite after step {step}; not saving them; "
+                                 f"{_kept_checkpoint(run)} (lower the learning rates)")
+    try:
+        if dist_.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist_.barrier()
+        save_file(_rng_state(), str(tmp / f"rng-rank{dist_.rank}.safetensors"))
+        if dist_.is_main:
+            for name, module in {"model": model, **(extra_models or {})}.items():
+                tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+                save_file(tensors, str(tmp / f"{name}.safetensors"))
+            metas = {}
+            for file, opt in _optimizer_files(optimizer).items():
+                opt_tensors, metas[file] = _flatten_optimizer(opt.state_dict())
+                save_file(opt_tensors, str(tmp / f"{file}.safetensors"))
+            state = {"step": step, "world_size": dist_.world_size, "optimizer": metas, **trainer_state}
+            (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    except (OSError, SafetensorError) as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist_.barrier()
-    save_file(_rng_state(), str(tmp / f"rng-rank{dist_.rank}.safetensors"))
-    if dist_.is_main:
-        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
-        for name, module in (extra_models or {}).items():
-            save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}, str(tmp / f"{name}.safetensors"))
-        metas = {}
-        for file, opt in _optimizer_files(optimizer).items():
-            opt_tensors, metas[file] = _flatten_optimizer(opt.state_dict())
-            save_file(opt_tensors, str(tmp / f"{file}.safetensors"))
-        state = {"step": step, "world_size": dist_.world_size, "optimizer": metas, **trainer_state}
-        (tmp / "state.json").write_text(json.dumps(state, indent=1))
+        raise CheckpointError(f"cannot write the step-{step} checkpoint into {run.checkpoints} "
+                              f"({str(err).splitlines()[0][:100]}); free disk space or make it writable, then "
+                              f"--resume; {_kept_checkpoint(run)}") from None
     dist_.barrier()
     if dist_.is_main:
         shutil.rmtree(final, ignore_errors=True)
@@ -416,7 +514,10 @@ def latest_checkpoint(run: RunDir) -> Path | None:
     pointer = run.checkpoints / "latest"
     if not pointer.is_file():
         return None
-    folder = run.checkpoints / pointer.read_text().strip()
+    name = pointer.read_text().strip()
+    if not re.fullmatch(r"step-\d+", name):  # never follow a pointer out of the run directory
+        raise CheckpointError(f"{pointer} holds {name[:60]!r}; allowed: the name of a step-<N> folder beside it")
+    folder = run.checkpoints / name
     if not folder.is_dir():
         raise CheckpointError(f"{pointer} points at {folder}, which does not exist")
     return folder

@@ -1,0 +1,77 @@
+"""Reading files that may come from anywhere, without ever running code from them.
+
+* Tensors: safetensors, or a PyTorch file through ``torch.load(weights_only=True)`` (tensors, containers and
+  primitive types only); a pickle that carries code is refused before anything of it runs.
+* Python pickles of *data* (CIFAR's batches): :func:`restricted_unpickle` admits only the classes a format needs
+  (here: numpy arrays and their dtypes, plus builtin containers, bytes and strings), so a ``__reduce__`` payload
+  fails on its first global lookup instead of running.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from lapheads.errors import CheckpointError
+
+__all__ = ["NUMPY_ARRAY_GLOBALS", "load_tensor_file", "restricted_unpickle"]
+
+#: What numpy arrays pickle as, in numpy 1.x and 2.x (``_codecs.encode`` carries bytes in protocol-2 pickles).
+NUMPY_ARRAY_GLOBALS = frozenset({
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),
+})
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def __init__(self, file: IO[bytes], allowed: frozenset[tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(file, **kwargs)
+        self.allowed = allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.allowed:
+            raise pickle.UnpicklingError(f"refused to load {module}.{name} (not a data type of this format)")
+        return super().find_class(module, name)
+
+
+def restricted_unpickle(file: IO[bytes], allowed: frozenset[tuple[str, str]] = NUMPY_ARRAY_GLOBALS,
+                        encoding: str = "latin1") -> Any:
+    """Unpickle ``file`` admitting only the ``(module, name)`` globals in ``allowed``.
+
+    Raises:
+        pickle.UnpicklingError: on any other global (e.g. ``os.system`` in a ``__reduce__`` payload).
+    """
+    return _RestrictedUnpickler(file, allowed, encoding=encoding).load()
+
+
+def load_tensor_file(path: str | Path) -> dict[str, Any]:
+    """A state dict from a ``.safetensors`` file or a PyTorch file, never executing code from it.
+
+    Raises:
+        CheckpointError: the file is missing, not a tensor file, or a pickle that needs more than tensors.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist or is not a file; allowed: a .safetensors or .pth file")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise CheckpointError(f"{path} is not a valid safetensors file ({str(err).splitlines()[0][:100]})") from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not a plain tensor file ({str(err).splitlines()[0][:100]}); refusing to "
+                              "load it (lapheads never runs code from a file)") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}; allowed: a state dict")
+    return state
