@@ -19,10 +19,13 @@ from lapheads.errors import CheckpointError
 
 __all__ = ["NUMPY_ARRAY_GLOBALS", "load_tensor_file", "restricted_unpickle"]
 
-#: What numpy arrays pickle as, in numpy 1.x and 2.x (``_codecs.encode`` carries bytes in protocol-2 pickles).
+#: What numpy arrays pickle as, in numpy 1.x and 2.x (``_frombuffer`` with protocol 5; ``_codecs.encode`` carries
+#: bytes in protocol-2 pickles). Each only builds arrays, dtypes or bytes from data.
 NUMPY_ARRAY_GLOBALS = frozenset({
     ("numpy.core.multiarray", "_reconstruct"),
     ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
     ("_codecs", "encode"),
