@@ -1,8 +1,8 @@
 """``lapheads demo``: the fmnist-cpu recipe with 0 and with k Laplacian heads, same seed, and a report.
 
-The report directory holds ``report.md`` (test accuracy, wall time, parameters per run), PNG plots of the
-training loss and test accuracy of both runs, and the token geometry of both (``lapheads analyze``: ANOVA and
-spectrum plots in the report, every metric in summary.md). Everything is read back from the two run directories, the contract
+The report directory holds ``report.md`` (test accuracy, wall time, parameters per run; the paper's claims with
+a one-seed verdict each), PNG plots of the training loss and test accuracy of both runs, and the token geometry of
+both (``lapheads analyze``: ANOVA and spectrum plots in the report, every metric in summary.md). Everything is read back from the two run directories, the contract
 between training and reporting.
 """
 
@@ -47,9 +47,44 @@ def plot_runs(runs: dict[str, RunDir], out: Path) -> list[Path]:
     return paths
 
 
+#: The paper's claims the demo can look at, as (claim, summary row, the direction the paper reports: -1 falls, +1
+#: rises). Read at the last block, as ``lapheads analyze`` reports them.
+CLAIMS = [
+    ("accuracy rises", "test top-1 (%), the run's final eval", +1),
+    ("within-sequence variance falls", "within-sequence fraction", -1),
+    ("between-class variance rises", "between-class fraction", +1),
+    ("spectra decay faster", "components for 99%, pooled", -1),
+]
+#: Below this relative change a one-seed difference is called "no change" (it is not a test either way).
+NO_CHANGE = 0.01
+
+
+def verdict(baseline: float, laplacian: float, direction: int) -> str:
+    """The direction of one seed pair against the paper's: "as claimed", "opposite" or "no change"."""
+    change = laplacian - baseline
+    if abs(change) <= NO_CHANGE * max(abs(baseline), 1e-12):
+        return "no change"
+    return "as claimed" if change * direction > 0 else "opposite"
+
+
+def _claim_rows(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
+    from lapheads.geometry.analyze import SUMMARY_ROWS, _last_block
+
+    readers = dict(SUMMARY_ROWS)
+    rows = []
+    for claim, metric, direction in CLAIMS:
+        read = readers[metric]
+        base, lap = (read(a, _last_block(a)) for a in analyses[:2])
+        rows.append(f"| {claim} | {metric} | {base:.4g} | {lap:.4g} | {lap - base:+.4g} | "
+                    f"{verdict(base, lap, direction)} |")
+    return rows
+
+
 def write_report(
-    runs: dict[str, RunDir], walls: dict[str, float], out: Path, geometry: list[Path] | None = None
+    runs: dict[str, RunDir], walls: dict[str, float], out: Path, geometry: list[Path] | None = None,
+    analyses: list[dict] | None = None,
 ) -> Path:
+    """report.md: accuracy (the runs' own final evaluations), curves, and the paper's claims with a verdict each."""
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for label, run in runs.items():
@@ -68,12 +103,17 @@ def write_report(
         "",
         f"Recipe `fmnist-cpu`: {first['description']}. Same seed ({first['seed']}) for both runs.",
         "",
-        "| run | test top-1 (%) | test top-5 (%) | test loss | wall time (s) | parameters | run directory |",
+        "Test accuracy is each run's own evaluation of its final checkpoint (metrics.jsonl); summary.md quotes the "
+        "same numbers. Wall time depends on this machine and on whatever else it ran meanwhile.",
+        "",
+        "| run | test top-1 (%) | test top-5 (%) | test loss | wall time (s, machine-dependent) | parameters | "
+        "run directory |",
         "|---|---|---|---|---|---|---|",
         *rows,
         "",
         *[f"![{p.stem}]({p.name})" for p in plots],
         "",
+        *(_claims_section(runs, analyses) if analyses and len(analyses) >= 2 else []),
         *(_geometry_section(geometry) if geometry else []),
     ])
     report = out / "report.md"
@@ -81,13 +121,28 @@ def write_report(
     return report
 
 
+def _claims_section(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
+    return [
+        "## The paper's claims, on this one pair of runs",
+        "",
+        "Verdicts compare the direction of this pair with the paper's: **as claimed**, **opposite**, or **no change** "
+        f"(a relative difference under {NO_CHANGE:.0%}). One seed per arm is a direction, not a test: seed-to-seed "
+        "noise can be as large as these differences. For statistics run `lapheads sweep` over several seeds and "
+        "`lapheads report` (docs/reproduction.md).",
+        "",
+        "| paper's claim | metric (last block) | baseline | Laplacian | difference | verdict (one seed) |",
+        "|---|---|---|---|---|---|",
+        *_claim_rows(runs, analyses),
+        "",
+    ]
+
+
 def _geometry_section(plots: list[Path]) -> list[str]:
     return [
         "## Token geometry (lapheads analyze, test set, every layer)",
         "",
-        "ANOVA of token variance (paper's claim: Laplacian heads shrink the within-sequence part and grow the "
-        "between-class part) and spectral decay (claim: fewer components explain 99% of the variance). All metrics "
-        "side by side: [summary.md](summary.md).",
+        "ANOVA of token variance and spectral decay at every layer, both runs; every metric side by side: "
+        "[summary.md](summary.md).",
         "",
         *[f"![{p.stem}]({p.name})" for p in plots],
         "",
@@ -111,9 +166,9 @@ def run_demo(out: Path, laplacian_heads: str = "3", data_root: str | None = None
         walls[label] = time.perf_counter() - start
         runs[label] = RunDir(run_dir)
     print("== token geometry of both runs (lapheads analyze)", flush=True)
-    analyze_runs([run.path for run in runs.values()], out / "report")
+    analyses, _ = analyze_runs([run.path for run in runs.values()], out / "report")
     geometry = [out / "report" / name for name in ("anova.png", "spectrum.png")]
-    report = write_report(runs, walls, out / "report", geometry)
+    report = write_report(runs, walls, out / "report", geometry, analyses)
     (out / "report" / "walls.json").write_text(json.dumps(walls, indent=1))
     print(report.read_text())
     print(f"report: {report}")

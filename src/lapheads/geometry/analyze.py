@@ -393,8 +393,16 @@ LM_ROWS = [
     ("NC1, top-K next tokens", lambda a, layer: a["per_layer"][layer]["linguistic"]["nc1"]),
     *_SHARED_ROWS,
 ]
+def _run_eval_top1(analysis: dict[str, Any]) -> float:
+    """The run's own final test top-1 (metrics.jsonl): the one accuracy every report quotes for a checkpoint."""
+    from lapheads.train.runtime import RunDir
+
+    evals = [r["eval_top1"] for r in RunDir(analysis["run_dir"]).read_metrics() if "eval_top1" in r]
+    return evals[-1] if evals else math.nan
+
+
 SUMMARY_ROWS = [
-    ("test accuracy (%)", lambda a, layer: 100 * a["accuracy"]),
+    ("test top-1 (%), the run's final eval", lambda a, layer: _run_eval_top1(a)),
     ("within-sequence fraction", lambda a, layer: a["per_layer"][layer]["anova"]["within_seq_fraction"]),
     ("between-sequence fraction", lambda a, layer: a["per_layer"][layer]["anova"]["between_seq_fraction"]),
     ("between-class fraction", lambda a, layer: a["per_layer"][layer]["anova"]["between_class_fraction"]),
