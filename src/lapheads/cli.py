@@ -65,7 +65,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from lapheads.train.lm import train_lm as train
     else:
         from lapheads.train.dino import train_dino as train
-    result = train(cfg, out, resume=args.resume, preset=args.preset)
+    from lapheads.train.runtime import peer_failures
+
+    with peer_failures():  # a rank that died under torchrun: one line on the others, not a gloo traceback
+        result = train(cfg, out, resume=args.resume, preset=args.preset)
     print(json.dumps({"run_dir": str(out), **result}))
     return 0
 

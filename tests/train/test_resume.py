@@ -152,3 +152,56 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tiny_config, tmp_
     with pytest.raises(CheckpointError, match="No space left on device.*step-000000\\d\\d is intact"):
         train_classify(cfg, tmp_path / "run")
     assert not list((tmp_path / "run" / "checkpoints").glob(".tmp-*"))
+
+
+def _torchrun(args: list[str], out: Path, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "-m", "lapheads", "train", "classify", *args, "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kwargs)
+
+
+def _rank_pid(parent: int, rank: int) -> int | None:
+    for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+        try:
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return int(child)
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc")
+def test_a_killed_rank_stops_the_job_in_one_line_and_resume_is_identical(tiny_config, tmp_path):
+    cfg = dataclasses.replace(tiny_config, epochs=6.0, eval_every_epochs=6.0, checkpoint_every=4)
+    preset = tmp_path / "tiny.json"
+    preset.write_text(json.dumps(dataclasses.asdict(cfg)))
+    straight = _torchrun(["--preset", str(preset)], tmp_path / "straight")
+    assert straight.wait(timeout=600) == 0, straight.stderr.read()
+    job = _torchrun(["--preset", str(preset)], tmp_path / "killed")
+    deadline = time.time() + 300
+    while not (tmp_path / "killed" / "checkpoints" / "latest").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    victim = _rank_pid(job.pid, 1)
+    assert victim is not None and job.poll() is None
+    os.kill(victim, signal.SIGKILL)
+    _, err = job.communicate(timeout=120)  # no hang: torchrun and the surviving rank stop
+    assert job.returncode != 0
+    # The survivor says why in one line when it notices first (a lost gloo peer, or torchrun's SIGTERM while it
+    # runs Python); blocked inside a gloo wait it is ended by torchrun's SIGTERM, whose report names the dead rank.
+    survivor = [line for line in err.splitlines() if line.startswith("lapheads train: error:")]
+    if survivor:
+        assert ("stopped by signal SIGTERM" in survivor[0] or "lost contact" in survivor[0]) and "--resume" in survivor[0]
+    else:
+        assert "Root Cause" in err and "exitcode  : -9" in err, err[-2000:]
+    assert "[rank0]: Traceback" not in err and "[rank1]: Traceback" not in err
+    killed_at = latest_checkpoint(RunDir(tmp_path / "killed")).name
+    total = json.loads((tmp_path / "killed" / "config.json").read_text())["steps"]
+    assert int(killed_at.split("-")[1]) < total
+    resumed = _torchrun(["--resume"], tmp_path / "killed")
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
+    a, b = _final_weights(tmp_path / "straight"), _final_weights(tmp_path / "killed")
+    assert latest_checkpoint(RunDir(tmp_path / "killed")).name == f"step-{total:08d}"
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -15,6 +15,7 @@ Design choices:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -22,8 +23,10 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +49,8 @@ __all__ = [
     "Distributed",
     "GlobalBatchSampler",
     "NonFiniteLossError",
+    "StoppedError",
+    "peer_failures",
     "check_finite_loss",
     "RunConfig",
     "RunDir",
@@ -78,6 +83,19 @@ class RunConfig:
 
 class NonFiniteLossError(LapheadsError, RuntimeError):
     """The loss became NaN or inf; the message names the step."""
+
+
+class StoppedError(LapheadsError, RuntimeError):
+    """The run was stopped from outside (SIGTERM from torchrun after another rank died, a cancelled job) or lost a
+    peer process; what was written stays, and ``--resume`` continues."""
+
+
+_RESUME_HINT = "checkpoints written so far are intact; run the same command with --resume to continue"
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise StoppedError(f"stopped by signal {signal.Signals(signum).name} (another process of this torchrun job "
+                       f"failed, or the job was cancelled); {_RESUME_HINT}")
 
 
 def _kept_checkpoint(run: RunDir) -> str:
@@ -139,12 +157,30 @@ class Distributed:
 
     def barrier(self) -> None:
         if self.enabled:
-            dist.barrier()
+            with peer_failures():
+                dist.barrier()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.enabled:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            with peer_failures():
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
+
+
+@contextlib.contextmanager
+def peer_failures() -> Iterator[None]:
+    """A collective that fails because a peer process died (in our code or inside DDP's hooks) becomes one line;
+    any other error passes through unchanged."""
+    try:
+        yield
+    except RuntimeError as err:  # DistBackendError and gloo's errors are RuntimeErrors
+        text = str(err).lower()
+        if isinstance(err, LapheadsError) or not (
+            isinstance(err, dist.DistError) or "gloo" in text or "nccl" in text or "by peer" in text
+        ):
+            raise
+        raise StoppedError(f"lost contact with another process of this job ({str(err).splitlines()[0][:80]}); "
+                           f"{_RESUME_HINT}") from None
 
 
 def setup_distributed(device: str = "auto") -> Distributed:
@@ -162,6 +198,9 @@ def setup_distributed(device: str = "auto") -> Distributed:
         torch.cuda.set_device(torch_device)
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30))
+    if "TORCHELASTIC_RUN_ID" in os.environ and threading.current_thread() is threading.main_thread():
+        # torchrun stops the other ranks with SIGTERM when one dies: say so in one line instead of vanishing.
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
     return Distributed(rank, world_size, local_rank, torch_device)
 
 
