@@ -17,7 +17,7 @@ from lapheads.attention import (
     laplacian_head_mask,
     parse_laplacian_heads,
 )
-from lapheads.models import GPT, GPTConfig, create_vit  # also registers lapheads' timm model names
+from lapheads.models import GPT, GPTConfig, create_vit, load_nanochat  # also registers lapheads' timm model names
 
 try:
     __version__ = version("lapheads")
@@ -35,5 +35,6 @@ __all__ = [
     "laplacian_attention",
     "laplacian_attention_reference",
     "laplacian_head_mask",
+    "load_nanochat",
     "parse_laplacian_heads",
 ]

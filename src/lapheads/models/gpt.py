@@ -1,22 +1,34 @@
-"""A nanochat-style GPT with Laplacian heads.
+"""A nanochat GPT with Laplacian heads, in both of nanochat's architecture families.
 
-Design choices (after Karpathy's nanochat ``gpt.py``; state-dict names are nanochat's, so its checkpoints load):
+Design choices (after Karpathy's nanochat ``gpt.py`` and the authors' 2026 fork; state-dict names are nanochat's, so
+its checkpoints load with ``strict=True``):
 
 * **depth is the one dial.** Width = ``aspect_ratio`` (64) x depth, heads of ``head_dim`` (128), so
   ``GPTConfig(depth=20, vocab_size=65536)`` is the paper's 560,988,160-parameter nanochat d20.
-* **Laplacian heads from the one op.** Attention calls ``lapheads.laplacian_attention`` with this layer's head mask
-  (from the shared parser: k per layer, "0,2,2,0", or masks); a Laplacian head outputs v - PV. The causal mask is
-  aligned bottom-right, so the same call serves training, prefill and KV-cache decoding.
-* **Rotary embeddings** (base 10000) on queries and keys, no learned positions.
-* **QK-norm**: parameter-free RMS norm of queries and keys after rotary, as nanochat.
+* **One word picks the architecture family** (``arch``): ``"nanochat-2025"`` (October 2025, the default) or
+  ``"nanochat-2026"`` (the fork the authors' LM sweep ran: value embeddings, residual and x0 lambdas, smear, backout,
+  sliding windows "SSSL", q and k x 1.2, rotary base 100,000, vocabulary padded to a multiple of 64, its
+  initialisation, and its width rule: width rounded up to a multiple of the head dim). Every feature is also its own
+  option (the fork's names ``use_ve``, ``use_resid_lambdas``, ``use_x0``, ``use_smear``, ``use_backout``,
+  ``window_pattern``, plus ``qk_scale``, ``rope_base``, ``pad_vocab_size_to``, ``init``); None means "the family's".
+* **Laplacian heads from the one op.** Attention calls ``lapheads.laplacian_attention`` with this layer's heads (an
+  int k for trailing specs); a Laplacian head outputs v - PV with v *after* the value-embedding mix, as the fork.
+  The causal (or sliding-window) mask is aligned bottom-right, so one call serves training, prefill and decoding.
+* **Sliding windows** ("S" layers, the last layer always "L"): a query sees itself and the ``short_window`` keys
+  before it (FlashAttention's ``window_size=(w, 0)``), by a boolean mask built once per forward.
+* **Rotary embeddings** on queries and keys, no learned positions; **QK-norm** (parameter-free RMS norm) after them.
 * **relu^2 MLP** (4x), **no biases**, parameter-free RMS norms before attention, before the MLP, after the
-  embedding and before the head.
-* **Untied embeddings**: token embedding ``wte`` and output head ``lm_head`` are separate matrices.
-* **Logit softcap** 15 * tanh(logits / 15), computed in float32.
+  embedding and before the head; **untied** ``wte`` / ``lm_head``; **logit softcap** 15 tanh(x / 15) in float32.
 * **GQA/MQA** through ``n_kv_head`` (SDPA broadcasts keys and values; Laplacian heads subtract their own value).
-* **Initialisation in one place** (``init_weights``): Linear N(0, 1/sqrt(fan_in) * min(1, sqrt(fan_out/fan_in))),
-  embedding N(0, 1), and zeros for ``lm_head`` and every output projection, so each block starts as the identity.
-* **Generation** with a pre-allocated KV cache, temperature and top-k; cached logits equal full-forward logits.
+* **Initialisation in one place** (``init_weights``), per family: 2025 = Linear N(0, 1/sqrt(fan_in) *
+  min(1, sqrt(fan_out/fan_in))), embedding N(0, 1), zeros for ``lm_head`` and every output projection; 2026 = the
+  fork's (embedding N(0, 0.8), head N(0, 0.001), q/k/v and value embeddings uniform with std 1/sqrt(width), c_fc at
+  0.4 of that, zero output projections, scalars and gates as listed in ``_init_2026``). Either way every block starts
+  as the identity, so Laplacian heads are a no-op at initialisation.
+* **Built on the meta device** like nanochat (``with torch.device("meta")``, ``to_empty``, ``init_weights``): the
+  head masks live beside the module and survive it (``LaplacianHeadsMixin``).
+* **Generation** with a pre-allocated KV cache (which also carries the smear's previous embedding), temperature and
+  top-k; cached logits equal full-forward logits with every option on.
 
 The residual stream is exposed as ``blocks`` (the layers) and ``norm`` (the final norm) for
 ``lapheads.geometry.ResidualStream``.
@@ -24,6 +36,7 @@ The residual stream is exposed as ``blocks`` (the layers) and ``norm`` (the fina
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +48,19 @@ import torch.nn.functional as F
 from lapheads.attention import LaplacianHeadsMixin, laplacian_attention, parse_laplacian_heads
 from lapheads.errors import InputError
 
-__all__ = ["GPT", "GPTConfig", "KVCache"]
+__all__ = ["ARCHS", "GPT", "GPTConfig", "KVCache"]
+
+#: Architecture families: the value of every per-feature option that is left as None.
+ARCHS: dict[str, dict[str, Any]] = {
+    "nanochat-2025": dict(use_ve=False, use_resid_lambdas=False, use_x0=False, use_smear=False, use_backout=False,
+                          window_pattern="L", qk_scale=1.0, rope_base=10000.0, pad_vocab_size_to=1,
+                          init="nanochat-2025", round_width=False),
+    "nanochat-2026": dict(use_ve=True, use_resid_lambdas=True, use_x0=True, use_smear=True, use_backout=True,
+                          window_pattern="SSSL", qk_scale=1.2, rope_base=100000.0, pad_vocab_size_to=64,
+                          init="nanochat-2026", round_width=True),
+}
+#: Feature widths of the fork's gates: the value-embedding gate and the smear gate read the first channels.
+VE_GATE_CHANNELS, SMEAR_GATE_CHANNELS = 12, 24
 
 
 @dataclass
@@ -45,11 +70,25 @@ class GPTConfig:
         vocab_size: tokenizer vocabulary (65,536 for nanochat's BPE).
         sequence_len: longest sequence the model takes (training and generation).
         aspect_ratio: width per layer of depth (nanochat: 64).
-        head_dim: target head dimension (nanochat: 128); heads = ceil(width / head_dim).
+        head_dim: target head dimension (nanochat: 128).
         n_kv_head: key/value heads (GQA/MQA); default = the number of query heads.
         laplacian_heads: k trailing Laplacian heads per layer, "0,2,2,0" per layer, or masks.
         softcap: logit soft cap (0 disables it).
+        arch: the architecture family, ``"nanochat-2025"`` or ``"nanochat-2026"`` (see ``ARCHS``).
+        use_ve: value embeddings mixed into v by a per-head gate in (0, 3), on alternating layers (last included).
+        use_resid_lambdas: a learned scale of the residual stream before each block.
+        use_x0: a learned share of the first (embedded) stream added back before each block.
+        use_smear: the previous token's embedding mixed into each token's by a learned gate.
+        use_backout: a learned share of the mid-depth stream subtracted before the final norm.
+        window_pattern: "L" (full causal context) / "S" (sliding window) per layer, tiled; the last layer is "L".
+        short_window: keys before a query that an "S" layer sees; None = the fork's rule, ceil(sequence_len / 4 to a
+            multiple of 128).
+        qk_scale: factor on queries and keys after the QK-norm (sharper attention).
         rope_base: rotary base frequency.
+        pad_vocab_size_to: embedding and head rows rounded up to this multiple; logits are cropped to vocab_size.
+        init: the initialisation, ``"nanochat-2025"`` or ``"nanochat-2026"``.
+        width: the model width, overriding depth x aspect_ratio (e.g. a nanochat checkpoint's n_embd).
+        num_heads: the number of query heads, overriding the width rule.
     """
 
     depth: int = 20
@@ -60,15 +99,59 @@ class GPTConfig:
     n_kv_head: int | None = None
     laplacian_heads: Any = 0
     softcap: float = 15.0
-    rope_base: float = 10000.0
+    arch: str = "nanochat-2025"
+    use_ve: bool | None = None
+    use_resid_lambdas: bool | None = None
+    use_x0: bool | None = None
+    use_smear: bool | None = None
+    use_backout: bool | None = None
+    window_pattern: str | None = None
+    short_window: int | None = None
+    qk_scale: float | None = None
+    rope_base: float | None = None
+    pad_vocab_size_to: int | None = None
+    init: str | None = None
+    width: int | None = None
+    num_heads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise InputError(f"arch={self.arch!r}; allowed: {', '.join(ARCHS)}")
+        for name, value in ARCHS[self.arch].items():
+            if name != "round_width" and getattr(self, name) is None:
+                setattr(self, name, value)
+        self.window_pattern = self.window_pattern.upper()
 
     @property
     def n_embd(self) -> int:
-        return self.depth * self.aspect_ratio
+        if self.width is not None:
+            return self.width
+        base = self.depth * self.aspect_ratio
+        if ARCHS[self.arch]["round_width"]:  # the fork: round up to whole heads of exactly head_dim
+            return -(-base // self.head_dim) * self.head_dim
+        return base
 
     @property
     def n_head(self) -> int:
+        if self.num_heads is not None:
+            return self.num_heads
         return max(1, math.ceil(self.n_embd / self.head_dim))
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return -(-self.vocab_size // self.pad_vocab_size_to) * self.pad_vocab_size_to
+
+    def window_sizes(self) -> list[int | None]:
+        """Per layer: how many keys before a query an "S" layer sees, or None for full causal context ("L")."""
+        short = self.short_window if self.short_window is not None else -(-self.sequence_len // 4 // 128) * 128
+        sizes = [short if self.window_pattern[i % len(self.window_pattern)] == "S" else None
+                 for i in range(self.depth)]
+        sizes[-1] = None  # the last layer always sees the whole context
+        return [None if w is not None and w >= self.sequence_len - 1 else w for w in sizes]
+
+    def has_value_embedding(self, layer: int) -> bool:
+        """Alternating layers carry value embeddings, the last layer always (the fork's rule)."""
+        return bool(self.use_ve) and layer % 2 == (self.depth - 1) % 2
 
     def validate(self) -> None:
         if self.depth < 1 or self.vocab_size < 2 or self.sequence_len < 1:
@@ -80,6 +163,55 @@ class GPTConfig:
         kv = self.n_kv_head or self.n_head
         if self.n_head % kv:
             raise InputError(f"n_kv_head={kv} must divide the {self.n_head} query heads")
+        if not self.window_pattern or set(self.window_pattern) - set("SL"):
+            raise InputError(f"window_pattern={self.window_pattern!r}; allowed: a non-empty string of S and L")
+        if self.short_window is not None and self.short_window < 1:
+            raise InputError(f"short_window={self.short_window}; allowed: an integer >= 1")
+        if self.init not in ("nanochat-2025", "nanochat-2026"):
+            raise InputError(f"init={self.init!r}; allowed: nanochat-2025, nanochat-2026")
+        if self.pad_vocab_size_to < 1 or self.qk_scale <= 0 or self.rope_base <= 1:
+            raise InputError(f"pad_vocab_size_to={self.pad_vocab_size_to}, qk_scale={self.qk_scale}, rope_base="
+                             f"{self.rope_base}; allowed: >= 1, > 0 and > 1")
+        gates = [(self.use_ve, VE_GATE_CHANNELS, "use_ve"), (self.use_smear, SMEAR_GATE_CHANNELS, "use_smear")]
+        for on, channels, name in gates:
+            if on and self.n_embd < channels:
+                raise InputError(f"{name} needs a width >= {channels} (its gate reads {channels} channels); got "
+                                 f"{self.n_embd}")
+
+    @classmethod
+    def from_nanochat(cls, model_config: dict[str, Any], state_keys: set[str] | None = None) -> GPTConfig:
+        """The config of a nanochat checkpoint's ``meta_<step>.json`` ``model_config``.
+
+        Both key sets: October 2025 (n_layer, n_head, n_kv_head, n_embd, sequence_len, vocab_size) and the 2026
+        fork (plus use_*, window_pattern, laplacian_heads as an int or per-layer list). A 2026 key set, or 2026
+        parameters among ``state_keys`` (value_embeds, resid_lambdas, ...), means the 2026 family with each missing
+        switch on, as the fork's own loader assumes; otherwise the 2025 family.
+        """
+        required = ("n_layer", "n_head", "n_embd", "sequence_len", "vocab_size")
+        missing = [k for k in required if k not in model_config]
+        if missing:
+            raise InputError(f"nanochat model_config lacks {', '.join(missing)}; allowed: a nanochat meta_<step>.json")
+        switches = ("use_ve", "use_resid_lambdas", "use_x0", "use_smear", "use_backout")
+        markers = ("value_embeds.", "resid_lambdas", "x0_lambdas", "smear_", "backout_lambda")
+        is_2026 = any(k in model_config for k in (*switches, "window_pattern")) or any(
+            key.startswith(markers) for key in (state_keys or ()))
+        spec = model_config.get("laplacian_heads", 0)
+        options: dict[str, Any] = {}
+        if is_2026:
+            options = {k: bool(model_config.get(k, True)) for k in switches}
+            options["window_pattern"] = model_config.get("window_pattern", "L")
+        return cls(
+            depth=int(model_config["n_layer"]), vocab_size=int(model_config["vocab_size"]),
+            sequence_len=int(model_config["sequence_len"]), width=int(model_config["n_embd"]),
+            num_heads=int(model_config["n_head"]), n_kv_head=int(model_config.get("n_kv_head", model_config["n_head"])),
+            head_dim=int(model_config["n_embd"]) // int(model_config["n_head"]),
+            laplacian_heads=list(spec) if isinstance(spec, (list, tuple)) else int(spec),
+            arch="nanochat-2026" if is_2026 else "nanochat-2025", **options,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, resolved (JSON-ready): ``GPTConfig(**config.to_dict())`` rebuilds the same model."""
+        return dataclasses.asdict(self)
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -102,7 +234,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class KVCache:
-    """Pre-allocated keys and values of every layer for incremental decoding.
+    """Pre-allocated keys and values of every layer for incremental decoding, and the smear's previous embedding.
 
     Args:
         batch_size, num_kv_heads, max_len, head_dim, num_layers: the cache's shape.
@@ -115,6 +247,7 @@ class KVCache:
         self.kv = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.pos = 0  # tokens already stored (the next token's position)
+        self.prev_embedding: torch.Tensor | None = None  # the last token's embedding before the smear (B, 1, C)
 
     def insert(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v (B, Hkv, T, D) for ``layer``; return all keys and values so far."""
@@ -128,32 +261,51 @@ class KVCache:
         return self.kv[layer, 0, :, :, :end], self.kv[layer, 1, :, :, :end]
 
 
+def sliding_window_mask(t: int, s: int, window: int, device: torch.device) -> torch.Tensor:
+    """Bool (T, S), True = attend: query i sits at key position S - T + i and sees itself and ``window`` keys before
+    it (FlashAttention's ``window_size=(window, 0)``)."""
+    query = torch.arange(s - t, s, device=device)[:, None]
+    key = torch.arange(s, device=device)[None, :]
+    return (key <= query) & (key >= query - window)
+
+
 class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int, laplacian_mask: torch.Tensor) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head or config.n_head
         self.head_dim = config.n_embd // self.n_head
+        self.qk_scale = config.qk_scale
         self.c_q = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
         self.c_k = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.c_v = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        # the value-embedding gate (2026): one gate per key/value head from the first channels of the input
+        self.ve_gate = (nn.Linear(VE_GATE_CHANNELS, self.n_kv_head, bias=False)
+                        if config.has_value_embedding(layer_idx) else None)
         # a non-persistent buffer (nanochat checkpoints load unchanged; the spec lives in the config) that
         # survives meta-device builds and to_empty (LaplacianHeadsMixin)
         self._init_laplacian_heads(self.n_head, laplacian_mask)
 
-    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache | None,
+                value_embedding: torch.Tensor | None = None, window_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
         v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
+        if value_embedding is not None:  # ResFormer value residual; Laplacian heads then use this mixed v
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :VE_GATE_CHANNELS]))  # (B, T, Hkv), in (0, 3)
+            v = v + gate.unsqueeze(-1) * value_embedding.view(B, T, self.n_kv_head, self.head_dim)
         q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
         q, k = rms_norm(q), rms_norm(k)  # QK-norm keeps attention logits bounded
+        if self.qk_scale != 1.0:  # the 2026 family sharpens attention, split between q and k
+            q, k = q * self.qk_scale, k * self.qk_scale
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if kv_cache is not None:
             k, v = kv_cache.insert(self.layer_idx, k, v)
-        # T < S with a cache: the op aligns the causal mask bottom-right and uses the query's own value
-        y = laplacian_attention(q, k, v, laplacian_heads=self.laplacian_heads_for_op, is_causal=True)
+        # T < S with a cache: the op aligns the mask bottom-right and uses the query's own value
+        y = laplacian_attention(q, k, v, laplacian_heads=self.laplacian_heads_for_op, attn_mask=window_mask,
+                                is_causal=window_mask is None)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -173,9 +325,15 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer_idx, laplacian_mask)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x), cos_sin, kv_cache)
+    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache | None = None,
+                value_embedding: torch.Tensor | None = None, window_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(rms_norm(x), cos_sin, kv_cache, value_embedding, window_mask)
         return x + self.mlp(rms_norm(x))
+
+
+def _optional_parameter(enabled: bool, shape: tuple[int, ...]) -> nn.Parameter | None:
+    """A disabled component registers as None: absent from parameters() and the state dict, as in the fork."""
+    return nn.Parameter(torch.empty(shape)) if enabled else None
 
 
 class GPT(nn.Module):
@@ -186,12 +344,22 @@ class GPT(nn.Module):
         config.validate()
         self.config = config
         masks = parse_laplacian_heads(config.laplacian_heads, num_heads=config.n_head, num_layers=config.depth)
+        vocab, width = config.padded_vocab_size, config.n_embd
         self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(config.vocab_size, config.n_embd),
+            "wte": nn.Embedding(vocab, width),
             "h": nn.ModuleList([Block(config, i, masks[i]) for i in range(config.depth)]),
         })
         self.norm = RMSNorm()
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(width, vocab, bias=False)
+        kv_width = (config.n_kv_head or config.n_head) * (width // config.n_head)
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(vocab, kv_width) for i in range(config.depth)
+                                           if config.has_value_embedding(i)})
+        self.resid_lambdas = _optional_parameter(config.use_resid_lambdas, (config.depth,))
+        self.x0_lambdas = _optional_parameter(config.use_x0, (config.depth,))
+        self.smear_gate = nn.Linear(SMEAR_GATE_CHANNELS, 1, bias=False) if config.use_smear else None
+        self.smear_lambda = _optional_parameter(config.use_smear, (1,))
+        self.backout_lambda = _optional_parameter(config.use_backout, (1,))
+        self.window_sizes = config.window_sizes()
         cos, sin = self._rotary(config.sequence_len)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -217,6 +385,16 @@ class GPT(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """All initialisation, in one place (see the module docstring)."""
+        if self.config.init == "nanochat-2026":
+            self._init_2026()
+        else:
+            self._init_2025()
+        if self.cos.device.type != "meta":
+            cos, sin = self._rotary(self.config.sequence_len, self.cos.device)
+            self.cos.copy_(cos)
+            self.sin.copy_(sin)
+
+    def _init_2025(self) -> None:
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 fan_out, fan_in = module.weight.shape
@@ -227,13 +405,54 @@ class GPT(nn.Module):
         for block in self.blocks:  # every block starts as the identity map
             nn.init.zeros_(block.attn.c_proj.weight)
             nn.init.zeros_(block.mlp.c_proj.weight)
-        if self.cos.device.type != "meta":
-            cos, sin = self._rotary(self.config.sequence_len, self.cos.device)
-            self.cos.copy_(cos)
-            self.sin.copy_(sin)
+        self._init_scalars_and_gates()
+
+    def _init_2026(self) -> None:
+        nn.init.normal_(self.transformer["wte"].weight, std=0.8)
+        nn.init.normal_(self.lm_head.weight, std=0.001)
+        bound = math.sqrt(3) / math.sqrt(self.config.n_embd)  # uniform with std 1/sqrt(width): no outliers
+        for block in self.blocks:
+            for linear in (block.attn.c_q, block.attn.c_k, block.attn.c_v):
+                nn.init.uniform_(linear.weight, -bound, bound)
+            nn.init.uniform_(block.mlp.c_fc.weight, -0.4 * bound, 0.4 * bound)
+            nn.init.zeros_(block.attn.c_proj.weight)  # every block starts as the identity map
+            nn.init.zeros_(block.mlp.c_proj.weight)
+        for embedding in self.value_embeds.values():
+            nn.init.uniform_(embedding.weight, -bound, bound)
+        self._init_scalars_and_gates()
+
+    def _init_scalars_and_gates(self) -> None:
+        """The fork's values, in either family when a feature is switched on."""
+        depth = self.config.depth
+        ramp = torch.arange(depth, dtype=torch.float32) / max(depth - 1, 1)
+        if self.resid_lambdas is not None:  # a stronger residual early, weaker deep
+            self.resid_lambdas.copy_(1.15 - 0.10 * ramp)
+        if self.x0_lambdas is not None:  # more of the embedding re-injected early
+            self.x0_lambdas.copy_(0.20 - 0.15 * ramp)
+        if self.smear_lambda is not None:
+            nn.init.zeros_(self.smear_lambda)  # the smear starts off
+            nn.init.uniform_(self.smear_gate.weight, 0.0, 0.02)
+        if self.backout_lambda is not None:
+            nn.init.constant_(self.backout_lambda, 0.2)
+        for block in self.blocks:  # gates start slightly above neutral
+            if block.attn.ve_gate is not None:
+                nn.init.uniform_(block.attn.ve_gate.weight, 0.0, 0.02)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def _smear(self, x: torch.Tensor, kv_cache: KVCache | None) -> torch.Tensor:
+        """Mix each token's previous token's embedding into it, by a learned gate (cheap bigram information)."""
+        previous = kv_cache.prev_embedding if kv_cache is not None else None
+        if kv_cache is not None:
+            kv_cache.prev_embedding = x[:, -1:]
+        shifted = x[:, :-1] if previous is None else torch.cat([previous.to(x.dtype), x[:, :-1]], dim=1)
+        current = x[:, 1:] if previous is None else x
+        if current.shape[1] == 0:  # one token and nothing before it
+            return x
+        gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(current[..., :SMEAR_GATE_CHANNELS]))
+        mixed = current + gate * shifted
+        return mixed if previous is not None else torch.cat([x[:, :1], mixed], dim=1)
 
     def forward(
         self,
@@ -249,18 +468,34 @@ class GPT(nn.Module):
             loss_reduction: "mean", "sum" or "none" (per token, for bits-per-byte and scoring).
         """
         B, T = idx.shape
+        c = self.config
         start = kv_cache.pos if kv_cache is not None else 0
-        if start + T > self.config.sequence_len:
+        if start + T > c.sequence_len:
             raise InputError(f"sequence of {start + T} tokens is longer than the model's sequence_len "
-                             f"{self.config.sequence_len}; allowed: at most {self.config.sequence_len}")
+                             f"{c.sequence_len}; allowed: at most {c.sequence_len}")
         cos_sin = self.cos[:, start:start + T].to(idx.device), self.sin[:, start:start + T].to(idx.device)
+        # one mask per distinct window, shared by every "S" layer of this forward
+        masks = {w: sliding_window_mask(T, start + T, w, idx.device) for w in set(self.window_sizes) if w is not None}
         x = rms_norm(self.transformer["wte"](idx))
-        for block in self.blocks:
-            x = block(x, cos_sin, kv_cache)
+        if self.smear_gate is not None:
+            x = self._smear(x, kv_cache)
+        x0, backout = x, None
+        for i, block in enumerate(self.blocks):
+            if self.resid_lambdas is not None:
+                x = self.resid_lambdas[i].to(x.dtype) * x
+            if self.x0_lambdas is not None:
+                x = x + self.x0_lambdas[i].to(x.dtype) * x0
+            ve = self.value_embeds[str(i)](idx).to(x.dtype) if str(i) in self.value_embeds else None
+            window = self.window_sizes[i]
+            x = block(x, cos_sin, kv_cache, ve, masks[window] if window is not None else None)
+            if self.backout_lambda is not None and i == c.depth // 2:
+                backout = x  # the mid-depth stream: low-level features to remove before the head
+        if backout is not None:
+            x = x - self.backout_lambda.to(x.dtype) * backout
         x = self.norm(x)
-        logits = self.lm_head(x).float()
-        if self.config.softcap:
-            logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
+        logits = self.lm_head(x)[..., :c.vocab_size].float()  # padded rows are never predicted
+        if c.softcap:
+            logits = c.softcap * torch.tanh(logits / c.softcap)
         if targets is None:
             return logits
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,

@@ -1,0 +1,104 @@
+"""Loading nanochat checkpoints (Karpathy's nanochat and the authors' 2026 fork) into lapheads' GPT.
+
+nanochat writes ``model_<step:06d>.pt`` (a state dict, ``torch.save``) and ``meta_<step:06d>.json`` (with
+``model_config``) into one folder per model. Here:
+
+* the model is rebuilt from ``model_config`` alone (``GPTConfig.from_nanochat``: both key sets), on the meta device,
+  then ``to_empty`` + ``init_weights`` + a strict ``load_state_dict``, as nanochat's own loader;
+* the weights are read with ``torch.load(weights_only=True)`` (``lapheads.io.load_tensor_file``), so a pickle that
+  carries code is refused before any of it runs;
+* what the fork's loader reconciles is reconciled the same way: ``_orig_mod.`` prefixes of compiled models are
+  dropped, and per-layer scalars that an older 2026 checkpoint lacks get the values that reproduce how it was
+  trained (residual scale 1, x0 share 0, smear 0, backout 0.2).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lapheads.errors import CheckpointError
+from lapheads.io import load_tensor_file
+from lapheads.models.gpt import GPT, GPTConfig, SMEAR_GATE_CHANNELS
+
+__all__ = ["load_nanochat", "nanochat_steps"]
+
+
+def nanochat_steps(folder: str | Path) -> list[int]:
+    """The steps with both a ``model_<step>.pt`` and a ``meta_<step>.json`` in ``folder``, ascending."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a directory; allowed: a nanochat checkpoint folder (model_<step>.pt "
+                              "and meta_<step>.json)")
+    steps = []
+    for path in folder.glob("model_*.pt"):
+        match = re.fullmatch(r"model_(\d+)\.pt", path.name)
+        if match and (folder / f"meta_{match.group(1)}.json").is_file():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def _missing_scalars(config: GPTConfig) -> list[tuple[str, bool, tuple[int, ...], float]]:
+    return [
+        ("resid_lambdas", bool(config.use_resid_lambdas), (config.depth,), 1.0),  # identity scaling
+        ("x0_lambdas", bool(config.use_x0), (config.depth,), 0.0),  # no re-injection
+        ("smear_lambda", bool(config.use_smear), (1,), 0.0),
+        ("smear_gate.weight", bool(config.use_smear), (1, SMEAR_GATE_CHANNELS), 0.0),
+        ("backout_lambda", bool(config.use_backout), (1,), 0.2),
+    ]
+
+
+def load_nanochat(folder: str | Path, step: int | None = None, device: str | torch.device = "cpu",
+                  laplacian_heads: Any = None) -> tuple[GPT, dict[str, Any]]:
+    """A nanochat checkpoint as lapheads' GPT, in eval mode; returns (model, the checkpoint's meta).
+
+    Args:
+        folder: the checkpoint folder (``model_<step>.pt``, ``meta_<step>.json``).
+        step: which step; None = the last one.
+        device: where the model goes.
+        laplacian_heads: override the checkpoint's spec (None: keep ``model_config['laplacian_heads']``, else 0).
+
+    Raises:
+        CheckpointError: a missing folder or step, a corrupt or unsafe file, or weights that do not match.
+    """
+    folder = Path(folder)
+    steps = nanochat_steps(folder)
+    if not steps:
+        raise CheckpointError(f"{folder} holds no nanochat checkpoint (model_<step>.pt with meta_<step>.json)")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise CheckpointError(f"{folder} has no step {step}; allowed: {', '.join(map(str, steps))}")
+    meta_file = folder / f"meta_{step:06d}.json"
+    try:
+        meta = json.loads(meta_file.read_text())
+        model_config = dict(meta["model_config"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{meta_file} is not a nanochat meta file with a model_config ({err})") from None
+    state = {k.removeprefix("_orig_mod."): v for k, v in load_tensor_file(folder / f"model_{step:06d}.pt").items()}
+    if laplacian_heads is not None:
+        model_config["laplacian_heads"] = laplacian_heads
+    config = GPTConfig.from_nanochat(model_config, state_keys=set(state))
+    for key, enabled, shape, fill in _missing_scalars(config):
+        if enabled and key not in state:
+            state[key] = torch.full(shape, fill)
+    with torch.device("meta"):
+        model = GPT(config)
+    model.to_empty(device=device)
+    model.init_weights()  # rotary tables (and anything the checkpoint does not hold)
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    shapes = [k for k in set(expected) & set(state) if expected[k].shape != state[k].shape]
+    if missing or unexpected or shapes:
+        detail = (f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
+                  else f"{shapes[0]}: checkpoint {tuple(state[shapes[0]].shape)} vs model "
+                       f"{tuple(expected[shapes[0]].shape)}")
+        raise CheckpointError(f"{folder} step {step} does not match its own model_config ({detail})")
+    model.load_state_dict(state, strict=True)
+    meta["model_config"] = config.to_dict()
+    meta["step"] = step
+    return model.eval(), meta
