@@ -66,3 +66,14 @@ def test_bad_model_and_bad_specs():
         create_vit("vit_small_patch16_224", "1,1", **SMALL)
     with pytest.raises(ValueError, match="resnet18.* allowed: timm VisionTransformer"):
         create_vit("resnet18")
+
+
+@pytest.mark.parametrize("name, heads, size", [("deit3_small_3L_patch16_224", 3, 224), ("deit3_base_9L_patch16_224", 9, 224),
+                                               ("deit3_large_2L_patch16_192", 2, 192)])
+def test_the_authors_model_names_build_with_their_resolution(name, heads, size):
+    with torch.device("meta"):
+        model = timm.create_model(name, depth=2)
+    masks = vit_laplacian_masks(model)
+    assert [sum(m) for m in masks] == [heads, heads] and masks[0][-heads:] == [True] * heads
+    assert model.patch_embed.img_size == (size, size) and model.pretrained_cfg["input_size"] == (3, size, size)
+    assert model.no_embed_class and model.blocks[0].ls1.gamma.shape[0] == model.embed_dim

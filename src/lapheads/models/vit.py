@@ -75,7 +75,8 @@ def create_vit(
         # Read here (safetensors, or torch.load with weights_only) so a bad or unsafe file is one clear error;
         # timm then applies its own filters (classifier reset, position-embedding resize) to the state dict.
         state_dict = load_tensor_file(pretrained_file)
-        timm_kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(state_dict=state_dict))
+        overlay = {**(timm_kwargs.get("pretrained_cfg_overlay") or {}), "state_dict": state_dict}
+        timm_kwargs.update(pretrained=True, pretrained_cfg_overlay=overlay)
     try:
         model = timm.create_model(name, attn_layer=LaplacianAttention, qk_norm=qk_norm, **timm_kwargs)
     except TypeError as err:
@@ -94,22 +95,30 @@ def _registered(base: str, laplacian_heads: int, **fixed: Any):
     def build(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
         kwargs = {**fixed, **kwargs}
         heads = kwargs.pop("laplacian_heads", laplacian_heads)
+        if "img_size" in kwargs:  # the pretrained_cfg must say the size the model is built at (timm's data config)
+            px = kwargs["img_size"]
+            kwargs["pretrained_cfg_overlay"] = {"input_size": (3, px, px), **(kwargs.get("pretrained_cfg_overlay") or {})}
         return create_vit(base, heads, qk_norm=kwargs.pop("qk_norm", True), pretrained=pretrained, **kwargs)
 
     return build
 
 
-def _default_cfg(input_size: tuple[int, int, int], num_classes: int) -> dict[str, Any]:
-    return dict(url="", num_classes=num_classes, input_size=input_size, mean=(0.5,) * input_size[0],
-                std=(0.5,) * input_size[0], first_conv="patch_embed.proj", classifier="head")
+def _default_cfg(input_size: tuple[int, int, int], num_classes: int, imagenet: bool = False) -> dict[str, Any]:
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    mean, std = (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD) if imagenet else ((0.5,) * input_size[0],) * 2
+    return dict(url="", num_classes=num_classes, input_size=input_size, mean=mean, std=std,
+                first_conv="patch_embed.proj", classifier="head")
 
 
 # timm's register_model reads the registering module's ``default_cfgs``; untrained names need one too.
 default_cfgs = generate_default_cfgs({
     "vit_fmnist_patch4": _default_cfg((1, 28, 28), 10),
     "vit_lite_7_patch4_32": _default_cfg((3, 32, 32), 10),
-    **{f"deit3_{size}_{k}L_patch16_192": _default_cfg((3, 192, 192), 1000)
+    **{f"deit3_{size}_{k}L_patch16_192": _default_cfg((3, 192, 192), 1000, imagenet=True)
        for size, heads in (("small", 6), ("base", 12), ("large", 16)) for k in range(heads + 1)},
+    **{f"deit3_{size}_{k}L_patch16_224": _default_cfg((3, 224, 224), 1000, imagenet=True)
+       for size, heads in (("small", 6), ("base", 12)) for k in range(heads + 1)},
 })
 
 
@@ -130,15 +139,18 @@ def _register_all() -> None:
         args = dict(img_size=32, patch_size=4, embed_dim=256, depth=7, num_heads=4, mlp_ratio=2.0, num_classes=10)
         return _create_vision_transformer("vit_lite_7_patch4_32", pretrained=pretrained, **dict(args, **kwargs))
 
-    # DeiT-III with k Laplacian heads per layer and QK-norm, as in the authors' timm scripts (192 px pre-training).
-    for size, heads in (("small", 6), ("base", 12), ("large", 16)):
-        for k in (0, *range(1, heads + 1)):
-            fn_name = f"deit3_{size}_{k}L_patch16_192"
-            fn = _registered(f"deit3_{size}_patch16_224", k, img_size=192)
-            fn.__name__ = fn_name
-            fn.__doc__ = f"DeiT-III {size}, {k} of {heads} heads Laplacian in every layer, QK-norm, 192 px."
-            fn.__module__ = __name__
-            register_model(fn)
+    # DeiT-III with k Laplacian heads per layer, QK-norm and LayerScale 1e-6, as in the authors' timm fork: their
+    # small and base models are registered at 224 px (deit3_small_3L_patch16_224), their large ones at 192 px;
+    # lapheads' own 192-px names stay for every size.
+    sizes = (("small", 6, (192, 224)), ("base", 12, (192, 224)), ("large", 16, (192,)))
+    for size, heads, resolutions in sizes:
+        for px in resolutions:
+            for k in range(heads + 1):
+                fn = _registered(f"deit3_{size}_patch16_224", k, img_size=px)
+                fn.__name__ = f"deit3_{size}_{k}L_patch16_{px}"
+                fn.__doc__ = f"DeiT-III {size}, {k} of {heads} heads Laplacian in every layer, QK-norm, {px} px."
+                fn.__module__ = __name__
+                register_model(fn)
 
 
 _register_all()

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from lapheads.config import (
     ConfigError,
     Domain,
     at_least,
+    greater,
     one_of,
     option,
     validate_config,
@@ -49,7 +51,7 @@ from lapheads.data.images import DataError
 from lapheads.data.text import TEXT_DATASETS, TokenBatches, TokenShards, prepare_tokens, shakespeare_plays, validation_windows
 from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
 from lapheads.errors import InputError
-from lapheads.models.gpt import GPT, GPTConfig
+from lapheads.models.gpt import ARCHS, GPT, GPTConfig
 from lapheads.train.runtime import (
     CheckpointError,
     Distributed,
@@ -88,6 +90,20 @@ class LMConfig(RunConfig):
     n_kv_head: int | None = option(None, "key/value heads (GQA); none = as many as query heads", POSITIVE)
     sequence_len: int = option(256, "tokens per training sequence", POSITIVE)
     softcap: float = option(15.0, "logit soft cap (0: off)", NON_NEGATIVE)
+    arch: str = option("nanochat-2025", "architecture family; every option below left unset follows it",
+                       one_of(*ARCHS))
+    use_ve: bool | None = option(None, "value embeddings with a per-head gate on alternating layers")
+    use_resid_lambdas: bool | None = option(None, "a learned residual scale before each block")
+    use_x0: bool | None = option(None, "a learned share of the embedding re-injected before each block")
+    use_smear: bool | None = option(None, "the previous token's embedding mixed in by a learned gate")
+    use_backout: bool | None = option(None, "a learned share of the mid-depth stream subtracted before the head")
+    window_pattern: str | None = option(None, "S (sliding window) / L (full) per layer, tiled; the last layer is L",
+                                        Domain("letters S and L, e.g. SSSL", lambda v: bool(re.fullmatch("[SLsl]+", v))))
+    short_window: int | None = option(None, "keys before a query an S layer sees (none: sequence_len / 4, to 128s)",
+                                      POSITIVE)
+    qk_scale: float | None = option(None, "factor on q and k after the QK-norm", POSITIVE)
+    rope_base: float | None = option(None, "rotary base frequency", greater(1))
+    pad_vocab_size_to: int | None = option(None, "round the embedding rows up to a multiple of this", POSITIVE)
     # optimisation
     total_batch_size: int = option(8192, "tokens per optimizer step, over all processes", POSITIVE)
     micro_batch: int = option(32, "sequences per forward pass per process", POSITIVE)
@@ -98,15 +114,22 @@ class LMConfig(RunConfig):
     embedding_lr: float = option(0.2, "AdamW learning rate of the embedding (scaled by (width/768)^-0.5)", POSITIVE)
     unembedding_lr: float = option(0.004, "AdamW learning rate of the LM head (scaled likewise)", POSITIVE)
     matrix_lr: float = option(0.02, "Muon learning rate of the block matrices", POSITIVE)
+    scalar_lr: float = option(0.5, "AdamW learning rate of the x0 lambdas (residual lambdas: x 0.01)", POSITIVE)
     weight_decay: float = option(0.0, "AdamW weight decay", NON_NEGATIVE)
+    muon_weight_decay: float = option(0.0, "Muon decoupled weight decay of the block matrices", NON_NEGATIVE)
+    muon_weight_decay_schedule: str = option("constant", "constant, or cosine from muon_weight_decay to 0",
+                                             one_of("constant", "cosine"))
     adam_beta1: float = option(0.8, "AdamW beta1", RATE)
     adam_beta2: float = option(0.95, "AdamW beta2", RATE)
     warmup_ratio: float = option(0.0, "fraction of the steps in linear warm-up", FRACTION)
+    warmup_steps: int | None = option(None, "linear warm-up in steps (overrides --warmup-ratio)", NON_NEGATIVE)
     warmdown_ratio: float = option(0.2, "fraction of the steps in the final linear warm-down", FRACTION)
     final_lr_frac: float = option(0.0, "learning rate at the end, as a fraction of the peak", FRACTION)
     muon_momentum_start: float = option(0.85, "Muon momentum at step 0", RATE)
     muon_momentum_end: float = option(0.95, "Muon momentum after the warm-up", RATE)
     muon_momentum_warmup: int = option(300, "steps to move Muon's momentum from start to end", NON_NEGATIVE)
+    muon_momentum_final: float | None = option(None, "Muon momentum reached at the end of the warm-down (none: "
+                                               "stays at end)", RATE)
     grad_clip: float = option(1.0, "gradient-norm clip (0: off)", NON_NEGATIVE)
     # runtime
     eval_every: int = option(250, "steps between validation bpb, samples and checkpoints", POSITIVE)
@@ -129,10 +152,14 @@ class LMConfig(RunConfig):
                               f"sequence_len = {per_pass}; allowed: a multiple of {per_pass}")
 
 
+#: LMConfig fields that are GPTConfig fields of the same name and meaning
+MODEL_FIELDS = ("depth", "sequence_len", "aspect_ratio", "head_dim", "n_kv_head", "laplacian_heads", "softcap", "arch",
+                "use_ve", "use_resid_lambdas", "use_x0", "use_smear", "use_backout", "window_pattern", "short_window",
+                "qk_scale", "rope_base", "pad_vocab_size_to")
+
+
 def gpt_config(cfg: LMConfig, vocab_size: int) -> GPTConfig:
-    return GPTConfig(depth=cfg.depth, vocab_size=vocab_size, sequence_len=cfg.sequence_len,
-                     aspect_ratio=cfg.aspect_ratio, head_dim=cfg.head_dim, n_kv_head=cfg.n_kv_head,
-                     laplacian_heads=cfg.laplacian_heads, softcap=cfg.softcap)
+    return GPTConfig(vocab_size=vocab_size, **{name: getattr(cfg, name) for name in MODEL_FIELDS})
 
 
 def build_gpt(cfg: LMConfig, vocab_size: int) -> GPT:
@@ -182,15 +209,25 @@ def prepare_lm_data(cfg: LMConfig) -> tuple[Tokenizer, TokenShards]:
 
 
 def build_optimizers(model: GPT, cfg: LMConfig) -> dict[str, torch.optim.Optimizer]:
-    """nanochat's split: Muon for the block matrices, AdamW for embedding and head (LRs scaled by width)."""
+    """nanochat's split: Muon for the block matrices (value-embedding gates included, as the fork), AdamW for the
+    embedding and head (LRs scaled by width) and, in the 2026 family, for value embeddings (half the embedding LR),
+    residual lambdas (scalar LR x 0.01), x0 lambdas (scalar LR, beta1 0.96) and the smear/backout scalars (0.2)."""
     scale = (model.config.n_embd / 768) ** -0.5
-    adamw = torch.optim.AdamW(
-        [dict(params=list(model.lm_head.parameters()), lr=cfg.unembedding_lr * scale),
-         dict(params=list(model.transformer["wte"].parameters()), lr=cfg.embedding_lr * scale)],
-        betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-10, weight_decay=cfg.weight_decay,
-    )
+    groups = [dict(params=list(model.lm_head.parameters()), lr=cfg.unembedding_lr * scale),
+              dict(params=list(model.transformer["wte"].parameters()), lr=cfg.embedding_lr * scale)]
+    if len(model.value_embeds):
+        groups.append(dict(params=list(model.value_embeds.parameters()), lr=cfg.embedding_lr * scale * 0.5))
+    if model.resid_lambdas is not None:
+        groups.append(dict(params=[model.resid_lambdas], lr=cfg.scalar_lr * 0.01, weight_decay=0.0))
+    if model.x0_lambdas is not None:
+        groups.append(dict(params=[model.x0_lambdas], lr=cfg.scalar_lr, betas=(0.96, 0.95), weight_decay=0.0))
+    gates = [p for p in (getattr(model.smear_gate, "weight", None), model.smear_lambda, model.backout_lambda)
+             if p is not None]
+    if gates:
+        groups.append(dict(params=gates, lr=0.2, weight_decay=0.0))
+    adamw = torch.optim.AdamW(groups, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-10, weight_decay=cfg.weight_decay)
     muon = torch.optim.Muon(list(model.blocks.parameters()), lr=cfg.matrix_lr, momentum=cfg.muon_momentum_end,
-                            nesterov=True, weight_decay=0.0)
+                            nesterov=True, weight_decay=cfg.muon_weight_decay)
     for opt in (adamw, muon):
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]
@@ -198,7 +235,8 @@ def build_optimizers(model: GPT, cfg: LMConfig) -> dict[str, torch.optim.Optimiz
 
 
 def lr_multiplier(step: int, total: int, cfg: LMConfig) -> float:
-    warmup, warmdown = round(cfg.warmup_ratio * total), round(cfg.warmdown_ratio * total)
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_ratio * total)
+    warmdown = round(cfg.warmdown_ratio * total)
     if step < warmup:
         return (step + 1) / warmup
     if step <= total - warmdown:
@@ -207,9 +245,21 @@ def lr_multiplier(step: int, total: int, cfg: LMConfig) -> float:
     return progress + (1 - progress) * cfg.final_lr_frac
 
 
-def muon_momentum(step: int, cfg: LMConfig) -> float:
+def muon_momentum(step: int, cfg: LMConfig, total: int | None = None) -> float:
+    """Warmed from start to end; with ``muon_momentum_final``, moved on to it over the LR warm-down (the fork)."""
     frac = min(step / max(cfg.muon_momentum_warmup, 1), 1.0)
-    return (1 - frac) * cfg.muon_momentum_start + frac * cfg.muon_momentum_end
+    momentum = (1 - frac) * cfg.muon_momentum_start + frac * cfg.muon_momentum_end
+    warmdown = round(cfg.warmdown_ratio * total) if total else 0
+    if cfg.muon_momentum_final is not None and warmdown and step >= total - warmdown and step >= cfg.muon_momentum_warmup:
+        progress = (step - (total - warmdown)) / warmdown
+        momentum = (1 - progress) * cfg.muon_momentum_end + progress * cfg.muon_momentum_final
+    return momentum
+
+
+def muon_weight_decay(step: int, total: int, cfg: LMConfig) -> float:
+    if cfg.muon_weight_decay_schedule == "cosine":  # decays to 0 over training (the fork)
+        return cfg.muon_weight_decay * 0.5 * (1 + math.cos(math.pi * step / total))
+    return cfg.muon_weight_decay
 
 
 @torch.no_grad()
@@ -344,7 +394,8 @@ def train_lm(
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] * multiplier
         for group in optimizers["muon"].param_groups:
-            group["momentum"] = muon_momentum(step, cfg)
+            group["momentum"] = muon_momentum(step, cfg, total_steps)
+            group["weight_decay"] = muon_weight_decay(step, total_steps, cfg)
         optimizer_step(list(optimizers.values()), step, run, hint, progress)
         model.zero_grad(set_to_none=True)
         step += 1
