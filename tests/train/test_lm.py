@@ -170,3 +170,66 @@ def test_ddp_two_ranks_match_one_rank(text_root, tmp_path):
         # windows would move weights by ~lr (0.02 for Muon) per step.
         torch.testing.assert_close(two[key], one[key], rtol=1e-3, atol=2e-4)
     assert json.loads((tmp_path / "two" / "config.json").read_text())["world_size"] == 2
+
+
+def test_the_2026_family_trains_and_resumes_with_the_forks_optimizer_groups_and_schedules(text_root, tmp_path):
+    cfg = tiny_lm(text_root, arch="nanochat-2026", short_window=8, laplacian_heads="0,2", num_iterations=8,
+                  eval_every=4, warmup_steps=2, warmdown_ratio=0.5, final_lr_frac=0.05, muon_momentum_warmup=2,
+                  muon_momentum_end=0.97, muon_momentum_final=0.90, muon_weight_decay=0.1,
+                  muon_weight_decay_schedule="cosine", grad_clip=0.0)
+    straight = train_lm(cfg, tmp_path / "straight")
+    assert math.isfinite(straight["val_bpb"])
+    record = json.loads((tmp_path / "straight" / "config.json").read_text())
+    assert record["config"]["arch"] == "nanochat-2026" and record["laplacian_masks"][1] == [False, False, True, True]
+    train_lm(cfg, tmp_path / "resumed", stop_at_step=5)
+    train_lm(cfg, tmp_path / "resumed", resume=True)
+    a = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / "model.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "checkpoints" / "step-00000008" / "model.safetensors"))
+    assert "value_embeds.1.weight" in a and "smear_lambda" in a
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # schedules: warm-up steps, momentum to 0.97 then to 0.90 over the warm-down, cosine weight decay
+    assert lm_module.lr_multiplier(0, 8, cfg) == 0.5 and lm_module.lr_multiplier(4, 8, cfg) == 1.0
+    assert lm_module.muon_momentum(2, cfg, 8) == pytest.approx(0.97)
+    assert lm_module.muon_momentum(8, cfg, 8) == pytest.approx(0.90)
+    assert lm_module.muon_weight_decay(0, 8, cfg) == pytest.approx(0.1) and lm_module.muon_weight_decay(8, 8, cfg) == 0
+
+
+def test_the_forks_optimizer_groups(text_root):
+    from lapheads.models.gpt import GPT
+
+    cfg = tiny_lm(text_root, arch="nanochat-2026", embedding_lr=0.3, scalar_lr=0.5)
+    model = GPT(lm_module.gpt_config(cfg, 40))
+    optimizers = lm_module.build_optimizers(model, cfg)
+    groups = optimizers["adamw"].param_groups
+    scale = (64 / 768) ** -0.5
+    by_first = {id(g["params"][0]): g for g in groups}
+    assert by_first[id(model.value_embeds["1"].weight)]["lr"] == pytest.approx(0.3 * scale * 0.5)
+    assert by_first[id(model.resid_lambdas)]["lr"] == pytest.approx(0.005)
+    assert by_first[id(model.x0_lambdas)]["betas"] == (0.96, 0.95)
+    adam_params = {id(p) for g in groups for p in g["params"]}
+    muon_params = {id(p) for g in optimizers["muon"].param_groups for p in g["params"]}
+    assert adam_params.isdisjoint(muon_params) and len(adam_params | muon_params) == len(list(model.parameters()))
+    assert id(model.blocks[1].attn.ve_gate.weight) in muon_params  # the fork's matrix group holds the gates
+
+
+def test_the_forks_scaling_rules_give_its_batch_steps_and_decay():
+    from lapheads.presets import LM_PRESETS, fork_scaling
+
+    # d20 by hand: width 1280, blocks 20 x 12 x 1280^2 + 10 value-embedding gates of 12 x 10, head 32,768 x 1280
+    scaling = 20 * 12 * 1280**2 + 10 * 120 + 32768 * 1280
+    d12 = 12 * 12 * 768**2 + 6 * 72 + 32768 * 768
+    batch = 2 ** round(math.log2(2**19 * (scaling / d12) ** 0.383))
+    rule = fork_scaling(20)
+    assert rule["total_batch_size"] == batch == 1_048_576 and rule["num_iterations"] == 12 * scaling // batch
+    assert rule["muon_weight_decay"] == pytest.approx(0.28 * 2**0.5 * d12 / scaling)
+    preset = LM_PRESETS["nanochat-2026-d20"]
+    assert preset.matrix_lr == pytest.approx(0.02 * 2**0.5) and preset.arch == "nanochat-2026"
+    assert preset.total_batch_size % (preset.micro_batch * preset.sequence_len) == 0
+
+
+def test_the_authors_lm_sweep_as_one_dry_run_per_depth(capsys, tmp_path):
+    for depth in (12, 16, 20):
+        assert main(["sweep", f"nanochat-2026-d{depth}", "--laplacian-heads", "0,1,2,4", "--seeds", "1,2,3",
+                     "--out", str(tmp_path / f"d{depth}"), "--dry-run"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("torchrun")]
+    assert len(commands) == 36 and all("--preset nanochat-2026-d" in c for c in commands)
