@@ -106,9 +106,11 @@ def bench_vit_step(device: torch.device, dtype: torch.dtype, repeats: int, batch
     return {name: {"seconds": t, "ratio": t / base} for name, t in times.items()}
 
 
-def bench_gpt_step(device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 16) -> dict[str, float]:
+def bench_gpt_step(device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 16,
+                   arch: str = "nanochat-2025") -> dict[str, float]:
     """A whole GPT training step (shakespeare-cpu size: depth 4, 256 dim, 4 heads of 64, T = 256, Muon + AdamW as
-    in training) with 0, 2 and 4 Laplacian heads per layer."""
+    in training) with 0, 2 and 4 Laplacian heads per layer, in the ``arch`` family (2026: sliding windows of 128
+    in the S layers, value embeddings, smear, ...)."""
     from lapheads.models.gpt import GPT, GPTConfig
     from lapheads.train.lm import LMConfig, build_optimizers
 
@@ -116,8 +118,8 @@ def bench_gpt_step(device: torch.device, dtype: torch.dtype, repeats: int, batch
     for n_lap in (0, 2, 4):
         torch.manual_seed(0)
         model = GPT(GPTConfig(depth=4, vocab_size=320, sequence_len=256, aspect_ratio=64, head_dim=64,
-                              laplacian_heads=n_lap)).to(device)
-        optimizers = build_optimizers(model, LMConfig())
+                              laplacian_heads=n_lap, arch=arch)).to(device)
+        optimizers = build_optimizers(model, LMConfig(arch=arch))
         tokens = torch.randint(0, 320, (batch, 257), device=device)
 
         def run(model: torch.nn.Module = model, optimizers: dict = optimizers) -> None:
@@ -134,7 +136,8 @@ def bench_gpt_step(device: torch.device, dtype: torch.dtype, repeats: int, batch
     return {name: {"seconds": t, "ratio": t / base} for name, t in times.items()}
 
 
-def markdown(op_results: dict[int, dict], vit: dict | None, header: str, gpt: dict | None = None) -> str:
+def markdown(op_results: dict[int, dict], vit: dict | None, header: str, gpt: dict | None = None,
+             gpt_arch: str = "nanochat-2025") -> str:
     forms = list(next(iter(op_results.values()))["forms"])
     lines = [header, "", "Forward + backward of attention alone (ratio = median time / median plain-SDPA time, same run):", ""]
     lines.append("| T | batch | " + " | ".join(f"{f} ratio" for f in forms) + " | sdpa ms | " + " | ".join(f"{f} peak MiB" for f in forms) + " |")
@@ -148,7 +151,8 @@ def markdown(op_results: dict[int, dict], vit: dict | None, header: str, gpt: di
         lines += ["", "Whole ViT training step (forward, backward, AdamW):", "", "| model | ms/step | ratio |", "|---|---|---|"]
         lines += [f"| {name} | {r['seconds'] * 1e3:.1f} | {r['ratio']:.3f} |" for name, r in vit.items()]
     if gpt:
-        lines += ["", "Whole GPT training step (forward, backward, Muon + AdamW):", "", "| model | ms/step | ratio |",
+        lines += ["", f"Whole GPT training step (forward, backward, Muon + AdamW), {gpt_arch}:", "",
+                  "| model | ms/step | ratio |",
                   "|---|---|---|"]
         lines += [f"| {name} | {r['seconds'] * 1e3:.1f} | {r['ratio']:.3f} |" for name, r in gpt.items()]
     return "\n".join(lines)
@@ -163,6 +167,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--skip-vit", action="store_true")
     parser.add_argument("--skip-gpt", action="store_true")
+    parser.add_argument("--gpt-arch", default="nanochat-2025", choices=["nanochat-2025", "nanochat-2026"])
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     op_results = {}
@@ -171,12 +176,13 @@ def main(argv: list[str] | None = None) -> str:
         op_results[t] = bench_op(t, args.laplacian_heads, device, dtype, repeats)
         print(f"T={t}: " + ", ".join(f"{n} {r['ratio']:.3f}x" for n, r in op_results[t]["forms"].items()), flush=True)
     vit = None if args.skip_vit else bench_vit_step(device, dtype, max(3, round(20 * args.repeats_scale)))
-    gpt = None if args.skip_gpt else bench_gpt_step(device, dtype, max(3, round(15 * args.repeats_scale)))
+    gpt = None if args.skip_gpt else bench_gpt_step(device, dtype, max(3, round(15 * args.repeats_scale)),
+                                                    arch=args.gpt_arch)
     header = (
         f"{machine_summary(device)}; {args.dtype}; {HEADS} heads x {HEAD_DIM} dims, "
         f"{args.laplacian_heads} Laplacian, batch x T = {TOKENS_PER_BATCH} tokens"
     )
-    table = markdown(op_results, vit, header, gpt)
+    table = markdown(op_results, vit, header, gpt, args.gpt_arch)
     print(table)
     return table
 
