@@ -90,6 +90,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                   f"segmentation {seg}")
         print(json.dumps(results))
         return 0
+    if args.task == "lm" and args.nanochat:
+        if args.run_dirs:
+            raise UserError("eval lm takes a RUN_DIR or --nanochat DIR, not both")
+        from lapheads.evals.lm import run_evals
+
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        results = run_evals(None, tasks, data_dir=args.data_dir, max_examples=args.max_examples,
+                            num_samples=args.num_samples, chat=args.chat, device=args.device, nanochat=args.nanochat,
+                            step=args.step, tokenizer_dir=args.nanochat_tokenizer)
+        print(json.dumps({"nanochat": args.nanochat, **results}))
+        return 0
     if len(args.run_dirs) != 1:
         raise UserError(f"eval {args.task} takes one RUN_DIR; got {len(args.run_dirs)}")
     args.run_dir = args.run_dirs[0]
@@ -107,6 +118,28 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nanochat_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nanochat", default=None, metavar="DIR",
+                        help="lm: a nanochat checkpoint folder (model_<step>.pt + meta_<step>.json) instead of RUN_DIR")
+    parser.add_argument("--step", type=int, default=None, help="--nanochat: the step (default: the last)")
+    parser.add_argument("--nanochat-tokenizer", default=None, metavar="DIR",
+                        help="--nanochat: the folder of its tokenizer.pkl (default: nanochat's <base>/tokenizer)")
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from lapheads.evals.lm import load_lm, stream_text
+
+    if args.max_tokens < 0 or args.temperature < 0 or args.top_k < 0:
+        raise UserError(f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
+                        "allowed: numbers >= 0")
+    lm = load_lm(args.run_dir, nanochat=args.nanochat, step=args.step, tokenizer_dir=args.nanochat_tokenizer,
+                 device=args.device)
+    for piece in stream_text(lm, args.prompt, args.max_tokens, args.temperature, args.top_k, args.seed):
+        print(piece, end="", flush=True)
+    print()
+    return 0
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from lapheads.geometry.analyze import AnalyzeOptions, analyze_runs
 
@@ -114,7 +147,15 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         raise UserError(f"--max-tokens {args.max_tokens}: allowed: an integer >= 2")
     options = AnalyzeOptions(layers=args.layers, max_tokens=args.max_tokens, fraction=args.fraction,
                              top_k=args.top_k, batch_size=args.batch_size, ema=args.ema, device=args.device)
-    _, summary = analyze_runs(args.run_dirs, args.out, options, force=args.force)
+    if args.nanochat:
+        if args.run_dirs:
+            raise UserError("analyze takes RUN_DIRs or --nanochat DIR, not both")
+        from lapheads.geometry.analyze import analyze_nanochat
+
+        _, summary = analyze_nanochat(args.nanochat, options, step=args.step, tokenizer_dir=args.nanochat_tokenizer,
+                                      data_root=args.data_root, out=args.out)
+    else:
+        _, summary = analyze_runs(args.run_dirs, args.out, options, force=args.force)
     print(summary.read_text())
     print(f"summary: {summary}")
     return 0
@@ -241,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("eval", allow_abbrev=False, help="evaluate a run directory's final checkpoint")
     evaluate.add_argument("task", choices=["classify", "lm", "dino"])
-    evaluate.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="one run (dino: one or more, compared)")
+    evaluate.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="one run (dino: one or more, compared)")
     evaluate.add_argument("--ema", action="store_true", help="classify: evaluate the EMA weights")
     evaluate.add_argument("--tasks", default="val_bpb", help="lm: comma list of val_bpb, arc_easy, arc_challenge, "
                           "mmlu, gsm8k, humaneval")
@@ -254,10 +295,22 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--num-samples", type=int, default=1, help="lm: HumanEval samples per problem (pass@k)")
     evaluate.add_argument("--chat", action="store_true", help="lm: wrap prompts in the chat tokens (SFT models)")
     evaluate.add_argument("--device", default="auto")
+    _nanochat_options(evaluate)
     evaluate.set_defaults(func=_cmd_eval)
 
+    generate = sub.add_parser("generate", allow_abbrev=False, help="continue a prompt with an LM (streams tokens)")
+    generate.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="an LM run directory (or --nanochat DIR)")
+    generate.add_argument("--prompt", default="", help="the text to continue (after BOS)")
+    generate.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (at most sequence_len)")
+    generate.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    generate.add_argument("--top-k", type=int, default=50, help="sample from the k likeliest tokens (0: all)")
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--device", default="auto")
+    _nanochat_options(generate)
+    generate.set_defaults(func=_cmd_generate)
+
     analyze = sub.add_parser("analyze", allow_abbrev=False, help="token-geometry metrics of runs, side by side")
-    analyze.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    analyze.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")
     analyze.add_argument("--layers", default="all", help='"all" or a comma list such as embed,3,6,norm')
     analyze.add_argument("--max-tokens", type=int, default=1_000_000, help="tokens per layer (a random subset)")
     analyze.add_argument("--fraction", type=float, default=0.99, help="variance fraction for the spectra")
@@ -267,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--device", default="auto")
     analyze.add_argument("--out", default=None, help="default: RUN_DIR/report, or <common parent>/analysis")
     analyze.add_argument("--force", action="store_true", help="recompute even if a cached analysis.json matches")
+    analyze.add_argument("--data-root", default="data", help="--nanochat: where the held-out Shakespeare text is")
+    _nanochat_options(analyze)
     analyze.set_defaults(func=_cmd_analyze)
 
     sweep = sub.add_parser("sweep", allow_abbrev=False, help="a preset over Laplacian specs x seeds, resumable")

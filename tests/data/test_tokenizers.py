@@ -62,3 +62,47 @@ def test_bad_input(tmp_path, tokenizers):
         tokenizers["char"].special_id("<|nope|>")
     with pytest.raises(TokenizerError, match="GPT-2 BPE file .* is missing"):
         Tokenizer.gpt2(tmp_path)
+
+
+def _nanochat_encoding():
+    """A small tiktoken Encoding shaped like nanochat's: byte ranks, a few merges, nanochat's special tokens."""
+    import tiktoken
+
+    from lapheads.data.tokenizers import SPECIAL_TOKENS, SPLIT_PATTERN
+
+    ranks = {bytes([i]): i for i in range(256)}
+    for merge in (b"th", b"the", b"he", b" t"):
+        ranks[merge] = len(ranks)
+    specials = {token: len(ranks) + i for i, token in enumerate(SPECIAL_TOKENS)}
+    return tiktoken.Encoding(name="nanochat-test", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks,
+                             special_tokens=specials)
+
+
+def test_nanochats_pickled_tokenizer_loads_without_running_code_and_saves_as_json(tmp_path):
+    import os
+    import pickle
+
+    from lapheads.data.tokenizers import Tokenizer, TokenizerError, load_tokenizer
+
+    encoding = _nanochat_encoding()
+    (tmp_path / "tokenizer.pkl").write_bytes(pickle.dumps(encoding))
+    tokenizer = Tokenizer.nanochat(tmp_path)
+    text = "the theme <|bos|> of them, naïve"
+    ids = tokenizer.encode(text, bos=True)
+    assert ids[0] == tokenizer.bos_id == encoding.encode_single_token("<|bos|>")
+    assert ids[1:] == encoding.encode_ordinary(text) and tokenizer.decode(ids[1:]) == text
+    assert tokenizer.special_id("<|assistant_end|>") == encoding.encode_single_token("<|assistant_end|>")
+    counts = tokenizer.token_bytes()
+    assert counts[tokenizer.bos_id] == 0 and counts[ord("a")] == 1 and counts[256 + 1] == 3  # b"the"
+    again = load_tokenizer(tokenizer.save(tmp_path / "saved"))
+    assert again.encode(text) == tokenizer.encode(text) and again.vocab_size == tokenizer.vocab_size
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'ran'}",)
+
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "tokenizer.pkl").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(TokenizerError, match="refused to load posix.system"):
+        Tokenizer.nanochat(tmp_path / "evil")
+    assert not (tmp_path / "ran").exists()

@@ -233,3 +233,79 @@ def test_the_authors_lm_sweep_as_one_dry_run_per_depth(capsys, tmp_path):
                      "--out", str(tmp_path / f"d{depth}"), "--dry-run"]) == 0
     commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("torchrun")]
     assert len(commands) == 36 and all("--preset nanochat-2026-d" in c for c in commands)
+
+
+def test_generate_streams_a_continuation_of_a_run(trained_run, capsys):
+    run, _ = trained_run
+    assert main(["generate", str(run), "--prompt", "ROMEO:\n", "--max-tokens", "12", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    from lapheads.evals.lm import load_lm
+
+    lm = load_lm(run)
+    ids = torch.tensor([lm.tokenizer.encode("ROMEO:\n", bos=True)])
+    expected = lm.tokenizer.decode(lm.model.generate(ids, 12, temperature=0)[0, 1:].tolist())
+    assert out == expected + "\n"
+    assert main(["generate", str(run), "--max-tokens", "-1"]) == 2
+
+
+def _nanochat_base(tmp_path):
+    """nanochat's layout: <base>/tokenizer/tokenizer.pkl and <base>/base_checkpoints/d2/{model,meta}_<step>.pt."""
+    import pickle
+
+    from lapheads.models.gpt import GPT, GPTConfig
+    from tests.data.test_tokenizers import _nanochat_encoding
+
+    encoding = _nanochat_encoding()
+    (tmp_path / "tokenizer").mkdir(parents=True)
+    (tmp_path / "tokenizer" / "tokenizer.pkl").write_bytes(pickle.dumps(encoding))
+    torch.manual_seed(0)
+    config = GPTConfig(depth=2, vocab_size=encoding.n_vocab, sequence_len=128, aspect_ratio=32, head_dim=16,
+                       arch="nanochat-2026", laplacian_heads=[0, 2])
+    model = GPT(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    folder = tmp_path / "base_checkpoints" / "d2"
+    folder.mkdir(parents=True)
+    torch.save(model.state_dict(), folder / "model_000050.pt")
+    model_config = {"sequence_len": 128, "vocab_size": encoding.n_vocab, "n_layer": 2, "n_head": 4, "n_kv_head": 4,
+                    "n_embd": 64, "window_pattern": "SSSL", "laplacian_heads": [0, 2]}
+    (folder / "meta_000050.json").write_text(json.dumps({"step": 50, "model_config": model_config}))
+    return folder, model.eval()
+
+
+def test_eval_and_generate_take_a_nanochat_checkpoint(tmp_path, capsys, monkeypatch):
+    folder, reference = _nanochat_base(tmp_path / "base")
+    monkeypatch.chdir(tmp_path)
+    rows = [{"id": f"q{i}", "question": f"Which is {i}?", "choices": {"text": ["one", "two"], "label": ["A", "B"]},
+             "answerKey": "AB"[i % 2]} for i in range(4)]
+    (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["eval", "lm", "--nanochat", str(folder), "--tasks", "arc_easy", "--data-dir", str(tmp_path)]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["arc_easy"]["n"] == 4
+    assert (tmp_path / "runs" / "nanochat-d2-step50" / "eval_lm.json").is_file()
+    assert main(["generate", "--nanochat", str(folder), "--prompt", "the", "--max-tokens", "5", "--temperature",
+                 "0"]) == 0
+    out = capsys.readouterr().out
+    from lapheads.data.tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.nanochat(tmp_path / "base" / "tokenizer")
+    ids = torch.tensor([tokenizer.encode("the", bos=True)])
+    assert out == tokenizer.decode(reference.generate(ids, 5, temperature=0)[0, 1:].tolist()) + "\n"
+    assert main(["eval", "lm", "--nanochat", str(folder), "--tasks", "val_bpb"]) == 2
+    assert "val_bpb needs lapheads token shards" in capsys.readouterr().err
+    assert main(["generate", "--nanochat", str(folder), "--nanochat-tokenizer", str(tmp_path)]) == 2
+    assert "tokenizer.pkl does not exist" in capsys.readouterr().err
+
+
+def test_analyze_takes_a_nanochat_checkpoint(tmp_path, capsys, monkeypatch, text_root):
+    folder, _ = _nanochat_base(tmp_path / "base")
+    monkeypatch.chdir(tmp_path)
+    assert main(["analyze", "--nanochat", str(folder), "--data-root", str(text_root), "--max-tokens", "4096",
+                 "--top-k", "10"]) == 0
+    report = tmp_path / "runs" / "nanochat-d2-step50" / "report"
+    analysis = json.loads((report / "analysis.json").read_text())[0]
+    assert analysis["task"] == "lm" and analysis["num_sequences"] == 4096 // 128
+    assert math.isfinite(analysis["next_token_loss"]) and "norm" in analysis["per_layer"]
+    assert "| CDNV, top-K next tokens |" in (report / "summary.md").read_text()
+    assert main(["analyze", "--nanochat", str(folder), str(tmp_path)]) == 2

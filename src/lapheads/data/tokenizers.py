@@ -13,6 +13,9 @@ Design choices:
   else, so arbitrary unicode still round-trips.
 * **Special tokens**: ``<|bos|>`` starts every document (GPT-2: ``<|endoftext|>``); the chat tokens
   (user/assistant/python/output start and end) are reserved now for mid-training and SFT.
+* **nanochat's own tokenizer** (``tokenizer.pkl``, a pickled ``tiktoken.Encoding``) loads as kind ``"tiktoken"``
+  through the restricted unpickler (only ``tiktoken.core.Encoding`` is admitted, whose state is data: ranks,
+  pattern, special tokens), and saves as JSON; needs ``pip install lapheads[nanochat]`` (tiktoken).
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ class Tokenizer:
 
     def __init__(self, kind: str, backend=None, chars: list[str] | None = None, bos: str = BOS) -> None:
         self.kind, self.backend, self.bos = kind, backend, bos
-        if backend is not None:
+        if backend is not None and kind != "tiktoken":
             backend.encode_special_tokens = True  # "<|bos|>" inside a document is text, never a control token
         if kind == "char":
             self.chars = list(chars or [])
@@ -95,12 +98,33 @@ class Tokenizer:
         backend.add_special_tokens(["<|endoftext|>", *CHAT_TOKENS])
         return cls("gpt2", backend, bos="<|endoftext|>")
 
+    @classmethod
+    def nanochat(cls, folder: str | os.PathLike) -> "Tokenizer":
+        """nanochat's tokenizer from ``folder/tokenizer.pkl`` (a pickled tiktoken Encoding), never running code."""
+        from lapheads.io import restricted_unpickle
+
+        path = Path(folder) / "tokenizer.pkl"
+        if importlib.util.find_spec("tiktoken") is None:
+            raise TokenizerError("nanochat's tokenizer needs tiktoken; allowed: pip install 'lapheads[nanochat]'")
+        try:
+            with open(path, "rb") as f:
+                encoding = restricted_unpickle(f, frozenset({("tiktoken.core", "Encoding")}), encoding="ASCII")
+        except FileNotFoundError:
+            raise TokenizerError(f"{path} does not exist; allowed: a nanochat tokenizer folder (tokenizer.pkl)") from None
+        except Exception as err:  # noqa: BLE001 - a refused global, a corrupt pickle, a bad Encoding state
+            raise TokenizerError(f"{path} is not a nanochat tokenizer ({type(err).__name__}: {str(err)[:100]})") from None
+        if type(encoding).__name__ != "Encoding":
+            raise TokenizerError(f"{path} holds a {type(encoding).__name__}; allowed: a tiktoken Encoding")
+        return cls("tiktoken", encoding, bos=BOS)
+
     # -- use -------------------------------------------------------------------------------------------------------
 
     @property
     def vocab_size(self) -> int:
         if self.kind == "char":
             return self._byte_base + 256
+        if self.kind == "tiktoken":
+            return self.backend.n_vocab
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     @property
@@ -112,6 +136,10 @@ class Tokenizer:
             if token not in self._specials:
                 raise TokenizerError(f"unknown special token {token!r}; allowed: {', '.join(self._specials)}")
             return self._specials.index(token)
+        if self.kind == "tiktoken":
+            if token not in self.backend.special_tokens_set:
+                raise TokenizerError(f"unknown special token {token!r} for the nanochat tokenizer")
+            return self.backend.encode_single_token(token)
         token_id = self.backend.token_to_id(token)
         if token_id is None:
             raise TokenizerError(f"unknown special token {token!r} for the {self.kind} tokenizer")
@@ -128,16 +156,20 @@ class Tokenizer:
                 else:
                     ids.extend(self._byte_base + b for b in c.encode("utf-8"))
             return ids
+        if self.kind == "tiktoken":
+            return head + self.backend.encode_ordinary(text)
         return head + self.backend.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str], bos: bool = False) -> list[list[int]]:
-        if self.kind == "char":
+        if self.kind in ("char", "tiktoken"):
             return [self.encode(t, bos) for t in texts]
         head = [self.bos_id] if bos else []
         return [head + e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = [int(i) for i in ids]
+        if self.kind == "tiktoken":
+            return self.backend.decode(ids)
         if self.kind != "char":
             return self.backend.decode(ids, skip_special_tokens=False)
         out, pending = [], bytearray()
@@ -158,6 +190,10 @@ class Tokenizer:
         if self.kind == "char":
             counts = [0] * len(self._specials) + [len(c.encode("utf-8")) for c in self.chars] + [1] * 256
             return torch.tensor(counts, dtype=torch.int64)
+        if self.kind == "tiktoken":
+            special = {self.backend.encode_single_token(t) for t in self.backend.special_tokens_set}
+            return torch.tensor([0 if i in special else len(self.backend.decode_single_token_bytes(i))
+                                 for i in range(self.vocab_size)], dtype=torch.int64)
         specials = {t.content for t in self.backend.get_added_tokens_decoder().values() if t.special}
         counts = torch.zeros(self.vocab_size, dtype=torch.int64)
         byte_decoder = {c: b for b, c in _bytes_to_unicode().items()}
@@ -174,6 +210,11 @@ class Tokenizer:
         meta = {"kind": self.kind, "bos": self.bos, "vocab_size": self.vocab_size}
         if self.kind == "char":
             meta["chars"] = self.chars
+        elif self.kind == "tiktoken":  # JSON, not a pickle: ranks as hex, so loading runs no code
+            enc = self.backend
+            state = {"name": enc.name, "pat_str": enc._pat_str, "special_tokens": enc._special_tokens,
+                     "mergeable_ranks": {token.hex(): rank for token, rank in enc._mergeable_ranks.items()}}
+            (folder / "tiktoken.json").write_text(json.dumps(state))
         else:
             self.backend.save(str(folder / "tokenizer.json"))
         (folder / META_FILE).write_text(json.dumps(meta, ensure_ascii=False) + "\n")
@@ -189,10 +230,20 @@ def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
         raise TokenizerError(f"{folder} holds no tokenizer ({META_FILE} missing)") from None
     except json.JSONDecodeError as err:
         raise TokenizerError(f"{folder / META_FILE} is corrupt: {err}") from None
-    if meta.get("kind") not in KINDS:
-        raise TokenizerError(f"{folder / META_FILE}: unknown kind {meta.get('kind')!r}; allowed: {', '.join(KINDS)}")
+    if meta.get("kind") not in (*KINDS, "tiktoken"):
+        raise TokenizerError(f"{folder / META_FILE}: unknown kind {meta.get('kind')!r}; allowed: {', '.join(KINDS)}, "
+                             "tiktoken")
     if meta["kind"] == "char":
         tokenizer = Tokenizer("char", chars=meta["chars"], bos=meta["bos"])
+    elif meta["kind"] == "tiktoken":
+        import tiktoken
+
+        try:
+            state = json.loads((folder / "tiktoken.json").read_text())
+            ranks = {bytes.fromhex(token): rank for token, rank in state.pop("mergeable_ranks").items()}
+            tokenizer = Tokenizer("tiktoken", tiktoken.Encoding(mergeable_ranks=ranks, **state), bos=meta["bos"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise TokenizerError(f"{folder / 'tiktoken.json'} is missing or corrupt: {str(err)[:100]}") from None
     else:
         from tokenizers import Tokenizer as HFTokenizer
 

@@ -22,6 +22,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,9 @@ from lapheads.models.gpt import GPT
 __all__ = [
     "HUB_DATASETS",
     "TASKS",
+    "LoadedLM",
+    "load_lm",
+    "stream_text",
     "extract_number",
     "load_task",
     "pass_at_k",
@@ -287,27 +291,110 @@ def score_humaneval(model: GPT | None, tokenizer: Tokenizer | None, rows: list[d
 # Whole runs
 
 
-def run_evals(run_dir: str | Path, tasks: list[str], *, data_dir: str | None = None, max_examples: int | None = None,
-              num_samples: int = 1, chat: bool = False, device: str = "auto", progress: bool = True) -> dict[str, Any]:
-    """Evaluate the latest checkpoint of an LM run on ``tasks``; writes RUN_DIR/report/eval_lm.json."""
-    from lapheads.train.lm import evaluate_bpb, load_lm_run
+@dataclass
+class LoadedLM:
+    """A language model to evaluate or sample from, whichever source it came from.
+
+    Attributes:
+        model, tokenizer: the model (eval mode) and its tokenizer.
+        shards: the run's token shards (validation bpb), or None (a nanochat checkpoint, a copied run).
+        sequence_len, eval_tokens, batch_size: the validation-bpb settings of the source.
+        report_dir: where evaluation results of this model are written.
+        name: what to call it in messages.
+    """
+
+    model: GPT
+    tokenizer: Tokenizer
+    shards: Any
+    sequence_len: int
+    eval_tokens: int
+    batch_size: int
+    report_dir: Path
+    name: str
+
+
+def load_lm(run_dir: str | Path | None = None, *, nanochat: str | Path | None = None, step: int | None = None,
+            tokenizer_dir: str | Path | None = None, device: str = "auto") -> LoadedLM:
+    """An LM run directory's latest checkpoint, or a nanochat checkpoint folder (``nanochat=``, ``step=``).
+
+    A nanochat checkpoint's tokenizer is ``tokenizer_dir/tokenizer.pkl``, by default nanochat's own layout
+    (``<base>/base_checkpoints/<tag>/`` beside ``<base>/tokenizer/``); results go to
+    ``runs/nanochat-<tag>-step<N>/``, never into nanochat's folder.
+    """
+    if (run_dir is None) == (nanochat is None):
+        raise InputError("give one model: a RUN_DIR or --nanochat DIR")
+    if run_dir is not None:
+        from lapheads.train.lm import load_lm_run
+
+        cfg, model, tokenizer, shards = load_lm_run(run_dir, device)
+        return LoadedLM(model, tokenizer, shards, cfg.sequence_len, cfg.eval_tokens, cfg.micro_batch,
+                        Path(run_dir) / "report", str(run_dir))
+    from lapheads.models.nanochat import load_nanochat
+    from lapheads.train.runtime import setup_distributed
+
+    folder = Path(nanochat)
+    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else folder.resolve().parent.parent / "tokenizer"
+    tokenizer = Tokenizer.nanochat(tokenizer_dir)
+    model, meta = load_nanochat(folder, step, setup_distributed(device).device)
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise InputError(f"{tokenizer_dir} has {tokenizer.vocab_size} tokens but {folder} was trained with "
+                         f"{model.config.vocab_size}; allowed: the checkpoint's own tokenizer (--nanochat-tokenizer)")
+    name = f"nanochat-{folder.resolve().name}-step{meta['step']}"
+    return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, Path("runs") / name, name)
+
+
+def stream_text(lm: LoadedLM, prompt: str, max_tokens: int, temperature: float, top_k: int, seed: int):
+    """Yield ``prompt``, then the text of each new token as soon as it is sampled (KV cache; the whole tail is
+    decoded each time, so characters spread over several tokens come out whole)."""
+    from lapheads.models.gpt import sample_token
+
+    model, tokenizer = lm.model, lm.tokenizer
+    device = model.lm_head.weight.device
+    ids = tokenizer.encode(prompt, bos=True)
+    steps = min(max_tokens, model.config.sequence_len - len(ids))
+    if steps < 0:
+        raise InputError(f"the prompt has {len(ids)} tokens; allowed: at most sequence_len {model.config.sequence_len}")
+    generator = torch.Generator(device).manual_seed(seed)
+    yield prompt
+    with torch.no_grad():
+        cache = model.new_kv_cache(1, len(ids) + steps)
+        logits = model(torch.tensor([ids], device=device), kv_cache=cache)[:, -1]
+        text, new = tokenizer.decode(ids[1:]), []
+        for i in range(steps):
+            token = sample_token(logits, temperature, top_k, generator)
+            new.append(int(token))
+            full = tokenizer.decode(ids[1:] + new)
+            yield full[len(text):]
+            text = full
+            if i + 1 < steps:
+                logits = model(token, kv_cache=cache)[:, -1]
+
+
+def run_evals(run_dir: str | Path | None, tasks: list[str], *, data_dir: str | None = None,
+              max_examples: int | None = None, num_samples: int = 1, chat: bool = False, device: str = "auto",
+              progress: bool = True, nanochat: str | Path | None = None, step: int | None = None,
+              tokenizer_dir: str | Path | None = None) -> dict[str, Any]:
+    """Evaluate an LM run's latest checkpoint (or a nanochat checkpoint: ``nanochat=``) on ``tasks``; writes
+    eval_lm.json into the source's report directory (see :func:`load_lm`)."""
+    from lapheads.train.lm import evaluate_bpb
     from lapheads.train.runtime import Distributed, atomic_write_text
 
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks:
         raise InputError(f"unknown task(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(TASKS)}")
     rows = {t: load_task(t, data_dir)[:max_examples] for t in tasks if t != "val_bpb"}  # fail early on data
-    cfg, model, tokenizer, shards = load_lm_run(run_dir, device)
+    lm = load_lm(run_dir, nanochat=nanochat, step=step, tokenizer_dir=tokenizer_dir, device=device)
+    model, tokenizer = lm.model, lm.tokenizer
     results: dict[str, Any] = {}
     for task in tasks:
         if task == "val_bpb":
-            if shards is None:
-                raise DataError(f"val_bpb needs the run's token shards; run `lapheads train lm` data preparation "
-                                f"for {cfg.dataset} ({cfg.tokenizer}) under {cfg.data_root} first")
+            if lm.shards is None:
+                raise DataError(f"val_bpb needs lapheads token shards of the model's own tokenizer, which {lm.name} "
+                                "does not have (a nanochat checkpoint, or a run copied without its data)")
             dist_ = Distributed(device=model.lm_head.weight.device)
-            results[task] = {"bpb": evaluate_bpb(model, shards.val, tokenizer.token_bytes(), dist_,
-                                                 seq_len=cfg.sequence_len, max_tokens=cfg.eval_tokens,
-                                                 batch_size=cfg.micro_batch, amp=False)}
+            results[task] = {"bpb": evaluate_bpb(model, lm.shards.val, tokenizer.token_bytes(), dist_,
+                                                 seq_len=lm.sequence_len, max_tokens=lm.eval_tokens,
+                                                 batch_size=lm.batch_size, amp=False)}
         elif task in ("arc_easy", "arc_challenge", "mmlu"):
             results[task] = score_multiple_choice(model, tokenizer, task, rows[task], chat=chat, progress=progress)
         elif task == "gsm8k":
@@ -316,7 +403,7 @@ def run_evals(run_dir: str | Path, tasks: list[str], *, data_dir: str | None = N
             ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
             results[task] = score_humaneval(model, tokenizer, rows[task], num_samples=num_samples, ks=ks,
                                             progress=progress)
-    out = Path(run_dir) / "report" / "eval_lm.json"
+    out = lm.report_dir / "eval_lm.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps({"tasks": results, "max_examples": max_examples, "chat": chat}, indent=1) + "\n")
     return results

@@ -38,7 +38,15 @@ from lapheads.geometry.linguistic import CDNVAccumulator, top_k_classes
 from lapheads.geometry.similarity import SimilarityAccumulator
 from lapheads.geometry.spectrum import SpectrumAccumulator
 
-__all__ = ["AnalyzeOptions", "analyze_run", "analyze_runs", "plot_analyses", "write_summary"]
+__all__ = [
+    "AnalyzeOptions",
+    "analyze_nanochat",
+    "analyze_run",
+    "analyze_runs",
+    "lm_geometry",
+    "plot_analyses",
+    "write_summary",
+]
 
 ANALYSIS_FILE = "analysis.json"
 
@@ -116,9 +124,45 @@ class LMLayerGeometry:
         }
 
 
+def lm_geometry(model: torch.nn.Module, val_tokens, seq_len: int, options: AnalyzeOptions, name: str) -> dict[str, Any]:
+    """Per-layer geometry of a GPT over the first ``options.max_tokens`` of ``val_tokens`` in windows of ``seq_len``.
+
+    Classes are the ranks of each next token among the K most frequent next tokens of the analysed text (others -1).
+    """
+    from lapheads.data.text import validation_windows
+
+    device = model.lm_head.weight.device
+    layers = select_layers(model, options.layers)
+    windows = list(validation_windows(val_tokens, seq_len, options.max_tokens))
+    if not windows:
+        raise InputError(f"{name}: the validation text has fewer than {seq_len + 1} tokens; allowed: more text")
+    targets = torch.cat([y for _, y in windows])
+    classes = top_k_classes(targets, torch.bincount(targets.reshape(-1), minlength=model.config.vocab_size),
+                            options.top_k)
+    geometry = {layer: LMLayerGeometry(options.fraction) for layer in layers}
+    nats = 0.0
+    batch = max(1, options.batch_size // 8)
+    with ResidualStream(model, layers) as stream, torch.no_grad():
+        for start in tqdm(range(0, len(windows), batch), desc=f"analyze {name}", dynamic_ncols=True, leave=False):
+            x = torch.cat([w[0] for w in windows[start:start + batch]]).to(device)
+            y = targets[start:start + batch]
+            nats += float(model(x, y.to(device), loss_reduction="sum"))
+            for layer in layers:
+                geometry[layer].update(stream.tokens[layer], classes[start:start + batch])
+    return {
+        "task": "lm",
+        "split": "val",
+        "num_sequences": len(windows),
+        "tokens_per_sequence": seq_len,
+        "next_token_loss": nats / targets.numel(),
+        "top_k": options.top_k,
+        "layers": layers,
+        "per_layer": {layer: geometry[layer].compute() for layer in layers},
+    }
+
+
 def _analyze_lm(record: dict[str, Any], run_path: Path, options: AnalyzeOptions) -> dict[str, Any]:
     from lapheads.data.images import DataError
-    from lapheads.data.text import validation_windows
     from lapheads.train.lm import load_lm_run
     from lapheads.train.runtime import RunDir, latest_checkpoint
 
@@ -127,38 +171,36 @@ def _analyze_lm(record: dict[str, Any], run_path: Path, options: AnalyzeOptions)
     cfg, model, _, shards = load_lm_run(run_path, options.device)
     if shards is None:
         raise DataError(f"{run_path}: the run's token shards are missing; train or prepare {cfg.dataset} first")
-    device = model.lm_head.weight.device
-    layers = select_layers(model, options.layers)
-    windows = list(validation_windows(shards.val, cfg.sequence_len, options.max_tokens))
-    targets = torch.cat([y for _, y in windows])
-    # classes = rank of the next token among the K most frequent next tokens of the analysed text (others: -1)
-    classes = top_k_classes(targets, torch.bincount(targets.reshape(-1), minlength=model.config.vocab_size),
-                            options.top_k)
-    geometry = {name: LMLayerGeometry(options.fraction) for name in layers}
-    nats = 0.0
-    batch = max(1, options.batch_size // 8)
-    with ResidualStream(model, layers) as stream, torch.no_grad():
-        for start in tqdm(range(0, len(windows), batch), desc=f"analyze {run_path.name}", dynamic_ncols=True,
-                          leave=False):
-            x = torch.cat([w[0] for w in windows[start:start + batch]]).to(device)
-            y = targets[start:start + batch]
-            nats += float(model(x, y.to(device), loss_reduction="sum"))
-            for name in layers:
-                geometry[name].update(stream.tokens[name], classes[start:start + batch])
-    return {
-        "task": "lm",
-        "checkpoint": latest_checkpoint(RunDir(run_path)).name,
-        "laplacian_heads": cfg.laplacian_heads,
-        "seed": cfg.seed,
-        "dataset": cfg.dataset,
-        "split": "val",
-        "num_sequences": len(windows),
-        "tokens_per_sequence": cfg.sequence_len,
-        "next_token_loss": nats / targets.numel(),
-        "top_k": options.top_k,
-        "layers": layers,
-        "per_layer": {name: geometry[name].compute() for name in layers},
-    }
+    return {"checkpoint": latest_checkpoint(RunDir(run_path)).name, "laplacian_heads": cfg.laplacian_heads,
+            "seed": cfg.seed, "dataset": cfg.dataset,
+            **lm_geometry(model, shards.val, cfg.sequence_len, options, run_path.name)}
+
+
+def analyze_nanochat(folder: str | os.PathLike, options: AnalyzeOptions | None = None, *, step: int | None = None,
+                     tokenizer_dir: str | os.PathLike | None = None, data_root: str = "data",
+                     out: str | os.PathLike | None = None) -> tuple[list[dict[str, Any]], Path]:
+    """The geometry of a nanochat checkpoint on held-out text: the Shakespeare plays lapheads holds out (every
+    10th), tokenised with the checkpoint's own tokenizer, each play after BOS. Writes analysis.json, the plots and
+    summary.md into ``out`` (default: runs/nanochat-<tag>-step<N>/report)."""
+    import numpy as np
+
+    from lapheads.data.text import shakespeare_plays
+    from lapheads.evals.lm import load_lm
+
+    options = options or AnalyzeOptions()
+    if options.ema:
+        raise InputError("--ema: a nanochat checkpoint holds one set of weights")
+    lm = load_lm(nanochat=folder, step=step, tokenizer_dir=tokenizer_dir, device=options.device)
+    held_out = [text for i, (_, text) in enumerate(shakespeare_plays(data_root)) if i % 10 == 9]
+    tokens = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in lm.tokenizer.encode_batch(held_out, bos=True)])
+    config = lm.model.config
+    analysis = {"run_dir": str(folder), "options": options.cache_key(), "checkpoint": lm.name,
+                "laplacian_heads": config.laplacian_heads, "seed": None, "dataset": "shakespeare (held out)",
+                **lm_geometry(lm.model, tokens, config.sequence_len, options, lm.name)}
+    out = Path(out) if out is not None else lm.report_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ANALYSIS_FILE).write_text(json.dumps([analysis]) + "\n")
+    return [analysis], write_summary([analysis], out, plot_analyses([analysis], out))
 
 
 def _device(name: str) -> torch.device:

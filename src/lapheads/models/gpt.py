@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from lapheads.attention import LaplacianHeadsMixin, laplacian_attention, parse_laplacian_heads
 from lapheads.errors import InputError
 
-__all__ = ["ARCHS", "GPT", "GPTConfig", "KVCache"]
+__all__ = ["ARCHS", "GPT", "GPTConfig", "KVCache", "sample_token"]
 
 #: Architecture families: the value of every per-feature option that is left as None.
 ARCHS: dict[str, dict[str, Any]] = {
@@ -336,6 +336,18 @@ def _optional_parameter(enabled: bool, shape: tuple[int, ...]) -> nn.Parameter |
     return nn.Parameter(torch.empty(shape)) if enabled else None
 
 
+def sample_token(logits: torch.Tensor, temperature: float, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """One next token (B, 1) from logits (B, V): greedy at temperature 0, else sampled from the top-k (None/0: all)."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    scaled = logits / temperature
+    if top_k:
+        kth = scaled.topk(min(top_k, scaled.size(-1))).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    return torch.multinomial(scaled.softmax(-1), 1, generator=generator)
+
+
 class GPT(nn.Module):
     """nanochat's GPT with Laplacian heads; ``forward(idx, targets)`` returns the loss, ``forward(idx)`` logits."""
 
@@ -526,14 +538,7 @@ class GPT(nn.Module):
         logits = self(idx, kv_cache=cache)[:, -1]
         out, done = [idx], torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
         for step in range(max_new_tokens):
-            if temperature == 0:
-                token = logits.argmax(-1, keepdim=True)
-            else:
-                scaled = logits / temperature
-                if top_k is not None:
-                    kth = scaled.topk(min(top_k, scaled.size(-1))).values[:, -1:]
-                    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-                token = torch.multinomial(scaled.softmax(-1), 1, generator=generator)
+            token = sample_token(logits, temperature, top_k, generator)
             if stop_token is not None:
                 token = torch.where(done[:, None], torch.full_like(token, stop_token), token)
                 done |= token[:, 0] == stop_token
