@@ -55,23 +55,27 @@ def attention_forms(n_lap: int) -> dict[str, Callable[..., torch.Tensor]]:
     }
 
 
-def bench_op(seq_len: int, n_lap: int, device: torch.device, dtype: torch.dtype, repeats: int) -> dict[str, dict]:
+def bench_op(seq_len: int, n_lap: int, device: torch.device, dtype: torch.dtype, repeats: int,
+             compile_forms: bool = False) -> dict[str, dict]:
+    """q, k, v as a model makes them (views of one packed (B, T, 3, H, D) projection) and each form's output
+    reshaped to (B, T, H * D) for the output projection, as in timm's Attention and the GPT."""
     batch = max(1, TOKENS_PER_BATCH // seq_len)
     gen = torch.Generator().manual_seed(seq_len)
-    q, k, v = (
-        torch.randn(batch, HEADS, seq_len, HEAD_DIM, generator=gen).to(device, dtype).requires_grad_()
-        for _ in range(3)
-    )
-    grad = torch.randn(batch, HEADS, seq_len, HEAD_DIM, generator=gen).to(device, dtype)
+    packed = torch.randn(batch, seq_len, 3, HEADS, HEAD_DIM, generator=gen).to(device, dtype).requires_grad_()
+    grad = torch.randn(batch, seq_len, HEADS * HEAD_DIM, generator=gen).to(device, dtype)
+    forms = attention_forms(n_lap)
+    if compile_forms:  # compiled plain SDPA against the compiled op: the same compiler on both sides
+        forms = {name: torch.compile(forms[name], fullgraph=True) for name in ("sdpa", "lapheads")}
 
     def step(form: Callable[..., torch.Tensor]) -> Callable[[], None]:
         def run() -> None:
-            q.grad = k.grad = v.grad = None
-            form(q, k, v).backward(grad)
+            packed.grad = None
+            q, k, v = packed.permute(2, 0, 3, 1, 4).unbind(0)
+            form(q, k, v).transpose(1, 2).reshape(batch, seq_len, -1).backward(grad)
 
         return run
 
-    steps = {name: step(form) for name, form in attention_forms(n_lap).items()}
+    steps = {name: step(form) for name, form in forms.items()}
     times = time_interleaved(steps, repeats, device=device)
     result = {}
     for name, run in steps.items():
@@ -168,19 +172,21 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--skip-vit", action="store_true")
     parser.add_argument("--skip-gpt", action="store_true")
     parser.add_argument("--gpt-arch", default="nanochat-2025", choices=["nanochat-2025", "nanochat-2026"])
+    parser.add_argument("--compile", action="store_true", help="the op table with torch.compile on sdpa and lapheads")
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     op_results = {}
     for t in args.seq_lens:
         repeats = max(3, round(REPEATS.get(t, 10) * args.repeats_scale))
-        op_results[t] = bench_op(t, args.laplacian_heads, device, dtype, repeats)
+        op_results[t] = bench_op(t, args.laplacian_heads, device, dtype, repeats, compile_forms=args.compile)
         print(f"T={t}: " + ", ".join(f"{n} {r['ratio']:.3f}x" for n, r in op_results[t]["forms"].items()), flush=True)
     vit = None if args.skip_vit else bench_vit_step(device, dtype, max(3, round(20 * args.repeats_scale)))
     gpt = None if args.skip_gpt else bench_gpt_step(device, dtype, max(3, round(15 * args.repeats_scale)),
                                                     arch=args.gpt_arch)
     header = (
         f"{machine_summary(device)}; {args.dtype}; {HEADS} heads x {HEAD_DIM} dims, "
-        f"{args.laplacian_heads} Laplacian, batch x T = {TOKENS_PER_BATCH} tokens"
+        f"{args.laplacian_heads} Laplacian, batch x T = {TOKENS_PER_BATCH} tokens, q/k/v from a packed projection and "
+        f"the output reshaped to (B, T, H*D){', torch.compile' if args.compile else ', eager'}"
     )
     table = markdown(op_results, vit, header, gpt, args.gpt_arch)
     print(table)

@@ -195,7 +195,9 @@ class _LaplacianCombine(torch.autograd.Function):
         ctx.save_for_backward(sign, lap)
         if runs is None:
             return torch.mul(y, sign).addcmul_(v, lap)
-        out = torch.empty_like(y, memory_format=torch.contiguous_format)
+        # y's own layout: SDPA on a packed qkv projection returns (B, T, H, D) strides, so the caller's
+        # transpose(1, 2).reshape(B, T, H * D) before the output projection stays a free view
+        out = torch.empty_like(y)
         for start, stop, is_laplacian in runs:
             if is_laplacian:
                 torch.sub(v[:, start:stop], y[:, start:stop], out=out[:, start:stop])
@@ -217,7 +219,10 @@ class _LaplacianCombine(torch.autograd.Function):
 
 def _head_runs(mask: Tensor) -> tuple[tuple[int, int, bool], ...]:
     """Maximal blocks (start, stop, is_laplacian) of consecutive heads of one kind."""
-    flags = mask.tolist()
+    return _head_runs_of(mask.tolist())
+
+
+def _head_runs_of(flags: list[bool]) -> tuple[tuple[int, int, bool], ...]:
     runs, start = [], 0
     for i in range(1, len(flags) + 1):
         if i == len(flags) or flags[i] != flags[start]:
@@ -293,14 +298,19 @@ def laplacian_attention(
         (B, H, T, D) head outputs.
     """
     h, hkv = _check_qkv(q, k, v)
-    lap_mask, runs = _resolve_heads(laplacian_heads, h, q.device)
+    compiling = torch.compiler.is_compiling()
+    lap_mask, runs = _resolve_heads(laplacian_heads, h, q.device, inspect_mask=not compiling)
     t, s = q.shape[-2], k.shape[-2]
     if is_causal and t != s:
         if attn_mask is not None:
             raise InputError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
         attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
+    k_attn, v_attn, gqa = k, v, h != hkv
+    if gqa and attn_mask is not None and q.is_cuda:
+        # CUDA SDPA with enable_gqa and a mask falls back to the math kernel; expanded k/v keep the fused kernels
+        k_attn, v_attn, gqa = k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1), False
     y = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=h != hkv
+        q, k_attn, v_attn, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa
     )
     if lap_mask is None:
         return y  # no Laplacian head: exactly plain SDPA, nothing extra
@@ -310,17 +320,21 @@ def laplacian_attention(
     b, d, g = q.shape[0], v.shape[-1], h // hkv
     lap = lap_mask.to(y.dtype).view(hkv, g, 1, 1)
     sign = 1 - 2 * lap
-    out = _LaplacianCombine.apply(y.view(b, hkv, g, t, d), v_self.unsqueeze(2), sign, lap, runs if g == 1 else None)
-    return out.view(b, h, t, d)
+    y, v_self = y.view(b, hkv, g, t, d), v_self.unsqueeze(2)
+    if compiling:  # one expression Inductor fuses into its neighbours; no out= views, no graph break
+        return (y * sign + v_self * lap).view(b, h, t, d)
+    return _LaplacianCombine.apply(y, v_self, sign, lap, runs if g == 1 else None).view(b, h, t, d)
 
 
 def _resolve_heads(
-    laplacian_heads: HeadSpec, num_heads: int, device: torch.device
+    laplacian_heads: HeadSpec, num_heads: int, device: torch.device, inspect_mask: bool = True
 ) -> tuple[Tensor | None, tuple[tuple[int, int, bool], ...] | None]:
     """The op's view of a spec: (bool mask on ``device``, head runs), or (None, None) when no head is Laplacian.
 
     No host-device copy or sync for an int spec, and none for a mask already on a CUDA device (its runs are then
-    left unknown, None), so the op can sit inside a CUDA training step without stalling it.
+    left unknown, None), so the op can sit inside a CUDA training step without stalling it. With
+    ``inspect_mask=False`` (under torch.compile) a mask's values are never read on the host: no data-dependent
+    branch, no graph break; an all-False mask then costs one fused elementwise pass.
     """
     if isinstance(laplacian_heads, int) and not isinstance(laplacian_heads, bool):
         k = _check_count(laplacian_heads, num_heads)
@@ -331,11 +345,15 @@ def _resolve_heads(
         return torch.arange(num_heads, device=device) >= split, runs
     if isinstance(laplacian_heads, Tensor):
         _check_mask_tensor(laplacian_heads, num_heads)
-        if laplacian_heads.device.type != "cpu":
-            return laplacian_heads, None
+        if laplacian_heads.device.type != "cpu" or not inspect_mask:
+            return laplacian_heads.to(device), None
         mask = laplacian_heads
-    else:
-        mask = laplacian_head_mask(laplacian_heads, num_heads)
+    else:  # a sequence of Python bools: decided on the host, compiled or not
+        laplacian_head_mask(laplacian_heads, num_heads)  # validates the length and that each item is a bool
+        flags = list(laplacian_heads)
+        if not any(flags):
+            return None, None
+        return torch.tensor(flags, dtype=torch.bool, device=device), _head_runs_of(flags)
     if not mask.any():
         return None, None
     return mask.to(device), _head_runs(mask)
