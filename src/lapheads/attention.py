@@ -305,7 +305,7 @@ def laplacian_attention(
         if attn_mask is not None:
             raise InputError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
         attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
-    k_attn, v_attn, gqa = k, v, h != hkv
+    k_attn, v_attn, gqa = k, v, bool(h != hkv)  # a plain bool: SDPA refuses a symbolic one under dynamic shapes
     if gqa and attn_mask is not None and q.is_cuda:
         # CUDA SDPA with enable_gqa and a mask falls back to the math kernel; expanded k/v keep the fused kernels
         k_attn, v_attn, gqa = k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1), False
