@@ -11,7 +11,7 @@ from scipy import stats
 
 from lapheads import sweep as sweep_module
 from lapheads.cli import main
-from lapheads.report import paired_bootstrap, summarize, welch_t_test
+from lapheads.report import add_verdicts, holm, paired_test, summarize, verdict, welch_t_test
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
     printed = capsys.readouterr().out
     assert "| test top-1 (%) | 1 | 2 |" in printed and "within-sequence fraction (last block) | 1 | 2 |" in printed
     saved = json.loads((out / "report" / "stats.json").read_text())
-    assert saved["metrics"]["test top-1 (%)"]["1"]["n"] == 2 and "welch" in saved["metrics"]["test top-1 (%)"]["1"]
+    assert saved["metrics"]["test top-1 (%)"]["1"]["n"] == 2 and "paired" in saved["metrics"]["test top-1 (%)"]["1"]
     assert (out / "report" / "metric.png").stat().st_size > 5000 and (out / "report" / "geometry.png").exists()
 
 
@@ -129,10 +129,31 @@ def test_statistics_match_scipy_on_hand_made_results():
     assert summary["3"]["welch"]["p"] == pytest.approx(theirs.pvalue) and summary["0"]["n"] == 3
 
 
-def test_paired_bootstrap_interval():
-    same = paired_bootstrap({0: 2.0, 1: 3.0, 2: 4.0}, {0: 1.0, 1: 2.0, 2: 3.0})
-    assert same == {"n_pairs": 3, "mean_difference": 1.0, "low": 1.0, "high": 1.0}  # every difference is 1
-    spread = paired_bootstrap({0: 1.0, 1: 5.0, 2: 3.0, 3: 9.0}, {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}, seed=1)
-    assert spread["low"] < spread["mean_difference"] == 4.5 < spread["high"]
-    assert 1.0 <= spread["low"] and spread["high"] <= 9.0
-    assert paired_bootstrap({0: 1.0}, {1: 1.0})["n_pairs"] == 0
+def test_paired_statistics_match_scipy_on_fixed_numbers():
+    a = {0: 86.1, 1: 85.2, 2: 86.9, 3: 85.5, 4: 86.0}
+    b = {0: 85.7, 1: 84.9, 2: 85.1, 3: 85.6, 4: 85.2}
+    ours, theirs = paired_test(a, b), stats.ttest_rel(list(a.values()), list(b.values()))
+    assert ours["p"] == pytest.approx(theirs.pvalue) and ours["t"] == pytest.approx(theirs.statistic)
+    diff = np.array(list(a.values())) - np.array(list(b.values()))
+    low, high = stats.t.interval(0.95, 4, loc=diff.mean(), scale=stats.sem(diff))
+    assert (ours["ci_low"], ours["ci_high"]) == (pytest.approx(low), pytest.approx(high))
+    # MDE of a paired t-test at 80% power, alpha 0.05: (t_0.975 + t_0.80) x standard error of the mean difference
+    assert ours["mde"] == pytest.approx((stats.t.ppf(0.975, 4) + stats.t.ppf(0.8, 4)) * stats.sem(diff))
+    assert paired_test({0: 1.0}, {1: 1.0})["n_pairs"] == 0 and np.isnan(paired_test({0: 1.0}, {0: 2.0})["p"])
+
+
+def test_holm_and_the_verdict_rule():
+    adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": float("nan")})
+    assert adjusted["a"] == pytest.approx(0.03) and adjusted["c"] == pytest.approx(0.06)
+    assert adjusted["b"] == pytest.approx(0.06) and np.isnan(adjusted["d"])  # monotone: max with the step before
+    assert verdict(+1.2, 0.01, 0.5, +1) == "held" and verdict(-1.2, 0.01, 0.5, +1) == "opposite"
+    assert verdict(+0.3, 0.30, 1.57, +1) == "not detected (MDE 1.57)" and verdict(1.0, 0.01, 0.5, None) == "no claim"
+    family = {"test top-1 (%)": summarize({"0": {0: 80.0, 1: 81.0, 2: 80.5}, "3": {0: 82.0, 1: 83.1, 2: 82.4}}),
+              "token cosine similarity (last block)": summarize({"0": {0: 0.5, 1: 0.4, 2: 0.45},
+                                                                 "3": {0: 0.3, 1: 0.2, 2: 0.26}})}
+    add_verdicts(family)
+    top1 = family["test top-1 (%)"]["3"]
+    raw = {label: rows["3"]["paired"]["p"] for label, rows in family.items()}
+    assert top1["p_holm"] == pytest.approx(holm(raw)["test top-1 (%)"]) and top1["p_holm"] >= top1["paired"]["p"]
+    assert top1["verdict"] == ("held" if top1["p_holm"] < 0.05 else f"not detected (MDE {top1['paired']['mde']:.3g})")
+    assert family["token cosine similarity (last block)"]["3"]["verdict"] == "no claim"

@@ -6,9 +6,13 @@ Design choices:
   analysis.json), never from logs. DINO cells are evaluated here (``lapheads eval dino``: k-NN, linear probe,
   segmentation mIoU, PCA pictures of every cell in one grid); each cell's result is cached in its run directory and
   reused while its checkpoint and the eval options are unchanged.
-* **Statistics**: mean, sample std (ddof 1) and n per spec; against the spec "0" a Welch t-test (unequal variances,
-  Welch-Satterthwaite degrees of freedom, two-sided) and a paired bootstrap 95% interval of the mean difference over
-  the seeds both specs share (10,000 resamples, seeded). With 3 seeds both are coarse; they are reported as they are.
+* **Statistics, paired**: the arms of a sweep share the seed, hence the initialisation and the data order, so each
+  spec is compared with spec "0" seed by seed: the mean paired difference, its t-based 95% interval and a two-sided
+  paired t-test (Welch's unpaired test only where fewer than two seeds pair up). The p-values of all of a paradigm's
+  metrics (headline and geometry) are Holm-corrected per spec. Each row also states the minimum detectable effect
+  (MDE: the difference the design detects with 80% power at alpha 0.05, from the observed spread of the differences
+  and n), and a verdict from one rule: **held** / **opposite** (Holm p < 0.05, in / against the paper's direction),
+  **not detected (MDE x)** otherwise, **no claim** for metrics the paper makes none about.
 * **Geometry against k**: ``lapheads analyze`` on every cell (cached per run), the last block's metrics, the same
   statistics.
 """
@@ -22,7 +26,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HEADLINE", "collect", "load_sweep", "paired_bootstrap", "summarize", "welch_t_test", "write_report"]
+__all__ = [
+    "CLAIMS",
+    "HEADLINE",
+    "collect",
+    "holm",
+    "load_sweep",
+    "paired_test",
+    "summarize",
+    "verdict",
+    "welch_t_test",
+    "write_report",
+]
 
 # task -> [(label, source, path)]; source "metrics": the last logged value in metrics.jsonl, "eval_dino": a path
 # into report/eval_dino.json
@@ -58,6 +73,15 @@ GEOMETRY = {
     ],
 }
 GEOMETRY["dino"] = GEOMETRY["classify"]
+#: The direction the paper reports for a metric with Laplacian heads (+1 rises, -1 falls); absent = no claim.
+CLAIMS: dict[str, int] = {
+    "test top-1 (%)": +1, "validation bits per byte": -1, "k-NN top-1, k = 20 (%)": +1, "linear probe top-1 (%)": +1,
+    "segmentation mIoU (%)": +1, "PCA foreground IoU (%)": +1, "within-sequence fraction": -1,
+    "between-class fraction": +1, "NC1, sequence means": -1, "ETF distance, sequence means": -1,
+    "components for 99%, pooled": -1, "components for 99%, per sequence": -1, "CDNV, next-token classes": -1,
+    "NC1, next-token classes": -1,
+}
+ALPHA, POWER = 0.05, 0.80
 
 
 def welch_t_test(a: list[float], b: list[float]) -> dict[str, float]:
@@ -75,16 +99,46 @@ def welch_t_test(a: list[float], b: list[float]) -> dict[str, float]:
     return {"t": float(t), "df": float(df), "p": float(2 * stdtr(df, -abs(t)))}
 
 
-def paired_bootstrap(a: dict[int, float], b: dict[int, float], resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """95% percentile interval of the mean paired difference a[s] - b[s] over shared seeds s."""
+def paired_test(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
+    """Paired comparison of a[s] - b[s] over the seeds s both have: mean difference, its t-based 95% interval, the
+    two-sided paired t-test, and the minimum detectable effect (80% power, alpha 0.05) at the observed spread."""
+    from scipy import stats
+
     seeds = sorted(set(a) & set(b))
-    if not seeds:
-        return {"n_pairs": 0, "mean_difference": math.nan, "low": math.nan, "high": math.nan}
-    diff = np.array([a[s] - b[s] for s in seeds])
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(diff), size=(resamples, len(diff)))].mean(1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return {"n_pairs": len(seeds), "mean_difference": float(diff.mean()), "low": float(low), "high": float(high)}
+    diff = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    out: dict[str, Any] = {"n_pairs": len(seeds), "mean_difference": float(diff.mean()) if len(diff) else math.nan,
+                           "ci_low": math.nan, "ci_high": math.nan, "t": math.nan, "df": math.nan, "p": math.nan,
+                           "mde": math.nan}
+    if len(diff) < 2:
+        return out
+    df = len(diff) - 1
+    se = float(diff.std(ddof=1)) / math.sqrt(len(diff))
+    critical = float(stats.t.ppf(1 - ALPHA / 2, df))
+    out.update(df=float(df), ci_low=out["mean_difference"] - critical * se, ci_high=out["mean_difference"] + critical * se,
+               mde=(critical + float(stats.t.ppf(POWER, df))) * se)
+    if se > 0:
+        t = out["mean_difference"] / se
+        out.update(t=float(t), p=float(2 * stats.t.sf(abs(t), df)))
+    return out
+
+
+def holm(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjustment of a family of p-values (NaN entries stay NaN and do not count)."""
+    finite = sorted((p, name) for name, p in p_values.items() if not math.isnan(p))
+    adjusted, running = {name: math.nan for name in p_values}, 0.0
+    for i, (p, name) in enumerate(finite):
+        running = max(running, min(1.0, (len(finite) - i) * p))
+        adjusted[name] = running
+    return adjusted
+
+
+def verdict(difference: float, p_holm: float, mde: float, direction: int | None) -> str:
+    """One rule for every claim: held / opposite when significant after Holm, else not detected (with the MDE)."""
+    if direction is None:
+        return "no claim"
+    if not math.isnan(p_holm) and p_holm < ALPHA:
+        return "held" if difference * direction > 0 else "opposite"
+    return f"not detected (MDE {mde:.3g})" if not math.isnan(mde) else "not detected"
 
 
 def _final(run_dir: Path, metric: Metric) -> float | None:
@@ -131,17 +185,34 @@ def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float
 
 
 def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[str, dict[str, Any]]:
-    """Per spec: n, mean, std, and (if the baseline spec is present) Welch and paired-bootstrap tests against it."""
+    """Per spec: n, mean, std, and (if the baseline spec is present) the paired test against it (Welch's unpaired
+    test as well, used in its place when fewer than two seeds pair up)."""
     out = {}
     for spec, by_seed in values.items():
         xs = list(by_seed.values())
         row: dict[str, Any] = {"n": len(xs), "mean": float(np.mean(xs)) if xs else math.nan,
                                "std": float(np.std(xs, ddof=1)) if len(xs) > 1 else math.nan, "values": by_seed}
         if spec != baseline and baseline in values:
+            row["paired"] = paired_test(by_seed, values[baseline])
             row["welch"] = welch_t_test(xs, list(values[baseline].values()))
-            row["bootstrap"] = paired_bootstrap(by_seed, values[baseline])
+            row["test"] = "paired" if row["paired"]["n_pairs"] >= 2 else "welch"
         out[spec] = row
     return out
+
+
+def add_verdicts(family: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """Holm-correct each spec's p-values across the family of metrics (label -> summarize() rows), then give each
+    row its verdict; rows gain ``p_holm`` and ``verdict``."""
+    specs = {spec for rows in family.values() for spec, row in rows.items() if "test" in row}
+    for spec in specs:
+        raw = {label: rows[spec][rows[spec]["test"]]["p"] for label, rows in family.items() if "test" in rows.get(spec, {})}
+        for label, p_holm in holm(raw).items():
+            row = family[label][spec]
+            difference = row["paired"]["mean_difference"] if row["test"] == "paired" else row["mean"] - family[label][
+                "0"]["mean"]
+            row["p_holm"] = p_holm
+            row["verdict"] = verdict(difference, p_holm, row["paired"]["mde"], CLAIMS.get(label.removesuffix(
+                " (last block)")))
 
 
 def _geometry_values(record: dict[str, Any], max_tokens: int) -> dict[str, dict[str, dict[int, float]]]:
@@ -197,12 +268,14 @@ def _plot(panels: dict[str, dict[str, dict[str, Any]]], specs: list[str], path: 
 
 def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
     cells = [label, spec, str(stats["n"]), f"{stats['mean']:.4g} ± {stats['std']:.2g}"]
-    if "welch" in stats:
-        boot = stats["bootstrap"]
-        cells += [f"{boot['mean_difference']:+.4g}", f"{stats['welch']['p']:.3g}",
-                  f"[{boot['low']:+.3g}, {boot['high']:+.3g}]"]
+    if "test" in stats:
+        pair = stats["paired"]
+        test = stats[stats["test"]]
+        interval = f" [{pair['ci_low']:+.3g}, {pair['ci_high']:+.3g}]" if stats["test"] == "paired" else " (Welch)"
+        cells += [f"{pair['mean_difference']:+.4g}{interval}", f"{test['p']:.3g} / {stats.get('p_holm', math.nan):.3g}",
+                  f"{pair['mde']:.3g}", stats.get("verdict", "")]
     else:
-        cells += ["(baseline)", "", ""]
+        cells += ["(baseline)", "", "", ""]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -237,18 +310,20 @@ def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: boo
         f"# Sweep report: {record['preset']} ({task})",
         "",
         f"Specs {', '.join(specs)}; seeds {', '.join(map(str, record['seeds']))}; overrides "
-        f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - 0; p = two-sided Welch t-test; interval = "
-        "paired bootstrap 95% over shared seeds.",
+        f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - 0, paired by seed, with its t-based 95% "
+        f"interval; p = two-sided paired t-test, raw / Holm-corrected across this table's metrics per spec; MDE = the "
+        f"smallest difference this design detects with {POWER:.0%} power at alpha {ALPHA} given the observed spread; "
+        "verdict: held / opposite (Holm p < 0.05, with / against the paper's direction) or not detected.",
         "",
-        "| metric | Laplacian heads | n | mean ± std | difference vs 0 | Welch p | bootstrap 95% |",
-        "|---|---|---|---|---|---|---|",
-        *[_row(label, s, stats[s]) for label, stats in headline.items() for s in specs],
+        "| metric | Laplacian heads | n | mean ± std | difference vs 0 [95% CI] | p raw / Holm | MDE | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     geometry_stats: dict[str, Any] = {}
     if geometry:
-        for name, by_spec in _geometry_values(record, max_tokens).items():
-            geometry_stats[name] = summarize(by_spec)
-            lines += [_row(name + " (last block)", s, geometry_stats[name][s]) for s in specs]
+        geometry_stats = {f"{name} (last block)": summarize(by_spec)
+                          for name, by_spec in _geometry_values(record, max_tokens).items()}
+    add_verdicts({**headline, **geometry_stats})
+    lines += [_row(label, s, stats[s]) for label, stats in {**headline, **geometry_stats}.items() for s in specs]
     _plot(headline, specs, out / "metric.png")
     lines += ["", "![metric](metric.png)"]
     if geometry_stats:
