@@ -157,3 +157,19 @@ def test_holm_and_the_verdict_rule():
     assert top1["p_holm"] == pytest.approx(holm(raw)["test top-1 (%)"]) and top1["p_holm"] >= top1["paired"]["p"]
     assert top1["verdict"] == ("held" if top1["p_holm"] < 0.05 else f"not detected (MDE {top1['paired']['mde']:.3g})")
     assert family["token cosine similarity (last block)"]["3"]["verdict"] == "no claim"
+
+
+def test_report_restates_a_stats_json_with_todays_statistics(tmp_path, capsys):
+    saved = {"metrics": {"test top-1 (%)": {"0": {"values": {"0": 80.0, "1": 81.0, "2": 80.5}},
+                                            "3": {"values": {"0": 82.0, "1": 83.1, "2": 82.4}}}},
+             "geometry": {"within-sequence fraction": {"0": {"values": {"0": 0.5, "1": 0.55, "2": 0.52}},
+                                                       "3": {"values": {"0": 0.6, "1": 0.7, "2": 0.61}}}}}
+    (tmp_path / "stats.json").write_text(json.dumps(saved))
+    assert main(["report", str(tmp_path / "stats.json")]) == 0
+    out = capsys.readouterr().out
+    diff = np.array([2.0, 2.1, 1.9])
+    low, high = stats.t.interval(0.95, 2, loc=diff.mean(), scale=stats.sem(diff))
+    assert f"| test top-1 (%) | 3 | 3 | 82.5 ± 0.56 | +2 [{low:+.3g}, {high:+.3g}] |" in out
+    assert "| within-sequence fraction (last block) | 3 |" in out
+    (tmp_path / "bad.json").write_text("[]")
+    assert main(["report", str(tmp_path / "bad.json")]) == 2

@@ -174,8 +174,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from lapheads.report import write_report
+    from lapheads.report import restate, write_report
 
+    if Path(args.sweep_dir).is_file():  # a stats.json: its per-seed values, with today's statistics
+        print(restate(args.sweep_dir))
+        return 0
     path = write_report(args.sweep_dir, metric=args.metric, geometry=not args.no_geometry)
     print(path.read_text())
     print(f"report: {path}")
@@ -336,7 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.set_defaults(func=_cmd_sweep)
 
     report = sub.add_parser("report", allow_abbrev=False, help="statistics and plots of a sweep")
-    report.add_argument("sweep_dir")
+    report.add_argument("sweep_dir", help="a sweep directory, or a report's stats.json to restate with today's "
+                        "statistics")
     report.add_argument("--metric", default=None, help="the headline metric (default: the task's)")
     report.add_argument("--no-geometry", action="store_true", help="skip lapheads analyze on the cells")
     report.set_defaults(func=_cmd_report)

@@ -33,6 +33,7 @@ __all__ = [
     "holm",
     "load_sweep",
     "paired_test",
+    "restate",
     "summarize",
     "verdict",
     "welch_t_test",
@@ -279,6 +280,28 @@ def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+TABLE_HEADER = ["| metric | Laplacian heads | n | mean ± std | difference vs 0 [95% CI] | p raw / Holm | MDE | verdict |",
+                "|---|---|---|---|---|---|---|---|"]
+
+
+def restate(stats_file: str | Path) -> str:
+    """The statistics table of an existing stats.json (any version: it keeps every cell's per-seed value),
+    recomputed with the current tests, correction and verdict rule; no run directory needed."""
+    from lapheads.sweep import SweepError
+
+    try:
+        saved = json.loads(Path(stats_file).read_text())
+        groups = [(label, rows) for label, rows in saved["metrics"].items()]
+        groups += [(f"{label} (last block)", rows) for label, rows in saved.get("geometry", {}).items()]
+        family = {label: summarize({spec: {int(seed): float(v) for seed, v in row["values"].items()}
+                                    for spec, row in rows.items()}) for label, rows in groups}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
+        raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None
+    add_verdicts(family)
+    return "\n".join([*TABLE_HEADER, *[_row(label, spec, stats[spec]) for label, stats in family.items()
+                                        for spec in stats]])
+
+
 def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: bool = True,
                  max_tokens: int = 262_144) -> Path:
     """Write SWEEP_DIR/report/{report.md, stats.json, metric.png, geometry.png (, pca.png)}; returns report.md.
@@ -315,8 +338,7 @@ def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: boo
         f"smallest difference this design detects with {POWER:.0%} power at alpha {ALPHA} given the observed spread; "
         "verdict: held / opposite (Holm p < 0.05, with / against the paper's direction) or not detected.",
         "",
-        "| metric | Laplacian heads | n | mean ± std | difference vs 0 [95% CI] | p raw / Holm | MDE | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        *TABLE_HEADER,
     ]
     geometry_stats: dict[str, Any] = {}
     if geometry:
