@@ -6,15 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import lapheads
 from lapheads.cli import main
 
 
 def test_version(capsys):
-    try:
+    with pytest.raises(SystemExit) as exit_:
         main(["--version"])
-    except SystemExit as exit_:
-        assert exit_.code == 0
+    assert exit_.value.code == 0
     assert capsys.readouterr().out.strip() == f"lapheads {lapheads.__version__}"
 
 
@@ -31,9 +32,8 @@ def test_console_script_and_module_entry_points():
 
 
 def test_unknown_subcommand_fails_with_one_line(capsys):
-    try:
+    with pytest.raises(SystemExit) as exit_:
         main(["nope"])
-    except SystemExit as exit_:
-        assert exit_.code == 2
+    assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'nope'" in err

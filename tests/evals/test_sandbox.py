@@ -44,6 +44,8 @@ def test_work_inside_the_temporary_directory_is_allowed_and_cleaned_up():
     )
     result = run_program(program)
     assert result.status == "passed"
+    workdir = result.output.strip().splitlines()[-1]
+    assert workdir.startswith("/") and not __import__("os").path.exists(workdir)  # the sandbox's folder is gone
 
 
 def test_memory_is_limited():

@@ -91,7 +91,7 @@ def test_eval_dino_refuses_other_runs(tmp_path, capsys, tiny_config):
     assert "holds a 'classify' run; allowed here: dino" in capsys.readouterr().err
 
 
-def test_ddp_two_ranks_match_one_rank(tiny_dino, tmp_path):
+def test_ddp_two_ranks_train_split_the_batch_and_save_every_ranks_rng(tiny_dino, tmp_path):
     import os
     import subprocess
     import sys

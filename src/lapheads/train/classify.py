@@ -109,22 +109,24 @@ class ClassifyConfig(RunConfig):
                               "lion (timm.optim.list_optimizers())")
 
 
-def _micro_batch(cfg: ClassifyConfig, world_size: int) -> int:
-    """Samples per forward pass per rank; with ``micro_batch`` set, accum_steps follows from the global batch."""
+def _micro_batch(cfg: ClassifyConfig, world_size: int) -> tuple[int, int]:
+    """(samples per forward pass per rank, micro-batches per step); with ``micro_batch`` set, the accumulation
+    follows from the global batch. The config is left as it was given (it is what config.json records)."""
+    accum_steps = cfg.accum_steps
     if cfg.micro_batch is not None:
         if cfg.batch_size % (cfg.micro_batch * world_size):
             raise InputError(
                 f"batch_size={cfg.batch_size} is not divisible by micro_batch x world_size = "
                 f"{cfg.micro_batch * world_size}; allowed: a micro_batch that divides {cfg.batch_size // world_size}"
             )
-        cfg.accum_steps = cfg.batch_size // (cfg.micro_batch * world_size)
-    per_step = world_size * cfg.accum_steps
+        accum_steps = cfg.batch_size // (cfg.micro_batch * world_size)
+    per_step = world_size * accum_steps
     if cfg.batch_size % per_step:
         raise InputError(
             f"batch_size={cfg.batch_size} is not divisible by world_size x accum_steps = {per_step}; allowed: a "
             f"multiple of {per_step}"
         )
-    return cfg.batch_size // per_step
+    return cfg.batch_size // per_step, accum_steps
 
 
 def build_model(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> torch.nn.Module:
@@ -210,7 +212,7 @@ def train_classify(
         raise InputError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(DATASETS)}")
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
-    micro_batch = _micro_batch(cfg, dist_.world_size)
+    micro_batch, accum_steps = _micro_batch(cfg, dist_.world_size)
     data = build_image_data(
         cfg.dataset, cfg.data_root, cfg.img_size, download=cfg.download, three_augment=cfg.three_augment,
         color_jitter=cfg.color_jitter, hflip=cfg.hflip, augment=cfg.augment,
@@ -228,7 +230,7 @@ def train_classify(
     from timm.utils import ModelEmaV3
 
     optimizer = create_optimizer_v2(model, opt=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sampler = GlobalBatchSampler(len(train_set), micro_batch, cfg.accum_steps, dist_.rank, dist_.world_size, cfg.seed)
+    sampler = GlobalBatchSampler(len(train_set), micro_batch, accum_steps, dist_.rank, dist_.world_size, cfg.seed)
     total_steps = max(1, math.ceil(cfg.epochs * sampler.steps_per_epoch))
     warmup_steps = min(total_steps - 1, round(cfg.warmup_epochs * sampler.steps_per_epoch))
     scheduler = CosineLRScheduler(

@@ -10,7 +10,8 @@ Design choices:
 * **Checkpoints without pickle.** Weights, optimizer tensors and RNG states are safetensors; everything else is
   JSON. A checkpoint is written into a temporary folder, then renamed into place, then ``latest`` is replaced
   atomically: a crash at any point leaves the previous checkpoint intact.
-* **The run directory is the contract**: config.json, metrics.jsonl, checkpoints/ (design.md).
+* **The run directory is the contract**: config.json (the full config, seed, versions), metrics.jsonl, and
+  checkpoints/step-<N>/ with checkpoints/latest; readers never need anything else.
 """
 
 from __future__ import annotations
