@@ -40,7 +40,7 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
     with pytest.raises(KeyboardInterrupt):
         main(args)
     record = json.loads((out / "sweep.json").read_text())
-    assert [c["status"] for c in record["cells"].values()] == ["done", "done", "running"]
+    assert [c["status"] for c in record["cells"].values()] == ["done", "done", "running", "pending"]
     calls.clear()
     assert main(args) == 0
     assert calls == [("L1-s0", True), ("L1-s1", False)]  # finished cells skipped, the partial one resumed
@@ -55,6 +55,25 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
     saved = json.loads((out / "report" / "stats.json").read_text())
     assert saved["metrics"]["test top-1 (%)"]["1"]["n"] == 2 and "paired" in saved["metrics"]["test top-1 (%)"]["1"]
     assert (out / "report" / "metric.png").stat().st_size > 5000 and (out / "report" / "geometry.png").exists()
+
+
+def test_parallel_jobs_train_every_cell_in_its_own_process_and_record_failures(tiny_preset, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0,1", "--seeds", "0", "--out",
+            str(out), "--jobs", "2", "--threads", "2"]
+    assert main(args) == 0
+    record = json.loads((out / "sweep.json").read_text())
+    assert [c["status"] for c in record["cells"].values()] == ["done", "done"]
+    assert "1 thread;" in capsys.readouterr().out and (out / "logs" / "L1-s0.log").is_file()
+    assert json.loads((out / "L1-s0" / "config.json").read_text())["config"]["laplacian_heads"] == "1"
+    # a cell whose process fails is marked failed, the others finish, the command says which and exits 2
+    other = tmp_path / "other"
+    (other / "L0-s1").mkdir(parents=True)
+    (other / "L0-s1" / "config.json").write_text("{broken")
+    assert main([*args[:7], "0,1", "--out", str(other), *args[10:]]) == 2
+    assert "1 cell(s) failed: L0-s1" in capsys.readouterr().err
+    statuses = {name: c["status"] for name, c in json.loads((other / "sweep.json").read_text())["cells"].items()}
+    assert statuses == {"L0-s0": "done", "L1-s0": "done", "L0-s1": "failed", "L1-s1": "done"}
 
 
 def test_a_dino_sweep_report_evaluates_every_cell_once(tiny_dino, tmp_path, monkeypatch, capsys):
