@@ -43,7 +43,7 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
     assert [c["status"] for c in record["cells"].values()] == ["done", "done", "running", "pending"]
     calls.clear()
     assert main(args) == 0
-    assert calls == [("L1-s0", True), ("L1-s1", False)]  # finished cells skipped, the partial one resumed
+    assert calls == [("L0-s1", True), ("L1-s1", False)]  # finished cells skipped, the partial one resumed
     record = json.loads((out / "sweep.json").read_text())
     assert len(record["cells"]) == 4 and all(c["status"] == "done" for c in record["cells"].values())
     assert json.loads((out / "L1-s1" / "config.json").read_text())["config"]["seed"] == 1

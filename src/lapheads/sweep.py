@@ -82,7 +82,9 @@ class Cell:
 
 
 def sweep_cells(sweep_dir: Path, specs: list[str], seeds: list[int]) -> list[Cell]:
-    return [Cell(spec, seed, sweep_dir / cell_name(spec, seed)) for spec in specs for seed in seeds]
+    """Seed-major: a sweep stopped part-way holds complete pairs (every spec of the first seeds), which is what the
+    paired statistics of ``lapheads report`` compare."""
+    return [Cell(spec, seed, sweep_dir / cell_name(spec, seed)) for seed in seeds for spec in specs]
 
 
 def _finished(run_dir: Path) -> bool:
