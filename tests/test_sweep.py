@@ -107,9 +107,9 @@ def test_dry_run_prints_one_torchrun_command_per_cell(capsys, tmp_path):
                  "--out", str(tmp_path / "s"), "--nproc-per-node", "2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 4 and not (tmp_path / "s").exists()
-    assert lines[1] == (f"torchrun --nproc_per_node=2 -m lapheads train lm --preset shakespeare-cpu --laplacian-heads 0 "
-                        f"--seed 4 --out {tmp_path / 's' / 'L0-s4'}")
-    assert "--laplacian-heads 2,2,0,0" in lines[2]
+    assert lines[2] == (f"torchrun --nproc_per_node=2 -m lapheads train lm --preset shakespeare-cpu --laplacian-heads 0 "
+                        f"--seed 4 --out {tmp_path / 's' / 'L0-s4'}")  # seed-major: both specs of seed 3 first
+    assert "--laplacian-heads 2,2,0,0 --seed 3" in lines[1]
 
 
 @pytest.mark.parametrize(
