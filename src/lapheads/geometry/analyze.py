@@ -35,6 +35,7 @@ from lapheads.geometry.anova import AnovaAccumulator
 from lapheads.geometry.collapse import NeuralCollapseAccumulator, neural_collapse
 from lapheads.geometry.features import ResidualStream, select_layers
 from lapheads.geometry.linguistic import CDNVAccumulator, top_k_classes
+from lapheads.geometry.mechanism import ov_circuits
 from lapheads.geometry.similarity import SimilarityAccumulator
 from lapheads.geometry.spectrum import SpectrumAccumulator
 
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 ANALYSIS_FILE = "analysis.json"
+#: bumped when an analysis gains a metric (2: output-value circuits of every head)
+ANALYSIS_VERSION = 2
 
 
 @dataclass
@@ -66,7 +69,9 @@ class AnalyzeOptions:
     device: str = "auto"
 
     def cache_key(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k not in ("batch_size", "device")}
+        # the version changes whenever an analysis gains a metric, so older cached files are recomputed
+        return {**{k: v for k, v in asdict(self).items() if k not in ("batch_size", "device")},
+                "version": ANALYSIS_VERSION}
 
 
 class LayerGeometry:
@@ -149,6 +154,8 @@ def lm_geometry(model: torch.nn.Module, val_tokens, seq_len: int, options: Analy
             nats += float(model(x, y.to(device), loss_reduction="sum"))
             for layer in layers:
                 geometry[layer].update(stream.tokens[layer], classes[start:start + batch])
+    per_layer = {layer: geometry[layer].compute() for layer in layers}
+    _add_mechanism(per_layer, model)
     return {
         "task": "lm",
         "split": "val",
@@ -157,8 +164,22 @@ def lm_geometry(model: torch.nn.Module, val_tokens, seq_len: int, options: Analy
         "next_token_loss": nats / targets.numel(),
         "top_k": options.top_k,
         "layers": layers,
-        "per_layer": {layer: geometry[layer].compute() for layer in layers},
+        "per_layer": per_layer,
     }
+
+
+def _add_mechanism(per_layer: dict[str, dict[str, Any]], model: torch.nn.Module) -> None:
+    """Each analysed block gains its heads' output-value circuit scores (``geometry.mechanism``) and the mean
+    diffusion score of its Laplacian and of its ordinary heads (None where the block has none of a kind: JSON keeps
+    it, and a cached analysis compares equal to a fresh one)."""
+    for i, heads in enumerate(ov_circuits(model)):
+        if str(i + 1) not in per_layer:
+            continue
+        means = {}
+        for kind, laplacian in (("laplacian_diffusion", True), ("ordinary_diffusion", False)):
+            scores = [h["diffusion"] for h in heads if h["laplacian"] == laplacian]
+            means[kind] = sum(scores) / len(scores) if scores else None
+        per_layer[str(i + 1)]["mechanism"] = {**means, "heads": heads}
 
 
 def _analyze_lm(record: dict[str, Any], run_path: Path, options: AnalyzeOptions) -> dict[str, Any]:
@@ -258,12 +279,14 @@ def _labelled_geometry(model: torch.nn.Module, dataset, options: AnalyzeOptions,
                 predictions_all.append(logits.argmax(1).cpu())
     labels = torch.cat(labels_all)
     predictions = torch.cat(predictions_all) if classifier else None
+    per_layer = {name: geometry[name].compute(labels, predictions) for name in layers}
+    _add_mechanism(per_layer, model)
     out: dict[str, Any] = {
         "split": "eval",
         "num_sequences": num_seq,
         "tokens_per_sequence": tokens_per_seq,
         "layers": layers,
-        "per_layer": {name: geometry[name].compute(labels, predictions) for name in layers},
+        "per_layer": per_layer,
     }
     if classifier:
         out["accuracy"] = float((predictions == labels).double().mean())
@@ -352,17 +375,22 @@ PLOTS: dict[str, list[tuple[str, str, str, bool]]] = {
         ("linguistic", "cdnv", "CDNV, top-K next-token classes", True),
         ("linguistic", "nc1", "NC1, top-K next-token classes", True),
     ],
+    "mechanism": [
+        ("mechanism", "laplacian_diffusion", "diffusion score, Laplacian heads (mean)", False),
+        ("mechanism", "ordinary_diffusion", "diffusion score, ordinary heads (mean)", False),
+    ],
 }
 FIGURES = {
-    "classify": ("anova", "collapse", "spectrum", "similarity"),
-    "dino": ("anova", "collapse", "spectrum", "similarity"),
-    "lm": ("linguistic", "spectrum", "similarity"),
+    "classify": ("anova", "collapse", "spectrum", "similarity", "mechanism"),
+    "dino": ("anova", "collapse", "spectrum", "similarity", "mechanism"),
+    "lm": ("linguistic", "spectrum", "similarity", "mechanism"),
 }
 
 
 def _value(layer: dict[str, Any], group: str, key: str) -> float:
     value = layer.get(group, math.nan)
-    return value.get(key, math.nan) if isinstance(value, dict) else value
+    value = value.get(key, math.nan) if isinstance(value, dict) else value
+    return math.nan if value is None else value
 
 
 def plot_analyses(analyses: list[dict[str, Any]], out: Path) -> list[Path]:
@@ -425,6 +453,10 @@ def _last_block(analysis: dict[str, Any]) -> str:
 
 
 _SHARED_ROWS = [
+    ("diffusion score, Laplacian heads", lambda a, layer: _value(a["per_layer"][layer], "mechanism",
+                                                                  "laplacian_diffusion")),
+    ("diffusion score, ordinary heads", lambda a, layer: _value(a["per_layer"][layer], "mechanism",
+                                                                "ordinary_diffusion")),
     ("components for 99%, pooled", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components"]),
     ("components for 99%, per sequence", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components_per_seq"]),
     ("token cosine similarity", lambda a, layer: a["per_layer"][layer]["similarity"]),
