@@ -59,6 +59,8 @@ GEOMETRY = {
     "classify": [
         ("within-sequence fraction", ("anova", "within_seq_fraction")),
         ("between-class fraction", ("anova", "between_class_fraction")),
+        ("within / between-class variance", ("anova", "within_to_between_class")),
+        ("within-sequence variance / mean |h|^2", ("anova", "within_seq_scale_free")),
         ("NC1, sequence means", ("collapse_seq", "nc1")),
         ("ETF distance, sequence means", ("collapse_seq", "etf_distance")),
         ("components for 99%, pooled", ("spectrum", "n_components")),
@@ -74,11 +76,16 @@ GEOMETRY = {
     ],
 }
 GEOMETRY["dino"] = GEOMETRY["classify"]
+#: task -> the layers whose geometry the report states: vision before and after the final norm; language models at
+#: the LM head's input (after the final norm), where linguistic-collapse studies measure them
+GEOMETRY_LAYERS = {"classify": ("last block", "after the final norm"), "dino": ("last block", "after the final norm"),
+                   "lm": ("after the final norm",)}
 #: The direction the paper reports for a metric with Laplacian heads (+1 rises, -1 falls); absent = no claim.
 CLAIMS: dict[str, int] = {
     "test top-1 (%)": +1, "validation bits per byte": -1, "k-NN top-1, k = 20 (%)": +1, "linear probe top-1 (%)": +1,
     "segmentation mIoU (%)": +1, "PCA foreground IoU (%)": +1, "within-sequence fraction": -1,
-    "between-class fraction": +1, "NC1, sequence means": -1, "ETF distance, sequence means": -1,
+    "between-class fraction": +1, "within / between-class variance": -1, "within-sequence variance / mean |h|^2": -1,
+    "NC1, sequence means": -1, "ETF distance, sequence means": -1,
     "components for 99%, pooled": -1, "components for 99%, per sequence": -1, "CDNV, next-token classes": -1,
     "NC1, next-token classes": -1,
 }
@@ -212,8 +219,14 @@ def add_verdicts(family: dict[str, dict[str, dict[str, Any]]]) -> None:
             difference = row["paired"]["mean_difference"] if row["test"] == "paired" else row["mean"] - family[label][
                 "0"]["mean"]
             row["p_holm"] = p_holm
-            row["verdict"] = verdict(difference, p_holm, row["paired"]["mde"], CLAIMS.get(label.removesuffix(
-                " (last block)")))
+            row["verdict"] = verdict(difference, p_holm, row["paired"]["mde"], _claim(label))
+
+
+def _claim(label: str) -> int | None:
+    """The paper's direction for a row label, whatever layer the row was measured at."""
+    for where in GEOMETRY_LAYERS.get("classify", ()):
+        label = label.removesuffix(f" ({where})")
+    return CLAIMS.get(label)
 
 
 def _geometry_values(record: dict[str, Any], max_tokens: int) -> dict[str, dict[str, dict[int, float]]]:
@@ -221,15 +234,19 @@ def _geometry_values(record: dict[str, Any], max_tokens: int) -> dict[str, dict[
 
     options = AnalyzeOptions(max_tokens=max_tokens)
     metrics = GEOMETRY[record["task"]]
-    out: dict[str, dict[str, dict[int, float]]] = {label: {s: {} for s in record["specs"]} for label, _ in metrics}
+    where = GEOMETRY_LAYERS[record["task"]]
+    out: dict[str, dict[str, dict[int, float]]] = {f"{label} ({w})": {s: {} for s in record["specs"]}
+                                                   for w in where for label, _ in metrics}
     for cell in _done_cells(record):
         analysis = analyze_run(cell["run_dir"], options)
-        last = [n for n in analysis["layers"] if n.isdigit()][-1]
-        for label, path in metrics:
-            value: Any = analysis["per_layer"][last]
-            for key in path:
-                value = value[key]
-            out[label][cell["spec"]][cell["seed"]] = float(value)
+        layers = {"last block": [n for n in analysis["layers"] if n.isdigit()][-1], "after the final norm": "norm"}
+        for w in where:
+            for label, path in metrics:
+                value: Any = analysis["per_layer"].get(layers[w], {})
+                for key in path:
+                    value = value.get(key) if isinstance(value, dict) else None
+                if value is not None:
+                    out[f"{label} ({w})"][cell["spec"]][cell["seed"]] = float(value)
     return out
 
 
@@ -292,7 +309,9 @@ def restate(stats_file: str | Path) -> str:
     try:
         saved = json.loads(Path(stats_file).read_text())
         groups = [(label, rows) for label, rows in saved["metrics"].items()]
-        groups += [(f"{label} (last block)", rows) for label, rows in saved.get("geometry", {}).items()]
+        # reports before 2026-11-30 measured geometry at the last block and did not say so in the label
+        groups += [(label if label.endswith(")") else f"{label} (last block)", rows)
+                   for label, rows in saved.get("geometry", {}).items()]
         family = {label: summarize({spec: {int(seed): float(v) for seed, v in row["values"].items()}
                                     for spec, row in rows.items()}) for label, rows in groups}
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
@@ -342,8 +361,7 @@ def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: boo
     ]
     geometry_stats: dict[str, Any] = {}
     if geometry:
-        geometry_stats = {f"{name} (last block)": summarize(by_spec)
-                          for name, by_spec in _geometry_values(record, max_tokens).items()}
+        geometry_stats = {name: summarize(by_spec) for name, by_spec in _geometry_values(record, max_tokens).items()}
     add_verdicts({**headline, **geometry_stats})
     lines += [_row(label, s, stats[s]) for label, stats in {**headline, **geometry_stats}.items() for s in specs]
     _plot(headline, specs, out / "metric.png")

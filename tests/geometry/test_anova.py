@@ -83,3 +83,19 @@ def test_bad_shapes_are_one_line_errors():
         anova(torch.zeros(4, 3, 2), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match=">= 0"):
         anova(torch.zeros(2, 3, 2), torch.tensor([0, -1]))
+
+
+def test_ratio_and_scale_free_within_variance():
+    h = torch.randn(6, 5, 4, generator=torch.Generator().manual_seed(3)) + 2.0
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    parts = anova(h, labels)
+    assert parts["within_to_between_class"] == pytest.approx(parts["within_seq"] / parts["between_class"])
+    assert parts["within_seq_scale_free"] == pytest.approx(parts["within_seq"] / float(h.square().sum(-1).mean()))
+    scaled = anova(3 * h, labels)  # a change of scale moves the raw variance, not the scale-free one or the ratio
+    assert scaled["within_seq_scale_free"] == pytest.approx(parts["within_seq_scale_free"])
+    assert scaled["within_to_between_class"] == pytest.approx(parts["within_to_between_class"])
+    stream = AnovaAccumulator()
+    stream.update(h[:3], labels[:3])
+    stream.update(h[3:], labels[3:])
+    assert stream.compute()["within_seq_scale_free"] == pytest.approx(parts["within_seq_scale_free"])
+    assert anova(h)["within_to_between_class"] is None  # one class: no between-class part to compare with

@@ -480,6 +480,9 @@ SUMMARY_ROWS = [
     ("within-sequence fraction", lambda a, layer: a["per_layer"][layer]["anova"]["within_seq_fraction"]),
     ("between-sequence fraction", lambda a, layer: a["per_layer"][layer]["anova"]["between_seq_fraction"]),
     ("between-class fraction", lambda a, layer: a["per_layer"][layer]["anova"]["between_class_fraction"]),
+    ("within / between-class variance", lambda a, layer: _value(a["per_layer"][layer], "anova",
+                                                                "within_to_between_class")),
+    ("within-sequence variance / mean |h|^2", lambda a, layer: a["per_layer"][layer]["anova"]["within_seq_scale_free"]),
     ("NC1, sequence means", lambda a, layer: a["per_layer"][layer]["collapse_seq"]["nc1"]),
     ("NC1, tokens", lambda a, layer: a["per_layer"][layer]["collapse_tokens"]["nc1"]),
     ("ETF distance, sequence means", lambda a, layer: a["per_layer"][layer]["collapse_seq"]["etf_distance"]),
@@ -495,13 +498,23 @@ SUMMARY_ROWS = [
 DINO_ROWS = [row for row in SUMMARY_ROWS[1:-3] if not row[0].startswith("NC4")]
 
 
+def _summary_layer(analysis: dict[str, Any]) -> str:
+    """Where summary.md reads each run: LMs at the LM head's input (after the final norm, where linguistic-collapse
+    studies measure), other models at the last block (before the final norm)."""
+    if analysis.get("task") == "lm" and "norm" in analysis["layers"]:
+        return "norm"
+    return _last_block(analysis)
+
+
 def write_summary(analyses: list[dict[str, Any]], out: Path, plots: list[Path]) -> Path:
-    """summary.md: the metrics at the last block of each run, side by side, and the plots."""
+    """summary.md: the metrics of each run side by side (at ``_summary_layer``), and the plots."""
     labels = _labels(analyses)
+    where = ("after the final norm (the LM head's input)" if _summary_layer(analyses[0]) == "norm"
+             else "at the last block (before the final norm)")
     lines = [
         "# Token geometry, side by side",
         "",
-        "Metrics at the last block (before the final norm); classifier-input rows (vision) use the head's input; "
+        f"Metrics {where}; classifier-input rows (vision) use the head's input; "
         "LM classes are the K most frequent next tokens. Definitions: docs/geometry.md. Per-layer numbers: each "
         "run's report/analysis.json.",
         "",
@@ -513,7 +526,7 @@ def write_summary(analyses: list[dict[str, Any]], out: Path, plots: list[Path]) 
         cells = []
         for analysis in analyses:
             try:
-                value = read(analysis, _last_block(analysis))
+                value = read(analysis, _summary_layer(analysis))
             except KeyError:
                 value = math.nan
             cells.append(f"{value:.4g}")

@@ -22,9 +22,15 @@ __all__ = ["AnovaAccumulator", "anova"]
 PARTS = ("within_seq", "between_seq", "between_class")
 
 
-def _with_fractions(parts: dict[str, float], total: float) -> dict[str, float]:
+def _with_fractions(parts: dict[str, float], total: float, mean_sq_norm: float) -> dict[str, float]:
+    """The parts, their fractions of the total (which sum to 1, so they are one finding, not three), the
+    within-sequence / between-class ratio, and the scale-free within-sequence variance (÷ mean ‖h‖²), which a
+    change of the stream's overall scale leaves alone."""
     out = {**parts, "total": total}
     out.update({f"{name}_fraction": (value / total if total > 0 else 0.0) for name, value in parts.items()})
+    separated = parts["between_class"] > 1e-12 * total  # one class: the part is rounding error, no ratio
+    out["within_to_between_class"] = parts["within_seq"] / parts["between_class"] if separated else None
+    out["within_seq_scale_free"] = parts["within_seq"] / mean_sq_norm if mean_sq_norm > 0 else 0.0
     return out
 
 
@@ -59,7 +65,7 @@ def anova(h: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, floa
         "between_seq": float((seq_means - class_means[index]).square().sum(-1).mean()),
         "between_class": float((class_means[index] - global_mean).square().sum(-1).mean()),
     }
-    return _with_fractions(parts, float((h - global_mean).square().sum(-1).mean()))
+    return _with_fractions(parts, float((h - global_mean).square().sum(-1).mean()), float(h.square().sum(-1).mean()))
 
 
 class AnovaAccumulator:
@@ -88,4 +94,5 @@ class AnovaAccumulator:
             "between_seq": float((weights * seq.class_variances()).sum()) / n,
             "between_class": float((weights * (seq.means() - seq.global_mean()).square().sum(1)).sum()) / n,
         }
-        return _with_fractions(parts, self.tokens.total_variance())
+        total = self.tokens.total_variance()  # mean ‖h‖² = variance about the mean + ‖mean‖²
+        return _with_fractions(parts, total, total + float(self.tokens.global_mean().square().sum()))
