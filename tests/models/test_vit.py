@@ -77,3 +77,24 @@ def test_the_authors_model_names_build_with_their_resolution(name, heads, size):
     assert [sum(m) for m in masks] == [heads, heads] and masks[0][-heads:] == [True] * heads
     assert model.patch_embed.img_size == (size, size) and model.pretrained_cfg["input_size"] == (3, size, size)
     assert model.no_embed_class and model.blocks[0].ls1.gamma.shape[0] == model.embed_dim
+
+
+@pytest.mark.parametrize("name", ["vit_fmnist_patch4", "vit_lite_7_patch4_32", "deit3_small_1L_patch16_192"])
+@pytest.mark.parametrize("spec, expected", [(2, [[False, True, True]] * 3), ("0,3,1", [[False] * 3, [True] * 3,
+                                                                                       [False, False, True]])])
+def test_timm_create_model_takes_a_head_spec_for_every_registered_name(name, spec, expected):
+    model = timm.create_model(name, laplacian_heads=spec, depth=3, num_heads=3, embed_dim=48)
+    assert vit_laplacian_masks(model) == expected
+    assert all(isinstance(b.attn, LaplacianAttention) for b in model.blocks)
+    size = model.patch_embed.img_size
+    assert model.pretrained_cfg["input_size"][1:] == size
+
+
+def test_a_registered_small_vit_without_a_spec_is_timms_model():
+    torch.manual_seed(0)
+    ours = timm.create_model("vit_fmnist_patch4", depth=2).eval()
+    reference = timm.create_model("vit_fmnist_patch4", depth=2, attn_layer=timm.layers.Attention).eval()
+    reference.load_state_dict(ours.state_dict(), strict=True)
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(ours(x), reference(x))
+    assert vit_laplacian_masks(ours) == [[False] * 3] * 2

@@ -122,22 +122,35 @@ default_cfgs = generate_default_cfgs({
 })
 
 
+def _small_vit(name: str, args: dict[str, Any], pretrained: bool, kwargs: dict[str, Any]) -> VisionTransformer:
+    """A lapheads-registered small ViT: LaplacianAttention in every block (timm's numbers and state dict at k = 0),
+    and ``laplacian_heads=SPEC`` accepted by ``timm.create_model`` like the deit3_*_kL names."""
+    from timm.models.vision_transformer import _create_vision_transformer
+
+    heads = kwargs.pop("laplacian_heads", 0)
+    kwargs.setdefault("attn_layer", LaplacianAttention)
+    if "img_size" in kwargs:  # the pretrained_cfg must say the size the model is built at
+        channels = kwargs.get("in_chans", args.get("in_chans", 3))
+        kwargs["pretrained_cfg_overlay"] = {"input_size": (channels, kwargs["img_size"], kwargs["img_size"]),
+                                            **(kwargs.get("pretrained_cfg_overlay") or {})}
+    model = _create_vision_transformer(name, pretrained=pretrained, **dict(args, **kwargs))
+    if kwargs["attn_layer"] is LaplacianAttention:
+        set_laplacian_heads(model, heads)
+    return model
+
+
 def _register_all() -> None:
     @register_model
     def vit_fmnist_patch4(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
         """Small CPU ViT for 28-32 px images: 6 layers, 192 dim, 3 heads, patch 4."""
-        from timm.models.vision_transformer import _create_vision_transformer
-
         args = dict(CPU_VIT_ARGS, img_size=28, in_chans=1, num_classes=10)
-        return _create_vision_transformer("vit_fmnist_patch4", pretrained=pretrained, **dict(args, **kwargs))
+        return _small_vit("vit_fmnist_patch4", args, pretrained, kwargs)
 
     @register_model
     def vit_lite_7_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
         """ViT-Lite-7/4 (Hassani et al. 2021) for 32 px: 7 layers, 256 dim, 4 heads, MLP ratio 2, patch 4."""
-        from timm.models.vision_transformer import _create_vision_transformer
-
         args = dict(img_size=32, patch_size=4, embed_dim=256, depth=7, num_heads=4, mlp_ratio=2.0, num_classes=10)
-        return _create_vision_transformer("vit_lite_7_patch4_32", pretrained=pretrained, **dict(args, **kwargs))
+        return _small_vit("vit_lite_7_patch4_32", args, pretrained, kwargs)
 
     # DeiT-III with k Laplacian heads per layer, QK-norm and LayerScale 1e-6, as in the authors' timm fork: their
     # small and base models are registered at 224 px (deit3_small_3L_patch16_224), their large ones at 192 px;
