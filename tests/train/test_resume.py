@@ -205,3 +205,19 @@ def test_a_killed_rank_stops_the_job_in_one_line_and_resume_is_identical(tiny_co
     a, b = _final_weights(tmp_path / "straight"), _final_weights(tmp_path / "killed")
     assert latest_checkpoint(RunDir(tmp_path / "killed")).name == f"step-{total:08d}"
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_keep_all_checkpoints_and_resume_a_run_written_before_a_field_existed(tiny_config, tmp_path):
+    cfg = dataclasses.replace(tiny_config, checkpoint_every=2, keep_checkpoints=0)
+    train_classify(cfg, tmp_path / "all", stop_at_step=7)
+    assert len(list((tmp_path / "all" / "checkpoints").glob("step-*"))) == 3  # steps 2, 4, 6: none deleted
+    train_classify(cfg, tmp_path / "all", resume=True)
+    assert len(list((tmp_path / "all" / "checkpoints").glob("step-*"))) == 4
+    old = dataclasses.replace(tiny_config, checkpoint_every=2)
+    train_classify(old, tmp_path / "old", stop_at_step=3)
+    record = json.loads((tmp_path / "old" / "config.json").read_text())
+    del record["config"]["keep_checkpoints"]  # written by an older lapheads
+    (tmp_path / "old" / "config.json").write_text(json.dumps(record))
+    assert train_classify(old, tmp_path / "old", resume=True)["step"] == 8
+    with pytest.raises(ValueError, match="differs .* in: keep_checkpoints"):
+        train_classify(dataclasses.replace(old, keep_checkpoints=5), tmp_path / "old", resume=True)

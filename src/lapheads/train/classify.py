@@ -247,6 +247,7 @@ def train_classify(
 
     start_step = start_or_resume(
         run, "classify", dataclasses.asdict(cfg), dist_, model, optimizer, resume=resume, extra_models=extra,
+        config_type=ClassifyConfig,
         extra_record={
             "preset": preset,
             "num_params": num_params, "laplacian_masks": vit_laplacian_masks(model), "num_classes": data.num_classes,
@@ -310,7 +311,8 @@ def train_classify(
                 run.log({"step": step, "epoch": step / sampler.steps_per_epoch, **last_eval})
                 progress.write(f"step {step}: " + ", ".join(f"{k} {v:.2f}" for k, v in last_eval.items()))
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step % steps_per_eval == 0 or step == total_steps:
-            save_checkpoint(run, step, dist_, model, optimizer, {"epoch": step / sampler.steps_per_epoch}, extra)
+            save_checkpoint(run, step, dist_, model, optimizer, {"epoch": step / sampler.steps_per_epoch}, extra,
+                            keep=cfg.keep_checkpoints)
     progress.close()
     return {"step": step, "num_params": num_params, **last_eval}
 

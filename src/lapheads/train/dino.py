@@ -201,6 +201,7 @@ def train_dino(
 
     start_step = start_or_resume(
         run, "dino", dataclasses.asdict(cfg), dist_, student, optimizer, resume=resume, extra_models=extra,
+        config_type=DINOConfig,
         extra_record={"preset": preset, "num_params": num_params, "laplacian_masks": vit_laplacian_masks(student.backbone),
                       "in_chans": data.in_chans, "num_classes": data.num_classes, "steps": total_steps,
                       "embed_dim": student.backbone.num_features},
@@ -252,6 +253,7 @@ def train_dino(
                          "weight_decay": float(wd_schedule[step - 1]), "teacher_momentum": float(momentum_schedule[step - 1]),
                          "images_per_s": rate})
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step % steps_per_checkpoint == 0 or step == total_steps:
-            save_checkpoint(run, step, dist_, student, optimizer, {"epoch": step / per_epoch}, extra)
+            save_checkpoint(run, step, dist_, student, optimizer, {"epoch": step / per_epoch}, extra,
+                            keep=cfg.keep_checkpoints)
     progress.close()
     return {"step": step, "num_params": num_params, "loss": mean_loss}

@@ -341,6 +341,7 @@ def train_lm(
 
     start_step = start_or_resume(
         run, "lm", dataclasses.asdict(cfg), dist_, model, optimizers, resume=resume, logs=("metrics.jsonl", "samples.jsonl"),
+        config_type=LMConfig,
         extra_record={
             "preset": preset,
             "num_params": num_params, "laplacian_masks": model.laplacian_masks(), "vocab_size": tokenizer.vocab_size,
@@ -411,7 +412,8 @@ def train_lm(
         if step % cfg.eval_every == 0 or step == total_steps:
             last_eval = evaluate(step)
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step % cfg.eval_every == 0 or step == total_steps:
-            save_checkpoint(run, step, dist_, model, optimizers, {"tokens": step * cfg.total_batch_size})
+            save_checkpoint(run, step, dist_, model, optimizers, {"tokens": step * cfg.total_batch_size},
+                            keep=cfg.keep_checkpoints)
     progress.close()
     return {"step": step, "num_params": num_params, **last_eval}
 

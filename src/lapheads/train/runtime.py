@@ -80,6 +80,8 @@ class RunConfig:
     compile: bool = option(False, "torch.compile the model")
     log_every: int = option(10, "steps between metrics.jsonl records", POSITIVE)
     checkpoint_every: int = option(0, "steps between extra checkpoints (0: only at evals and the end)", NON_NEGATIVE)
+    keep_checkpoints: int = option(2, "newest checkpoints kept (0: all, e.g. for geometry over training)",
+                                   NON_NEGATIVE)
 
 
 class NonFiniteLossError(LapheadsError, RuntimeError):
@@ -378,6 +380,7 @@ def start_or_resume(
     extra_record: dict[str, Any],
     extra_models: dict[str, torch.nn.Module] | None = None,
     logs: tuple[str, ...] = ("metrics.jsonl",),
+    config_type: type | None = None,
 ) -> int:
     """Begin a run in ``run`` and return the step to start from.
 
@@ -390,9 +393,11 @@ def start_or_resume(
     run.check_is_directory()
     start_step = 0
     if resume:
-        saved = run.read_config()
-        if saved.get("config") != config:
-            changed = sorted(k for k in config if saved.get("config", {}).get(k) != config[k])
+        saved = run.read_config().get("config", {})
+        # a field added to lapheads after the run was written counts as unchanged while it has its default value
+        defaults = defaults_of(config_type) if config_type is not None else {}
+        changed = sorted(k for k in config if saved.get(k, defaults.get(k, _MISSING)) != config[k])
+        if changed:
             raise ConfigError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
         if dist_.is_main:
             run.repair(logs)
@@ -414,6 +419,16 @@ def start_or_resume(
         run.write_config(task, config, {"world_size": dist_.world_size, **extra_record})
     dist_.barrier()
     return start_step
+
+
+_MISSING = object()
+
+
+def defaults_of(config_type: type) -> dict[str, Any]:
+    """Every field's default value of a config dataclass (as ``dataclasses.asdict`` writes it)."""
+    import dataclasses
+
+    return dataclasses.asdict(config_type())
 
 
 def notice(message: str) -> None:
@@ -505,7 +520,7 @@ def save_checkpoint(
     extra_models: dict[str, torch.nn.Module] | None = None,
     keep: int = 2,
 ) -> Path:
-    """Write checkpoints/step-<step>/ atomically and point checkpoints/latest at it; keep the newest ``keep``.
+    """Write checkpoints/step-<step>/ atomically and point checkpoints/latest at it; keep the newest ``keep`` (0: all).
 
     ``optimizer`` is one optimizer (optimizer.safetensors) or several by name (optimizer-<name>.safetensors, e.g.
     AdamW and Muon of the GPT).
@@ -544,7 +559,7 @@ def save_checkpoint(
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         atomic_write_text(run.checkpoints / "latest", final.name + "\n")
-        for old in sorted(run.checkpoints.glob("step-*"))[:-keep]:
+        for old in sorted(run.checkpoints.glob("step-*"))[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     dist_.barrier()
     return final
