@@ -147,6 +147,15 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         raise UserError(f"--max-tokens {args.max_tokens}: allowed: an integer >= 2")
     options = AnalyzeOptions(layers=args.layers, max_tokens=args.max_tokens, fraction=args.fraction,
                              top_k=args.top_k, batch_size=args.batch_size, ema=args.ema, device=args.device)
+    if args.over_training:
+        from lapheads.geometry.analyze import analyze_over_training
+
+        if len(args.run_dirs) != 1:
+            raise UserError(f"--over-training takes one RUN_DIR; got {len(args.run_dirs)}")
+        path = analyze_over_training(args.run_dirs[0], options, args.out)
+        print(path.with_suffix(".json").read_text())
+        print(f"plot: {path}")
+        return 0
     if args.nanochat:
         if args.run_dirs:
             raise UserError("analyze takes RUN_DIRs or --nanochat DIR, not both")
@@ -326,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--out", default=None, help="default: RUN_DIR/report, or <common parent>/analysis")
     analyze.add_argument("--force", action="store_true", help="recompute even if a cached analysis.json matches")
     analyze.add_argument("--data-root", default="data", help="--nanochat: where the held-out Shakespeare text is")
+    analyze.add_argument("--over-training", action="store_true", help="every kept checkpoint of one run, against "
+                         "step (train with --keep-checkpoints 0 to keep them all)")
     _nanochat_options(analyze)
     analyze.set_defaults(func=_cmd_analyze)
 

@@ -121,3 +121,21 @@ def test_runs_of_different_tasks_are_not_compared(two_runs, text_root, tmp_path,
     assert main(["analyze", str(two_runs[0]), str(tmp_path / "lm"), "--max-tokens", "1024", "--out",
                  str(tmp_path / "x")]) == 2
     assert "analyze compares runs of one task; got classify, lm" in capsys.readouterr().err
+
+
+def test_geometry_and_diffusion_over_training(tiny_config, tmp_path, capsys):
+    import dataclasses
+
+    from lapheads.train.classify import train_classify
+
+    cfg = dataclasses.replace(tiny_config, checkpoint_every=2, keep_checkpoints=0)
+    train_classify(cfg, tmp_path / "run")
+    assert main(["analyze", str(tmp_path / "run"), "--over-training", "--max-tokens", "1700"]) == 0
+    saved = json.loads((tmp_path / "run" / "report" / "over_training.json").read_text())
+    assert saved["steps"] == [2, 4, 6, 8] and saved["layer"] == "2"
+    diffusion = saved["series"]["diffusion score, Laplacian heads"]
+    assert len(diffusion) == 4 and all(-1 <= d <= 1 for d in diffusion)
+    assert saved["series"]["diffusion score, Laplacian heads"] != saved["series"]["diffusion score, ordinary heads"]
+    assert (tmp_path / "run" / "report" / "over_training.png").stat().st_size > 5000
+    assert (tmp_path / "run" / "report" / "analysis-step-4.json").is_file()
+    assert main(["analyze", str(tmp_path / "run"), str(tmp_path / "run"), "--over-training"]) == 2

@@ -39,11 +39,12 @@ EVAL_FILE = "eval_dino.json"
 EVAL_VERSION = 2  # bump when the probes change, so cached eval_dino.json files are measured again
 
 
-def load_dino_teacher(run_dir: str | Path, device: str = "auto"):
-    """(config, frozen teacher backbone in eval mode, config.json record) of a DINO run's latest checkpoint."""
+def load_dino_teacher(run_dir: str | Path, device: str = "auto", step: int | None = None):
+    """(config, frozen teacher backbone in eval mode, config.json record) of a DINO run's latest checkpoint (or
+    ``step``'s)."""
     from lapheads.config import config_from_dict
     from lapheads.train.dino import DINOConfig, build_backbone
-    from lapheads.train.runtime import CheckpointError, RunDir, latest_checkpoint, load_safetensors
+    from lapheads.train.runtime import CheckpointError, RunDir, checkpoint_folder, load_safetensors
 
     run = RunDir(run_dir)
     record = run.read_config()
@@ -51,9 +52,7 @@ def load_dino_teacher(run_dir: str | Path, device: str = "auto"):
         raise CheckpointError(f"{run.path} holds a {record.get('task')!r} run; allowed here: dino")
     cfg = config_from_dict(DINOConfig, record["config"], source=str(run.config_file))
     backbone = build_backbone(cfg, record["in_chans"])
-    folder = latest_checkpoint(run)
-    if folder is None:
-        raise CheckpointError(f"{run.path} has no checkpoint yet")
+    folder = checkpoint_folder(run, step)
     tensors = load_safetensors(folder / "teacher.safetensors")
     weights = {k.removeprefix("backbone."): v for k, v in tensors.items() if k.startswith("backbone.")}
     expected = backbone.state_dict()

@@ -42,6 +42,7 @@ from lapheads.geometry.spectrum import SpectrumAccumulator
 __all__ = [
     "AnalyzeOptions",
     "analyze_nanochat",
+    "analyze_over_training",
     "analyze_run",
     "analyze_runs",
     "lm_geometry",
@@ -67,6 +68,7 @@ class AnalyzeOptions:
     batch_size: int = 256
     ema: bool = False
     device: str = "auto"
+    step: int | None = None  # a kept checkpoint's step (None: the latest)
 
     def cache_key(self) -> dict[str, Any]:
         # the version changes whenever an analysis gains a metric, so older cached files are recomputed
@@ -185,14 +187,14 @@ def _add_mechanism(per_layer: dict[str, dict[str, Any]], model: torch.nn.Module)
 def _analyze_lm(record: dict[str, Any], run_path: Path, options: AnalyzeOptions) -> dict[str, Any]:
     from lapheads.data.images import DataError
     from lapheads.train.lm import load_lm_run
-    from lapheads.train.runtime import RunDir, latest_checkpoint
+    from lapheads.train.runtime import RunDir, checkpoint_folder
 
     if options.ema:
         raise InputError("--ema: language-model runs keep no EMA weights")
-    cfg, model, _, shards = load_lm_run(run_path, options.device)
+    cfg, model, _, shards = load_lm_run(run_path, options.device, options.step)
     if shards is None:
         raise DataError(f"{run_path}: the run's token shards are missing; train or prepare {cfg.dataset} first")
-    return {"checkpoint": latest_checkpoint(RunDir(run_path)).name, "laplacian_heads": cfg.laplacian_heads,
+    return {"checkpoint": checkpoint_folder(RunDir(run_path), options.step).name, "laplacian_heads": cfg.laplacian_heads,
             "seed": cfg.seed, "dataset": cfg.dataset,
             **lm_geometry(model, shards.val, cfg.sequence_len, options, run_path.name)}
 
@@ -234,7 +236,7 @@ def _classify_model_and_data(record: dict[str, Any], run_path: Path, options: An
     from lapheads.config import config_from_dict
     from lapheads.data.images import build_image_data
     from lapheads.train.classify import ClassifyConfig, build_model
-    from lapheads.train.runtime import CheckpointError, RunDir, latest_checkpoint, load_weights
+    from lapheads.train.runtime import CheckpointError, RunDir, checkpoint_folder, load_weights
 
     cfg = config_from_dict(ClassifyConfig, record["config"], source=str(run_path / "config.json"))
     data = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size)
@@ -242,9 +244,7 @@ def _classify_model_and_data(record: dict[str, Any], run_path: Path, options: An
     if cfg.eval_subset is not None:
         dataset = torch.utils.data.Subset(dataset, range(min(cfg.eval_subset, len(dataset))))
     model = build_model(cfg, data.num_classes, data.in_chans)
-    folder = latest_checkpoint(RunDir(run_path))
-    if folder is None:
-        raise CheckpointError(f"{run_path} has no checkpoint yet; analyze needs a trained run")
+    folder = checkpoint_folder(RunDir(run_path), options.step)
     weights = folder / ("ema.safetensors" if options.ema else "model.safetensors")
     if not weights.exists():
         raise CheckpointError(f"{weights} does not exist (EMA weights exist only for runs with --ema-decay > 0)")
@@ -305,13 +305,13 @@ def _analyze_dino(record: dict[str, Any], run_path: Path, options: AnalyzeOption
     """The teacher backbone on the evaluation split; the dataset's labels give the ANOVA classes."""
     from lapheads.data.images import build_image_data
     from lapheads.evals.dino import load_dino_teacher
-    from lapheads.train.runtime import RunDir, latest_checkpoint
+    from lapheads.train.runtime import RunDir, checkpoint_folder
 
     if options.ema:
         raise InputError("--ema: a DINO run's teacher already is the EMA model; analyze uses it")
-    cfg, backbone, _ = load_dino_teacher(run_path, options.device)
+    cfg, backbone, _ = load_dino_teacher(run_path, options.device, options.step)
     dataset = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False).eval
-    return {"task": "dino", "checkpoint": latest_checkpoint(RunDir(run_path)).name,
+    return {"task": "dino", "checkpoint": checkpoint_folder(RunDir(run_path), options.step).name,
             "laplacian_heads": cfg.laplacian_heads, "seed": cfg.seed, "dataset": cfg.dataset,
             **_labelled_geometry(backbone, dataset, options, run_path, classifier=False)}
 
@@ -320,14 +320,16 @@ ANALYZERS = {"classify": _analyze_classify, "lm": _analyze_lm, "dino": _analyze_
 
 
 def analyze_run(run_dir: str | os.PathLike, options: AnalyzeOptions | None = None, force: bool = False) -> dict[str, Any]:
-    """Measure one run directory (or reuse its cached RUN_DIR/report/analysis.json); returns the analysis."""
+    """Measure one run directory at its latest checkpoint, or at ``options.step`` (or reuse the cached
+    RUN_DIR/report/analysis.json, analysis-step-<N>.json); returns the analysis."""
     from lapheads.train.runtime import RunDir, atomic_write_text, latest_checkpoint
 
     options = options or AnalyzeOptions()
     run = RunDir(run_dir)
     record = run.read_config()
-    cache = run.path / "report" / ANALYSIS_FILE
-    folder = latest_checkpoint(run)
+    name = ANALYSIS_FILE if options.step is None else f"analysis-step-{options.step}.json"
+    cache = run.path / "report" / name
+    folder = latest_checkpoint(run) if options.step is None else run.checkpoints / f"step-{options.step:08d}"
     if cache.exists() and not force:
         cached = json.loads(cache.read_text())
         if cached.get("options") == options.cache_key() and folder is not None and cached.get("checkpoint") == folder.name:
@@ -339,6 +341,65 @@ def analyze_run(run_dir: str | os.PathLike, options: AnalyzeOptions | None = Non
     cache.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(cache, json.dumps(result) + "\n")
     return result
+
+
+#: what ``analyze_over_training`` plots against step, per task: (title, reader of one analysis at its summary layer)
+OVER_TRAINING = {
+    "classify": ("within-sequence fraction", "components for 99%, pooled", "token cosine similarity",
+                 "diffusion score, Laplacian heads", "diffusion score, ordinary heads"),
+    "lm": ("CDNV, top-K next tokens", "components for 99%, pooled", "token cosine similarity",
+           "diffusion score, Laplacian heads", "diffusion score, ordinary heads"),
+}
+OVER_TRAINING["dino"] = OVER_TRAINING["classify"]
+
+
+def analyze_over_training(run_dir: str | os.PathLike, options: AnalyzeOptions | None = None,
+                          out: str | os.PathLike | None = None) -> Path:
+    """Geometry and the heads' diffusion scores at every checkpoint a run kept (``--keep-checkpoints 0`` keeps all),
+    against step: RUN_DIR/report/over_training.{json,png} (or ``out``); each step's analysis is cached."""
+    import dataclasses
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lapheads.train.runtime import RunDir, checkpoint_steps
+
+    options = options or AnalyzeOptions()
+    run = RunDir(run_dir)
+    steps = checkpoint_steps(run)
+    if not steps:
+        raise InputError(f"{run.path} has no checkpoint yet; analyze needs a trained run")
+    analyses = [analyze_run(run_dir, dataclasses.replace(options, step=s)) for s in steps]
+    task = _task(analyses)
+    readers = dict([*SUMMARY_ROWS, *LM_ROWS])
+    series = {}
+    for title in OVER_TRAINING[task]:
+        values = []
+        for analysis in analyses:
+            try:
+                values.append(float(readers[title](analysis, _summary_layer(analysis))))
+            except (KeyError, TypeError):
+                values.append(math.nan)
+        series[title] = values
+    out = Path(out) if out is not None else run.path / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "over_training.json").write_text(json.dumps({"steps": steps, "layer": _summary_layer(analyses[-1]),
+                                                        "series": series}, indent=1) + "\n")
+    cols = len(series)
+    fig, axes = plt.subplots(1, cols, figsize=(3.6 * cols, 3.0), dpi=110, squeeze=False)
+    for ax, (title, values) in zip(axes.flat, series.items()):
+        ax.plot(steps, values, marker="o", markersize=3)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{run.path.name}: {_summary_layer(analyses[-1])} layer over training", fontsize=9)
+    fig.tight_layout()
+    path = out / "over_training.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def _labels(analyses: list[dict[str, Any]]) -> list[str]:

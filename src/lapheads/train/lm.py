@@ -58,7 +58,7 @@ from lapheads.train.runtime import (
     RunConfig,
     RunDir,
     check_finite_loss,
-    latest_checkpoint,
+    checkpoint_folder,
     load_weights,
     optimizer_step,
     save_checkpoint,
@@ -418,8 +418,10 @@ def train_lm(
     return {"step": step, "num_params": num_params, **last_eval}
 
 
-def load_lm_run(run_dir: str | Path, device: str = "auto") -> tuple[LMConfig, GPT, Tokenizer, TokenShards | None]:
-    """The config, trained model (latest checkpoint), tokenizer and (when present) token shards of an LM run."""
+def load_lm_run(run_dir: str | Path, device: str = "auto", step: int | None = None,
+                ) -> tuple[LMConfig, GPT, Tokenizer, TokenShards | None]:
+    """The config, trained model (latest checkpoint, or ``step``'s), tokenizer and (when present) token shards of an
+    LM run."""
     from lapheads.config import config_from_dict
 
     run = RunDir(run_dir)
@@ -433,9 +435,7 @@ def load_lm_run(run_dir: str | Path, device: str = "auto") -> tuple[LMConfig, GP
                               f"{record['vocab_size']}; allowed: the run's own tokenizer")
     dist_ = setup_distributed(device if device != "auto" else cfg.device)
     model = build_gpt(cfg, record["vocab_size"]).to(dist_.device)
-    folder = latest_checkpoint(run)
-    if folder is None:
-        raise CheckpointError(f"{run.path} has no checkpoint yet")
+    folder = checkpoint_folder(run, step)
     load_weights(model, folder / "model.safetensors")
     try:
         shards = TokenShards.open(_tokens_dir(cfg))

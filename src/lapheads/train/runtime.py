@@ -578,6 +578,26 @@ def latest_checkpoint(run: RunDir) -> Path | None:
     return folder
 
 
+def checkpoint_folder(run: RunDir, step: int | None = None) -> Path:
+    """The latest checkpoint (``step`` None) or the one of ``step``; a one-line error naming what exists."""
+    if step is None:
+        folder = latest_checkpoint(run)
+        if folder is None:
+            raise CheckpointError(f"{run.path} has no checkpoint yet")
+        return folder
+    folder = run.checkpoints / f"step-{step:08d}"
+    if not folder.is_dir():
+        kept = ", ".join(str(int(p.name.split("-")[1])) for p in sorted(run.checkpoints.glob("step-*"))) or "none"
+        raise CheckpointError(f"{run.path} has no checkpoint of step {step}; allowed: {kept} (train with "
+                              "--keep-checkpoints 0 to keep them all)")
+    return folder
+
+
+def checkpoint_steps(run: RunDir) -> list[int]:
+    """The steps of the checkpoints a run directory holds, ascending."""
+    return sorted(int(p.name.split("-")[1]) for p in run.checkpoints.glob("step-*") if p.name[5:].isdigit())
+
+
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """Load a safetensors file; anything else (a pickle with code in it, a truncated file) is refused."""
     if not path.is_file():
