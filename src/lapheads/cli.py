@@ -74,6 +74,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    if not args.run_dirs and not (args.task == "lm" and args.nanochat):
+        raise UserError(f"eval {args.task} needs a RUN_DIR{' (or --nanochat DIR)' if args.task == 'lm' else ''}")
     if args.task == "dino":
         from lapheads.evals.dino import eval_dino
 
