@@ -17,7 +17,7 @@ import torch
 
 from lapheads.errors import CheckpointError
 
-__all__ = ["NUMPY_ARRAY_GLOBALS", "load_tensor_file", "restricted_unpickle"]
+__all__ = ["NUMPY_ARRAY_GLOBALS", "load_safetensors", "load_tensor_file", "restricted_unpickle", "state_dict_mismatch"]
 
 #: What numpy arrays pickle as, in numpy 1.x and 2.x (``_frombuffer`` with protocol 5; ``_codecs.encode`` carries
 #: bytes in protocol-2 pickles). Each only builds arrays, dtypes or bytes from data.
@@ -53,6 +53,34 @@ def restricted_unpickle(file: IO[bytes], allowed: frozenset[tuple[str, str]] = N
     return _RestrictedUnpickler(file, allowed, encoding=encoding).load()
 
 
+def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """A safetensors file; anything else (a pickle with code in it, a truncated file) is refused in one line."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing; allowed: a .safetensors file")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not a valid safetensors file ({str(err).splitlines()[0][:100]}); refusing "
+                              "to load it (lapheads never unpickles checkpoints)") from None
+
+
+def state_dict_mismatch(expected: dict[str, torch.Tensor], tensors: dict[str, Any]) -> str | None:
+    """What keeps ``tensors`` from loading strictly into a module whose state dict is ``expected``, or None."""
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    shapes = sorted(k for k in set(expected) & set(tensors) if expected[k].shape != tensors[k].shape)
+    if missing:
+        return f"missing {missing[:3]}"
+    if unexpected:
+        return f"unexpected {unexpected[:3]}"
+    if shapes:
+        return f"shape of {shapes[0]}: file {tuple(tensors[shapes[0]].shape)} vs model {tuple(expected[shapes[0]].shape)}"
+    return None
+
+
 def load_tensor_file(path: str | Path) -> dict[str, Any]:
     """A state dict from a ``.safetensors`` file or a PyTorch file, never executing code from it.
 
@@ -63,13 +91,7 @@ def load_tensor_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist or is not a file; allowed: a .safetensors or .pth file")
     if path.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as err:
-            raise CheckpointError(f"{path} is not a valid safetensors file ({str(err).splitlines()[0][:100]})") from None
+        return load_safetensors(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from lapheads.errors import CheckpointError
-from lapheads.io import load_tensor_file
+from lapheads.io import load_tensor_file, state_dict_mismatch
 from lapheads.models.gpt import GPT, GPTConfig, SMEAR_GATE_CHANNELS
 
 __all__ = ["load_nanochat", "nanochat_steps"]
@@ -90,13 +90,8 @@ def load_nanochat(folder: str | Path, step: int | None = None, device: str | tor
         model = GPT(config)
     model.to_empty(device=device)
     model.init_weights()  # rotary tables (and anything the checkpoint does not hold)
-    expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    shapes = [k for k in set(expected) & set(state) if expected[k].shape != state[k].shape]
-    if missing or unexpected or shapes:
-        detail = (f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
-                  else f"{shapes[0]}: checkpoint {tuple(state[shapes[0]].shape)} vs model "
-                       f"{tuple(expected[shapes[0]].shape)}")
+    detail = state_dict_mismatch(model.state_dict(), state)
+    if detail:
         raise CheckpointError(f"{folder} step {step} does not match its own model_config ({detail})")
     model.load_state_dict(state, strict=True)
     meta["model_config"] = config.to_dict()

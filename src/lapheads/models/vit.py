@@ -95,9 +95,7 @@ def _registered(base: str, laplacian_heads: int, **fixed: Any):
     def build(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
         kwargs = {**fixed, **kwargs}
         heads = kwargs.pop("laplacian_heads", laplacian_heads)
-        if "img_size" in kwargs:  # the pretrained_cfg must say the size the model is built at (timm's data config)
-            px = kwargs["img_size"]
-            kwargs["pretrained_cfg_overlay"] = {"input_size": (3, px, px), **(kwargs.get("pretrained_cfg_overlay") or {})}
+        _say_input_size(kwargs, channels=3)
         return create_vit(base, heads, qk_norm=kwargs.pop("qk_norm", True), pretrained=pretrained, **kwargs)
 
     return build
@@ -122,6 +120,17 @@ default_cfgs = generate_default_cfgs({
 })
 
 
+def _say_input_size(kwargs: dict[str, Any], channels: int) -> None:
+    """Make the pretrained_cfg say the size the model is built at (what timm's data config and transforms read):
+    an ``img_size`` argument goes into ``pretrained_cfg_overlay``'s ``input_size``, unless the caller set one."""
+    if "img_size" not in kwargs:
+        return
+    size = kwargs["img_size"]
+    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    kwargs["pretrained_cfg_overlay"] = {"input_size": (kwargs.get("in_chans", channels), height, width),
+                                        **(kwargs.get("pretrained_cfg_overlay") or {})}
+
+
 def _small_vit(name: str, args: dict[str, Any], pretrained: bool, kwargs: dict[str, Any]) -> VisionTransformer:
     """A lapheads-registered small ViT: LaplacianAttention in every block (timm's numbers and state dict at k = 0),
     and ``laplacian_heads=SPEC`` accepted by ``timm.create_model`` like the deit3_*_kL names."""
@@ -129,10 +138,7 @@ def _small_vit(name: str, args: dict[str, Any], pretrained: bool, kwargs: dict[s
 
     heads = kwargs.pop("laplacian_heads", 0)
     kwargs.setdefault("attn_layer", LaplacianAttention)
-    if "img_size" in kwargs:  # the pretrained_cfg must say the size the model is built at
-        channels = kwargs.get("in_chans", args.get("in_chans", 3))
-        kwargs["pretrained_cfg_overlay"] = {"input_size": (channels, kwargs["img_size"], kwargs["img_size"]),
-                                            **(kwargs.get("pretrained_cfg_overlay") or {})}
+    _say_input_size(kwargs, channels=args.get("in_chans", 3))
     model = _create_vision_transformer(name, pretrained=pretrained, **dict(args, **kwargs))
     if kwargs["attn_layer"] is LaplacianAttention:
         set_laplacian_heads(model, heads)

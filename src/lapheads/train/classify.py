@@ -208,8 +208,6 @@ def train_classify(
     validate_config(cfg)  # before anything is written
     run = RunDir(run_dir)
     dist_ = setup_distributed(cfg.device)
-    if cfg.dataset not in DATASETS:
-        raise InputError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(DATASETS)}")
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     micro_batch, accum_steps = _micro_batch(cfg, dist_.world_size)

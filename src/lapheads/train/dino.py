@@ -169,8 +169,6 @@ def train_dino(
     validate_config(cfg)  # before anything is written
     run = RunDir(run_dir)
     dist_ = setup_distributed(cfg.device)
-    if cfg.dataset not in DATASETS:
-        raise InputError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(DATASETS)}")
     if cfg.batch_size % dist_.world_size:
         raise InputError(f"batch_size={cfg.batch_size} is not divisible by the {dist_.world_size} processes")
     chans, _, _, mean, std = DATASETS[cfg.dataset]

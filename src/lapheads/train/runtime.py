@@ -37,11 +37,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 import lapheads
 from lapheads.config import NON_NEGATIVE, POSITIVE, ConfigError, Domain, one_of, option
 from lapheads.errors import CheckpointError, InputError, LapheadsError
+from lapheads.io import load_safetensors, state_dict_mismatch
 
 __all__ = [
     "CheckpointError",
@@ -530,7 +531,7 @@ def save_checkpoint(
     final = run.checkpoints / f"step-{step:08d}"
     tmp = run.checkpoints / f".tmp-step-{step:08d}"
     # Weights that overflowed without a NaN loss yet must not replace the last good checkpoint.
-    if not all(bool(p.isfinite().all()) for p in model.parameters()):
+    if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):  # one host sync
         raise NonFiniteLossError(f"the weights are not finite after step {step}; not saving them; "
                                  f"{_kept_checkpoint(run)} (lower the learning rates)")
     try:
@@ -598,30 +599,11 @@ def checkpoint_steps(run: RunDir) -> list[int]:
     return sorted(int(p.name.split("-")[1]) for p in run.checkpoints.glob("step-*") if p.name[5:].isdigit())
 
 
-def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Load a safetensors file; anything else (a pickle with code in it, a truncated file) is refused."""
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint file {path} is missing")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(
-            f"{path} is not a valid safetensors file ({str(err).splitlines()[0][:100]}); refusing to load it "
-            "(lapheads never unpickles checkpoints)"
-        ) from None
-
-
 def load_weights(module: torch.nn.Module, path: Path) -> None:
     """Load a safetensors state dict with strict key and shape checks and a one-line error on mismatch."""
     tensors = load_safetensors(path)
-    expected = module.state_dict()
-    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-    shapes = [k for k in set(expected) & set(tensors) if expected[k].shape != tensors[k].shape]
-    if missing or unexpected or shapes:
-        detail = (
-            f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
-            else f"shape of {shapes[0]}: checkpoint {tuple(tensors[shapes[0]].shape)} vs model {tuple(expected[shapes[0]].shape)}"
-        )
+    detail = state_dict_mismatch(module.state_dict(), tensors)
+    if detail:
         raise CheckpointError(f"{path} does not match the model ({detail}); was it written by a different config?")
     module.load_state_dict(tensors, strict=True)
 
