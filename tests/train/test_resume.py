@@ -191,7 +191,7 @@ def test_a_killed_rank_stops_the_job_in_one_line_and_resume_is_identical(tiny_co
     assert job.returncode != 0
     # The survivor says why in one line when it notices first (a lost gloo peer, or torchrun's SIGTERM while it
     # runs Python); blocked inside a gloo wait it is ended by torchrun's SIGTERM, whose report names the dead rank.
-    survivor = [line for line in err.splitlines() if line.startswith("lapheads train: error:")]
+    survivor = [line for line in err.splitlines() if line.startswith(("lapheads train: error:", "lapheads: error:"))]
     if survivor:
         assert ("stopped by signal SIGTERM" in survivor[0] or "lost contact" in survivor[0]) and "--resume" in survivor[0]
     else:

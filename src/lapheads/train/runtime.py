@@ -98,8 +98,11 @@ _RESUME_HINT = "checkpoints written so far are intact; run the same command with
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:
-    raise StoppedError(f"stopped by signal {signal.Signals(signum).name} (another process of this torchrun job "
-                       f"failed, or the job was cancelled); {_RESUME_HINT}")
+    # Say why in one line and exit here: the signal may land anywhere (inside the CLI's error handling, during
+    # interpreter shutdown), where an exception would print a traceback instead. SystemExit prints none.
+    print(f"lapheads: error: stopped by signal {signal.Signals(signum).name} (another process of this torchrun job "
+          f"failed, or the job was cancelled); {_RESUME_HINT}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def _kept_checkpoint(run: RunDir) -> str:
