@@ -46,6 +46,9 @@ def _default_out(task: str, preset: str, heads: str | None) -> Path:
 def _cmd_train(args: argparse.Namespace) -> int:
     from lapheads.presets import resolve_config, resume_config
 
+    for option, field in (("base_from", "--base"), ("nanochat_from", "--nanochat")):
+        if getattr(args, option, None):  # train mid|sft --from RUN_DIR / --nanochat DIR: config fields
+            args.overrides = [*args.overrides, field, getattr(args, option)]
     if args.resume:
         if not args.out:
             raise UserError("--resume needs --out, the run directory to continue")
@@ -63,6 +66,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from lapheads.train.classify import train_classify as train
     elif args.task == "lm":
         from lapheads.train.lm import train_lm as train
+    elif args.task == "mid":
+        from lapheads.train.chat import train_mid as train
+    elif args.task == "sft":
+        from lapheads.train.chat import train_sft as train
     else:
         from lapheads.train.dino import train_dino as train
     from lapheads.train.runtime import peer_failures
@@ -97,7 +104,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             raise UserError("eval lm takes a RUN_DIR or --nanochat DIR, not both")
         from lapheads.evals.lm import run_evals
 
-        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        tasks = [t.strip() for t in (args.tasks or "val_bpb").split(",") if t.strip()]
         results = run_evals(None, tasks, data_dir=args.data_dir, max_examples=args.max_examples,
                             num_samples=args.num_samples, chat=args.chat, device=args.device, nanochat=args.nanochat,
                             step=args.step, tokenizer_dir=args.nanochat_tokenizer)
@@ -106,10 +113,21 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if len(args.run_dirs) != 1:
         raise UserError(f"eval {args.task} takes one RUN_DIR; got {len(args.run_dirs)}")
     args.run_dir = args.run_dirs[0]
+    if args.task == "chat":
+        from lapheads.evals.chat import run_chat_evals
+
+        tasks = [t.strip() for t in (args.tasks or "arith,letters").split(",") if t.strip()]
+        summary = run_chat_evals(args.run_dir, tasks, data_dir=args.data_dir, max_examples=args.max_examples,
+                                 num_samples=args.num_samples, device=args.device, tools=not args.no_tools)
+        for task, result in summary["tasks"].items():
+            print(f"{task}: accuracy {result['accuracy']:.4f} (n={result['n']}, chance {result['chance']:.2f})")
+        print(f"ChatCORE {summary['chatcore']:.4f}")
+        print(json.dumps({"run_dir": args.run_dir, **summary}))
+        return 0
     if args.task == "lm":
         from lapheads.evals.lm import run_evals
 
-        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        tasks = [t.strip() for t in (args.tasks or "val_bpb").split(",") if t.strip()]
         results = run_evals(args.run_dir, tasks, data_dir=args.data_dir, max_examples=args.max_examples,
                             num_samples=args.num_samples, chat=args.chat, device=args.device)
         print(json.dumps({"run_dir": args.run_dir, **results}))
@@ -139,6 +157,57 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     for piece in stream_text(lm, args.prompt, args.max_tokens, args.temperature, args.top_k, args.seed):
         print(piece, end="", flush=True)
     print()
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from lapheads.chat import ChatEngine
+    from lapheads.data.conversations import render_for_completion
+    from lapheads.train.chat import load_gpt_run
+
+    if args.max_tokens < 1 or args.temperature < 0 or args.top_k < 0:
+        raise UserError(f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
+                        "allowed: --max-tokens >= 1, the others >= 0")
+    if args.prompt is not None and not args.prompt.strip():
+        raise UserError("--prompt is empty; allowed: a question, e.g. --prompt 'What is 12 + 30?'")
+    record, model, tokenizer = load_gpt_run(args.run_dir, args.device)
+    if record.get("task") not in ("mid", "sft"):
+        raise UserError(f"{args.run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: "
+                        "a mid or sft run (lapheads train sft --from RUN_DIR)")
+    engine = ChatEngine(model, tokenizer, tools=not args.no_tools)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+
+    def answer(text: str, seed: int) -> None:
+        messages.append({"role": "user", "content": text})
+        prompt = render_for_completion(tokenizer, {"messages": messages})
+        pieces = []
+        for piece in engine.stream(prompt, args.max_tokens, args.temperature, args.top_k, seed):
+            pieces.append(piece)
+            print(piece, end="", flush=True)
+        print()
+        messages.append({"role": "assistant", "content": "".join(pieces)})
+
+    if args.prompt is not None:
+        answer(args.prompt, args.seed)
+        return 0
+    print(f"lapheads chat with {args.run_dir} (empty line or Ctrl-D: quit; 'clear': new conversation)")
+    for turn in range(10**9):
+        try:
+            text = input("user> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if not text:
+            return 0
+        if text == "clear":
+            del messages[int(bool(args.system)):]
+            continue
+        print("assistant> ", end="", flush=True)
+        try:
+            answer(text, args.seed + turn)
+        except LapheadsError as err:  # a conversation grown past the context: say so, keep the session
+            print(f"\n(error: {_one_line(err)}; type 'clear' to start over)")
+            del messages[-1:]
     return 0
 
 
@@ -284,7 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                            description="lapheads train TASK --help lists the presets and every config field.")
     tasks = train.add_subparsers(dest="task", metavar="TASK", required=True, parser_class=_TrainParser)
     for task, what in (("classify", "supervised image classification (ViT)"), ("lm", "language-model pre-training "
-                       "(nanochat GPT)"), ("dino", "self-supervised DINO (ViT)")):
+                       "(nanochat GPT)"), ("dino", "self-supervised DINO (ViT)"),
+                       ("mid", "LM mid-training on packed conversations (from an LM run or nanochat)"),
+                       ("sft", "supervised fine-tuning on conversations, full or LoRA (from an LM/mid run or nanochat)")):
         task_parser = tasks.add_parser(task, allow_abbrev=False, help=what,
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
         task_parser.add_argument("--preset", default=None, help="a preset name or a .json file of config fields "
@@ -295,13 +366,20 @@ def build_parser() -> argparse.ArgumentParser:
         task_parser.add_argument("--resume", action="store_true", help="continue the run in --out with its stored "
                                  "config from its last checkpoint (or from the start if it wrote none)")
         task_parser.set_defaults(func=_cmd_train, takes_overrides=True)
+        if task in ("mid", "sft"):
+            task_parser.add_argument("--from", dest="base_from", default=None, metavar="RUN_DIR",
+                                     help="the lapheads run to start from (sets --base)")
+            task_parser.add_argument("--nanochat", dest="nanochat_from", default=None, metavar="DIR",
+                                     help="a nanochat checkpoint folder to start from instead")
 
     evaluate = sub.add_parser("eval", allow_abbrev=False, help="evaluate a run directory's final checkpoint")
-    evaluate.add_argument("task", choices=["classify", "lm", "dino"])
+    evaluate.add_argument("task", choices=["classify", "lm", "dino", "chat"])
     evaluate.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="one run (dino: one or more, compared)")
     evaluate.add_argument("--ema", action="store_true", help="classify: evaluate the EMA weights")
-    evaluate.add_argument("--tasks", default="val_bpb", help="lm: comma list of val_bpb, arc_easy, arc_challenge, "
-                          "mmlu, gsm8k, humaneval")
+    evaluate.add_argument("--tasks", default=None, help="lm: comma list of val_bpb (default), arc_easy, "
+                          "arc_challenge, mmlu, gsm8k, humaneval; chat: of arc_easy, arc_challenge, mmlu, gsm8k, "
+                          "humaneval, arith, letters (default: arith,letters)")
+    evaluate.add_argument("--no-tools", action="store_true", help="chat: no calculator (the model's own outputs)")
     evaluate.add_argument("--data-dir", default=None, help="lm: local <task>.jsonl/.parquet files in the hub's schema")
     evaluate.add_argument("--max-examples", type=int, default=None,
                           help="lm: the first N items per task; dino: the first N test images")
@@ -324,6 +402,18 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--device", default="auto")
     _nanochat_options(generate)
     generate.set_defaults(func=_cmd_generate)
+
+    chat = sub.add_parser("chat", allow_abbrev=False, help="talk with a mid/SFT model (streams tokens, calculator)")
+    chat.add_argument("run_dir", metavar="RUN_DIR", help="a mid or sft run directory")
+    chat.add_argument("--prompt", default=None, help="one question, answered once (for scripts); else interactive")
+    chat.add_argument("--system", default="", help="a system prompt (merged into the first user turn)")
+    chat.add_argument("--max-tokens", type=int, default=256, help="tokens per reply at most")
+    chat.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
+    chat.add_argument("--top-k", type=int, default=50, help="sample from the k likeliest tokens (0: all)")
+    chat.add_argument("--seed", type=int, default=0)
+    chat.add_argument("--no-tools", action="store_true", help="do not run the calculator on tool calls")
+    chat.add_argument("--device", default="auto")
+    chat.set_defaults(func=_cmd_chat)
 
     analyze = sub.add_parser("analyze", allow_abbrev=False, help="token-geometry metrics of runs, side by side")
     analyze.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from lapheads.config import ConfigError, apply_overrides, config_from_dict, load_preset_file, validate_config
+from lapheads.train.chat import MidConfig, SFTConfig
 from lapheads.train.classify import ClassifyConfig
 from lapheads.train.dino import DINOConfig
 from lapheads.train.lm import LMConfig
@@ -178,6 +179,16 @@ LM_PRESETS: dict[str, LMConfig] = {
         total_batch_size=8192, micro_batch=32, num_iterations=360, eval_every=90, eval_tokens=65_536,
         sample_prompt="ROMEO:\n", sample_tokens=200, log_every=10,
     ),
+    "chat-cpu-base": LMConfig(
+        description=(
+            "The base model of the chat-cpu pipeline: a byte-level BPE (2,048 tokens) GPT on the complete "
+            "Shakespeare, depth 4 (256 dim, 4 heads of 64), sequence 256, batch 8,192 tokens, 400 steps (~3.3M "
+            "tokens), nanochat's optimizers; then lapheads train sft --preset chat-cpu --from RUN_DIR"
+        ),
+        dataset="shakespeare", tokenizer="bpe", tokenizer_vocab=2048, tokenizer_train_chars=20_000_000, depth=4,
+        aspect_ratio=64, head_dim=64, sequence_len=256, total_batch_size=8192, micro_batch=32, num_iterations=400,
+        eval_every=100, eval_tokens=65_536, sample_prompt="ROMEO:\n", sample_tokens=64, log_every=10,
+    ),
     "nanochat-d20": _NANOCHAT_D20,
     "nanochat-d12": dataclasses.replace(
         _NANOCHAT_D20, depth=12, download_shards=80,
@@ -218,8 +229,52 @@ DINO_PRESETS: dict[str, DINOConfig] = {
     ),
 }
 
-PRESETS: dict[str, dict[str, object]] = {"classify": CLASSIFY_PRESETS, "lm": LM_PRESETS, "dino": DINO_PRESETS}
-CONFIG_TYPES: dict[str, type] = {"classify": ClassifyConfig, "lm": LMConfig, "dino": DINOConfig}
+MID_PRESETS: dict[str, MidConfig] = {
+    "nanochat-mid": MidConfig(
+        description=(
+            "nanochat v1's mid-training (the paper's LM pipeline): SmolTalk, MMLU auxiliary train, GSM8K train with "
+            "calculator calls and identity conversations, packed into the base's sequences, every token trained, "
+            "batch 524,288 tokens, one pass, the pre-training LRs (Muon 0.02, embedding 0.2, head 0.004), linear "
+            "decay over the last 20%, bf16. Data in --data-dir (the hub's schema) or from the hub; run with torchrun"
+        ),
+        data="smoltalk,mmlu_aux,gsm8k,identity", micro_batch=32, total_batch_size=524_288, eval_every=150,
+    ),
+}
+
+SFT_PRESETS: dict[str, SFTConfig] = {
+    "nanochat-sft": SFTConfig(
+        description=(
+            "nanochat's SFT: SmolTalk, MMLU auxiliary train x3 and GSM8K train x4 (calculator calls) as whole "
+            "conversations, loss on the assistant's tokens, 32 conversations per step (4 per pass), one pass, LRs at "
+            "0.02 of pre-training's decaying linearly to 0, bf16. Data in --data-dir (the hub's schema) or from the hub"
+        ),
+        data="smoltalk,mmlu_aux*3,gsm8k*4", micro_batch=4, examples_per_step=32,
+    ),
+    "lora-sft": SFTConfig(
+        description=(
+            "The Laplacian-heads authors' LoRA SFT of nanochat bases (yuchongzhang/nanochat runs/lora_sft.sh): "
+            "adapters of rank 16, alpha 32, dropout 0.05 on c_q, c_k, c_v, c_proj and c_fc, AdamW LR 2e-4, "
+            "nanochat's SFT mixture and batch; the base is frozen"
+        ),
+        data="smoltalk,mmlu_aux*3,gsm8k*4", micro_batch=4, examples_per_step=32, lora_rank=16, lora_alpha=32.0,
+        lora_dropout=0.05, lora_lr=2e-4, init_lr_frac=1.0,
+    ),
+    "chat-cpu": SFTConfig(
+        description=(
+            "SFT of the chat-cpu-base model on conversations lapheads generates (arith: word problems with a "
+            "calculator call, letters: letter counting with a tool call), 32 conversations per step for 500 steps, "
+            "LRs at 0.5 of pre-training's decaying linearly to 0, fp32; validation loss on the held-out arith "
+            "problems. About 5 minutes on 2 CPU cores"
+        ),
+        data="arith,letters", val_data="arith_test", micro_batch=16, examples_per_step=32, num_iterations=500,
+        init_lr_frac=0.5, eval_every=100, eval_examples=200, amp=False,
+    ),
+}
+
+PRESETS: dict[str, dict[str, object]] = {"classify": CLASSIFY_PRESETS, "lm": LM_PRESETS, "dino": DINO_PRESETS,
+                                         "mid": MID_PRESETS, "sft": SFT_PRESETS}
+CONFIG_TYPES: dict[str, type] = {"classify": ClassifyConfig, "lm": LMConfig, "dino": DINOConfig, "mid": MidConfig,
+                                 "sft": SFTConfig}
 
 
 def resolve_config(task: str, preset: str, laplacian_heads: str | None, overrides: list[str]):

@@ -1,0 +1,130 @@
+"""Talking with a chat model: generation with a KV cache, streamed text, and the calculator tool (nanochat's Engine).
+
+Design choices:
+
+* **One sequence, one KV cache**: the prompt (a rendered conversation ending in ``<|assistant_start|>``) is
+  prefilled once; each sampled token is one cached step. Generation stops at ``<|assistant_end|>`` or BOS.
+* **The calculator tool, as nanochat**: when the model closes a tool call (``<|python_start|> expr
+  <|python_end|>``), the expression is evaluated and ``<|output_start|> result <|output_end|>`` is forced into the
+  sequence before sampling resumes. Only arithmetic (digits, ``+ - * / ( ) .``) and ``'word'.count('x')`` are
+  accepted, and they run in :mod:`lapheads.evals.sandbox` (a separate, resource-limited process), never in ours.
+* **Streamed text is the decoded tail**: the whole reply is decoded after each token and the new suffix is yielded,
+  so characters spread over several byte tokens come out whole; tool calls are shown as ``[calc: expr = result]``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from lapheads.data.conversations import Conversation, render_for_completion
+from lapheads.data.tokenizers import Tokenizer
+from lapheads.errors import InputError
+from lapheads.models.gpt import GPT, sample_token
+
+__all__ = ["ChatEngine", "use_calculator"]
+
+_ARITHMETIC = re.compile(r"[0-9+\-*/(). ]{1,100}")
+_COUNT = re.compile(r"'[A-Za-z]{1,40}'\.count\('[A-Za-z]'\)")
+
+
+def use_calculator(expression: str, timeout: float = 3.0) -> str | None:
+    """The calculator's answer to ``expression`` as text, or None when it is not allowed or fails.
+
+    Integral floats print as integers (48/2 -> "24"), as GSM8K writes them.
+    """
+    from lapheads.evals.sandbox import run_program
+
+    expression = expression.strip()
+    if not (_ARITHMETIC.fullmatch(expression) and "**" not in expression) and not _COUNT.fullmatch(expression):
+        return None
+    program = (f"value = {expression}\n"
+               "print(int(value) if isinstance(value, float) and value.is_integer() else value)\n")
+    result = run_program(program, timeout=timeout, memory_mb=256)
+    return result.output.strip() if result.passed else None
+
+
+@dataclass
+class ChatEngine:
+    """Replies of a chat model.
+
+    Args:
+        model: a GPT trained with the chat tokens (SFT).
+        tokenizer: its tokenizer.
+        tools: run the calculator on tool calls (False: the model's own guess of the output is kept).
+    """
+
+    model: GPT
+    tokenizer: Tokenizer
+    tools: bool = True
+
+    def __post_init__(self) -> None:
+        t = self.tokenizer
+        self.ids = {name: t.special_id(f"<|{name}|>") for name in (
+            "assistant_end", "python_start", "python_end", "output_start", "output_end")}
+        self._shown = {self.ids["python_start"]: "[calc: ", self.ids["python_end"]: "",
+                       self.ids["output_start"]: " = ", self.ids["output_end"]: "]"}
+
+    def display(self, ids: list[int]) -> str:
+        """The reply's text with tool calls written ``[calc: expr = result]``."""
+        out, run = [], []
+        for i in ids:
+            if i in self._shown:
+                out.append(self.tokenizer.decode(run))
+                out.append(self._shown[i])
+                run = []
+            else:
+                run.append(i)
+        out.append(self.tokenizer.decode(run))
+        return "".join(out)
+
+    @torch.no_grad()
+    def stream(self, prompt_ids: list[int], max_tokens: int = 256, temperature: float = 0.0, top_k: int | None = None,
+               seed: int = 0) -> Iterator[str]:
+        """Yield the reply's text piece by piece; ``prompt_ids`` end with ``<|assistant_start|>``."""
+        model, limit = self.model, self.model.config.sequence_len
+        if not prompt_ids:
+            raise InputError("an empty prompt; allowed: a rendered conversation")
+        if len(prompt_ids) >= limit:
+            raise InputError(f"the conversation has {len(prompt_ids)} tokens; allowed: fewer than the model's "
+                             f"sequence_len {limit}")
+        device = model.lm_head.weight.device
+        generator = torch.Generator(device).manual_seed(seed)
+        cache = model.new_kv_cache(1, limit)
+        logits = model(torch.tensor([prompt_ids], device=device), kv_cache=cache)[:, -1]
+        reply: list[int] = []
+        shown, call = "", None  # text yielded so far; the tokens of an open tool call
+        stops = {self.ids["assistant_end"], self.tokenizer.bos_id}
+        while len(reply) < max_tokens and cache.pos < limit:
+            token = int(sample_token(logits, temperature, top_k or None, generator))
+            if token in stops:
+                break
+            new = [token]
+            if token == self.ids["python_start"]:
+                call = []
+            elif token == self.ids["python_end"] and call is not None:
+                result = use_calculator(self.tokenizer.decode(call)) if self.tools else None
+                if result is not None:  # forced: the tool writes its output, the model reads it
+                    new += [self.ids["output_start"], *self.tokenizer.encode(result), self.ids["output_end"]]
+                call = None
+            elif call is not None:
+                call.append(token)
+            new = new[:limit - cache.pos]
+            reply += new
+            text = self.display(reply)
+            if text.startswith(shown) and len(text) > len(shown):
+                yield text[len(shown):]
+                shown = text
+            if cache.pos + len(new) > limit or not new:
+                break
+            logits = model(torch.tensor([new], device=device), kv_cache=cache)[:, -1]
+        text = self.display(reply)
+        if text != shown and text.startswith(shown):
+            yield text[len(shown):]
+
+    def reply(self, conversation: Conversation, **kwargs) -> str:
+        """The assistant's whole next turn in ``conversation`` (a final assistant message is ignored)."""
+        return "".join(self.stream(render_for_completion(self.tokenizer, conversation), **kwargs))

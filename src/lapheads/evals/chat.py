@@ -1,0 +1,147 @@
+"""Chat evaluations of an SFT (or mid-trained) model, after nanochat's ``chat_eval.py``.
+
+Design choices:
+
+* **Every task is a conversation**: the item is rendered as a user turn and the model answers after
+  ``<|assistant_start|>``, as in chat.
+* **Categorical tasks** (ARC-Easy/Challenge, MMLU): nanochat's multiple-choice prompt; the logits of the first
+  answer position are restricted to the answer letters and the highest letter is the prediction (no sampling).
+* **Generative tasks**: GSM8K and the generated ``arith`` / ``letters`` (held-out split) by the number after
+  "####" in a greedy reply, with the calculator tool; HumanEval by running the reply's code (a fenced block if the
+  reply has one) with the task's tests in the sandbox, pass@k over ``num_samples`` samples at temperature 0.8.
+* **ChatCORE**, nanochat's summary: each task's accuracy centred on its chance level, (acc - chance) / (1 - chance),
+  averaged over the tasks evaluated (chance: 1 / number of choices for categorical tasks, 0 for generative ones).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from lapheads.chat import ChatEngine
+from lapheads.data.conversations import gsm8k_conversation, mc_conversation, render_for_completion
+from lapheads.data.images import DataError
+from lapheads.errors import InputError
+from lapheads.evals.lm import LETTERS, _mc_item, extract_number, humaneval_program, load_task, pass_at_k
+
+__all__ = ["CHAT_TASKS", "chatcore", "run_chat_evals", "score_categorical", "score_generative"]
+
+CATEGORICAL = ("arc_easy", "arc_challenge", "mmlu")
+GENERATIVE = ("gsm8k", "humaneval", "arith", "letters")
+CHAT_TASKS = (*CATEGORICAL, *GENERATIVE)
+
+
+@torch.no_grad()
+def score_categorical(engine: ChatEngine, task: str, rows: list[dict[str, Any]], progress: bool = True,
+                      ) -> dict[str, Any]:
+    """Accuracy of the answer letter with the highest logit after ``<|assistant_start|>``."""
+    model, tokenizer = engine.model, engine.tokenizer
+    device = model.lm_head.weight.device
+    letter_ids = []
+    for letter in LETTERS:
+        ids = tokenizer.encode(letter)
+        if len(ids) != 1:
+            raise DataError(f"the {tokenizer.kind} tokenizer writes the letter {letter} as {len(ids)} tokens; "
+                            "allowed: single-token letters")
+        letter_ids.append(ids[0])
+    correct, skipped, chance = 0, 0, 0.0
+    for row in tqdm(rows, desc=task, disable=not progress, leave=False):
+        question, choices, answer = _mc_item(task, row)
+        prompt = render_for_completion(tokenizer, mc_conversation(question, choices, answer))
+        chance += 1 / len(choices)
+        if len(prompt) > model.config.sequence_len:
+            skipped += 1
+            continue
+        logits = model(torch.tensor([prompt], device=device))[0, -1]
+        correct += int(logits[torch.tensor(letter_ids[:len(choices)], device=device)].argmax()) == answer
+    scored = len(rows) - skipped
+    return {"accuracy": correct / max(scored, 1), "n": scored, "skipped_too_long": skipped,
+            "chance": chance / max(len(rows), 1)}
+
+
+def _code_of(reply: str) -> str:
+    fenced = re.search(r"```(?:python)?\n(.*?)(?:```|$)", reply, re.S)
+    return fenced.group(1) if fenced else reply
+
+
+def score_generative(engine: ChatEngine, task: str, rows: list[dict[str, Any]], *, num_samples: int = 1,
+                     max_tokens: int = 256, progress: bool = True) -> dict[str, Any]:
+    """GSM8K / arith / letters: final-number accuracy of greedy replies; HumanEval: pass@k of the replies' code."""
+    from lapheads.evals.sandbox import run_program
+
+    if task == "humaneval":
+        ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
+        results = {k: [] for k in ks}
+        temperature = 0.0 if num_samples == 1 else 0.8
+        for i, row in enumerate(tqdm(rows, desc=task, disable=not progress, leave=False)):
+            conversation = {"messages": [{"role": "user", "content": row["prompt"]}]}
+            replies = [engine.reply(conversation, max_tokens=max_tokens, temperature=temperature, top_k=50,
+                                    seed=i * num_samples + s) for s in range(num_samples)]
+            passed = 0
+            for reply in replies:
+                code = _code_of(reply)
+                program = (humaneval_program({**row, "prompt": ""}, code) if f"def {row['entry_point']}" in code
+                           else humaneval_program(row, code))
+                passed += run_program(program, timeout=10.0).passed
+            for k in ks:
+                results[k].append(pass_at_k(num_samples, passed, k))
+        return {**{f"pass@{k}": sum(v) / max(len(v), 1) for k, v in results.items()}, "accuracy":
+                sum(results[1]) / max(len(rows), 1), "n": len(rows), "chance": 0.0}
+    correct, examples = 0, []
+    for row in tqdm(rows, desc=task, disable=not progress, leave=False):
+        reply = engine.reply(row["conversation"], max_tokens=max_tokens)
+        got = extract_number(reply.split("####")[-1]) if "####" in reply else None
+        correct += got is not None and got == row["reference"]
+        if len(examples) < 3:
+            examples.append({"question": row["conversation"]["messages"][0]["content"], "reply": reply})
+    return {"accuracy": correct / max(len(rows), 1), "n": len(rows), "chance": 0.0, "examples": examples}
+
+
+def chatcore(results: dict[str, dict[str, Any]]) -> float:
+    """nanochat's ChatCORE: the mean over tasks of (accuracy - chance) / (1 - chance)."""
+    centred = [(r["accuracy"] - r["chance"]) / (1 - r["chance"]) for r in results.values()]
+    return sum(centred) / max(len(centred), 1)
+
+
+def _rows(task: str, data_dir: str | None, max_examples: int | None) -> list[dict[str, Any]]:
+    if task in ("arith", "letters"):
+        from lapheads.data.synthetic import generated_items
+
+        rows = [{"conversation": c, "reference": ref} for c, ref in generated_items(task, "test")]
+    elif task == "gsm8k":
+        rows = [{"conversation": gsm8k_conversation(r["question"], ""), "reference": extract_number(r["answer"])}
+                for r in load_task("gsm8k", data_dir)]
+    else:
+        rows = load_task(task, data_dir)
+    return rows[:max_examples]
+
+
+def run_chat_evals(run_dir: str | Path, tasks: list[str], *, data_dir: str | None = None,
+                   max_examples: int | None = None, num_samples: int = 1, device: str = "auto",
+                   progress: bool = True, tools: bool = True) -> dict[str, Any]:
+    """Evaluate a chat run's latest checkpoint on ``tasks``; writes RUN_DIR/report/eval_chat.json."""
+    from lapheads.train.chat import load_gpt_run
+    from lapheads.train.runtime import atomic_write_text
+
+    unknown = [t for t in tasks if t not in CHAT_TASKS]
+    if unknown or not tasks:
+        raise InputError(f"unknown chat task(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(CHAT_TASKS)}")
+    rows = {t: _rows(t, data_dir, max_examples) for t in tasks}  # fail early on data
+    _, model, tokenizer = load_gpt_run(run_dir, device)
+    engine = ChatEngine(model, tokenizer, tools=tools)
+    results: dict[str, Any] = {}
+    for task in tasks:
+        if task in CATEGORICAL:
+            results[task] = score_categorical(engine, task, rows[task], progress)
+        else:
+            results[task] = score_generative(engine, task, rows[task], num_samples=num_samples, progress=progress)
+    summary = {"tasks": results, "chatcore": chatcore(results), "max_examples": max_examples, "tools": tools}
+    out = Path(run_dir) / "report" / "eval_chat.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(summary, indent=1) + "\n")
+    return summary

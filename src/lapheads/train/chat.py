@@ -1,0 +1,506 @@
+"""The LM stages after pre-training: mid-training and supervised fine-tuning (full or LoRA), after nanochat's
+``mid_train.py`` and ``chat_sft.py`` (the versions of the paper's v1 runs) and the authors' ``lora_sft.py``.
+
+Design choices:
+
+* **Start from a run or a nanochat checkpoint**: ``--base RUN_DIR`` (an LM, mid or SFT run of lapheads) or
+  ``--nanochat DIR``; the model is rebuilt from what that source recorded and its tokenizer is copied in. The
+  Laplacian heads come with the weights: ``--laplacian-heads`` may be repeated but must equal the base's masks.
+* **Mid-training** packs the rendered conversations of its mixture into one token stream cut into full sequences
+  and trains on every token (as nanochat v1); the LRs are the pre-training ones (``init_lr_frac`` 1), warm-down
+  over the last 20%.
+* **SFT** trains on padded batches of whole conversations with nanochat's loss mask (assistant tokens only),
+  ``examples_per_step`` conversations per step, LRs at ``init_lr_frac`` 0.02 of the pre-training ones decaying
+  linearly to 0 (nanochat v1's defaults). Muon for block matrices, AdamW for the rest, as in pre-training.
+* **LoRA through peft** (``--lora-rank R``): adapters on ``c_q, c_k, c_v, c_proj, c_fc`` (the authors' rank 16,
+  alpha 32, dropout 0.05, AdamW LR 2e-4); the base is frozen, checkpoints hold only adapter weights, the final
+  adapters are also written in peft's own format (``RUN_DIR/adapter``), and ``--lora-merge true`` writes a plain
+  run directory (``RUN_DIR/merged``) whose model equals the adapted one.
+* **Batches are a pure function of (seed, step)**: the mixture is shuffled once with the seed, step s takes the
+  next ``examples_per_step`` conversations (SFT) or sequences (mid), and each rank its slice; resume and any world
+  size see the same data. Resume, NaN stop, DDP and bad-input one-liners are those of pre-training
+  (:mod:`lapheads.train.runtime`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from lapheads.config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, ConfigError, Domain, option, validate_config
+from lapheads.data.conversations import Conversation, conversation_mixture, parse_mixture, render_conversation
+from lapheads.data.tokenizers import Tokenizer, load_tokenizer
+from lapheads.errors import InputError
+from lapheads.models.gpt import GPT, GPTConfig
+from lapheads.train.runtime import (
+    HEAD_SPEC,
+    CheckpointError,
+    Distributed,
+    RunConfig,
+    RunDir,
+    check_finite_loss,
+    checkpoint_folder,
+    load_weights,
+    optimizer_step,
+    save_checkpoint,
+    seed_everything,
+    setup_distributed,
+    start_or_resume,
+    wrap_for_training,
+)
+
+__all__ = ["MidConfig", "SFTConfig", "load_gpt_run", "merge_lora", "train_mid", "train_sft"]
+
+CHAT_TASKS = ("mid", "sft")
+LORA_TARGETS = "c_q,c_k,c_v,c_proj,c_fc"
+_SPEC_OR_BASE = Domain("empty (the base's heads) or " + HEAD_SPEC.allowed,
+                       lambda v: v == "" or HEAD_SPEC.test(v))
+
+
+@dataclass
+class ChatTrainConfig(RunConfig):
+    """Options shared by mid-training and SFT (``lapheads train mid|sft --key value``)."""
+
+    laplacian_heads: str = option("", "must equal the base's Laplacian heads (empty: take them from the base)",
+                                  _SPEC_OR_BASE)
+    base: str = option("", "the lapheads run directory (lm, mid or sft) to start from (or --nanochat)")
+    nanochat: str = option("", "a nanochat checkpoint folder to start from instead of --base")
+    nanochat_step: int | None = option(None, "--nanochat: the checkpoint step (default: the last)", NON_NEGATIVE)
+    nanochat_tokenizer: str = option("", "--nanochat: the folder of tokenizer.pkl (default: nanochat's layout)")
+    data: str = option("smoltalk,mmlu_aux*3,gsm8k*4", "the conversation mixture, NAME[*EPOCHS],... (sources: "
+                       "smoltalk, mmlu_aux, gsm8k, identity, arith, letters)")
+    val_data: str = option("", "conversations for the validation loss (e.g. arith_test); empty: none")
+    data_dir: str = option("", "local <source>.jsonl/.parquet files in the hub's schema (empty: the hub)")
+    sequence_len: int | None = option(None, "longest sequence (default: the base's)", POSITIVE)
+    micro_batch: int = option(4, "sequences per forward pass per process", POSITIVE)
+    num_iterations: int = option(-1, "optimizer steps; -1 = one pass over the mixture",
+                                 Domain("-1 or > 0", lambda v: v == -1 or v > 0))
+    embedding_lr: float = option(0.2, "AdamW learning rate of the embedding (scaled by (width/768)^-0.5)", POSITIVE)
+    unembedding_lr: float = option(0.004, "AdamW learning rate of the LM head (scaled likewise)", POSITIVE)
+    matrix_lr: float = option(0.02, "Muon learning rate of the block matrices", POSITIVE)
+    scalar_lr: float = option(0.5, "AdamW learning rate of the 2026 family's scalars", POSITIVE)
+    init_lr_frac: float = option(1.0, "every learning rate starts at this fraction of the above", POSITIVE)
+    warmdown_ratio: float = option(0.2, "fraction of the steps in the final linear decay to 0", FRACTION)
+    weight_decay: float = option(0.0, "AdamW weight decay", NON_NEGATIVE)
+    adam_beta1: float = option(0.8, "AdamW beta1", RATE)
+    adam_beta2: float = option(0.95, "AdamW beta2", RATE)
+    grad_clip: float = option(0.0, "gradient-norm clip (0: off)", NON_NEGATIVE)
+    lora_rank: int = option(0, "LoRA rank (0: train every weight)", NON_NEGATIVE)
+    lora_alpha: float = option(32.0, "LoRA alpha (the update is scaled by alpha / rank)", POSITIVE)
+    lora_dropout: float = option(0.05, "dropout on the LoRA input", FRACTION)
+    lora_lr: float = option(2e-4, "AdamW learning rate of the LoRA adapters", POSITIVE)
+    lora_targets: str = option(LORA_TARGETS, "comma list of the Linear layers that get adapters")
+    lora_merge: bool = option(False, "after training, write RUN_DIR/merged: a plain run with the adapters merged")
+    eval_every: int = option(100, "steps between validation losses and checkpoints", POSITIVE)
+    eval_examples: int = option(200, "validation conversations per evaluation", POSITIVE)
+
+    # muon settings that build_optimizers reads; fixed here (no warm-up after pre-training)
+    muon_momentum_end = 0.95
+    muon_weight_decay = 0.0
+
+    def check(self) -> None:
+        if bool(self.base) == bool(self.nanochat):
+            raise ConfigError(f"--base {self.base!r} --nanochat {self.nanochat!r}: allowed: exactly one of them (a "
+                              "lapheads LM run directory or a nanochat checkpoint folder)")
+        parse_mixture(self.data)
+        if self.val_data:
+            parse_mixture(self.val_data)
+        if self.lora_merge and not self.lora_rank:
+            raise ConfigError("--lora-merge true needs --lora-rank > 0")
+        unknown = [t for t in self.lora_targets.split(",") if t.strip() not in LORA_TARGETS.split(",")]
+        if unknown or not self.lora_targets.strip():
+            raise ConfigError(f"--lora-targets {self.lora_targets!r}; allowed: a comma list of {LORA_TARGETS}")
+
+
+@dataclass
+class MidConfig(ChatTrainConfig):
+    """Mid-training: packed conversations, every token trained (nanochat v1's mid_train defaults)."""
+
+    data: str = option("smoltalk,mmlu_aux,gsm8k,identity", "the conversation mixture, NAME[*EPOCHS],...")
+    total_batch_size: int = option(524_288, "tokens per optimizer step, over all processes", POSITIVE)
+
+    def check(self) -> None:
+        super().check()
+        if self.lora_rank:
+            raise ConfigError("--lora-rank: LoRA is for SFT; allowed here: 0")
+
+
+@dataclass
+class SFTConfig(ChatTrainConfig):
+    """SFT: padded, masked conversations (nanochat v1's chat_sft defaults)."""
+
+    examples_per_step: int = option(32, "conversations per optimizer step, over all processes", POSITIVE)
+    init_lr_frac: float = option(0.02, "every learning rate starts at this fraction of the above", POSITIVE)
+    warmdown_ratio: float = option(1.0, "fraction of the steps in the final linear decay to 0", FRACTION)
+    eval_every: int = option(100, "steps between validation losses and checkpoints", POSITIVE)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading models from run directories
+
+
+def _gpt_from_record(record: dict[str, Any]) -> GPT:
+    return GPT(GPTConfig(**record["model"]))
+
+
+def _apply_lora(model: GPT, cfg: ChatTrainConfig):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise InputError("--lora-rank needs peft; allowed: pip install 'lapheads[chat]'") from None
+    targets = [t.strip() for t in cfg.lora_targets.split(",")]
+    return get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                            target_modules=targets, bias="none"))
+
+
+class LoraAdapters(torch.nn.Module):
+    """The adapter weights of a peft model as a module of their own, so checkpoints hold only them."""
+
+    def __init__(self, peft_model: torch.nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "peft_model", peft_model)  # not a submodule: its base weights are not ours
+
+    def named_parameters(self, *args, **kwargs):
+        return ((n, p) for n, p in self.peft_model.named_parameters() if "lora_" in n)
+
+    def parameters(self, recurse: bool = True):
+        return (p for _, p in self.named_parameters())
+
+    def state_dict(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        return {n: p for n, p in self.peft_model.state_dict().items() if "lora_" in n}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        missing = set(self.state_dict()) ^ set(state_dict)
+        if missing:
+            raise CheckpointError(f"adapter weights do not match the model ({len(missing)} keys differ, e.g. "
+                                  f"{sorted(missing)[0]})")
+        return self.peft_model.load_state_dict(state_dict, strict=False)
+
+
+def load_gpt_run(run_dir: str | Path, device: str = "auto", step: int | None = None,
+                 ) -> tuple[dict[str, Any], GPT, Tokenizer]:
+    """(config.json's record, model in eval mode, tokenizer) of an lm, mid or sft run; LoRA adapters are merged."""
+    run = RunDir(run_dir)
+    record = run.read_config()
+    task = record.get("task")
+    if task == "lm":
+        from lapheads.train.lm import load_lm_run
+
+        _, model, tokenizer, _ = load_lm_run(run_dir, device, step)
+        return record, model, tokenizer
+    if task not in CHAT_TASKS:
+        raise CheckpointError(f"{run.path} holds a {task!r} run; allowed here: lm, mid, sft")
+    tokenizer = load_tokenizer(run.path / "tokenizer")
+    dist_ = setup_distributed(device)
+    folder = checkpoint_folder(run, step)
+    cfg = record["config"]
+    if cfg.get("lora_rank"):
+        model = _load_source(record, dist_.device)  # the base the adapters were trained on
+        peft_model = _apply_lora(model, SFTConfig(**{k: v for k, v in cfg.items() if k in _SFT_FIELDS}))
+        load_weights(LoraAdapters(peft_model), folder / "model.safetensors")
+        model = peft_model.merge_and_unload()
+    else:
+        model = _gpt_from_record(record).to(dist_.device)
+        load_weights(model, folder / "model.safetensors")
+    return record, model.to(dist_.device).eval(), tokenizer
+
+
+_SFT_FIELDS = {f.name for f in dataclasses.fields(SFTConfig)}
+
+
+def _load_source(record: dict[str, Any], device: torch.device) -> GPT:
+    """The base model a run recorded it started from (``base_run`` or ``nanochat``)."""
+    if record.get("nanochat"):
+        from lapheads.models.nanochat import load_nanochat
+
+        return load_nanochat(record["nanochat"], record["nanochat_step"], device)[0]
+    return load_gpt_run(record["base_run"], str(device.type))[1]
+
+
+def _load_base(cfg: ChatTrainConfig, device: torch.device) -> tuple[GPT, Tokenizer, dict[str, Any]]:
+    """The starting model (train mode), its tokenizer and what to record about it."""
+    if cfg.nanochat:
+        from lapheads.models.nanochat import load_nanochat
+
+        folder = Path(cfg.nanochat)
+        tokenizer_dir = Path(cfg.nanochat_tokenizer) if cfg.nanochat_tokenizer else (
+            folder.resolve().parent.parent / "tokenizer")
+        tokenizer = Tokenizer.nanochat(tokenizer_dir)
+        model, meta = load_nanochat(folder, cfg.nanochat_step, device)
+        source = {"nanochat": str(folder), "nanochat_step": meta["step"]}
+    else:
+        record, model, tokenizer = load_gpt_run(cfg.base, str(device.type))
+        source = {"base_run": str(Path(cfg.base).resolve()), "base_task": record["task"]}
+    if cfg.laplacian_heads:
+        from lapheads.attention import parse_laplacian_heads
+
+        c = model.config
+        wanted = [m.tolist() if hasattr(m, "tolist") else list(m)
+                  for m in parse_laplacian_heads(cfg.laplacian_heads, c.n_head, c.depth)]
+        if wanted != model.laplacian_masks():
+            raise ConfigError(f"--laplacian-heads {cfg.laplacian_heads!r} differs from the base's heads "
+                              f"{model.laplacian_masks()}; allowed: the base's spec, or leave it out (a base's "
+                              "heads cannot change during fine-tuning)")
+    return model.to(device).train(), tokenizer, source
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Batches
+
+
+def sft_batch(rendered: list[tuple[list[int], list[int]]], pad_id: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets of whole conversations, right-padded to the longest (at most ``max_len`` inputs);
+    targets are -1 (ignored) where the mask is 0 and on padding."""
+    length = min(max(len(ids) for ids, _ in rendered) - 1, max_len)
+    x = torch.full((len(rendered), length), pad_id, dtype=torch.long)
+    y = torch.full((len(rendered), length), -1, dtype=torch.long)
+    for row, (ids, mask) in enumerate(rendered):
+        ids, mask = ids[:length + 1], mask[:length + 1]
+        n = len(ids) - 1
+        x[row, :n] = torch.tensor(ids[:-1])
+        targets = torch.tensor(ids[1:])
+        y[row, :n] = torch.where(torch.tensor(mask[1:], dtype=torch.bool), targets, -1)
+    return x, y
+
+
+class ConversationBatches:
+    """The micro-batches of a step, a pure function of the step (see the module docstring).
+
+    Args:
+        conversations: the shuffled mixture.
+        tokenizer: renders them.
+        packed: True (mid): one token stream cut into ``sequence_len + 1`` windows, every token a target;
+            False (SFT): whole conversations, padded and masked.
+        per_step: sequences (mid) or conversations (SFT) per optimizer step over all processes.
+    """
+
+    def __init__(self, conversations: list[Conversation], tokenizer: Tokenizer, *, packed: bool, sequence_len: int,
+                 micro_batch: int, per_step: int, rank: int, world_size: int) -> None:
+        self.tokenizer, self.packed, self.sequence_len = tokenizer, packed, sequence_len
+        self.micro_batch, self.rank, self.world_size = micro_batch, rank, world_size
+        self.accum = per_step // (micro_batch * world_size)
+        self.rendered = [render_conversation(tokenizer, c, sequence_len + 1) for c in conversations]
+        if packed:
+            stream = [t for ids, _ in self.rendered for t in ids]
+            n = len(stream) // (sequence_len + 1)
+            if n == 0:
+                raise InputError(f"the mixture has {len(stream)} tokens, fewer than one sequence of {sequence_len}")
+            self.windows = torch.tensor(stream[:n * (sequence_len + 1)]).view(n, sequence_len + 1)
+        self.items = len(self.windows) if packed else len(self.rendered)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, self.items // (self.micro_batch * self.accum * self.world_size))
+
+    def step(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        per_step = self.micro_batch * self.accum * self.world_size
+        out = []
+        for a in range(self.accum):
+            first = step * per_step + (a * self.world_size + self.rank) * self.micro_batch
+            index = [(first + i) % self.items for i in range(self.micro_batch)]
+            if self.packed:
+                rows = self.windows[index]
+                out.append((rows[:, :-1], rows[:, 1:]))
+            else:
+                pad = self.tokenizer.special_id("<|assistant_end|>")
+                out.append(sft_batch([self.rendered[i] for i in index], pad, self.sequence_len))
+        return out
+
+
+@torch.no_grad()
+def conversation_loss(model: GPT, rendered: list[tuple[list[int], list[int]]], tokenizer: Tokenizer, dist_: Distributed,
+                      sequence_len: int, batch_size: int) -> float:
+    """Mean loss (nats) over the trained tokens of ``rendered``, all ranks together."""
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=dist_.device)
+    pad = tokenizer.special_id("<|assistant_end|>")
+    mine = rendered[dist_.rank::dist_.world_size]
+    for start in range(0, len(mine), batch_size):
+        x, y = sft_batch(mine[start:start + batch_size], pad, sequence_len)
+        nats = model(x.to(dist_.device), y.to(dist_.device), loss_reduction="sum")
+        totals += torch.stack([nats.double(), (y >= 0).sum().double().to(dist_.device)])
+    dist_.all_reduce_sum(totals)
+    model.train(was_training)
+    return float(totals[0] / totals[1].clamp_min(1))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def _optimizers(model: GPT, peft_model, cfg: ChatTrainConfig) -> dict[str, torch.optim.Optimizer]:
+    if peft_model is not None:
+        params = [p for p in peft_model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=cfg.lora_lr * cfg.init_lr_frac, weight_decay=cfg.weight_decay)
+        for group in opt.param_groups:
+            group["initial_lr"] = group["lr"]
+        return {"adamw": opt}
+    from lapheads.train.lm import build_optimizers
+
+    optimizers = build_optimizers(model, cfg)
+    for opt in optimizers.values():
+        for group in opt.param_groups:
+            group["lr"] = group["initial_lr"] = group["initial_lr"] * cfg.init_lr_frac
+    return optimizers
+
+
+def _lr_multiplier(step: int, total: int, warmdown_ratio: float) -> float:
+    warmdown = round(warmdown_ratio * total)
+    if step < total - warmdown:
+        return 1.0
+    return (total - step) / max(warmdown, 1)
+
+
+def train_chat(task: str, cfg: ChatTrainConfig, run_dir: str | Path, *, resume: bool = False,
+               stop_at_step: int | None = None, preset: str | None = None) -> dict[str, Any]:
+    """Mid-train (``task`` "mid") or SFT (``task`` "sft") into ``run_dir``; returns the final metrics."""
+    validate_config(cfg)
+    run = RunDir(run_dir)
+    dist_ = setup_distributed(cfg.device)
+    seed_everything(cfg.seed)
+    model, tokenizer, source = _load_base(cfg, dist_.device)
+    sequence_len = cfg.sequence_len or model.config.sequence_len
+    if sequence_len > model.config.sequence_len:
+        raise ConfigError(f"--sequence-len {sequence_len}; allowed: at most the base's {model.config.sequence_len}")
+    try:
+        tokenizer.special_id("<|assistant_start|>")
+    except Exception:
+        raise InputError(f"{cfg.base or cfg.nanochat} has a tokenizer without chat tokens; allowed: a lapheads or "
+                         "nanochat tokenizer") from None
+    data_dir = cfg.data_dir or None
+    conversations = conversation_mixture(cfg.data, data_dir, cfg.seed)
+    packed = task == "mid"
+    if packed:
+        per_pass = cfg.micro_batch * sequence_len * dist_.world_size
+        if cfg.total_batch_size % per_pass:
+            raise ConfigError(f"--total-batch-size {cfg.total_batch_size} is not a multiple of micro_batch x "
+                              f"sequence_len x world_size = {per_pass}; allowed: a multiple of {per_pass}")
+        per_step = cfg.total_batch_size // sequence_len
+    else:
+        per_pass = cfg.micro_batch * dist_.world_size
+        if cfg.examples_per_step % per_pass:
+            raise ConfigError(f"--examples-per-step {cfg.examples_per_step} is not a multiple of micro_batch x "
+                              f"world_size = {per_pass}; allowed: a multiple of {per_pass}")
+        per_step = cfg.examples_per_step
+    batches = ConversationBatches(conversations, tokenizer, packed=packed, sequence_len=sequence_len,
+                                  micro_batch=cfg.micro_batch, per_step=per_step, rank=dist_.rank,
+                                  world_size=dist_.world_size)
+    val = [render_conversation(tokenizer, c, sequence_len + 1)
+           for c in conversation_mixture(cfg.val_data, data_dir, 0)[:cfg.eval_examples]] if cfg.val_data else []
+    total_steps = cfg.num_iterations if cfg.num_iterations > 0 else batches.steps_per_epoch
+
+    peft_model = _apply_lora(model, cfg) if cfg.lora_rank else None
+    trained = LoraAdapters(peft_model) if peft_model is not None else model
+    optimizers = _optimizers(model, peft_model, cfg)
+    model_record = dict(model.config.to_dict(), laplacian_heads=model.laplacian_masks())
+    start_step = start_or_resume(
+        run, task, dataclasses.asdict(cfg), dist_, trained, optimizers, resume=resume, config_type=type(cfg),
+        extra_record={"preset": preset, **source, "model": model_record, "laplacian_masks": model.laplacian_masks(),
+                      "vocab_size": tokenizer.vocab_size, "steps": total_steps, "conversations": len(conversations),
+                      "trainable_params": sum(p.numel() for p in trained.parameters()),
+                      "num_params": model.num_params()},
+    )
+    if not resume and dist_.is_main:
+        tokenizer.save(run.path / "tokenizer")
+    train_model, forward_model = wrap_for_training(peft_model if peft_model is not None else model, dist_, cfg.compile)
+    hint = "lower --lora-lr" if peft_model is not None else "lower --init-lr-frac"
+    progress = tqdm(total=total_steps, initial=start_step, disable=not dist_.is_main, desc=f"train {task}",
+                    dynamic_ncols=True)
+
+    def evaluate(step: int) -> dict[str, float]:
+        if not val:
+            return {}
+        loss = conversation_loss(model if peft_model is None else peft_model, val, tokenizer, dist_, sequence_len,
+                                 cfg.micro_batch)
+        if dist_.is_main:
+            run.log({"step": step, "val_loss": loss})
+            progress.write(f"step {step}: val_loss {loss:.4f}")
+        return {"val_loss": loss}
+
+    last_eval: dict[str, float] = evaluate(0) if start_step == 0 else {}
+    tick = time.perf_counter()
+    step = start_step
+    while step < total_steps:
+        if stop_at_step is not None and step >= stop_at_step:
+            progress.close()
+            return {"step": step, "stopped": True}
+        micro_batches = batches.step(step)
+        loss_sum, tokens = torch.zeros((), device=dist_.device), 0
+        for a, (x, y) in enumerate(micro_batches):
+            x, y = x.to(dist_.device), y.to(dist_.device)
+            tokens += int((y >= 0).sum())
+            sync = a == len(micro_batches) - 1 or not dist_.enabled
+            with (contextlib.nullcontext() if sync else train_model.no_sync()):
+                with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=cfg.amp):
+                    loss = forward_model(x, y)
+                (loss / len(micro_batches)).backward()
+            loss_sum += loss.detach()
+        mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
+        check_finite_loss(mean_loss, step, run, hint, progress)
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(trained.parameters(), cfg.grad_clip)
+        multiplier = _lr_multiplier(step, total_steps, cfg.warmdown_ratio)
+        for opt in optimizers.values():
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * multiplier
+        optimizer_step(list(optimizers.values()), step, run, hint, progress)
+        (peft_model or model).zero_grad(set_to_none=True)
+        step += 1
+        progress.update(1)
+        if step % cfg.log_every == 0 or step == total_steps:
+            elapsed, tick = time.perf_counter() - tick, time.perf_counter()
+            progress.set_postfix(loss=f"{mean_loss:.4f}", lrm=f"{multiplier:.2f}")
+            if dist_.is_main:
+                run.log({"step": step, "loss": mean_loss, "lr_multiplier": multiplier, "trained_tokens": tokens,
+                         "seconds": elapsed})
+        if step % cfg.eval_every == 0 or step == total_steps:
+            last_eval = evaluate(step)
+            save_checkpoint(run, step, dist_, trained, optimizers, {}, keep=cfg.keep_checkpoints)
+        elif cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            save_checkpoint(run, step, dist_, trained, optimizers, {}, keep=cfg.keep_checkpoints)
+    progress.close()
+    if peft_model is not None and dist_.is_main:
+        peft_model.save_pretrained(str(run.path / "adapter"))  # peft's own format: PeftModel.from_pretrained reads it
+        if cfg.lora_merge:
+            merge_lora(run.path, run.path / "merged")
+    return {"step": step, **last_eval}
+
+
+def merge_lora(run_dir: str | Path, out: str | Path) -> Path:
+    """Write ``out``: a plain sft run directory whose model is ``run_dir``'s base with its LoRA adapters merged."""
+    run = RunDir(run_dir)
+    record = run.read_config()
+    if not record.get("config", {}).get("lora_rank"):
+        raise InputError(f"{run.path} is not a LoRA run; allowed: an sft run trained with --lora-rank > 0")
+    _, model, tokenizer = load_gpt_run(run_dir, "cpu")
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    merged = RunDir(out)
+    config = dict(record["config"], lora_rank=0, lora_merge=False)
+    merged.write_config("sft", config, {k: v for k, v in record.items() if k not in ("task", "config")} | {
+        "merged_from": str(run.path.resolve())})
+    tokenizer.save(out / "tokenizer")
+    step = int(json.loads((checkpoint_folder(run) / "state.json").read_text())["step"])
+    save_checkpoint(merged, step, Distributed(), model, {}, {})
+    return out
+
+
+def train_mid(cfg: MidConfig, run_dir: str | Path, **kwargs) -> dict[str, Any]:
+    """Mid-training; see :func:`train_chat`."""
+    return train_chat("mid", cfg, run_dir, **kwargs)
+
+
+def train_sft(cfg: SFTConfig, run_dir: str | Path, **kwargs) -> dict[str, Any]:
+    """SFT (full or LoRA); see :func:`train_chat`."""
+    return train_chat("sft", cfg, run_dir, **kwargs)
