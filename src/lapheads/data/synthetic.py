@@ -5,8 +5,8 @@ Two tasks, each a pure function of its split (no files, no seed to get wrong):
 * ``arith``: word problems with one addition, subtraction or multiplication of numbers up to 99, answered in
   GSM8K's format, a calculator annotation ``<<a+b=c>>`` (a tool call once rendered) and the final ``#### c``.
 * ``letters``: "how many times does the letter x appear in the word w", answered with a tool call
-  ``'w'.count('x')`` and ``#### n``, as nanochat's SpellingBee; the words are an embedded list of 1,000 common
-  English words.
+  ``'w'.count('x')`` and ``#### n``, as nanochat's SpellingBee; the words are an embedded list of about 1,400
+  common English words.
 
 **Held out by construction**: an item is in the test split when a hash of its operands (arith: the two numbers and
 the operation; letters: the word) falls in one tenth of the hash range, so no test problem's numbers or word is
@@ -41,7 +41,7 @@ _LETTER_QUESTIONS = ("How many times does the letter '{c}' appear in the word '{
                      "How many '{c}' are there in '{w}'?",
                      "Count the letter '{c}' in the word '{w}'.")
 
-# 1,000 common English words (lower case, 3-10 letters), embedded so the task needs no dictionary package
+# about 1,400 common English words (lower case), embedded so the task needs no dictionary package
 WORDS = tuple("""
 able about above accept across act action active actor actual add address admit adult affect after again against
 age agency agent ago agree ahead air allow almost alone along already also always amount analysis animal answer
@@ -180,7 +180,9 @@ def generated_items(task: str, split: str) -> tuple[tuple[Conversation, str], ..
                          f"{', '.join(SPLITS)}")
     rng = random.Random(f"{task}-{split}")  # the templates, names and letters chosen; items fixed by the split
     if task == "arith":
-        keep = [item for item in _arith_items() if _held_out(f"{item['op']}{item['a']},{item['b']}") == (split == "test")]
+        # the key is order-free, so 23 + 45 in the test split keeps 45 + 23 out of training
+        keep = [item for item in _arith_items()
+                if _held_out(f"{item['op']}{sorted((item['a'], item['b']))}") == (split == "test")]
         out = [_arith_conversation(item, rng) for item in keep]
     else:
         words = sorted(set(WORDS))
