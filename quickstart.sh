@@ -47,6 +47,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
+# The web-chat test drives a real headless browser: Debian's chromium + chromium-driver, installed when we may
+# (root with apt-get); elsewhere that one test is skipped and says how to install them.
+if [ "$job" = test ] && ! command -v chromedriver >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "quickstart: installing chromium and chromium-driver with apt-get (for the web-chat test)" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; } || \
+    echo "quickstart: chromium not installed; the browser test will be skipped" >&2
+fi
+
 case "$job" in
   demo) exec "$venv/bin/lapheads" demo "$@" ;;
   test) exec "$venv/bin/python" -m pytest -q "$@" ;;

@@ -89,3 +89,33 @@ def tiny_dino(fmnist_root):
         train_subset=256, lr=0.002, warmup_epochs=0.5, momentum_teacher=0.9, freeze_last_layer=1, drop_path=0.1,
         amp=False, device="cpu", log_every=1, checkpoint_every_epochs=1.0,
     )
+
+
+@pytest.fixture(scope="session")
+def base_run(text_root, tmp_path_factory):
+    """A tiny character GPT with 2 Laplacian heads per layer, trained for 6 steps: the base of chat tests."""
+    from lapheads.train.lm import train_lm
+
+    run = tmp_path_factory.mktemp("chat") / "base"
+    train_lm(tiny_lm(text_root, num_iterations=6, eval_every=6, sequence_len=256, micro_batch=4), run)
+    return run
+
+
+def tiny_sft(base, **changes):
+    """SFT of ``base`` on generated arith conversations, 6 steps of 8."""
+    from lapheads.train.chat import SFTConfig
+
+    cfg = SFTConfig(base=str(base), data="arith", val_data="arith_test", micro_batch=4, examples_per_step=8,
+                    num_iterations=6, eval_every=3, eval_examples=8, init_lr_frac=0.5, log_every=1, device="cpu",
+                    amp=False)
+    return dataclasses.replace(cfg, **changes)
+
+
+@pytest.fixture(scope="session")
+def sft_run(base_run, tmp_path_factory):
+    """``base_run`` after 4 SFT steps on arith and letters conversations."""
+    from lapheads.train.chat import train_sft
+
+    run = tmp_path_factory.mktemp("sft") / "run"
+    train_sft(tiny_sft(base_run, data="arith,letters", num_iterations=4, eval_every=4), run)
+    return run

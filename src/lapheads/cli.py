@@ -211,6 +211,24 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from lapheads.serve import ServeLimits, serve
+
+    if not 0 < args.port < 65536 or args.max_tokens < 1 or not 0 <= args.temperature <= 2 or not 0 <= args.top_k <= 200:
+        raise UserError(f"--port {args.port} --max-tokens {args.max_tokens} --temperature {args.temperature} --top-k "
+                        f"{args.top_k}: allowed: a port in 1..65535, --max-tokens >= 1, temperature in [0, 2], "
+                        "top-k in [0, 200]")
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UserError("serve needs FastAPI and uvicorn; allowed: pip install 'lapheads[serve]'") from None
+    serve(args.run_dir, host=args.host, port=args.port, device=args.device,
+          limits=ServeLimits(max_tokens=args.max_tokens), tools=not args.no_tools, temperature=args.temperature,
+          top_k=args.top_k)
+    return 0
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from lapheads.geometry.analyze import AnalyzeOptions, analyze_runs
 
@@ -414,6 +432,17 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--no-tools", action="store_true", help="do not run the calculator on tool calls")
     chat.add_argument("--device", default="auto")
     chat.set_defaults(func=_cmd_chat)
+
+    web = sub.add_parser("serve", allow_abbrev=False, help="a local web chat with a mid/SFT model (FastAPI)")
+    web.add_argument("run_dir", metavar="RUN_DIR", help="a mid or sft run directory")
+    web.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
+    web.add_argument("--port", type=int, default=8000)
+    web.add_argument("--max-tokens", type=int, default=512, help="the longest reply a request may ask for")
+    web.add_argument("--temperature", type=float, default=0.6, help="for requests that do not set it (0 = greedy)")
+    web.add_argument("--top-k", type=int, default=50, help="for requests that do not set it (0: all)")
+    web.add_argument("--no-tools", action="store_true", help="do not run the calculator on tool calls")
+    web.add_argument("--device", default="auto")
+    web.set_defaults(func=_cmd_serve)
 
     analyze = sub.add_parser("analyze", allow_abbrev=False, help="token-geometry metrics of runs, side by side")
     analyze.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")

@@ -53,6 +53,13 @@ HEADLINE: dict[str, list[Metric]] = {
         ("segmentation mIoU (%)", "eval_dino", ("segmentation", "miou")),
         ("PCA foreground IoU (%)", "eval_dino", ("pca_foreground_iou",)),
     ],
+    "mid": [("validation loss (nats)", "metrics", ("val_loss",))],
+    "sft": [
+        ("validation loss (nats)", "metrics", ("val_loss",)),
+        ("held-out arith accuracy", "eval_chat", ("tasks", "arith", "accuracy")),
+        ("held-out letters accuracy", "eval_chat", ("tasks", "letters", "accuracy")),
+        ("ChatCORE", "eval_chat", ("chatcore",)),
+    ],
 }
 # task -> (label, path into a layer's analyze entry)
 GEOMETRY = {
@@ -87,7 +94,7 @@ CLAIMS: dict[str, int] = {
     "between-class fraction": +1, "within / between-class variance": -1, "within-sequence variance / mean |h|^2": -1,
     "NC1, sequence means": -1, "ETF distance, sequence means": -1,
     "components for 99%, pooled": -1, "components for 99%, per sequence": -1, "CDNV, next-token classes": -1,
-    "NC1, next-token classes": -1,
+    "NC1, next-token classes": -1, "ChatCORE": +1,
 }
 ALPHA, POWER = 0.05, 0.80
 
@@ -152,10 +159,10 @@ def verdict(difference: float, p_holm: float, mde: float, direction: int | None)
 def _final(run_dir: Path, metric: Metric) -> float | None:
     """One finished run's value of ``metric``, or None where the run has not produced it."""
     _, source, path = metric
-    if source == "eval_dino":
+    if source in ("eval_dino", "eval_chat"):
         from lapheads.evals.dino import EVAL_FILE
 
-        file = run_dir / "report" / EVAL_FILE
+        file = run_dir / "report" / (EVAL_FILE if source == "eval_dino" else "eval_chat.json")
         value: Any = json.loads(file.read_text()) if file.exists() else None
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
@@ -360,7 +367,7 @@ def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: boo
         *TABLE_HEADER,
     ]
     geometry_stats: dict[str, Any] = {}
-    if geometry:
+    if geometry and task in GEOMETRY:  # mid/sft runs: their bases' geometry is the pre-training report's
         geometry_stats = {name: summarize(by_spec) for name, by_spec in _geometry_values(record, max_tokens).items()}
     add_verdicts({**headline, **geometry_stats})
     lines += [_row(label, s, stats[s]) for label, stats in {**headline, **geometry_stats}.items() for s in specs]

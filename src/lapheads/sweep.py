@@ -98,6 +98,7 @@ def _finished(run_dir: Path) -> bool:
 
 
 def _overrides(sets: list[str]) -> list[str]:
+    """``--set key=value`` -> ``--key value``; ``{spec}`` and ``{seed}`` in a value stay for :func:`_for_cell`."""
     out = []
     for item in sets:
         key, eq, value = item.partition("=")
@@ -105,6 +106,13 @@ def _overrides(sets: list[str]) -> list[str]:
             raise SweepError(f"--set {item!r}: allowed: key=value (a config field of the preset)")
         out += [f"--{key.strip().replace('_', '-')}", value]
     return out
+
+
+def _for_cell(overrides: list[str], cell: "Cell") -> list[str]:
+    """The overrides of one cell: ``{spec}`` / ``{seed}`` in a value become the cell's (e.g. an SFT sweep's
+    ``--set base=runs/sweeps/chat-cpu-base/L{spec}-s{seed}``: each arm fine-tunes its own base)."""
+    spec = cell.spec.replace(",", "_")
+    return [o.replace("{spec}", spec).replace("{seed}", str(cell.seed)) for o in overrides]
 
 
 def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, sets: list[str] | None = None,
@@ -122,8 +130,8 @@ def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, 
 
     task = _task_of(preset, task)
     overrides = _overrides(sets or [])
-    for spec in specs:  # every cell's config and head spec must be valid before anything runs
-        _check_model(task, resolve_config(task, preset, spec, overrides))
+    for cell in sweep_cells(Path(out), specs, seeds[:1]):  # every cell's config and spec, before anything runs
+        _check_model(task, resolve_config(task, preset, cell.spec, _for_cell(overrides, cell)))
     sweep_dir = Path(out)
     definition = {"preset": preset, "task": task, "specs": specs, "seeds": seeds, "overrides": overrides}
     record_file = sweep_dir / SWEEP_FILE
@@ -138,7 +146,7 @@ def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, 
         for cell in cells:
             log(shlex.join(["torchrun", f"--nproc_per_node={nproc}", "-m", "lapheads", "train", task, "--preset",
                             preset, "--laplacian-heads", cell.spec, "--seed", str(cell.seed), "--out",
-                            str(cell.run_dir), *overrides]))
+                            str(cell.run_dir), *_for_cell(overrides, cell)]))
         return {**definition, "cells": {c.name: {"spec": c.spec, "seed": c.seed, "run_dir": str(c.run_dir)} for c in cells}}
     sweep_dir.mkdir(parents=True, exist_ok=True)
     record = {**definition, "cells": {}}
@@ -164,7 +172,7 @@ def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, 
         save()
         resume = (cell.run_dir / "config.json").exists()
         log(f"sweep: {cell.name} {'resuming' if resume else 'training'} into {cell.run_dir}")
-        cfg = resolve_config(task, preset, cell.spec, [*overrides, "--seed", str(cell.seed)])
+        cfg = resolve_config(task, preset, cell.spec, [*_for_cell(overrides, cell), "--seed", str(cell.seed)])
         _train(task)(cfg, cell.run_dir, resume=resume)
         record["cells"][cell.name]["status"] = "done"
         save()
@@ -189,7 +197,7 @@ def _run_parallel(cells: list[Any], sweep_dir: Path, task: str, preset: str, ove
             cell = queue.pop(0)
             resume = (cell.run_dir / "config.json").exists()
             argv = [sys.executable, "-m", "lapheads", "train", task, "--preset", preset, "--laplacian-heads",
-                    cell.spec, "--seed", str(cell.seed), "--out", str(cell.run_dir), *overrides,
+                    cell.spec, "--seed", str(cell.seed), "--out", str(cell.run_dir), *_for_cell(overrides, cell),
                     *(["--resume"] if resume else [])]
             logs.mkdir(parents=True, exist_ok=True)
             handle = open(logs / f"{cell.name}.log", "a")
@@ -233,6 +241,8 @@ def _check_model(task: str, cfg: Any) -> None:
 
         with torch.device("meta"):
             build_gpt(cfg, 256)
+    elif task in ("mid", "sft"):
+        pass  # the model is the base's; a spec that differs from it fails when the cell starts, in one line
     else:
         from lapheads.train.dino import build_backbone
 
@@ -248,6 +258,10 @@ def _train(task: str):
         from lapheads.train.lm import train_lm
 
         return train_lm
+    if task in ("mid", "sft"):
+        from lapheads.train import chat
+
+        return chat.train_mid if task == "mid" else chat.train_sft
     from lapheads.train.dino import train_dino
 
     return train_dino

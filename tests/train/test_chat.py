@@ -15,24 +15,9 @@ from safetensors.torch import load_file
 
 import lapheads.train.chat as chat_module
 from lapheads.cli import main
-from lapheads.train.chat import LoraAdapters, MidConfig, SFTConfig, load_gpt_run, train_mid, train_sft
-from lapheads.train.lm import train_lm
+from lapheads.train.chat import LoraAdapters, MidConfig, load_gpt_run, train_mid, train_sft
 from lapheads.train.runtime import NonFiniteLossError
-from tests.conftest import tiny_lm
-
-
-@pytest.fixture(scope="module")
-def base_run(text_root, tmp_path_factory):
-    run = tmp_path_factory.mktemp("chat") / "base"
-    train_lm(tiny_lm(text_root, num_iterations=6, eval_every=6, sequence_len=256, micro_batch=4), run)
-    return run
-
-
-def tiny_sft(base, **changes) -> SFTConfig:
-    cfg = SFTConfig(base=str(base), data="arith", val_data="arith_test", micro_batch=4, examples_per_step=8,
-                    num_iterations=6, eval_every=3, eval_examples=8, init_lr_frac=0.5, log_every=1, device="cpu",
-                    amp=False)
-    return dataclasses.replace(cfg, **changes)
+from tests.conftest import tiny_sft
 
 
 def test_sft_lowers_the_masked_loss_and_records_its_base(base_run, tmp_path):
@@ -175,13 +160,6 @@ def test_bad_sft_input_is_a_one_line_error(base_run, tmp_path, capsys, args, mes
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("lapheads train: error: ") and message in err and "\n" not in err
     assert not (tmp_path / "r" / "checkpoints").exists()
-
-
-@pytest.fixture(scope="module")
-def sft_run(base_run, tmp_path_factory):
-    run = tmp_path_factory.mktemp("sft") / "run"
-    train_sft(tiny_sft(base_run, data="arith,letters", num_iterations=4, eval_every=4), run)
-    return run
 
 
 def test_eval_chat_scores_generated_and_hub_tasks_into_the_run(sft_run, tmp_path, capsys):

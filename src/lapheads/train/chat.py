@@ -102,6 +102,9 @@ class ChatTrainConfig(RunConfig):
     lora_merge: bool = option(False, "after training, write RUN_DIR/merged: a plain run with the adapters merged")
     eval_every: int = option(100, "steps between validation losses and checkpoints", POSITIVE)
     eval_examples: int = option(200, "validation conversations per evaluation", POSITIVE)
+    eval_tasks: str = option("", "chat evals run after the last step into report/eval_chat.json (e.g. arith,letters;"
+                             " empty: none)")
+    eval_max_examples: int | None = option(None, "--eval-tasks: the first N items per task", POSITIVE)
 
     # muon settings that build_optimizers reads; fixed here (no warm-up after pre-training)
     muon_momentum_end = 0.95
@@ -114,6 +117,11 @@ class ChatTrainConfig(RunConfig):
         parse_mixture(self.data)
         if self.val_data:
             parse_mixture(self.val_data)
+        from lapheads.evals.chat import CHAT_TASKS as EVALS
+
+        unknown = [t for t in self.eval_tasks.split(",") if t.strip() and t.strip() not in EVALS]
+        if unknown:
+            raise ConfigError(f"--eval-tasks {self.eval_tasks!r}; allowed: a comma list of {', '.join(EVALS)}")
         if self.lora_merge and not self.lora_rank:
             raise ConfigError("--lora-merge true needs --lora-rank > 0")
         unknown = [t for t in self.lora_targets.split(",") if t.strip() not in LORA_TARGETS.split(",")]
@@ -473,6 +481,14 @@ def train_chat(task: str, cfg: ChatTrainConfig, run_dir: str | Path, *, resume: 
         peft_model.save_pretrained(str(run.path / "adapter"))  # peft's own format: PeftModel.from_pretrained reads it
         if cfg.lora_merge:
             merge_lora(run.path, run.path / "merged")
+    tasks = [t.strip() for t in cfg.eval_tasks.split(",") if t.strip()]
+    if tasks and dist_.is_main and start_step < total_steps:  # nanochat's chat_sft ends with its chat evals too
+        from lapheads.evals.chat import run_chat_evals
+
+        summary = run_chat_evals(run.path, tasks, data_dir=data_dir, max_examples=cfg.eval_max_examples,
+                                 device=cfg.device)
+        last_eval |= {f"{t}_accuracy": r["accuracy"] for t, r in summary["tasks"].items()}
+        last_eval["chatcore"] = summary["chatcore"]
     return {"step": step, **last_eval}
 
 

@@ -1,0 +1,190 @@
+"""A local web chat with a mid/SFT run (``lapheads serve RUN_DIR``), after nanochat's ``chat_web``.
+
+Design choices:
+
+* **FastAPI + uvicorn, one page**: ``GET /`` is a self-contained HTML page (no external scripts or fonts);
+  ``POST /chat/completions`` takes the whole conversation (``{"messages": [...], "temperature", "top_k",
+  "max_tokens"}``) and streams the reply as server-sent events (``data: {"token": "..."}`` then
+  ``data: {"done": true}``); ``GET /health`` says which run is served.
+* **Stateless, so conversations cannot mix**: the browser keeps its conversation and sends it each turn; every
+  request has its own KV cache. Requests take turns token by token on one lock around the model, so several chats
+  progress together and none waits for another to finish.
+* **Limits before any work**: loopback by default, a request body of at most ``max_request_bytes``, at most
+  ``max_messages`` messages of at most ``max_message_chars`` characters, ``max_tokens`` capped, temperature in
+  [0, 2], top-k in [0, 200]; anything else is a 400/413 with a one-line JSON error naming the value and what is
+  allowed. The calculator runs in the sandbox, as in ``lapheads chat``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request  # the optional extra 'serve'; lapheads imports this module only to serve
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+
+from lapheads.chat import ChatEngine
+from lapheads.errors import LapheadsError
+
+__all__ = ["ServeLimits", "create_app", "serve"]
+
+
+@dataclass
+class ServeLimits:
+    """What one request may ask for."""
+
+    max_request_bytes: int = 64_000
+    max_messages: int = 64
+    max_message_chars: int = 8_000
+    max_tokens: int = 512
+
+
+def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: int) -> dict[str, Any]:
+    """The validated request, or a LapheadsError naming what is wrong."""
+    if not isinstance(body, dict):
+        raise LapheadsError("the request is not a JSON object; allowed: {\"messages\": [...]}")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise LapheadsError("'messages' must be a non-empty list of {role, content}")
+    if len(messages) > limits.max_messages:
+        raise LapheadsError(f"{len(messages)} messages; allowed: at most {limits.max_messages}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant"):
+            raise LapheadsError(f"message {i} needs role system, user or assistant")
+        content = message.get("content")
+        if not isinstance(content, str) or not content.strip():
+            raise LapheadsError(f"message {i} has empty or non-text content; allowed: a non-empty string")
+        if len(content) > limits.max_message_chars:
+            raise LapheadsError(f"message {i} has {len(content)} characters; allowed: at most "
+                                f"{limits.max_message_chars}")
+    if messages[-1]["role"] != "user":
+        raise LapheadsError("the last message must be the user's")
+    options = {"temperature": body.get("temperature", temperature), "top_k": body.get("top_k", top_k),
+               "max_tokens": body.get("max_tokens", limits.max_tokens)}
+    bounds = {"temperature": (0.0, 2.0), "top_k": (0, 200), "max_tokens": (1, limits.max_tokens)}
+    for name, value in options.items():
+        low, high = bounds[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise LapheadsError(f"{name} {value!r}; allowed: a number in [{low}, {high}]")
+    return {"messages": messages, **options}
+
+
+def create_app(engine: ChatEngine, name: str = "lapheads", limits: ServeLimits | None = None,
+               temperature: float = 0.6, top_k: int = 50):
+    """The FastAPI app serving ``engine``; ``temperature`` and ``top_k`` apply where a request leaves them out."""
+    from lapheads.data.conversations import render_for_completion
+
+    limits = limits or ServeLimits()
+    app = FastAPI(title=f"lapheads chat: {name}", docs_url=None, redoc_url=None)
+    model_lock = threading.Lock()
+
+    @app.get("/", response_class=HTMLResponse)
+    def page() -> str:
+        return PAGE.replace("{{NAME}}", name.replace("<", "&lt;"))
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "run": name}
+
+    @app.post("/chat/completions")
+    async def complete(request: Request):
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limits.max_request_bytes:
+            return JSONResponse({"error": f"request of {declared} bytes; allowed: at most "
+                                          f"{limits.max_request_bytes}"}, status_code=413)
+        raw = await request.body()
+        if len(raw) > limits.max_request_bytes:
+            return JSONResponse({"error": f"request of {len(raw)} bytes; allowed: at most "
+                                          f"{limits.max_request_bytes}"}, status_code=413)
+        try:
+            body = _check_request(json.loads(raw or b"null"), limits, temperature, top_k)
+            prompt = render_for_completion(engine.tokenizer, {"messages": body["messages"]})
+            if len(prompt) >= engine.model.config.sequence_len:
+                raise LapheadsError(f"the conversation has {len(prompt)} tokens; allowed: fewer than "
+                                    f"{engine.model.config.sequence_len} (start a new chat)")
+        except (LapheadsError, ValueError) as err:
+            return JSONResponse({"error": " ".join(str(err).split())}, status_code=400)
+
+        def events():
+            pieces = engine.stream(prompt, body["max_tokens"], body["temperature"], body["top_k"] or None, seed=0)
+            while True:
+                with model_lock:  # one token of one request at a time; other requests interleave
+                    piece = next(pieces, None)
+                if piece is None:
+                    break
+                yield f"data: {json.dumps({'token': piece})}\n\n"
+            yield f"data: {json.dumps({'done': True})}\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
+          limits: ServeLimits | None = None, tools: bool = True, temperature: float = 0.6, top_k: int = 50) -> None:
+    """Load ``run_dir`` (a mid or sft run) and serve it until interrupted."""
+    import uvicorn
+
+    from lapheads.train.chat import load_gpt_run
+
+    record, model, tokenizer = load_gpt_run(run_dir, device)
+    if record.get("task") not in ("mid", "sft"):
+        raise LapheadsError(f"{run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: "
+                            "a mid or sft run")
+    app = create_app(ChatEngine(model, tokenizer, tools=tools), Path(run_dir).name, limits, temperature, top_k)
+    print(f"lapheads serve: {run_dir} on http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>lapheads chat: {{NAME}}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+ body { font-family: system-ui, sans-serif; max-width: 46rem; margin: 0 auto; padding: 1rem; }
+ #messages { display: flex; flex-direction: column; gap: .6rem; margin-bottom: 1rem; }
+ .user, .assistant { white-space: pre-wrap; padding: .5rem .8rem; border-radius: .6rem; }
+ .user { align-self: flex-end; background: #e3ecff; } .assistant { background: #f2f2f2; }
+ .error { color: #b00020; } form { display: flex; gap: .5rem; } textarea { flex: 1; min-height: 3rem; }
+</style></head>
+<body>
+<h1>lapheads chat: {{NAME}}</h1>
+<div id="messages"></div>
+<form id="form"><textarea id="prompt" placeholder="Ask something (Enter sends)"></textarea>
+<button id="send" type="submit">Send</button><button id="clear" type="button">New chat</button></form>
+<script>
+const conversation = [];
+const box = document.getElementById("messages"), prompt = document.getElementById("prompt");
+function add(role, text) {
+  const div = document.createElement("div"); div.className = role; div.textContent = text;
+  box.appendChild(div); return div;
+}
+async function send() {
+  const text = prompt.value.trim(); if (!text) return;
+  prompt.value = ""; add("user", text); conversation.push({role: "user", content: text});
+  const out = add("assistant", ""); let reply = "";
+  try {
+    const response = await fetch("/chat/completions", {method: "POST", headers: {"Content-Type": "application/json"},
+                                                         body: JSON.stringify({messages: conversation})});
+    if (!response.ok) { const err = await response.json(); throw new Error(err.error); }
+    const reader = response.body.getReader(), decoder = new TextDecoder(); let buffer = "";
+    while (true) {
+      const {value, done} = await reader.read(); if (done) break;
+      buffer += decoder.decode(value, {stream: true});
+      const events = buffer.split("\\n\\n"); buffer = events.pop();
+      for (const event of events) {
+        const data = JSON.parse(event.replace(/^data: /, ""));
+        if (data.token !== undefined) { reply += data.token; out.textContent = reply; }
+      }
+    }
+    conversation.push({role: "assistant", content: reply || " "});
+  } catch (err) { out.className = "assistant error"; out.textContent = "error: " + err.message; conversation.pop(); }
+  out.dataset.done = "true";
+}
+document.getElementById("form").addEventListener("submit", e => { e.preventDefault(); send(); });
+prompt.addEventListener("keydown", e => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); send(); } });
+document.getElementById("clear").addEventListener("click", () => { conversation.length = 0; box.innerHTML = ""; });
+</script></body></html>
+"""

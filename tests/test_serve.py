@@ -1,0 +1,146 @@
+"""lapheads serve: streamed replies equal the engine's, limits are one-line errors, concurrent chats do not mix, and
+the page works end to end in a real headless browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from lapheads.chat import ChatEngine  # noqa: E402
+from lapheads.data.conversations import render_for_completion  # noqa: E402
+from lapheads.serve import ServeLimits, create_app  # noqa: E402
+from lapheads.train.chat import load_gpt_run  # noqa: E402
+
+QUESTIONS = ["Ada has 23 coins and gets 45 more. How many coins does Ada have now?",
+             "How many 'o' are there in 'zoo'?", "Eve had 50 pens and gave away 7. How many pens does Eve have left?"]
+
+
+@pytest.fixture(scope="module")
+def engine(sft_run):
+    _, model, tokenizer = load_gpt_run(sft_run, "cpu")
+    return ChatEngine(model, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    return TestClient(create_app(engine, "tiny", ServeLimits(max_request_bytes=4000, max_tokens=24)))
+
+
+def _expected(engine, messages, max_tokens=24):
+    prompt = render_for_completion(engine.tokenizer, {"messages": messages})
+    return "".join(engine.stream(prompt, max_tokens, 0.0, None))
+
+
+def _reply(client, messages, **options):
+    with client.stream("POST", "/chat/completions", json={"messages": messages, "temperature": 0, **options}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[len("data: "):]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == {"done": True}
+    return "".join(e["token"] for e in events[:-1]), len(events) - 1
+
+
+def test_the_page_and_health_are_served(client):
+    page = client.get("/")
+    assert page.status_code == 200 and 'id="prompt"' in page.text and "lapheads chat: tiny" in page.text
+    assert "<script src" not in page.text  # self-contained: nothing fetched from elsewhere
+    assert client.get("/health").json() == {"status": "ok", "run": "tiny"}
+
+
+def test_a_streamed_reply_equals_the_engines_greedy_reply(client, engine):
+    messages = [{"role": "user", "content": QUESTIONS[0]}]
+    text, pieces = _reply(client, messages)
+    assert text == _expected(engine, messages) and pieces > 1
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"messages": []}, 400, "'messages' must be a non-empty list"),
+    ({"messages": [{"role": "user", "content": "  "}]}, 400, "message 0 has empty or non-text content"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, 400, "message 0 needs role system, user or assistant"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}, 400,
+     "the last message must be the user's"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10_000}, 400,
+     "max_tokens 10000; allowed: a number in [1, 24]"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature -1"),
+    ({"messages": [{"role": "user", "content": "x" * 3000}]}, 400, "the conversation has"),
+    ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "allowed: at most 4000"),
+])
+def test_bad_requests_are_one_line_errors(client, body, status, message):
+    response = client.post("/chat/completions", json=body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert message in error and "\n" not in error
+
+
+def test_concurrent_chats_do_not_mix(client, engine):
+    conversations = [[{"role": "user", "content": q}] for q in QUESTIONS] * 2
+    with ThreadPoolExecutor(len(conversations)) as pool:
+        replies = list(pool.map(lambda m: _reply(client, m)[0], conversations))
+    assert replies == [_expected(engine, m) for m in conversations]
+
+
+def _browser():
+    chrome = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver = shutil.which("chromedriver")
+    if not (chrome and driver):
+        pytest.skip("no headless browser: install Debian's chromium and chromium-driver (apt-get install chromium "
+                    "chromium-driver; quickstart.sh does this when run as root)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chrome
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def test_the_web_chat_works_in_a_real_browser(sft_run, engine, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "lapheads", "serve", str(sft_run), "--port", str(port),
+                               "--max-tokens", "24", "--temperature", "0", "--device", "cpu"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    browser = None
+    try:
+        for _ in range(300):  # wait for the server to listen
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert server.poll() is None, server.stdout.read().decode()[-2000:]
+            time.sleep(0.1)
+        browser = _browser()
+        browser.get(f"http://127.0.0.1:{port}/")
+        messages = []
+        for turn, question in enumerate(QUESTIONS[:2]):  # two turns: the page sends the whole conversation
+            box = browser.find_element(By.ID, "prompt")
+            box.send_keys(question)
+            browser.find_element(By.ID, "send").click()
+            WebDriverWait(browser, 120).until(
+                lambda b: len(b.find_elements(By.CSS_SELECTOR, ".assistant[data-done='true']")) == turn + 1)
+            shown = browser.find_elements(By.CSS_SELECTOR, ".assistant")[turn].text
+            messages.append({"role": "user", "content": question})
+            expected = _expected(engine, messages)  # greedy, as the server was started
+            assert "error" not in browser.find_elements(By.CSS_SELECTOR, ".assistant")[turn].get_attribute("class")
+            assert shown == expected.strip() and shown  # the browser shows text without edge whitespace
+            assert browser.find_elements(By.CSS_SELECTOR, ".user")[turn].text == question
+            messages.append({"role": "assistant", "content": expected or " "})
+    finally:
+        if browser is not None:
+            browser.quit()
+        server.terminate()
+        server.wait(10)
