@@ -466,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--laplacian-heads", required=True, help="k values 0,1,3,6 or per-layer specs 0;2,2,0,0")
     sweep.add_argument("--seeds", required=True, help="comma list, e.g. 0,1,2")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
-    sweep.add_argument("--task", default=None, choices=["classify", "lm", "dino"], help="for preset files")
+    sweep.add_argument("--task", default=None, choices=["classify", "lm", "dino", "mid", "sft"], help="for preset files")
     sweep.add_argument("--out", default=None, help="the sweep directory (default: runs/sweeps/<preset>)")
     sweep.add_argument("--dry-run", action="store_true", help="print one torchrun command per cell instead")
     sweep.add_argument("--nproc-per-node", type=int, default=8, help="--dry-run: GPUs per cell")

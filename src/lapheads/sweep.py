@@ -231,6 +231,8 @@ def _check_model(task: str, cfg: Any) -> None:
 
     from lapheads.data.images import DATASETS
 
+    if task in ("mid", "sft"):
+        return  # the model is the base's; a spec that differs from it fails when the cell starts, in one line
     chans = DATASETS.get(cfg.dataset, (3,))[0] if task != "lm" else None
     if task == "classify":
         from lapheads.train.classify import build_model
@@ -241,8 +243,6 @@ def _check_model(task: str, cfg: Any) -> None:
 
         with torch.device("meta"):
             build_gpt(cfg, 256)
-    elif task in ("mid", "sft"):
-        pass  # the model is the base's; a spec that differs from it fails when the cell starts, in one line
     else:
         from lapheads.train.dino import build_backbone
 

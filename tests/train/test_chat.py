@@ -190,3 +190,27 @@ def test_chat_answers_a_prompt_and_refuses_bad_input(sft_run, base_run, capsys):
         assert message in err and "\n" not in err
     assert main(["chat", str(base_run), "--prompt", "hi"]) == 2
     assert "never trained on conversations" in capsys.readouterr().err
+
+
+def test_an_sft_sweep_fine_tunes_each_arms_own_base_and_reports_chat_accuracy(text_root, tmp_path, capsys):
+    from lapheads.train.lm import train_lm
+    from tests.conftest import tiny_lm
+
+    bases = tmp_path / "bases"
+    for spec in ("0", "2"):
+        train_lm(tiny_lm(text_root, num_iterations=2, eval_every=2, sequence_len=256, micro_batch=4,
+                         laplacian_heads=spec), bases / f"L{spec}-s0")
+    preset = tmp_path / "sft.json"
+    cfg = tiny_sft("", num_iterations=2, eval_every=2, eval_tasks="arith", eval_max_examples=2)
+    preset.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items()
+                                  if k not in ("laplacian_heads", "base")}))
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(preset), "--task", "sft", "--laplacian-heads", "0,2", "--seeds", "0,1", "--out",
+                 str(out), "--set", f"base={bases}/L{{spec}}-s0"]) == 0
+    for spec in ("0", "2"):
+        record = json.loads((out / f"L{spec}-s1" / "config.json").read_text())
+        assert record["base_run"] == str((bases / f"L{spec}-s0").resolve()) and record["config"]["seed"] == 1
+        assert json.loads((out / f"L{spec}-s1" / "report" / "eval_chat.json").read_text())["tasks"]["arith"]["n"] == 2
+    assert main(["report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| held-out arith accuracy | 2 | 2 |" in printed and "| ChatCORE | 2 | 2 |" in printed
