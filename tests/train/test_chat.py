@@ -214,3 +214,25 @@ def test_an_sft_sweep_fine_tunes_each_arms_own_base_and_reports_chat_accuracy(te
     assert main(["report", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| held-out arith accuracy | 2 | 2 |" in printed and "| ChatCORE | 2 | 2 |" in printed
+
+
+def test_lora_sft_from_a_nanochat_checkpoint_keeps_its_heads_and_loads_back(tmp_path, capsys):
+    from lapheads.data.tokenizers import Tokenizer
+    from lapheads.models.nanochat import load_nanochat
+    from tests.train.test_lm import _nanochat_base
+
+    folder, reference = _nanochat_base(tmp_path / "base")
+    cfg = tiny_sft("", nanochat=str(folder), lora_rank=2, lora_alpha=4.0, lora_dropout=0.0, lora_lr=1e-2,
+                   sequence_len=128, val_data="")
+    train_sft(cfg, tmp_path / "lora")
+    record = json.loads((tmp_path / "lora" / "config.json").read_text())
+    assert record["nanochat"] == str(folder) and record["nanochat_step"] == 50
+    assert record["laplacian_masks"] == reference.laplacian_masks()
+    _, adapted, tokenizer = load_gpt_run(tmp_path / "lora", "cpu")
+    x = torch.tensor([Tokenizer.nanochat(tmp_path / "base" / "tokenizer").encode("the theme", bos=True)])
+    base = load_nanochat(folder)[0]
+    with torch.no_grad():
+        assert (adapted(x) - base(x)).abs().max() > 1e-4 and adapted.laplacian_masks() == base.laplacian_masks()
+    assert main(["train", "sft", "--preset", "chat-cpu", "--nanochat", str(folder), "--laplacian-heads", "1",
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "--laplacian-heads '1' differs from the base's heads" in capsys.readouterr().err
