@@ -51,11 +51,16 @@ def test_sft_trains_on_assistant_tokens_only(base_run):
         assert tokenizer.special_id("<|assistant_end|>") in trained  # it learns to stop
 
 
-def test_sft_resume_continues_the_same_trajectory(base_run, tmp_path):
-    cfg = tiny_sft(base_run, checkpoint_every=2)
-    train_sft(cfg, tmp_path / "straight")
-    assert train_sft(cfg, tmp_path / "killed", stop_at_step=4)["stopped"]
-    train_sft(cfg, tmp_path / "killed", resume=True)
+@pytest.mark.parametrize("task", ["sft", "mid"])
+def test_resume_continues_the_same_trajectory(base_run, tmp_path, task):
+    if task == "sft":
+        cfg, train = tiny_sft(base_run, checkpoint_every=2), train_sft
+    else:
+        cfg, train = MidConfig(base=str(base_run), data="arith", micro_batch=2, total_batch_size=1024,
+                               num_iterations=6, eval_every=3, checkpoint_every=2, device="cpu", amp=False), train_mid
+    train(cfg, tmp_path / "straight")
+    assert train(cfg, tmp_path / "killed", stop_at_step=4)["stopped"]
+    train(cfg, tmp_path / "killed", resume=True)
     one = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000006" / "model.safetensors"))
     two = load_file(str(tmp_path / "killed" / "checkpoints" / "step-00000006" / "model.safetensors"))
     assert all(torch.equal(one[k], two[k]) for k in one)
