@@ -229,6 +229,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export_tb(args: argparse.Namespace) -> int:
+    from lapheads.tracking import export_tensorboard
+
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise UserError("export-tb needs the tensorboard package; allowed: pip install 'lapheads[tensorboard]'") from None
+    folders = export_tensorboard(args.path, args.out)
+    print(f"export-tb: {len(folders)} run(s) written; view with: tensorboard --logdir "
+          f"{Path(args.out) if args.out else Path(args.path) / 'tensorboard-export'}")
+    return 0
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from lapheads.geometry.analyze import AnalyzeOptions, analyze_runs
 
@@ -443,6 +456,12 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--no-tools", action="store_true", help="do not run the calculator on tool calls")
     web.add_argument("--device", default="auto")
     web.set_defaults(func=_cmd_serve)
+
+    export = sub.add_parser("export-tb", allow_abbrev=False, help="replay metrics.jsonl of a run or sweep into "
+                            "TensorBoard event files")
+    export.add_argument("path", metavar="RUN_DIR|SWEEP_DIR")
+    export.add_argument("--out", default=None, help="default: PATH/tensorboard-export (one folder per run)")
+    export.set_defaults(func=_cmd_export_tb)
 
     analyze = sub.add_parser("analyze", allow_abbrev=False, help="token-geometry metrics of runs, side by side")
     analyze.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")

@@ -244,6 +244,9 @@ def _load_base(cfg: ChatTrainConfig, device: torch.device) -> tuple[GPT, Tokeniz
             folder.resolve().parent.parent / "tokenizer")
         tokenizer = Tokenizer.nanochat(tokenizer_dir)
         model, meta = load_nanochat(folder, cfg.nanochat_step, device)
+        if tokenizer.vocab_size != model.config.vocab_size:
+            raise InputError(f"{tokenizer_dir} has {tokenizer.vocab_size} tokens but {folder} was trained with "
+                             f"{model.config.vocab_size}; allowed: the checkpoint's own tokenizer (--nanochat-tokenizer)")
         source = {"nanochat": str(folder), "nanochat_step": meta["step"]}
     else:
         record, model, tokenizer = load_gpt_run(cfg.base, str(device.type))
@@ -482,7 +485,8 @@ def train_chat(task: str, cfg: ChatTrainConfig, run_dir: str | Path, *, resume: 
         if cfg.lora_merge:
             merge_lora(run.path, run.path / "merged")
     tasks = [t.strip() for t in cfg.eval_tasks.split(",") if t.strip()]
-    if tasks and dist_.is_main and start_step < total_steps:  # nanochat's chat_sft ends with its chat evals too
+    done_before = start_step == total_steps and (run.path / "report" / "eval_chat.json").is_file()
+    if tasks and dist_.is_main and not done_before:  # nanochat's chat_sft ends with its chat evals too
         from lapheads.evals.chat import run_chat_evals
 
         summary = run_chat_evals(run.path, tasks, data_dir=data_dir, max_examples=cfg.eval_max_examples,

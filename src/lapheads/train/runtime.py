@@ -83,6 +83,9 @@ class RunConfig:
     checkpoint_every: int = option(0, "steps between extra checkpoints (0: only at evals and the end)", NON_NEGATIVE)
     keep_checkpoints: int = option(2, "newest checkpoints kept (0: all, e.g. for geometry over training)",
                                    NON_NEGATIVE)
+    log: str = option("", "mirror metrics.jsonl to trackers: tensorboard and/or wandb, comma list (empty: none)",
+                      Domain("empty or a comma list of tensorboard, wandb",
+                             lambda v: all(t.strip() in ("tensorboard", "wandb") for t in v.split(",") if t.strip())))
 
 
 class NonFiniteLossError(LapheadsError, RuntimeError):
@@ -289,6 +292,7 @@ class RunDir:
         self.checkpoints = self.path / "checkpoints"
         self.metrics_file = self.path / "metrics.jsonl"
         self.config_file = self.path / "config.json"
+        self.trackers: list[Any] = []  # TensorBoard / W&B mirrors of metrics.jsonl (lapheads.tracking), rank 0
 
     def check_is_directory(self) -> None:
         """A run directory is a directory (or does not exist yet); anything else is a one-line error."""
@@ -319,6 +323,8 @@ class RunDir:
     def log(self, record: dict[str, Any]) -> None:
         with open(self.metrics_file, "a") as f:
             f.write(json.dumps(record) + "\n")
+        for tracker in self.trackers:
+            tracker.log(record)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.metrics_file)[0]
@@ -395,6 +401,10 @@ def start_or_resume(
     them again.
     """
     run.check_is_directory()
+    if config.get("log"):
+        from lapheads.tracking import check_trackers
+
+        check_trackers(config["log"])  # a missing package: one line, before anything is written
     start_step = 0
     if resume:
         saved = run.read_config().get("config", {})
@@ -421,6 +431,10 @@ def start_or_resume(
             for name in logs:
                 (run.path / name).unlink(missing_ok=True)
         run.write_config(task, config, {"world_size": dist_.world_size, **extra_record})
+    if dist_.is_main and config.get("log"):
+        from lapheads.tracking import open_trackers
+
+        run.trackers = open_trackers(config["log"], run.path, config, start_step)
     dist_.barrier()
     return start_step
 
