@@ -102,6 +102,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.task == "lm" and args.nanochat:
         if args.run_dirs:
             raise UserError("eval lm takes a RUN_DIR or --nanochat DIR, not both")
+        if args.harness:
+            return _harness(args, None)
         from lapheads.evals.lm import run_evals
 
         tasks = [t.strip() for t in (args.tasks or "val_bpb").split(",") if t.strip()]
@@ -113,6 +115,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if len(args.run_dirs) != 1:
         raise UserError(f"eval {args.task} takes one RUN_DIR; got {len(args.run_dirs)}")
     args.run_dir = args.run_dirs[0]
+    if args.task == "lm" and args.harness:
+        return _harness(args, args.run_dir)
     if args.task == "chat":
         from lapheads.evals.chat import run_chat_evals
 
@@ -135,6 +139,28 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from lapheads.train.classify import evaluate_run
 
     print(json.dumps(evaluate_run(Path(args.run_dir), use_ema=args.ema)))
+    return 0
+
+
+def _harness(args: argparse.Namespace, run_dir: str | None) -> int:
+    """eval lm --harness: lm-evaluation-harness on the run (or nanochat checkpoint)."""
+    try:
+        from lapheads.integrations.lm_eval import evaluate_harness
+    except ImportError:
+        raise UserError("--harness needs lm-evaluation-harness; allowed: pip install 'lapheads[lm-eval]'") from None
+    tasks = [t.strip() for t in args.harness.split(",") if t.strip()]
+    if not tasks:
+        raise UserError("--harness is empty; allowed: a comma list of lm-eval task names")
+    out = (Path(run_dir) / "report" if run_dir else Path("runs") / Path(args.nanochat).name) / "eval_harness.json"
+    device = "cpu" if args.device == "auto" and not __import__("torch").cuda.is_available() else (
+        "cuda" if args.device == "auto" else args.device)
+    results = evaluate_harness(run_dir, tasks, data_dir=args.data_dir, include_path=args.include_path,
+                               limit=args.max_examples, device=device, nanochat=args.nanochat, step=args.step,
+                               tokenizer_dir=args.nanochat_tokenizer, out=out)
+    for task, metrics in results.items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+        print(f"{task}: {shown}")
+    print(json.dumps({"run_dir": run_dir, "harness": results}, default=str))
     return 0
 
 
@@ -411,6 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "arc_challenge, mmlu, gsm8k, humaneval; chat: of arc_easy, arc_challenge, mmlu, gsm8k, "
                           "humaneval, arith, letters (default: arith,letters)")
     evaluate.add_argument("--no-tools", action="store_true", help="chat: no calculator (the model's own outputs)")
+    evaluate.add_argument("--harness", default=None, metavar="TASKS", help="lm: lm-evaluation-harness tasks (comma "
+                          "list); with --data-dir the shipped lapheads_{arc_easy,arc_challenge,mmlu,gsm8k,hellaswag} "
+                          "read <task>.jsonl there")
+    evaluate.add_argument("--include-path", default=None, help="lm --harness: a folder of your own task YAMLs")
     evaluate.add_argument("--data-dir", default=None, help="lm: local <task>.jsonl/.parquet files in the hub's schema")
     evaluate.add_argument("--max-examples", type=int, default=None,
                           help="lm: the first N items per task; dino: the first N test images")

@@ -331,9 +331,17 @@ def load_lm(run_dir: str | Path | None = None, *, nanochat: str | Path | None = 
     if (run_dir is None) == (nanochat is None):
         raise InputError("give one model: a RUN_DIR or --nanochat DIR")
     if run_dir is not None:
+        from lapheads.train.runtime import RunDir
+
+        if RunDir(run_dir).read_config().get("task") in ("mid", "sft"):  # chat stages: no token shards of their own
+            from lapheads.train.chat import load_gpt_run
+
+            _, model, tokenizer = load_gpt_run(run_dir, device, step)
+            return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, Path(run_dir) / "report",
+                            str(run_dir))
         from lapheads.train.lm import load_lm_run
 
-        cfg, model, tokenizer, shards = load_lm_run(run_dir, device)
+        cfg, model, tokenizer, shards = load_lm_run(run_dir, device, step)
         return LoadedLM(model, tokenizer, shards, cfg.sequence_len, cfg.eval_tokens, cfg.micro_batch,
                         Path(run_dir) / "report", str(run_dir))
     from lapheads.models.nanochat import load_nanochat

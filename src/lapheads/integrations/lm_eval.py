@@ -1,0 +1,188 @@
+"""lm-evaluation-harness for lapheads runs and nanochat checkpoints (``pip install 'lapheads[lm-eval]'``).
+
+Design choices:
+
+* **A ``TemplateLM`` registered as "lapheads"**: lm-eval tokenises context/continuation pairs (its own rules for
+  trailing spaces) and calls :meth:`LapheadsLM._loglikelihood_tokens`; lapheads adds BOS in front of every
+  sequence, as the models were trained, scores a right-padded batch at once and reports (sum of log-probabilities,
+  whether greedy decoding would produce the continuation). Contexts longer than the model keep their last tokens.
+* **Rolling log-likelihood** in lm-eval's disjoint windows of ``sequence_len`` tokens (perplexity tasks).
+* **generate_until** greedy (or sampled when a task asks) with the model's KV cache, cut at the task's stop strings.
+* **Both ways of scoring ARC are kept**: the harness scores continuation likelihood (acc / acc_norm); ``lapheads eval
+  lm`` scores the answer letter as nanochat does.
+* **Task YAMLs for local files**: ``lapheads_{arc_easy,arc_challenge,mmlu,gsm8k,hellaswag}`` read
+  ``DATA_DIR/<task>.jsonl`` (or ``.parquet``) in the hub's schema; :func:`task_dir` writes them with the data
+  folder filled in, for ``TaskManager(include_path=...)``. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lm_eval import utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from lapheads.errors import InputError
+
+__all__ = ["HARNESS_TASKS", "LapheadsLM", "evaluate_harness", "task_dir"]
+
+HARNESS_TASKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "hellaswag")
+
+
+@register_model("lapheads")
+class LapheadsLM(TemplateLM):
+    """A lapheads LM run (``run_dir``) or a nanochat checkpoint (``nanochat``) for lm-eval.
+
+    Args:
+        run_dir: an lm, mid or sft run directory.
+        nanochat, step, tokenizer_dir: a nanochat checkpoint folder instead (see ``lapheads.evals.lm.load_lm``).
+        device: "cpu", "cuda", "cuda:0", ... (lm-eval passes strings).
+        batch_size: sequences scored at once.
+        max_gen_toks: generation length when a task does not set it.
+    """
+
+    def __init__(self, run_dir: str | None = None, nanochat: str | None = None, step: int | None = None,
+                 tokenizer_dir: str | None = None, device: str = "cpu", batch_size: int | str = 8,
+                 max_gen_toks: int = 256, **kwargs: Any) -> None:
+        super().__init__()
+        from lapheads.evals.lm import load_lm
+
+        lm = load_lm(run_dir, nanochat=nanochat, step=None if step is None else int(step),
+                     tokenizer_dir=tokenizer_dir, device="cpu")
+        self.model, self.lapheads_tokenizer = lm.model.to(torch.device(device)).eval(), lm.tokenizer
+        self._device = torch.device(device)
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
+        self.max_length, self.max_gen_toks = self.model.config.sequence_len, int(max_gen_toks)
+
+    # -- what TemplateLM needs --------------------------------------------------------------------------------
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.lapheads_tokenizer.bos_id  # the document boundary the models were trained with
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        return self.lapheads_tokenizer.encode(string)
+
+    @torch.no_grad()
+    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """(input ids, target ids scored at the last len(targets) positions) -> (log-prob sum, greedy?)."""
+        out = []
+        for start in range(0, len(pairs), self.batch_size):
+            chunk = pairs[start:start + self.batch_size]
+            length = max(len(ids) for ids, _ in chunk)
+            batch = torch.full((len(chunk), length), self.eot_token_id, dtype=torch.long)
+            for row, (ids, _) in enumerate(chunk):
+                batch[row, :len(ids)] = torch.tensor(ids)
+            logprobs = F.log_softmax(self.model(batch.to(self.device)).float(), dim=-1)
+            for row, (ids, targets) in enumerate(chunk):
+                n = len(targets)
+                positions = logprobs[row, len(ids) - n:len(ids)]
+                wanted = torch.tensor(targets, device=self.device)
+                total = positions.gather(-1, wanted[:, None]).sum()
+                out.append((float(total), bool((positions.argmax(-1) == wanted).all())))
+        return out
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+        pairs = []
+        for _, context, continuation in requests:
+            if not continuation:
+                raise InputError("lm-eval asked to score an empty continuation")
+            whole = [self.eot_token_id, *context, *continuation][-(self.max_length + 1):]
+            pairs.append((whole[:-1], continuation[-len(whole) + 1:]))
+        return self._score(pairs)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        results = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="rolling loglikelihood"):
+            tokens = self.tok_encode(request.args[0])
+            windows = [utils.make_disjoint_window(w) for w in utils.get_rolling_token_windows(
+                tokens, self.eot_token_id, self.max_length, 1)]
+            pairs = [(context + targets[:-1], targets) for context, targets in windows]  # context: BOS at first
+            results.append(sum(score for score, _ in self._score(pairs)))
+        return results
+
+    @torch.no_grad()
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from lapheads.models.gpt import sample_token
+
+        out = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="generate_until"):
+            context, gen_kwargs = request.args
+            until = gen_kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+            temperature = float(gen_kwargs.get("temperature", 0.0)) if gen_kwargs.get("do_sample") else 0.0
+            ids = [self.eot_token_id, *self.tok_encode(context)][-(self.max_length - 1):]
+            steps = min(max_new, self.max_length - len(ids))
+            cache = self.model.new_kv_cache(1, len(ids) + steps)
+            logits = self.model(torch.tensor([ids], device=self.device), kv_cache=cache)[:, -1]
+            new: list[int] = []
+            text = ""
+            for i in range(steps):
+                token = int(sample_token(logits, temperature))
+                if token == self.eot_token_id:
+                    break
+                new.append(token)
+                text = self.lapheads_tokenizer.decode(new)
+                if any(stop in text for stop in until) or i + 1 == steps:
+                    break
+                logits = self.model(torch.tensor([[token]], device=self.device), kv_cache=cache)[:, -1]
+            cut = min([text.find(stop) for stop in until if stop in text] or [len(text)])
+            out.append(text[:cut])
+        return out
+
+
+def task_dir(data_dir: str | Path, out: str | Path) -> Path:
+    """Write the shipped task YAMLs into ``out`` with ``data_dir`` filled in; returns ``out`` (an include path)."""
+    data_dir, out = Path(data_dir).resolve(), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for task in HARNESS_TASKS:
+        local = next((p for p in (data_dir / f"{task}.jsonl", data_dir / f"{task}.parquet") if p.is_file()), None)
+        text = importlib.resources.files("lapheads.integrations").joinpath(f"lm_eval_tasks/{task}.yaml").read_text()
+        if local is not None:
+            text = text.replace("__BUILDER__", "json" if local.suffix == ".jsonl" else "parquet")
+            (out / f"lapheads_{task}.yaml").write_text(text.replace("__DATA_FILE__", str(local)))
+    return out
+
+
+def evaluate_harness(run_dir: str | None, tasks: list[str], *, data_dir: str | None = None,
+                     include_path: str | None = None, limit: int | None = None, device: str = "cpu",
+                     nanochat: str | None = None, step: int | None = None, tokenizer_dir: str | None = None,
+                     out: Path) -> dict[str, Any]:
+    """Run lm-eval's ``simple_evaluate`` on ``tasks`` (names of the harness, of ``include_path`` or, with
+    ``data_dir``, the shipped ``lapheads_*`` tasks); returns its "results" and writes them into ``out``."""
+    import json
+    import tempfile
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from lapheads.train.runtime import atomic_write_text
+
+    paths = [include_path] if include_path else []
+    with tempfile.TemporaryDirectory(prefix="lapheads-harness-") as tmp:
+        if data_dir:
+            paths.append(str(task_dir(data_dir, tmp)))
+        manager = TaskManager(include_path=paths or None)
+        unknown = [t for t in tasks if t not in manager.all_tasks]
+        if unknown:
+            shipped = ", ".join(f"lapheads_{t}" for t in HARNESS_TASKS)
+            raise InputError(f"unknown harness task(s) {', '.join(unknown)}; allowed: lm-eval's tasks, those of "
+                             f"--include-path, or with --data-dir holding <task>.jsonl: {shipped}")
+        lm = LapheadsLM(run_dir, nanochat=nanochat, step=step, tokenizer_dir=tokenizer_dir, device=device)
+        result = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False,
+                                 bootstrap_iters=0)
+    results = result["results"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps({"results": results, "limit": limit}, indent=1, default=str) + "\n")
+    return results

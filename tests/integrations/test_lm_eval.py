@@ -1,0 +1,101 @@
+"""lm-evaluation-harness adapter: log-likelihoods equal a direct computation; the shipped YAMLs run offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("lm_eval")
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from lapheads.cli import main  # noqa: E402
+from lapheads.integrations.lm_eval import LapheadsLM  # noqa: E402
+from lapheads.train.lm import train_lm  # noqa: E402
+from tests.conftest import tiny_lm  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def lm_run(text_root, tmp_path_factory):
+    run = tmp_path_factory.mktemp("harness") / "run"
+    train_lm(tiny_lm(text_root, num_iterations=4, eval_every=4), run)  # sequence_len 64
+    return run
+
+
+@pytest.fixture(scope="module")
+def harness_lm(lm_run):
+    return LapheadsLM(str(lm_run), device="cpu", batch_size=3)
+
+
+def _request(kind: str, args: tuple, i: int = 0) -> Instance:
+    return Instance(request_type=kind, doc={}, arguments=args, idx=i)
+
+
+def _direct(model, inputs: list[int], targets: list[int]) -> float:
+    """Sum of log p(targets) where the model reads ``inputs`` and targets are the tokens after its last positions."""
+    with torch.no_grad():
+        logprobs = F.log_softmax(model(torch.tensor([inputs])).float(), -1)[0]
+    n = len(targets)
+    return float(sum(logprobs[len(inputs) - n + i, t] for i, t in enumerate(targets)))
+
+
+def test_loglikelihood_equals_a_direct_computation(harness_lm):
+    tok, bos = harness_lm.lapheads_tokenizer, harness_lm.eot_token_id
+    pairs = [("ROMEO:", " What"), ("JULIET:\nO", " Romeo, Romeo"), ("A", "nd then"), ("x" * 80, " long")]
+    got = harness_lm.loglikelihood([_request("loglikelihood", p, i) for i, p in enumerate(pairs)])
+    for (context, continuation), (logprob, greedy) in zip(pairs, got):
+        ids = tok.encode(context + continuation)
+        ctx = tok.encode(context)
+        cont = ids[len(ctx):]
+        whole = [bos, *ids][-65:]  # the longest context keeps its last tokens
+        assert logprob == pytest.approx(_direct(harness_lm.model, whole[:-1], cont), abs=1e-4)
+        with torch.no_grad():
+            argmax = harness_lm.model(torch.tensor([whole[:-1]]))[0, -len(cont):].argmax(-1).tolist()
+        assert greedy == (argmax == cont)
+
+
+def test_rolling_loglikelihood_is_the_sum_over_disjoint_windows(harness_lm):
+    tok, bos = harness_lm.lapheads_tokenizer, harness_lm.eot_token_id
+    short = "ROMEO:\nBut soft"
+    got = harness_lm.loglikelihood_rolling([_request("loglikelihood_rolling", (short,))])[0]
+    ids = tok.encode(short)
+    assert got == pytest.approx(_direct(harness_lm.model, [bos, *ids[:-1]], ids), abs=1e-4)
+    text = ("abcdefgh " * 20)[:128]  # exactly two windows of the model's 64 tokens
+    seq = [bos, *tok.encode(text)]
+    assert len(seq) == 129
+    expected = sum(_direct(harness_lm.model, seq[64 * c:64 * c + 64], seq[64 * c + 1:64 * c + 65]) for c in (0, 1))
+    assert harness_lm.loglikelihood_rolling([_request("loglikelihood_rolling", (text,))])[0] == pytest.approx(
+        expected, abs=1e-3)
+
+
+def test_generate_until_is_greedy_and_stops_at_the_stop_strings(harness_lm):
+    tok = harness_lm.lapheads_tokenizer
+    prompt = "ROMEO:\n"
+    ids = torch.tensor([tok.encode(prompt, bos=True)])
+    full = tok.decode(harness_lm.model.generate(ids, 20, temperature=0)[0, ids.shape[1]:].tolist())
+    got = harness_lm.generate_until([_request("generate_until", (prompt, {"until": [], "max_gen_toks": 20}))])[0]
+    assert got == full
+    stop = full[3:5]
+    cut = harness_lm.generate_until([_request("generate_until", (prompt, {"until": [stop], "max_gen_toks": 20}))])[0]
+    assert cut == full[:full.find(stop)]
+
+
+def test_the_shipped_tasks_run_offline_through_the_cli(lm_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    arc = [{"id": f"q{i}", "question": f"Which is {i}?", "choices": {"text": ["one", "two", "three"],
+            "label": ["A", "B", "C"]}, "answerKey": "ABC"[i % 3]} for i in range(5)]
+    gsm = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(3)]
+    (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arc))
+    (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gsm))
+    code = main(["eval", "lm", str(lm_run), "--harness", "lapheads_arc_easy,lapheads_gsm8k", "--data-dir",
+                 str(tmp_path), "--max-examples", "4", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    saved = json.loads((lm_run / "report" / "eval_harness.json").read_text())["results"]
+    assert 0 <= saved["lapheads_arc_easy"]["acc,none"] <= 1 and "acc_norm,none" in saved["lapheads_arc_easy"]
+    assert "exact_match,strict-match" in saved["lapheads_gsm8k"]
+    assert main(["eval", "lm", str(lm_run), "--harness", "lapheads_hellaswag", "--data-dir", str(tmp_path)]) == 2
+    assert "unknown harness task(s) lapheads_hellaswag" in capsys.readouterr().err
