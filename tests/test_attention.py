@@ -11,6 +11,7 @@ from timm.layers import Attention
 
 from lapheads import LaplacianAttention, laplacian_attention, laplacian_attention_reference
 from lapheads.attention import HeadSpecError
+from lapheads.errors import InputError
 
 B, H, T, D = 2, 4, 7, 8
 
@@ -297,3 +298,45 @@ def test_module_trains_with_laplacian_heads():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_last_allowed_identity_reads_each_querys_own_position_under_cache_and_padding_masks():
+    from lapheads.attention import _causal_mask
+
+    torch.manual_seed(0)
+    b, h, hkv, t, s, d = 2, 4, 2, 3, 8, 16
+    q, k, v = torch.randn(b, h, t, d), torch.randn(b, hkv, s, d), torch.randn(b, hkv, s, d)
+    # a static cache: the 3 queries sit at positions 2, 3, 4 of 8 slots; row 1 is also left-padded by one
+    positions = torch.tensor([2, 3, 4])
+    allowed = torch.arange(s)[None, :] <= positions[:, None]
+    mask = allowed[None, None].repeat(b, 1, 1, 1)
+    mask[1, :, :, 0] = False
+    fused = laplacian_attention(q, k, v, 2, attn_mask=mask, identity="last_allowed")
+    reference = laplacian_attention_reference(q, k, v, 2, attn_mask=mask, identity="last_allowed")
+    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-5)
+    plain = laplacian_attention(q, k, v, 0, attn_mask=mask)
+    v_own = v.repeat_interleave(2, 1)[:, :, positions]  # each query's own value, by hand
+    torch.testing.assert_close(fused[:, 2:], v_own[:, 2:] - plain[:, 2:], rtol=1e-5, atol=1e-5)
+    # with the plain bottom-right causal mask both rules agree; an additive float mask reads the same
+    causal = _causal_mask(t, s, q.device)
+    aligned = laplacian_attention(q, k, v, 2, attn_mask=causal)
+    torch.testing.assert_close(laplacian_attention(q, k, v, 2, attn_mask=causal, identity="last_allowed"), aligned)
+    additive = torch.zeros(t, s).masked_fill(~causal, torch.finfo(torch.float32).min)
+    torch.testing.assert_close(laplacian_attention(q, k, v, 2, attn_mask=additive, identity="last_allowed"), aligned,
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputError, match="'last_allowed' with an attn_mask"):
+        laplacian_attention(q, k, v, 2, is_causal=True, identity="last_allowed")
+
+
+def test_blend_moves_from_plain_attention_to_the_laplacian():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    plain = laplacian_attention(q, k, v, 0, is_causal=True)
+    assert torch.equal(laplacian_attention(q, k, v, 2, is_causal=True, blend=torch.tensor(0.0)), plain)
+    torch.testing.assert_close(laplacian_attention(q, k, v, 2, is_causal=True, blend=1.0),
+                               laplacian_attention(q, k, v, 2, is_causal=True))
+    half = laplacian_attention(q, k, v, 2, is_causal=True, blend=0.3)
+    torch.testing.assert_close(half, laplacian_attention_reference(q, k, v, 2, is_causal=True, blend=0.3),
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(half[:, 2:], 0.3 * v[:, 2:] + 0.4 * plain[:, 2:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(half[:, :2], plain[:, :2])

@@ -237,6 +237,31 @@ def _identity_values(v: Tensor, num_queries: int) -> Tensor:
     return v if num_queries == s else v[..., s - num_queries :, :]
 
 
+IDENTITIES = ("aligned", "last_allowed")
+
+
+def _last_allowed_index(attn_mask: Tensor, t: int) -> Tensor:
+    """(B', H', T) index of the last key each query may attend to under ``attn_mask`` (bool, True = attend, or
+    additive float); computed on the device, no host sync. Under causal, padding, sliding-window and static-cache
+    masks that key is the query's own position."""
+    allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > torch.finfo(attn_mask.dtype).min / 2
+    while allowed.dim() < 4:
+        allowed = allowed.unsqueeze(0)
+    allowed = allowed.expand(*allowed.shape[:2], t, allowed.shape[-1])
+    s = allowed.shape[-1]
+    return (s - 1) - allowed.flip(-1).to(torch.uint8).argmax(-1)
+
+
+def _last_allowed_values(v: Tensor, attn_mask: Tensor, num_heads: int) -> Tensor:
+    """v at each query's last allowed key: (B, Hkv, T, D)."""
+    b, hkv, _, d = v.shape
+    index = _last_allowed_index(attn_mask, attn_mask.shape[-2])
+    if index.shape[1] == num_heads and num_heads != hkv:  # per-query-head masks: one per kv group is enough
+        index = index[:, :: num_heads // hkv]
+    index = index.expand(b, hkv, index.shape[-1])
+    return torch.gather(v, 2, index.unsqueeze(-1).expand(b, hkv, index.shape[-1], d))
+
+
 def _causal_mask(t: int, s: int, device: torch.device) -> Tensor:
     """Bool (T, S) mask, True = attend; aligned bottom-right so query i sits at key position S - T + i."""
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
@@ -281,6 +306,8 @@ def laplacian_attention(
     is_causal: bool = False,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    identity: str = "aligned",
+    blend: float | Tensor | None = None,
 ) -> Tensor:
     """Multi-head attention where the selected heads output (I - P) V instead of P V.
 
@@ -293,11 +320,20 @@ def laplacian_attention(
         is_causal: causal attention; when T < S the queries are the last T positions (KV cache).
         dropout_p: attention dropout on P, so Laplacian heads compute (I - drop(P)) V.
         scale: softmax scale; default 1 / sqrt(D).
+        identity: where the identity term reads each query's own value. "aligned": the queries are the last T of
+            the S keys. "last_allowed": the last key ``attn_mask`` lets the query see (causal models with padding,
+            sliding windows or a static cache, where the queries' positions are not the last T); needs a mask.
+        blend: lambda in [0, 1] for Laplacian heads, which then output lambda V + (1 - 2 lambda) P V: 0 is plain
+            attention (a function-preserving start when converting a pretrained model), 1 (None) is V - P V. A
+            0-dim tensor avoids recompiling as it changes.
 
     Returns:
         (B, H, T, D) head outputs.
     """
     h, hkv = _check_qkv(q, k, v)
+    if identity not in IDENTITIES or (identity == "last_allowed" and attn_mask is None):
+        raise InputError(f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
+                         "'aligned', or 'last_allowed' with an attn_mask")
     compiling = torch.compiler.is_compiling()
     lap_mask, runs = _resolve_heads(laplacian_heads, h, q.device, inspect_mask=not compiling)
     t, s = q.shape[-2], k.shape[-2]
@@ -314,11 +350,15 @@ def laplacian_attention(
     )
     if lap_mask is None:
         return y  # no Laplacian head: exactly plain SDPA, nothing extra
-    v_self = _identity_values(v, t)
+    v_self = _identity_values(v, t) if identity == "aligned" else _last_allowed_values(v, attn_mask, h)
+    if blend is not None:
+        runs = None  # a partial Laplacian: the general sign / lap combine
     if runs is not None and len(runs) == 1 and hkv == h:
         return v_self - y  # every head Laplacian: one subtraction, autograd needs nothing special
     b, d, g = q.shape[0], v.shape[-1], h // hkv
     lap = lap_mask.to(y.dtype).view(hkv, g, 1, 1)
+    if blend is not None:
+        lap = lap * (blend.to(y.dtype) if isinstance(blend, Tensor) else blend)
     sign = 1 - 2 * lap
     y, v_self = y.view(b, hkv, g, t, d), v_self.unsqueeze(2)
     if compiling:  # one expression Inductor fuses into its neighbours; no out= views, no graph break
@@ -369,6 +409,8 @@ def laplacian_attention_reference(
     is_causal: bool = False,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    identity: str = "aligned",
+    blend: float | Tensor | None = None,
     return_attn: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Textbook Laplacian attention: materialise P, use I - P on Laplacian heads, multiply by V.
@@ -382,8 +424,14 @@ def laplacian_attention_reference(
         (B, H, T, D) head outputs, or ``(outputs, P)`` when ``return_attn``.
     """
     h, hkv = _check_qkv(q, k, v)
+    if identity not in IDENTITIES or (identity == "last_allowed" and attn_mask is None):
+        raise InputError(f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
+                         "'aligned', or 'last_allowed' with an attn_mask")
     mask = laplacian_head_mask(laplacian_heads, h).to(q.device)
     t, s = q.shape[-2], k.shape[-2]
+    if identity == "last_allowed":  # before the causal mask below could be folded in
+        index = _last_allowed_index(attn_mask, t)
+        identity_matrix = F.one_hot(index, s).to(q.dtype)  # (B', H', T, S)
     if hkv != h:
         k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -396,8 +444,9 @@ def laplacian_attention_reference(
         logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
     attn = logits.softmax(dim=-1)
     dropped = F.dropout(attn, p=dropout_p) if dropout_p > 0 else attn
-    identity = _shifted_eye(t, s, attn)
-    operator = torch.where(mask.view(1, h, 1, 1), identity - dropped, dropped)
+    eye = identity_matrix if identity == "last_allowed" else _shifted_eye(t, s, attn)
+    weight = 1.0 if blend is None else blend
+    operator = torch.where(mask.view(1, h, 1, 1), weight * eye + (1 - 2 * weight) * dropped, dropped)
     out = operator @ v
     return (out, attn) if return_attn else out
 
