@@ -1,0 +1,208 @@
+"""Laplacian heads in Hugging Face transformers models (``pip install 'lapheads[hf]'``).
+
+    import lapheads.hf
+    model = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M")
+    lapheads.hf.enable(model, laplacian_heads=2, init="blend")     # any Llama/Qwen/Mistral/GPT-2/ViT model
+    schedule = lapheads.hf.BlendSchedule(model, steps=500)         # lambda 0 -> 1 while fine-tuning
+    model.save_pretrained("out/")                                  # the per-layer heads go into config.json
+    model = lapheads.hf.from_pretrained(AutoModelForCausalLM, "out/")
+
+Design choices:
+
+* **One registered attention function**, ``"lapheads"`` in ``transformers.AttentionInterface`` (and the same name
+  in ``AttentionMaskInterface``, so padding and sliding-window masks are built as for SDPA; without it they would be
+  dropped silently). It calls :func:`lapheads.laplacian_attention`, the one op; nothing is re-implemented here.
+* **Whose own value**: in a causal model given a mask (padding, sliding window, static cache), each query's own key
+  is the last key its mask allows: the op's ``identity="last_allowed"``, computed on the device. Without a mask the
+  queries are the last keys (dynamic cache) or, for an empty static cache's prefill, the first ones, where the keys
+  are cut to the queries as transformers' SDPA path does.
+* **Heads live in the config**: ``enable`` writes ``config.laplacian_heads`` (one bool list per layer, from the one
+  spec parser) and ``config.attn_implementation = "lapheads"``, and keeps each layer's mask as a non-persistent
+  buffer. A saved model therefore never loads silently as plain attention: plain ``from_pretrained`` without
+  ``import lapheads.hf`` fails on the unknown implementation, and :func:`from_pretrained` refuses any other one.
+* **Converting a pretrained model**: ``init="switch"`` turns the heads Laplacian as they are (their output
+  changes); ``"signflip"`` also negates those heads' columns of the output projection, so the P V term is exact and
+  only -W_O V is added; ``"blend"`` starts at lambda = 0, exactly the pretrained function, and
+  :class:`BlendSchedule` / :func:`set_blend` move lambda to 1 (lambda V + (1 - 2 lambda) P V, the op's ``blend``).
+* **What is refused**, in one line: attention with a logit soft cap (Gemma-2) or a position bias (T5), and models
+  whose attention modules cannot be found.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lapheads.attention import laplacian_attention, laplacian_attention_reference, parse_laplacian_heads
+from lapheads.errors import InputError
+
+__all__ = ["BlendSchedule", "NAME", "attention_modules", "enable", "from_pretrained", "register", "set_blend"]
+
+NAME = "lapheads"
+INITS = ("switch", "signflip", "blend")
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The innermost modules whose class name ends in "Attention", in layer order (one per layer)."""
+    found = [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+    return [m for m in found if not any(c is not m and type(c).__name__.endswith("Attention") for c in m.modules())]
+
+
+def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torch.Tensor | None:
+    mask = getattr(module, "laplacian_mask", None)
+    if mask is None:  # loaded with plain from_pretrained after import lapheads.hf: read the config
+        spec, layer = getattr(module.config, "laplacian_heads", None), getattr(module, "layer_idx", None)
+        if spec is None:
+            return None
+        if layer is None:
+            raise InputError(f"{type(module).__name__} has no layer_idx to find its Laplacian heads; allowed: load "
+                             "with lapheads.hf.from_pretrained (or call lapheads.hf.enable)")
+        mask = torch.tensor(spec[layer], dtype=torch.bool)
+        module.register_buffer("laplacian_mask", mask, persistent=False)
+    if mask.shape != (num_heads,):
+        raise InputError(f"{type(module).__name__} has {num_heads} query heads but a Laplacian mask of "
+                         f"{tuple(mask.shape)}")
+    return mask.to(device)
+
+
+def lapheads_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """transformers' attention interface: query (B, H, T, D), key/value (B, Hkv, S, D) -> ((B, T, H, D), P or None)."""
+    if kwargs.get("softcap") is not None:
+        raise InputError(f"{type(module).__name__} uses a logit soft cap; allowed: attention without one (Gemma-2's "
+                         "soft cap is not supported by lapheads)")
+    if kwargs.get("position_bias") is not None:
+        raise InputError(f"{type(module).__name__} adds a position bias (T5-style); allowed: models without one")
+    t = query.shape[2]
+    causal_module = getattr(module, "is_causal", True)
+    causal = bool((causal_module if is_causal is None else is_causal) and attention_mask is None and t > 1)
+    if causal and key.shape[2] > t:  # an empty static cache's prefill: the keys so far are the first T slots
+        key, value = key[:, :, :t], value[:, :, :t]
+    heads = _layer_mask(module, query.shape[1], query.device)
+    identity = "last_allowed" if attention_mask is not None and causal_module else "aligned"
+    options = dict(attn_mask=attention_mask, is_causal=causal, dropout_p=dropout if module.training else 0.0,
+                   scale=scaling, identity=identity, blend=getattr(module, "laplacian_blend", None))
+    weights = None
+    if kwargs.get("output_attentions"):  # the textbook path materialises P for attention maps
+        out, weights = laplacian_attention_reference(query, key, value, heads if heads is not None else 0,
+                                                     return_attn=True, **options)
+    else:
+        out = laplacian_attention(query, key, value, heads if heads is not None else 0, **options)
+    return out.transpose(1, 2).contiguous(), weights
+
+
+def register() -> None:
+    """Register ``"lapheads"`` as an attention implementation and its mask (SDPA's) with transformers."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, lapheads_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def _num_heads(model: nn.Module) -> int:
+    config = model.config
+    for name in ("num_attention_heads", "n_head", "num_heads"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    raise InputError(f"{type(model).__name__}'s config names no number of attention heads")
+
+
+def _output_columns(module: nn.Module, model: nn.Module, head: int, head_dim: int):
+    """(weight, slice, axis) of this head's input channels in the attention's output projection."""
+    cols = slice(head * head_dim, (head + 1) * head_dim)
+    if hasattr(module, "o_proj"):  # Llama, Mistral, Qwen, ...
+        return module.o_proj.weight, cols, 1
+    if type(module).__name__ == "GPT2Attention":
+        return module.c_proj.weight, cols, 0  # Conv1D: weight (in, out)
+    parent = next((p for p in model.modules() if any(c is module for c in p.children())), None)
+    dense = getattr(getattr(parent, "output", None), "dense", None)  # ViT: attention.output.dense
+    if isinstance(dense, nn.Linear):
+        return dense.weight, cols, 1
+    raise InputError(f"init='signflip' does not know the output projection of {type(module).__name__}; allowed: "
+                     "init='switch' or 'blend'")
+
+
+def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Module:
+    """Make ``model``'s attention Laplacian per ``laplacian_heads`` (k, "0,2,2,0", per-layer lists or masks).
+
+    Args:
+        model: a transformers ``PreTrainedModel`` whose attention goes through the attention interface.
+        laplacian_heads: any spec :func:`lapheads.parse_laplacian_heads` accepts.
+        init: "switch", "signflip" or "blend" (see the module docstring).
+
+    Returns:
+        the same model, now running ``attn_implementation="lapheads"``.
+    """
+    if init not in INITS:
+        raise InputError(f"init={init!r}; allowed: {', '.join(INITS)}")
+    register()
+    modules = attention_modules(model)
+    if not modules:
+        raise InputError(f"no attention modules found in {type(model).__name__}; allowed: transformers models "
+                         "whose attention classes end in 'Attention'")
+    num_heads = _num_heads(model)
+    masks = parse_laplacian_heads(laplacian_heads, num_heads, len(modules))
+    for module, mask in zip(modules, masks):
+        device = next(module.parameters()).device
+        module.register_buffer("laplacian_mask", mask.to(device), persistent=False)
+        if init == "blend":
+            module.register_buffer("laplacian_blend", torch.zeros((), device=device), persistent=False)
+        if init == "signflip":
+            head_dim = getattr(module, "head_dim", None) or model.config.hidden_size // num_heads
+            with torch.no_grad():
+                for head in torch.nonzero(mask).flatten().tolist():
+                    weight, cols, axis = _output_columns(module, model, head, head_dim)
+                    weight[:, cols].neg_() if axis == 1 else weight[cols].neg_()
+    model.config.laplacian_heads = [m.tolist() for m in masks]
+    model.config.attn_implementation = NAME  # saved: plain transformers then refuses to load it as SDPA
+    model.set_attn_implementation(NAME)
+    return model
+
+
+def set_blend(model: nn.Module, value: float) -> None:
+    """Set lambda of every Laplacian head enabled with ``init="blend"`` (0: plain attention, 1: V - P V)."""
+    if not 0.0 <= value <= 1.0:
+        raise InputError(f"blend {value}; allowed: a number in [0, 1]")
+    buffers = [m.laplacian_blend for m in attention_modules(model) if hasattr(m, "laplacian_blend")]
+    if not buffers:
+        raise InputError("the model was not enabled with init='blend'")
+    for buffer in buffers:
+        buffer.fill_(value)
+
+
+class BlendSchedule:
+    """lambda rising linearly from 0 to 1 over ``steps`` optimizer steps: call ``schedule(step)`` each step."""
+
+    def __init__(self, model: nn.Module, steps: int) -> None:
+        if steps < 1:
+            raise InputError(f"BlendSchedule steps {steps}; allowed: >= 1")
+        self.model, self.steps = model, steps
+
+    def __call__(self, step: int) -> float:
+        value = min(max(step / self.steps, 0.0), 1.0)
+        set_blend(self.model, value)
+        return value
+
+
+def from_pretrained(model_class, path, *args, **kwargs):
+    """``model_class.from_pretrained(path)`` that keeps a Laplacian checkpoint Laplacian (and refuses otherwise).
+
+    A checkpoint without ``laplacian_heads`` in its config loads as it is; one with them loads with the lapheads
+    attention and its per-layer masks, and asking for another ``attn_implementation`` is a one-line error.
+    """
+    from transformers import AutoConfig
+
+    register()
+    config = kwargs.pop("config", None) or AutoConfig.from_pretrained(path)
+    spec = getattr(config, "laplacian_heads", None)
+    wanted = kwargs.pop("attn_implementation", None)
+    if spec is None:
+        return model_class.from_pretrained(path, *args, config=config, attn_implementation=wanted, **kwargs)
+    if wanted not in (None, NAME):
+        raise InputError(f"{path} has Laplacian heads; attn_implementation={wanted!r} would load it as plain "
+                         f"attention; allowed: {NAME!r} (or leave it out)")
+    model = model_class.from_pretrained(path, *args, config=config, attn_implementation=NAME, **kwargs)
+    return enable(model, [list(map(bool, layer)) for layer in spec], init="switch")

@@ -1,0 +1,174 @@
+"""lapheads.hf: Laplacian heads in transformers models built from tiny configs (no downloads)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+import lapheads.hf as lhf  # noqa: E402
+from lapheads.errors import InputError  # noqa: E402
+
+
+def _llama():
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _mistral():
+    config = transformers.MistralConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                        sliding_window=4)
+    return transformers.MistralForCausalLM(config)
+
+
+def _gpt2():
+    config = transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _vit():
+    config = transformers.ViTConfig(image_size=16, patch_size=4, hidden_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=128)
+    return transformers.ViTModel(config)
+
+
+MODELS = {"llama": _llama, "mistral": _mistral, "gpt2": _gpt2, "vit": _vit}
+
+
+def _build(name: str, attn: str = "sdpa"):
+    torch.manual_seed(0)
+    model = MODELS[name]().eval()
+    model.set_attn_implementation(attn)
+    return model
+
+
+def _run(model, name: str, **kwargs):
+    torch.manual_seed(1)
+    with torch.no_grad():
+        if name == "vit":
+            return model(pixel_values=torch.randn(2, 3, 16, 16), **kwargs).last_hidden_state
+        return model(torch.randint(0, 100, (2, 12)), **kwargs).logits
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_zero_heads_equal_sdpa_and_k_heads_equal_the_textbook_per_head(name):
+    plain = _build(name)
+    reference = _run(plain, name)
+    model = lhf.enable(copy.deepcopy(plain), 0)
+    assert model.config._attn_implementation == "lapheads"
+    torch.testing.assert_close(_run(model, name), reference, rtol=0, atol=1e-6)
+    lhf.enable(model, "1,3")
+    fused = _run(model, name)
+    textbook = _run(model, name, output_attentions=True)  # the reference path: P materialised, I - P per head
+    torch.testing.assert_close(fused, textbook, rtol=1e-5, atol=1e-5)
+    assert (fused - reference).abs().max() > 1e-3  # the heads changed something
+    assert model.config.laplacian_heads == [[False, False, False, True], [False, True, True, True]]
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gpt2"])
+def test_cached_decoding_equals_the_full_forward_and_generate_agrees_across_caches(name):
+    model = lhf.enable(_build(name), 2)
+    torch.manual_seed(2)
+    ids = torch.randint(0, 100, (1, 10))
+    with torch.no_grad():
+        full = model(ids).logits
+        out = model(ids[:, :6], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for i in range(6, 10):
+            out = model(ids[:, i:i + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+    prompt = ids[:, :5]
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    dynamic = model.generate(prompt, **kwargs)
+    assert torch.equal(model.generate(prompt, use_cache=False, **kwargs), dynamic)
+    if name != "gpt2":
+        assert torch.equal(model.generate(prompt, cache_implementation="static", **kwargs), dynamic)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_a_left_padded_row_equals_the_unpadded_sequence(name):
+    model = lhf.enable(_build(name), "2,1")
+    torch.manual_seed(3)
+    ids = torch.randint(1, 100, (1, 9))
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], 1)
+    batch = torch.cat([padded, torch.randint(1, 100, (1, 12))])
+    mask = torch.ones_like(batch)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        alone = model(ids).logits
+        together = model(batch, attention_mask=mask).logits
+    torch.testing.assert_close(together[0, 3:], alone[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_spec_survives_saving_and_plain_loading_refuses_it(tmp_path):
+    model = lhf.enable(_build("llama"), "0,2")
+    model.save_pretrained(tmp_path)
+    loaded = lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path).eval()
+    assert loaded.config.laplacian_heads == model.config.laplacian_heads
+    assert [m.laplacian_mask.tolist() for m in lhf.attention_modules(loaded)] == model.config.laplacian_heads
+    torch.testing.assert_close(_run(loaded, "llama"), _run(model, "llama"))
+    with pytest.raises(InputError, match="attn_implementation='sdpa' would load it as plain attention"):
+        lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path, attn_implementation="sdpa")
+    # a process that never imported lapheads.hf cannot load it as SDPA by accident
+    plain = subprocess.run([sys.executable, "-c", "import transformers; transformers.AutoModelForCausalLM"
+                            f".from_pretrained({str(tmp_path)!r})"], capture_output=True, text=True, timeout=120)
+    assert plain.returncode != 0 and 'attn_implementation="lapheads"' in plain.stderr
+
+
+def test_blend_starts_at_the_pretrained_function_and_signflip_keeps_the_attention_term():
+    pretrained = _build("llama")
+    reference = _run(pretrained, "llama")
+    blended = lhf.enable(copy.deepcopy(pretrained), 2, init="blend")
+    assert torch.equal(_run(blended, "llama"), reference)
+    schedule = lhf.BlendSchedule(blended, steps=4)
+    assert schedule(2) == 0.5 and schedule(10) == 1.0
+    torch.testing.assert_close(_run(blended, "llama"), _run(lhf.enable(copy.deepcopy(pretrained), 2), "llama"))
+
+    flipped = lhf.enable(copy.deepcopy(pretrained), 2, init="signflip")
+    x = torch.randn(1, 7, 64)
+    position_ids = torch.arange(7)[None]
+    rotary = pretrained.model.rotary_emb(x, position_ids)
+    attention = pretrained.model.layers[0].self_attn
+    with torch.no_grad():
+        plain_out = attention(x, position_embeddings=rotary, attention_mask=None)[0]
+        flip_out = flipped.model.layers[0].self_attn(x, position_embeddings=rotary, attention_mask=None)[0]
+        v = attention.v_proj(x).view(1, 7, 2, 16).repeat_interleave(2, 2)  # (B, T, H, D), GQA expanded
+        w = attention.o_proj.weight.view(64, 4, 16)
+        identity_term = torch.einsum("bthd,ohd->bto", v[:, :, 2:], w[:, 2:])
+    # (-W_O)(V - P V) = W_O P V - W_O V: the pretrained attention term exactly, minus the identity term
+    torch.testing.assert_close(flip_out, plain_out - identity_term, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_wraps_an_enabled_model_and_merges_exactly():
+    peft = pytest.importorskip("peft")
+    model = lhf.enable(_build("llama"), 2)
+    reference = _run(model, "llama")
+    adapted = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj",
+                                                                                           "o_proj"]))
+    torch.testing.assert_close(_run(adapted, "llama"), reference, rtol=0, atol=0)
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    moved = _run(adapted, "llama")
+    merged = adapted.merge_and_unload()
+    torch.testing.assert_close(_run(merged, "llama"), moved, rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_input_is_one_line():
+    with pytest.raises(InputError, match="init='warm'; allowed: switch, signflip, blend"):
+        lhf.enable(_build("llama"), 1, init="warm")
+    with pytest.raises(Exception, match="laplacian_heads=9 is out of range"):
+        lhf.enable(_build("llama"), 9)
+    with pytest.raises(InputError, match="uses a logit soft cap"):
+        lhf.lapheads_attention(torch.nn.Module(), *(torch.randn(1, 2, 3, 4) for _ in range(3)), None, softcap=50.0)
+    with pytest.raises(InputError, match="was not enabled with init='blend'"):
+        lhf.set_blend(lhf.enable(_build("llama"), 1), 0.5)
