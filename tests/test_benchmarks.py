@@ -22,3 +22,27 @@ def test_gpu_benchmark_smoke_writes_every_table(tmp_path):
     assert len(op_rows) == 8  # full/causal x MHA/GQA x eager/compiled
     assert "| d2 | 0/2 |" in text and "| d2 | 1/2 |" in text
     assert "| ViT-B/16 32 px | 0/4 |" in text and "| ViT-B/16 32 px | 4/4 |" in text
+
+
+def test_hf_benchmark_and_the_conversion_example_run_on_tiny_settings(tmp_path, capsys, monkeypatch, text_root):
+    import json
+    import subprocess
+    import sys
+
+    import pytest
+
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(sys, "argv", ["hf.py", "--layers", "1", "--repeats", "1", "--seq-len", "16", "--batch", "1"])
+    _load("hf").main()
+    table = capsys.readouterr().out
+    assert "| sdpa |" in table and "| lapheads k=2 |" in table
+    example = Path(__file__).resolve().parents[1] / "examples" / "hf_convert_finetune.py"
+    done = subprocess.run([sys.executable, str(example), "--pretrain-steps", "2", "--steps", "2", "--blend-steps", "1",
+                           "--data-root", str(text_root), "--out", str(tmp_path / "convert")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    curves = json.loads((tmp_path / "convert" / "curves.json").read_text())["curves"]
+    assert set(curves) == {"pretrain", "control", "switch", "signflip", "blend"}
+    # blend at lambda = 0 and the k = 0 control start from the pretrained function; switch does not
+    assert curves["blend"]["val_loss_at_conversion"] == curves["control"]["val_loss_at_conversion"]
+    assert curves["switch"]["val_loss_at_conversion"] != curves["control"]["val_loss_at_conversion"]
