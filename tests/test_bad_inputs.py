@@ -23,7 +23,8 @@ from lapheads.config import ConfigError, _options, validate_config
 from lapheads.errors import LapheadsError
 from lapheads.presets import CONFIG_TYPES, PRESETS
 
-PRESET_OF = {"classify": "fmnist-cpu", "lm": "shakespeare-cpu", "dino": "dino-fmnist-cpu"}
+PRESET_OF = {"classify": "fmnist-cpu", "lm": "shakespeare-cpu", "dino": "dino-fmnist-cpu", "mid": "nanochat-mid",
+             "sft": "chat-cpu"}
 
 
 def _run_cli(argv: list[str], capsys) -> tuple[int, str, float]:

@@ -85,7 +85,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(text_
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--preset", "nope"], "unknown lm preset 'nope'; allowed: shakespeare-cpu, nanochat-d20, nanochat-d12"),
+        (["--preset", "nope"], "unknown lm preset 'nope'; allowed: shakespeare-cpu, chat-cpu-base, nanochat-d20, nanochat-d12"),
         (["--preset", "shakespeare-cpu", "--dataset", "wiki"], "--dataset 'wiki': allowed: a string, one of shakespeare, fineweb-edu"),
         (["--preset", "shakespeare-cpu", "--tokenizer", "words"], "--tokenizer 'words': allowed: a string, one of char, bpe, gpt2"),
         (["--preset", "shakespeare-cpu", "--total-batch-size", "1000"],

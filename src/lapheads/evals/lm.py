@@ -89,7 +89,7 @@ _REQUIRED = {
 
 
 def read_task_rows(name: str, data_dir: str | Path | None, hub: tuple[str, str | None, str] | None,
-                   ) -> list[dict[str, Any]]:
+                   label: str | None = None) -> list[dict[str, Any]]:
     """Rows named ``name``: ``data_dir/<name>.jsonl`` / ``.parquet`` or a ``data_dir/<name>/`` folder of them, else
     the hub dataset ``hub`` = (path, config, split) when online (``hub`` None: local files only)."""
     if data_dir is not None:
@@ -100,15 +100,16 @@ def read_task_rows(name: str, data_dir: str | Path | None, hub: tuple[str, str |
         if files:
             return [row for f in files for row in _read_rows(f)]
     where = f"no {name}.jsonl / {name}.parquet in {data_dir}" if data_dir else "no --data-dir"
+    label = label or name
     if hub is None:
-        raise DataError(f"{name}: {where}; allowed: a local jsonl/parquet file of it")
+        raise DataError(f"{label}: {where}; allowed: a local jsonl/parquet file of it")
     path, config, split = hub
     try:
         from datasets import load_dataset
 
         return list(load_dataset(path, config, split=split))
     except Exception as err:  # ImportError, offline, hub errors
-        raise DataError(f"{name}: {where}, and the hub dataset {path} could not be loaded ({type(err).__name__}); "
+        raise DataError(f"{label}: {where}, and the hub dataset {path} could not be loaded ({type(err).__name__}); "
                         "allowed: local files in the hub's schema") from None
 
 
@@ -116,7 +117,7 @@ def load_task(task: str, data_dir: str | Path | None = None) -> list[dict[str, A
     """Rows of ``task`` in the hub's schema, from ``data_dir`` if it holds them, else from the hub."""
     if task not in HUB_DATASETS:
         raise InputError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
-    rows = read_task_rows(task, data_dir, HUB_DATASETS[task])
+    rows = read_task_rows(task, data_dir, HUB_DATASETS[task], label=f"task {task}")
     missing = [k for k in _REQUIRED[task] if rows and k not in rows[0]]
     if missing or not rows:
         raise DataError(f"task {task}: rows lack {', '.join(missing) or 'everything (no rows)'}; allowed: the "
