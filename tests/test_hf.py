@@ -170,5 +170,5 @@ def test_unsupported_input_is_one_line():
         lhf.enable(_build("llama"), 9)
     with pytest.raises(InputError, match="uses a logit soft cap"):
         lhf.lapheads_attention(torch.nn.Module(), *(torch.randn(1, 2, 3, 4) for _ in range(3)), None, softcap=50.0)
-    with pytest.raises(InputError, match="was not enabled with init='blend'"):
+    with pytest.raises(InputError, match="was not converted with init='blend'"):
         lhf.set_blend(lhf.enable(_build("llama"), 1), 0.5)

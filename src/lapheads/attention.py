@@ -23,8 +23,9 @@ V - P V instead of P V (Zhang & Papyan, arXiv 2602.09297). Design choices:
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Sequence
-from typing import Union
+from typing import Optional, Tuple, Union  # TorchScript reads typing.Optional / Tuple in string annotations
 
 import torch
 import torch.nn.functional as F
@@ -469,15 +470,20 @@ class LaplacianHeadsMixin:
     ``to_empty``-ed runs with the heads it was configured with, not with uninitialised memory.
     """
 
-    laplacian_mask: Tensor
+    # (no class-level annotation of the buffer: TorchScript would read it as an unresolvable string)
+    __jit_unused_properties__ = ["laplacian_heads_for_op", "laplacian_head_list", "num_laplacian_heads"]
 
-    def _init_laplacian_heads(self, num_heads: int, laplacian_heads: HeadSpec) -> None:
-        self.register_buffer("laplacian_mask", torch.zeros(num_heads, dtype=torch.bool), persistent=False)
+    def _init_laplacian_heads(self, num_heads: int, laplacian_heads: HeadSpec, device=None) -> None:
+        # on the factory device (timm's create_model(device="meta") puts every tensor there)
+        self.register_buffer("laplacian_mask", torch.zeros(num_heads, dtype=torch.bool, device=device),
+                             persistent=False)
         self.set_laplacian_heads(laplacian_heads)
 
     def set_laplacian_heads(self, laplacian_heads: HeadSpec) -> None:
         """Choose which heads are Laplacian (no parameters change)."""
         mask = laplacian_head_mask(laplacian_heads, len(self.laplacian_mask))
+        if mask.device.type != "cpu":  # a spec given as a device tensor, or built under a device context
+            mask = mask.to("cpu") if mask.device.type != "meta" else torch.zeros(len(mask), dtype=torch.bool)
         self._laplacian_host = mask
         self._sync_laplacian_mask()
         # What forward hands the op: an int k when the mask is "the trailing k heads" (no device work to build it),
@@ -528,44 +534,95 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
 
     def __init__(self, dim: int, num_heads: int = 8, *args, laplacian_heads: HeadSpec = 0, **kwargs) -> None:
         super().__init__(dim, num_heads, *args, **kwargs)
-        self._init_laplacian_heads(num_heads, laplacian_heads)
+        if not hasattr(self, "gate"):  # timm before gated attention
+            self.gate = None
+        self._init_laplacian_heads(num_heads, laplacian_heads, kwargs.get("device"))
 
-    def forward(
-        self,
-        x: Tensor,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        return_attn: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
         """Args:
             x: tokens (B, N, C).
             attn_mask: optional mask broadcastable to (B, H, N, N) (bool: True = attend).
             is_causal: causal attention.
-            return_attn: also return P (B, H, N, N) from the reference path (for attention maps).
+
+        The same signature as timm's Attention, so TorchScript scripts it and FX traces it (the op is a leaf of
+        both); :meth:`forward_with_attn` also returns P for attention maps.
         """
+        return self._forward(x, attn_mask, is_causal, False)[0]
+
+    @torch.jit.ignore
+    def forward_with_attn(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                          is_causal: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` and P (B, H, N, N) from the reference path, for attention maps."""
+        out, attn = self._forward(x, attn_mask, is_causal, True)
+        return out, attn
+
+    def _forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
+                 return_attn: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         b, n, _ = x.shape
-        gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
-        heads = self.laplacian_heads_for_op
-        dropout_p = self.attn_drop.p if self.training else 0.0
-        attn = None
-        if self.fused_attn and not return_attn:
-            x = laplacian_attention(
-                q, k, v, heads, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=self.scale
-            )
-        else:
-            x, attn = laplacian_attention_reference(
-                q, k, v, heads, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=self.scale,
-                return_attn=True,
-            )
+        x, attn = self._attend(q, k, v, attn_mask, is_causal, return_attn)
         x = x.transpose(1, 2).reshape(b, n, self.attn_dim)
         x = self.norm(x)
         if gate is not None:
             x = x * gate
-        x = self.proj_drop(self.proj(x))
-        return (x, attn) if return_attn else x
+        return self.proj_drop(self.proj(x)), attn
+
+    @torch.jit.ignore
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
+                return_attn: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The op (fused, or the reference path when timm's ``fused_attn`` is off or P is wanted); left to Python by
+        TorchScript, traced as one call by FX."""
+        # not the property: under TorchScript ``self`` is the scripted module, which keeps attributes only
+        trailing = -1 if self._op_heads is None else self._op_heads
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        blend = getattr(self, "laplacian_blend", None)  # lambda of a blend conversion (lapheads.convert)
+        if self.fused_attn and not return_attn:
+            out = _fused_leaf(q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale,
+                              blend)
+            return out, None
+        out, attn = _reference_leaf(q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p,
+                                    self.scale, blend)
+        return out, attn
 
     def extra_repr(self) -> str:
         return f"laplacian_heads={format_head_mask(self._laplacian_host)}"
+
+
+@torch.jit.ignore
+def _fused_leaf(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, trailing: int, attn_mask: Optional[Tensor],
+                is_causal: bool, dropout_p: float, scale: float, blend: Optional[Tensor] = None) -> Tensor:
+    """``laplacian_attention`` with positional arguments (k trailing heads when ``trailing`` >= 0, else ``mask``):
+    the one node FX records and the one call TorchScript leaves to Python."""
+    heads: HeadSpec = trailing if trailing >= 0 else mask
+    return laplacian_attention(q, k, v, heads, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p,
+                               scale=scale, blend=blend)
+
+
+@torch.jit.ignore
+def _reference_leaf(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, trailing: int, attn_mask: Optional[Tensor],
+                    is_causal: bool, dropout_p: float, scale: float,
+                    blend: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """``laplacian_attention_reference`` with P, as :func:`_fused_leaf`."""
+    heads: HeadSpec = trailing if trailing >= 0 else mask
+    out, attn = laplacian_attention_reference(q, k, v, heads, attn_mask=attn_mask, is_causal=is_causal,
+                                              dropout_p=dropout_p, scale=scale, blend=blend, return_attn=True)
+    return out, attn
+
+
+# TorchScript cannot resolve the string annotations of ``from __future__ import annotations`` on methods it leaves
+# to Python: give them their evaluated types
+for _fn in (*(getattr(LaplacianAttention, m) for m in ("forward", "forward_with_attn", "_forward", "_attend")),
+            _fused_leaf, _reference_leaf):
+    _fn.__annotations__ = typing.get_type_hints(_fn)
+
+# FX (torch.fx and timm's feature extraction) calls the op as one node: its argument checks branch on shapes
+torch.fx.wrap("_fused_leaf")
+torch.fx.wrap("_reference_leaf")
+_register_notrace = getattr(__import__("timm.layers", fromlist=["register_notrace_function"]),
+                            "register_notrace_function", None)
+if _register_notrace is not None:
+    _register_notrace(_fused_leaf)
+    _register_notrace(_reference_leaf)

@@ -34,18 +34,12 @@ import torch
 from torch import nn
 
 from lapheads.attention import laplacian_attention, laplacian_attention_reference, parse_laplacian_heads
+from lapheads.convert import INITS, BlendSchedule, attention_modules, init_heads, set_blend
 from lapheads.errors import InputError
 
 __all__ = ["BlendSchedule", "NAME", "attention_modules", "enable", "from_pretrained", "register", "set_blend"]
 
 NAME = "lapheads"
-INITS = ("switch", "signflip", "blend")
-
-
-def attention_modules(model: nn.Module) -> list[nn.Module]:
-    """The innermost modules whose class name ends in "Attention", in layer order (one per layer)."""
-    found = [m for m in model.modules() if type(m).__name__.endswith("Attention")]
-    return [m for m in found if not any(c is not m and type(c).__name__.endswith("Attention") for c in m.modules())]
 
 
 def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torch.Tensor | None:
@@ -121,8 +115,7 @@ def _output_columns(module: nn.Module, model: nn.Module, head: int, head_dim: in
     dense = getattr(getattr(parent, "output", None), "dense", None)  # ViT: attention.output.dense
     if isinstance(dense, nn.Linear):
         return dense.weight, cols, 1
-    raise InputError(f"init='signflip' does not know the output projection of {type(module).__name__}; allowed: "
-                     "init='switch' or 'blend'")
+    return None
 
 
 def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Module:
@@ -148,43 +141,14 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
     for module, mask in zip(modules, masks):
         device = next(module.parameters()).device
         module.register_buffer("laplacian_mask", mask.to(device), persistent=False)
-        if init == "blend":
-            module.register_buffer("laplacian_blend", torch.zeros((), device=device), persistent=False)
-        if init == "signflip":
-            head_dim = getattr(module, "head_dim", None) or model.config.hidden_size // num_heads
-            with torch.no_grad():
-                for head in torch.nonzero(mask).flatten().tolist():
-                    weight, cols, axis = _output_columns(module, model, head, head_dim)
-                    weight[:, cols].neg_() if axis == 1 else weight[cols].neg_()
+        head_dim = getattr(module, "head_dim", None) or model.config.hidden_size // num_heads
+        columns = _output_columns(module, model, 0, head_dim) is not None
+        init_heads(module, mask.to(device), init,
+                   (lambda head, m=module: _output_columns(m, model, head, head_dim)) if columns else None)
     model.config.laplacian_heads = [m.tolist() for m in masks]
     model.config.attn_implementation = NAME  # saved: plain transformers then refuses to load it as SDPA
     model.set_attn_implementation(NAME)
     return model
-
-
-def set_blend(model: nn.Module, value: float) -> None:
-    """Set lambda of every Laplacian head enabled with ``init="blend"`` (0: plain attention, 1: V - P V)."""
-    if not 0.0 <= value <= 1.0:
-        raise InputError(f"blend {value}; allowed: a number in [0, 1]")
-    buffers = [m.laplacian_blend for m in attention_modules(model) if hasattr(m, "laplacian_blend")]
-    if not buffers:
-        raise InputError("the model was not enabled with init='blend'")
-    for buffer in buffers:
-        buffer.fill_(value)
-
-
-class BlendSchedule:
-    """lambda rising linearly from 0 to 1 over ``steps`` optimizer steps: call ``schedule(step)`` each step."""
-
-    def __init__(self, model: nn.Module, steps: int) -> None:
-        if steps < 1:
-            raise InputError(f"BlendSchedule steps {steps}; allowed: >= 1")
-        self.model, self.steps = model, steps
-
-    def __call__(self, step: int) -> float:
-        value = min(max(step / self.steps, 0.0), 1.0)
-        set_blend(self.model, value)
-        return value
 
 
 def from_pretrained(model_class, path, *args, **kwargs):

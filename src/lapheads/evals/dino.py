@@ -99,7 +99,7 @@ def attention_maps(backbone: torch.nn.Module, images: torch.Tensor) -> torch.Ten
     with ResidualStream(backbone, [before]) as stream:
         backbone.forward_features(images.to(_device(backbone)))
     last = backbone.blocks[-1]
-    _, attn = last.attn(last.norm1(stream.tokens[before]), return_attn=True)
+    _, attn = last.attn.forward_with_attn(last.norm1(stream.tokens[before]))
     h, w = images.shape[-2] // backbone.patch_embed.patch_size[0], images.shape[-1] // backbone.patch_embed.patch_size[1]
     return attn[:, :, 0, backbone.num_prefix_tokens:].reshape(len(images), -1, h, w).float().cpu()
 

@@ -23,6 +23,7 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 
 from lapheads.attention import LaplacianAttention, parse_laplacian_heads
+from lapheads.convert import init_heads
 from lapheads.errors import InputError
 from lapheads.io import load_tensor_file
 
@@ -54,6 +55,7 @@ def create_vit(
     *,
     qk_norm: bool = False,
     pretrained_file: str | None = None,
+    init: str = "switch",
     **timm_kwargs: Any,
 ) -> VisionTransformer:
     """Build a timm VisionTransformer whose attention layers are ``LaplacianAttention``.
@@ -64,6 +66,9 @@ def create_vit(
         qk_norm: LayerNorm on queries and keys (the paper's baseline is the QK-norm model with 0 Laplacian heads).
         pretrained_file: a local timm checkpoint (.pth / .safetensors) to load; with a different ``num_classes``
             timm drops the classifier, as for any fine-tune.
+        init: how the Laplacian heads of a pretrained model start (:mod:`lapheads.convert`): "switch",
+            "signflip" (their W_O columns negated) or "blend" (lambda = 0: exactly the pretrained function; then
+            ``lapheads.convert.BlendSchedule``).
         **timm_kwargs: passed to ``timm.create_model`` (num_classes, img_size, in_chans, drop_path_rate, ...).
     """
     if name not in timm.list_models():
@@ -86,6 +91,10 @@ def create_vit(
     if not isinstance(model, VisionTransformer):
         raise InputError(f"model {name!r} is a {type(model).__name__}; allowed: timm VisionTransformer models")
     set_laplacian_heads(model, laplacian_heads)
+    for attn in (m for m in model.modules() if isinstance(m, LaplacianAttention)):
+        width = attn.head_dim
+        init_heads(attn, attn.laplacian_mask, init,
+                   lambda head, a=attn, w=width: (a.proj.weight, slice(head * w, (head + 1) * w), 1))
     return model
 
 
@@ -105,8 +114,9 @@ def _default_cfg(input_size: tuple[int, int, int], num_classes: int, imagenet: b
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
     mean, std = (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD) if imagenet else ((0.5,) * input_size[0],) * 2
+    # fixed_input_size: learned position embeddings for one grid, as timm's own ViT configs say
     return dict(url="", num_classes=num_classes, input_size=input_size, mean=mean, std=std,
-                first_conv="patch_embed.proj", classifier="head")
+                first_conv="patch_embed.proj", classifier="head", fixed_input_size=True)
 
 
 # timm's register_model reads the registering module's ``default_cfgs``; untrained names need one too.
