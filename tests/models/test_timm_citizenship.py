@@ -1,0 +1,152 @@
+"""lapheads ViTs as timm citizens: TorchScript, FX, torch.export, features, meta-device factories, conversion inits,
+and (slow, needs PyPI) timm's own tests/test_models.py on lapheads' registered names."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import warnings
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+import lapheads  # noqa: F401 - registers the names
+from lapheads.convert import BlendSchedule, set_blend
+from lapheads.errors import InputError
+from lapheads.models.vit import create_vit, default_cfgs, vit_laplacian_masks
+
+
+@pytest.mark.parametrize("spec", [2, "0,1,2,3,2,1"])
+def test_torchscript_fx_and_export_equal_eager(spec):
+    model = timm.create_model("vit_fmnist_patch4", laplacian_heads=spec).eval()
+    x = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        expected = model(x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scripted = torch.jit.script(model)
+        torch.testing.assert_close(scripted(x), expected)
+        traced = torch.fx.symbolic_trace(model)
+        assert sum(n.op == "call_function" and "leaf" in str(n.target) for n in traced.graph.nodes) == 6
+        torch.testing.assert_close(traced(x), expected)
+        torch.testing.assert_close(torch.export.export(model, (x,)).module()(x), expected)
+
+
+def test_features_intermediates_and_fx_feature_extraction():
+    from timm.models._features_fx import create_feature_extractor
+
+    model = timm.create_model("vit_fmnist_patch4", laplacian_heads=2).eval()
+    x = torch.randn(2, 1, 28, 28)
+    final, intermediates = model.forward_intermediates(x)
+    assert final.shape == (2, 50, 192) and len(intermediates) == 6
+    features = timm.create_model("vit_fmnist_patch4", laplacian_heads=2, features_only=True, out_indices=(1, 5))
+    assert [tuple(f.shape) for f in features.eval()(x)] == [(2, 192, 7, 7)] * 2
+    extractor = create_feature_extractor(model, {"blocks.2": "b2"})
+    torch.testing.assert_close(extractor(x)["b2"], model.blocks[:3](model._pos_embed(model.patch_embed(x))))
+
+
+@pytest.mark.parametrize("name", ["vit_fmnist_patch4", "deit3_small_3L_patch16_192"])
+def test_a_meta_device_factory_puts_every_tensor_there_and_keeps_the_heads(name):
+    model = timm.create_model(name, device="meta")
+    assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"meta"}
+    assert vit_laplacian_masks(model) == vit_laplacian_masks(timm.create_model(name))
+
+
+def test_every_registered_cfg_says_the_size_the_model_is_built_at():
+    for name in default_cfgs:
+        model_name = name.split(".")[0]
+        config = timm.data.resolve_data_config(model=timm.create_model(model_name, device="meta"))
+        built = timm.create_model(model_name, device="meta").patch_embed.img_size
+        assert config["input_size"][1:] == tuple(built), model_name
+
+
+def test_conversion_inits_of_a_pretrained_timm_vit(tmp_path):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    pretrained = timm.create_model("vit_fmnist_patch4").eval()  # plain attention weights, saved as a file
+    save_file(pretrained.state_dict(), str(tmp_path / "vit.safetensors"))
+    x = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        reference = pretrained(x)
+        blend = create_vit("vit_fmnist_patch4", 2, pretrained_file=str(tmp_path / "vit.safetensors"),
+                           init="blend").eval()
+        assert torch.equal(blend(x), reference)  # lambda = 0: exactly the pretrained function
+        assert BlendSchedule(blend, 10)(10) == 1.0
+        switch = create_vit("vit_fmnist_patch4", 2, pretrained_file=str(tmp_path / "vit.safetensors")).eval()
+        torch.testing.assert_close(blend(x), switch(x))
+        flipped = create_vit("vit_fmnist_patch4", 2, pretrained_file=str(tmp_path / "vit.safetensors"),
+                             init="signflip").eval()
+        # block 0 alone: (-W_O)(V - P V) = W_O P V - W_O V
+        tokens = pretrained._pos_embed(pretrained.patch_embed(x))
+        h = pretrained.blocks[0].norm1(tokens)
+        plain_out, flip_out = pretrained.blocks[0].attn(h), flipped.blocks[0].attn(h)
+        attn = pretrained.blocks[0].attn
+        v = attn.qkv(h).reshape(3, 50, 3, 3, 64)[:, :, 2]  # (B, N, heads, D)
+        w = attn.proj.weight.view(192, 3, 64)
+        identity = torch.einsum("bnhd,ohd->bno", v[:, :, 1:], w[:, 1:])
+        torch.testing.assert_close(flip_out, plain_out - identity, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputError, match="was not converted with init='blend'"):
+        set_blend(switch, 0.5)
+    with pytest.raises(InputError, match="init='warm'; allowed: switch, signflip, blend"):
+        create_vit("vit_fmnist_patch4", 1, init="warm")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# timm's own model tests
+
+
+NAMES = ["vit_fmnist_patch4", "vit_lite_7_patch4_32", "deit3_small_0L_patch16_192", "deit3_small_3L_patch16_224",
+         "deit3_base_5L_patch16_224", "deit3_large_2L_patch16_192"]
+REFERENCE = "deit3_small_patch16_224"  # timm's own DeiT-III
+
+
+def _timm_tests(cache: Path) -> Path:
+    """timm's tests/ from the sdist of the installed timm version (PyPI), cached beside the environment."""
+    folder = cache / f"timm-{timm.__version__}" / "tests"
+    if (folder / "test_models.py").is_file():
+        return folder
+    cache.mkdir(parents=True, exist_ok=True)
+    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q",
+                              "-d", str(cache), f"timm=={timm.__version__}"], capture_output=True, text=True,
+                             timeout=300)
+    sdist = cache / f"timm-{timm.__version__}.tar.gz"
+    if fetched.returncode != 0 or not sdist.is_file():
+        pytest.skip(f"timm's test suite needs its sdist from PyPI (timm=={timm.__version__}); pip said: "
+                    f"{(fetched.stderr or fetched.stdout).strip().splitlines()[-1:]}")
+    with tarfile.open(sdist) as archive:
+        members = [m for m in archive.getmembers() if m.name.startswith(f"timm-{timm.__version__}/tests/")]
+        archive.extractall(cache, members=members, filter="data")
+    return folder
+
+
+@pytest.mark.slow
+def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_deit3():
+    tests = _timm_tests(Path(sys.prefix) / "share" / "lapheads-timm-tests")
+    conftest = tests / "conftest.py"
+    if "import lapheads" not in conftest.read_text():
+        conftest.write_text(conftest.read_text() + "\nimport lapheads  # noqa: F401 - lapheads' names join timm's\n")
+    names = " or ".join([*NAMES, REFERENCE])
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-W", "ignore",
+                           "test_models.py", "-k", f"({names}) and not load_pretrained"],
+                          cwd=tests, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    outcomes = {}
+    for status, test, name in re.findall(r"^(PASSED|FAILED|SKIPPED|ERROR) test_models\.py::(\w+)\[\w+-([\w.]+)\]",
+                                         done.stdout, re.M):
+        outcomes.setdefault(name, {})[test] = status
+    reference = {t for t, s in outcomes.get(REFERENCE, {}).items() if s == "PASSED"}
+    assert len(reference) >= 5, done.stdout[-3000:]
+    for name in NAMES:
+        ran = outcomes.get(name, {})
+        # timm collects its forward_intermediates tests by module (its own model files), so they do not run for
+        # lapheads' module; test_features_intermediates_and_fx_feature_extraction above covers them
+        expected = {t for t in reference if t in ran or "intermediates" not in t}
+        passed = {t for t, s in ran.items() if s == "PASSED"}
+        assert expected <= passed, f"{name}: {sorted(expected - passed)} fail\n{done.stdout[-3000:]}"
+        assert not [t for t, s in ran.items() if s in ("FAILED", "ERROR")], f"{name}: {ran}"
