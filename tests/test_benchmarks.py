@@ -46,3 +46,20 @@ def test_hf_benchmark_and_the_conversion_example_run_on_tiny_settings(tmp_path, 
     # blend at lambda = 0 and the k = 0 control start from the pretrained function; switch does not
     assert curves["blend"]["val_loss_at_conversion"] == curves["control"]["val_loss_at_conversion"]
     assert curves["switch"]["val_loss_at_conversion"] != curves["control"]["val_loss_at_conversion"]
+
+
+def test_the_timm_conversion_example_runs_on_tiny_settings(tmp_path, fmnist_root):
+    import json
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "timm_convert_finetune.py"
+    done = subprocess.run([sys.executable, str(example), "--pretrain-steps", "2", "--steps", "2", "--blend-steps", "1",
+                           "--batch", "16", "--test-images", "64", "--data-root", str(fmnist_root), "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((tmp_path / "curves.json").read_text())["results"]
+    assert set(results) == {"pretrain", "control", "switch", "signflip", "blend"}
+    # blend at lambda = 0 is the pretrained model, as the k = 0 control is
+    assert results["blend"]["test_accuracy_at_conversion"] == results["control"]["test_accuracy_at_conversion"]
+    assert (tmp_path / "pretrained.safetensors").is_file() and (tmp_path / "curves.png").is_file()
