@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -29,6 +30,8 @@ def test_tensorboard_mirrors_metrics_and_a_resumed_run_has_no_duplicate_steps(te
     cfg = tiny_lm(text_root, num_iterations=8, eval_every=4, checkpoint_every=2, log="tensorboard")
     run = tmp_path / "run"
     assert train_lm(cfg, run, stop_at_step=5)["stopped"]  # steps 1-5 logged, last checkpoint at 4
+    with pytest.raises(Exception, match="differs"):  # a trajectory field still may not change on resume
+        train_lm(dataclasses.replace(cfg, seed=3), run, resume=True)
     train_lm(cfg, run, resume=True)
     seen = _scalars(run / "tensorboard")
     for key in ("loss", "val_bpb"):
@@ -65,3 +68,17 @@ def test_a_missing_tracker_package_is_one_line_before_anything_is_written(text_r
     assert not (tmp_path / "r" / "config.json").exists()
     assert main(["train", "lm", "--preset", "shakespeare-cpu", "--log", "mlflow", "--out", str(tmp_path / "r")]) == 2
     assert "--log 'mlflow': allowed: a string, empty or a comma list of tensorboard, wandb" in capsys.readouterr().err
+
+
+def test_trackers_can_be_added_when_resuming(text_root, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["train", "lm", "--preset", "shakespeare-cpu", "--out", str(run), "--data-root", str(text_root),
+            "--device", "cpu", "--depth", "2", "--sequence-len", "64", "--micro-batch", "16", "--total-batch-size",
+            "1024", "--num-iterations", "4", "--checkpoint-every", "2", "--eval-every", "4", "--eval-tokens", "1024",
+            "--sample-tokens", "4", "--log-every", "1"]
+    train_lm_stopped = __import__("lapheads.train.lm", fromlist=["train_lm"]).train_lm
+    from lapheads.presets import resolve_config
+
+    train_lm_stopped(resolve_config("lm", "shakespeare-cpu", None, args[6:]), run, stop_at_step=2)
+    assert main(["train", "lm", "--out", str(run), "--resume", "--log", "tensorboard"]) == 0, capsys.readouterr().err
+    assert [s for s, _ in _scalars(run / "tensorboard")["loss"]] == [3, 4]  # mirrored from the resume on

@@ -320,13 +320,16 @@ def resume_config(task: str, run_dir: str | Path, preset: str | None, laplacian_
     given = apply_overrides(stored, overrides)
     if laplacian_heads is not None:
         given = config_from_dict(cls, {"laplacian_heads": laplacian_heads}, base=given)
-    changed = [f.name for f in dataclasses.fields(cls) if getattr(given, f.name) != getattr(stored, f.name)]
+    from lapheads.train.runtime import RESUME_FREE
+
+    changed = [f.name for f in dataclasses.fields(cls)
+               if f.name not in RESUME_FREE and getattr(given, f.name) != getattr(stored, f.name)]
     if changed:
         detail = ", ".join(f"--{k.replace('_', '-')} {getattr(given, k)!r} (run: {getattr(stored, k)!r})"
                            for k in changed)
         raise ConfigError(f"--resume continues the run as it was configured; differs from {run.config_file}: "
                           f"{detail}; allowed: the stored values, or leave those options out")
-    return stored
+    return dataclasses.replace(stored, **{k: getattr(given, k) for k in RESUME_FREE})  # e.g. add --log on resume
 
 
 def resolve_classify_config(preset: str, laplacian_heads: str | None, overrides: list[str]) -> ClassifyConfig:

@@ -88,6 +88,10 @@ class RunConfig:
                              lambda v: all(t.strip() in ("tensorboard", "wandb") for t in v.split(",") if t.strip())))
 
 
+#: fields a --resume may change: they do not touch the trajectory (where metrics are mirrored)
+RESUME_FREE = ("log",)
+
+
 class NonFiniteLossError(LapheadsError, RuntimeError):
     """The loss became NaN or inf; the message names the step."""
 
@@ -410,7 +414,8 @@ def start_or_resume(
         saved = run.read_config().get("config", {})
         # a field added to lapheads after the run was written counts as unchanged while it has its default value
         defaults = defaults_of(config_type) if config_type is not None else {}
-        changed = sorted(k for k in config if saved.get(k, defaults.get(k, _MISSING)) != config[k])
+        changed = sorted(k for k in config
+                         if k not in RESUME_FREE and saved.get(k, defaults.get(k, _MISSING)) != config[k])
         if changed:
             raise ConfigError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
         if dist_.is_main:
