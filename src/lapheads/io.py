@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 from typing import IO, Any
@@ -17,7 +18,15 @@ import torch
 
 from lapheads.errors import CheckpointError
 
-__all__ = ["NUMPY_ARRAY_GLOBALS", "load_safetensors", "load_tensor_file", "restricted_unpickle", "state_dict_mismatch"]
+__all__ = ["NUMPY_ARRAY_GLOBALS", "atomic_write_text", "load_safetensors", "load_tensor_file", "restricted_unpickle",
+           "state_dict_mismatch"]
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 #: What numpy arrays pickle as, in numpy 1.x and 2.x (``_frombuffer`` with protocol 5; ``_codecs.encode`` carries
 #: bytes in protocol-2 pickles). Each only builds arrays, dtypes or bytes from data.

@@ -126,7 +126,7 @@ def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, 
         threads: the threads all jobs share (default: the CPU count).
     """
     from lapheads.presets import resolve_config
-    from lapheads.train.runtime import atomic_write_text
+    from lapheads.io import atomic_write_text
 
     task = _task_of(preset, task)
     overrides = _overrides(sets or [])

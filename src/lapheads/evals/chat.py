@@ -126,7 +126,7 @@ def run_chat_evals(run_dir: str | Path, tasks: list[str], *, data_dir: str | Non
                    progress: bool = True, tools: bool = True) -> dict[str, Any]:
     """Evaluate a chat run's latest checkpoint on ``tasks``; writes RUN_DIR/report/eval_chat.json."""
     from lapheads.train.chat import load_gpt_run
-    from lapheads.train.runtime import atomic_write_text
+    from lapheads.io import atomic_write_text
 
     unknown = [t for t in tasks if t not in CHAT_TASKS]
     if unknown or not tasks:

@@ -167,7 +167,7 @@ def evaluate_harness(run_dir: str | None, tasks: list[str], *, data_dir: str | N
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from lapheads.train.runtime import atomic_write_text
+    from lapheads.io import atomic_write_text
 
     paths = [include_path] if include_path else []
     with tempfile.TemporaryDirectory(prefix="lapheads-harness-") as tmp:

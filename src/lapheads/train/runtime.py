@@ -42,7 +42,7 @@ from safetensors.torch import save_file
 import lapheads
 from lapheads.config import NON_NEGATIVE, POSITIVE, ConfigError, Domain, one_of, option
 from lapheads.errors import CheckpointError, InputError, LapheadsError
-from lapheads.io import load_safetensors, state_dict_mismatch
+from lapheads.io import atomic_write_text, load_safetensors, state_dict_mismatch  # atomic_write_text: re-exported
 
 __all__ = [
     "CheckpointError",
@@ -467,12 +467,6 @@ def wrap_for_training(model: torch.nn.Module, dist_: Distributed, compile_model:
 
         train_model = DistributedDataParallel(model, device_ids=[dist_.local_rank] if dist_.device.type == "cuda" else None)
     return train_model, (torch.compile(train_model) if compile_model else train_model)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
