@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 
 def _load(name: str):
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
@@ -14,6 +16,7 @@ def _load(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_smoke_writes_every_table(tmp_path):
     out = tmp_path / "benchmarks-gpu.md"
     text = _load("gpu").main(["--smoke", "--device", "cpu", "--backend", "aot_eager", "--out", str(out)])
@@ -24,6 +27,7 @@ def test_gpu_benchmark_smoke_writes_every_table(tmp_path):
     assert "| ViT-B/16 32 px | 0/4 |" in text and "| ViT-B/16 32 px | 4/4 |" in text
 
 
+@pytest.mark.slow
 def test_hf_benchmark_and_the_conversion_example_run_on_tiny_settings(tmp_path, capsys, monkeypatch, text_root):
     import json
     import subprocess
@@ -48,6 +52,7 @@ def test_hf_benchmark_and_the_conversion_example_run_on_tiny_settings(tmp_path, 
     assert curves["switch"]["val_loss_at_conversion"] != curves["control"]["val_loss_at_conversion"]
 
 
+@pytest.mark.slow
 def test_the_timm_conversion_example_runs_on_tiny_settings(tmp_path, fmnist_root):
     import json
     import subprocess

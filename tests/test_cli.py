@@ -24,6 +24,7 @@ def test_help_lists_the_demo(capsys):
     assert "demo" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_console_script_and_module_entry_points():
     console_script = Path(sys.executable).with_name("lapheads")
     for cmd in ([str(console_script), "--help"], [sys.executable, "-m", "lapheads", "--version"]):

@@ -108,6 +108,7 @@ def test_a_left_padded_row_equals_the_unpadded_sequence(name):
     torch.testing.assert_close(together[0, 3:], alone[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_spec_survives_saving_and_plain_loading_refuses_it(tmp_path):
     model = lhf.enable(_build("llama"), "0,2")
     model.save_pretrained(tmp_path)

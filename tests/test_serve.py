@@ -105,6 +105,7 @@ def _browser():
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
+@pytest.mark.slow
 def test_the_web_chat_works_in_a_real_browser(sft_run, engine, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait

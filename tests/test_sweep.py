@@ -57,6 +57,7 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
     assert (out / "report" / "metric.png").stat().st_size > 5000 and (out / "report" / "geometry.png").exists()
 
 
+@pytest.mark.slow
 def test_parallel_jobs_train_every_cell_in_its_own_process_and_record_failures(tiny_preset, tmp_path, capsys):
     out = tmp_path / "sweep"
     args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0,1", "--seeds", "0", "--out",
@@ -76,6 +77,7 @@ def test_parallel_jobs_train_every_cell_in_its_own_process_and_record_failures(t
     assert statuses == {"L0-s0": "done", "L1-s0": "done", "L0-s1": "failed", "L1-s1": "done"}
 
 
+@pytest.mark.slow
 def test_a_dino_sweep_report_evaluates_every_cell_once(tiny_dino, tmp_path, monkeypatch, capsys):
     from lapheads.evals import dino as dino_evals
 

@@ -82,6 +82,7 @@ def test_generate_until_is_greedy_and_stops_at_the_stop_strings(harness_lm):
     assert cut == full[:full.find(stop)]
 
 
+@pytest.mark.slow
 def test_the_shipped_tasks_run_offline_through_the_cli(lm_run, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

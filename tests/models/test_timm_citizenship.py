@@ -57,6 +57,7 @@ def test_a_meta_device_factory_puts_every_tensor_there_and_keeps_the_heads(name)
     assert vit_laplacian_masks(model) == vit_laplacian_masks(timm.create_model(name))
 
 
+@pytest.mark.slow
 def test_every_registered_cfg_says_the_size_the_model_is_built_at():
     for name in default_cfgs:
         model_name = name.split(".")[0]

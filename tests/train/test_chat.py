@@ -130,6 +130,7 @@ def test_mid_training_packs_conversations_and_trains_every_token(base_run, tmp_p
     assert json.loads((tmp_path / "sft" / "config.json").read_text())["base_task"] == "mid"
 
 
+@pytest.mark.slow
 def test_ddp_two_ranks_match_one_rank(base_run, tmp_path):
     cfg = tiny_sft(base_run, num_iterations=2, eval_every=2, val_data="")  # 1 rank: 2 accumulation steps
     train_sft(cfg, tmp_path / "one")

@@ -75,6 +75,7 @@ def test_a_run_killed_before_its_first_checkpoint_can_start_over_or_resume(tiny_
     assert full["step"] == 8 and not full.get("stopped")
 
 
+@pytest.mark.slow
 def test_ddp_two_ranks_match_one_rank(tiny_config, tmp_path):
     # Parameters with zero true gradient would not compare: Adam turns the float noise in their gradients into
     # lr-sized steps. They are the key bias and the key-norm bias (softmax is shift-invariant) and the value bias of

@@ -49,6 +49,7 @@ def test_training_runs_and_resumes_on_the_same_trajectory(tiny_dino, tmp_path):
     assert record["task"] == "dino" and record["laplacian_masks"] == [[False, True]] * 2
 
 
+@pytest.mark.slow
 def test_eval_dino_prints_probes_and_writes_pictures(tiny_dino, tmp_path, capsys):
     train_dino(tiny_dino, tmp_path / "a")
     train_dino(dataclasses.replace(tiny_dino, laplacian_heads="0"), tmp_path / "b")
@@ -91,6 +92,7 @@ def test_eval_dino_refuses_other_runs(tmp_path, capsys, tiny_config):
     assert "holds a 'classify' run; allowed here: dino" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ddp_two_ranks_train_split_the_batch_and_save_every_ranks_rng(tiny_dino, tmp_path):
     import os
     import subprocess

@@ -148,6 +148,7 @@ def test_data_prepare_tokenises_the_corpus_once(text_root, capsys):
     assert "allowed: shakespeare, fineweb-edu" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ddp_two_ranks_match_one_rank(text_root, tmp_path):
     import os
     import subprocess

@@ -27,6 +27,7 @@ def _final_weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(latest_checkpoint(RunDir(run)) / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_the_readme_resume_line_after_kill_9_ends_bit_identical(tiny_config, tmp_path):
     cfg = dataclasses.replace(tiny_config, epochs=6.0, eval_every_epochs=6.0, checkpoint_every=4, laplacian_heads="0")
     preset = tmp_path / "tiny.json"
