@@ -118,7 +118,7 @@ class ChatEngine:
             if text.startswith(shown) and len(text) > len(shown):
                 yield text[len(shown):]
                 shown = text
-            if cache.pos + len(new) > limit or not new:
+            if not new:  # the context is full
                 break
             logits = model(torch.tensor([new], device=device), kv_cache=cache)[:, -1]
         text = self.display(reply)

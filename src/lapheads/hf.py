@@ -115,7 +115,8 @@ def _output_columns(module: nn.Module, model: nn.Module, head: int, head_dim: in
     dense = getattr(getattr(parent, "output", None), "dense", None)  # ViT: attention.output.dense
     if isinstance(dense, nn.Linear):
         return dense.weight, cols, 1
-    return None
+    raise InputError(f"init='signflip' does not know the output projection of {type(module).__name__}; allowed: "
+                     "init='switch' or 'blend'")
 
 
 def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Module:
@@ -142,9 +143,7 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
         device = next(module.parameters()).device
         module.register_buffer("laplacian_mask", mask.to(device), persistent=False)
         head_dim = getattr(module, "head_dim", None) or model.config.hidden_size // num_heads
-        columns = _output_columns(module, model, 0, head_dim) is not None
-        init_heads(module, mask.to(device), init,
-                   (lambda head, m=module: _output_columns(m, model, head, head_dim)) if columns else None)
+        init_heads(module, mask.to(device), init, lambda head, m=module: _output_columns(m, model, head, head_dim))
     model.config.laplacian_heads = [m.tolist() for m in masks]
     model.config.attn_implementation = NAME  # saved: plain transformers then refuses to load it as SDPA
     model.set_attn_implementation(NAME)
