@@ -18,8 +18,7 @@ import time
 import torch
 
 from lapheads.bench import machine_summary
-from lapheads.geometry import CDNVAccumulator, top_k_classes
-from lapheads.geometry.analyze import LayerGeometry
+from lapheads.geometry import CDNVAccumulator, LayerGeometry, top_k_classes
 
 
 def _batches(tokens: int, seq_len: int, dim: int, classes: int, batch: int, seed: int = 0):

@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from lapheads.chat import ChatEngine  # noqa: E402
 from lapheads.data.conversations import render_for_completion  # noqa: E402
+from lapheads.runs import load_gpt_run  # noqa: E402
 from lapheads.serve import ServeLimits, create_app  # noqa: E402
-from lapheads.train.chat import load_gpt_run  # noqa: E402
 
 QUESTIONS = ["Ada has 23 coins and gets 45 more. How many coins does Ada have now?",
              "How many 'o' are there in 'zoo'?", "Eve had 50 pens and gave away 7. How many pens does Eve have left?"]

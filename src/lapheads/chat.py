@@ -7,7 +7,7 @@ Design choices:
 * **The calculator tool, as nanochat**: when the model closes a tool call (``<|python_start|> expr
   <|python_end|>``), the expression is evaluated and ``<|output_start|> result <|output_end|>`` is forced into the
   sequence before sampling resumes. Only arithmetic (digits, ``+ - * / ( ) .``) and ``'word'.count('x')`` are
-  accepted, and they run in :mod:`lapheads.evals.sandbox` (a separate, resource-limited process), never in ours.
+  accepted, and they run in :mod:`lapheads.sandbox` (a separate, resource-limited process), never in ours.
 * **Streamed text is the decoded tail**: the whole reply is decoded after each token and the new suffix is yielded,
   so characters spread over several byte tokens come out whole; tool calls are shown as ``[calc: expr = result]``.
 """
@@ -36,7 +36,7 @@ def use_calculator(expression: str, timeout: float = 3.0) -> str | None:
 
     Integral floats print as integers (48/2 -> "24"), as GSM8K writes them.
     """
-    from lapheads.evals.sandbox import run_program
+    from lapheads.sandbox import run_program
 
     expression = expression.strip()
     if not (_ARITHMETIC.fullmatch(expression) and "**" not in expression) and not _COUNT.fullmatch(expression):

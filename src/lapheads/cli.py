@@ -16,6 +16,7 @@ from pathlib import Path
 
 import lapheads
 from lapheads.errors import LapheadsError
+from lapheads.tasks import TASKS
 
 
 class UserError(LapheadsError):
@@ -62,17 +63,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out else _default_out(args.task, args.preset, args.laplacian_heads)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; allowed: a new directory or a run directory")
-    if args.task == "classify":
-        from lapheads.train.classify import train_classify as train
-    elif args.task == "lm":
-        from lapheads.train.lm import train_lm as train
-    elif args.task == "mid":
-        from lapheads.train.chat import train_mid as train
-    elif args.task == "sft":
-        from lapheads.train.chat import train_sft as train
-    else:
-        from lapheads.train.dino import train_dino as train
-    from lapheads.train.runtime import peer_failures
+    from lapheads.distributed import peer_failures
+    from lapheads.tasks import get_task
+
+    train = get_task(args.task).train_function()
 
     with peer_failures():  # a rank that died under torchrun: one line on the others, not a gloo traceback
         result = train(cfg, out, resume=args.resume, preset=args.preset)
@@ -189,7 +183,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_chat(args: argparse.Namespace) -> int:
     from lapheads.chat import ChatEngine
     from lapheads.data.conversations import render_for_completion
-    from lapheads.train.chat import load_gpt_run
+    from lapheads.runs import load_gpt_run
 
     if args.max_tokens < 1 or args.temperature < 0 or args.top_k < 0:
         raise UserError(f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
@@ -255,6 +249,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    from lapheads.tasks import upgrade_run
+
+    for path in args.paths:
+        folder = Path(path)
+        cells = sorted(p.parent for p in folder.glob("*/config.json")) if (folder / "sweep.json").is_file() else [
+            folder]
+        for run_dir in cells:
+            added = upgrade_run(run_dir)
+            print(f"upgrade: {run_dir}: " + (f"added {', '.join(added)}" if added else "already current"))
+    return 0
+
+
 def _cmd_export_tb(args: argparse.Namespace) -> int:
     from lapheads.tracking import export_tensorboard
 
@@ -269,14 +276,14 @@ def _cmd_export_tb(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from lapheads.geometry.analyze import AnalyzeOptions, analyze_runs
+    from lapheads.analyze import AnalyzeOptions, analyze_runs
 
     if args.max_tokens < 2:
         raise UserError(f"--max-tokens {args.max_tokens}: allowed: an integer >= 2")
     options = AnalyzeOptions(layers=args.layers, max_tokens=args.max_tokens, fraction=args.fraction,
                              top_k=args.top_k, batch_size=args.batch_size, ema=args.ema, device=args.device)
     if args.over_training:
-        from lapheads.geometry.analyze import analyze_over_training
+        from lapheads.analyze import analyze_over_training
 
         if len(args.run_dirs) != 1:
             raise UserError(f"--over-training takes one RUN_DIR; got {len(args.run_dirs)}")
@@ -287,7 +294,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if args.nanochat:
         if args.run_dirs:
             raise UserError("analyze takes RUN_DIRs or --nanochat DIR, not both")
-        from lapheads.geometry.analyze import analyze_nanochat
+        from lapheads.analyze import analyze_nanochat
 
         _, summary = analyze_nanochat(args.nanochat, options, step=args.step, tokenizer_dir=args.nanochat_tokenizer,
                                       data_root=args.data_root, out=args.out)
@@ -409,11 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", allow_abbrev=False, help="train a model from a preset",
                            description="lapheads train TASK --help lists the presets and every config field.")
     tasks = train.add_subparsers(dest="task", metavar="TASK", required=True, parser_class=_TrainParser)
-    for task, what in (("classify", "supervised image classification (ViT)"), ("lm", "language-model pre-training "
-                       "(nanochat GPT)"), ("dino", "self-supervised DINO (ViT)"),
-                       ("mid", "LM mid-training on packed conversations (from an LM run or nanochat)"),
-                       ("sft", "supervised fine-tuning on conversations, full or LoRA (from an LM/mid run or nanochat)")):
-        task_parser = tasks.add_parser(task, allow_abbrev=False, help=what,
+    for task in TASKS.values():
+        task_parser = tasks.add_parser(task.name, allow_abbrev=False, help=task.help,
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
         task_parser.add_argument("--preset", default=None, help="a preset name or a .json file of config fields "
                                  "(with --resume: optional, checked against the run)")
@@ -423,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
         task_parser.add_argument("--resume", action="store_true", help="continue the run in --out with its stored "
                                  "config from its last checkpoint (or from the start if it wrote none)")
         task_parser.set_defaults(func=_cmd_train, takes_overrides=True)
-        if task in ("mid", "sft"):
+        if task.from_run:
             task_parser.add_argument("--from", dest="base_from", default=None, metavar="RUN_DIR",
                                      help="the lapheads run to start from (sets --base)")
             task_parser.add_argument("--nanochat", dest="nanochat_from", default=None, metavar="DIR",
@@ -493,6 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", default=None, help="default: PATH/tensorboard-export (one folder per run)")
     export.set_defaults(func=_cmd_export_tb)
 
+    upgrade = sub.add_parser("upgrade", allow_abbrev=False, help="bring run directories written by an older "
+                             "lapheads up to the current run-directory contract (config.json only)")
+    upgrade.add_argument("paths", nargs="+", metavar="RUN_DIR|SWEEP_DIR")
+    upgrade.set_defaults(func=_cmd_upgrade)
+
     analyze = sub.add_parser("analyze", allow_abbrev=False, help="token-geometry metrics of runs, side by side")
     analyze.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")
     analyze.add_argument("--layers", default="all", help='"all" or a comma list such as embed,3,6,norm')
@@ -515,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--laplacian-heads", required=True, help="k values 0,1,3,6 or per-layer specs 0;2,2,0,0")
     sweep.add_argument("--seeds", required=True, help="comma list, e.g. 0,1,2")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
-    sweep.add_argument("--task", default=None, choices=["classify", "lm", "dino", "mid", "sft"], help="for preset files")
+    sweep.add_argument("--task", default=None, choices=list(TASKS), help="for preset files")
     sweep.add_argument("--out", default=None, help="the sweep directory (default: runs/sweeps/<preset>)")
     sweep.add_argument("--dry-run", action="store_true", help="print one torchrun command per cell instead")
     sweep.add_argument("--nproc-per-node", type=int, default=8, help="--dry-run: GPUs per cell")

@@ -12,11 +12,11 @@ import json
 import time
 from pathlib import Path
 
+from lapheads.analyze import analyze_runs
 from lapheads.data.images import fetch_fashion_mnist, find_fashion_mnist
-from lapheads.geometry.analyze import analyze_runs
 from lapheads.presets import resolve_classify_config
+from lapheads.runs import RunDir
 from lapheads.train.classify import train_classify
-from lapheads.train.runtime import RunDir
 
 __all__ = ["plot_runs", "run_demo", "write_report"]
 
@@ -68,7 +68,7 @@ def verdict(baseline: float, laplacian: float, direction: int) -> str:
 
 
 def _claim_rows(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
-    from lapheads.geometry.analyze import SUMMARY_ROWS, _last_block
+    from lapheads.analyze import SUMMARY_ROWS, _last_block
 
     readers = dict(SUMMARY_ROWS)
     rows = []
@@ -162,7 +162,7 @@ def run_demo(out: Path, laplacian_heads: str = "3", data_root: str | None = None
         run_dir = out / f"fmnist-cpu-L{heads.replace(',', '_')}"
         print(f"== {label}: training into {run_dir}", flush=True)
         start = time.perf_counter()
-        train_classify(cfg, run_dir, resume=(run_dir / "config.json").exists())
+        train_classify(cfg, run_dir, resume=RunDir(run_dir).exists())
         walls[label] = time.perf_counter() - start
         runs[label] = RunDir(run_dir)
     print("== token geometry of both runs (lapheads analyze)", flush=True)

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from lapheads.config import ConfigError, apply_overrides, config_from_dict, load_preset_file, validate_config
+from lapheads.tasks import TASKS
 from lapheads.train.chat import MidConfig, SFTConfig
 from lapheads.train.classify import ClassifyConfig
 from lapheads.train.dino import DINOConfig
@@ -179,6 +180,17 @@ LM_PRESETS: dict[str, LMConfig] = {
         total_batch_size=8192, micro_batch=32, num_iterations=360, eval_every=90, eval_tokens=65_536,
         sample_prompt="ROMEO:\n", sample_tokens=200, log_every=10,
     ),
+    "shakespeare-long-cpu": LMConfig(
+        description=(
+            "shakespeare-cpu trained to convergence for the k-effect study (issue 18): the same GPT, data and "
+            "optimizers, 1,400 steps (~11.5M tokens, ~2 passes over the training plays), warm-down over the last "
+            "20%, validation every 175 steps, every checkpoint kept (geometry and head diffusion over training): "
+            "~25 min a run on 2 CPU cores, two runs in parallel at 1 thread each"
+        ),
+        dataset="shakespeare", tokenizer="char", depth=4, aspect_ratio=64, head_dim=64, sequence_len=256,
+        total_batch_size=8192, micro_batch=32, num_iterations=1400, eval_every=175, eval_tokens=65_536,
+        sample_prompt="ROMEO:\n", sample_tokens=200, log_every=10, keep_checkpoints=0,
+    ),
     "chat-cpu-base": LMConfig(
         description=(
             "The base model of the chat-cpu pipeline: a byte-level BPE (2,048 tokens) GPT on the complete "
@@ -273,10 +285,9 @@ SFT_PRESETS: dict[str, SFTConfig] = {
     ),
 }
 
-PRESETS: dict[str, dict[str, object]] = {"classify": CLASSIFY_PRESETS, "lm": LM_PRESETS, "dino": DINO_PRESETS,
-                                         "mid": MID_PRESETS, "sft": SFT_PRESETS}
-CONFIG_TYPES: dict[str, type] = {"classify": ClassifyConfig, "lm": LMConfig, "dino": DINOConfig, "mid": MidConfig,
-                                 "sft": SFTConfig}
+#: task -> its presets and config type, as the task table names them
+PRESETS: dict[str, dict[str, object]] = {name: task.preset_table() for name, task in TASKS.items()}
+CONFIG_TYPES: dict[str, type] = {name: task.config_type() for name, task in TASKS.items()}
 
 
 def resolve_config(task: str, preset: str, laplacian_heads: str | None, overrides: list[str]):
@@ -302,7 +313,8 @@ def resume_config(task: str, run_dir: str | Path, preset: str | None, laplacian_
     Repeating the options of the original command is allowed, not required: each one given (``--laplacian-heads``,
     ``--key value``, a preset name recorded in config.json) must equal the stored value, else a one-line error.
     """
-    from lapheads.train.runtime import CheckpointError, RunDir
+    from lapheads.errors import CheckpointError
+    from lapheads.runs import RunDir
 
     run = RunDir(run_dir)
     if not run.config_file.is_file():

@@ -26,9 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from lapheads.runs import RunDir, SweepError, load_sweep
+from lapheads.tasks import Metric, get_task
+
 __all__ = [
     "CLAIMS",
-    "HEADLINE",
     "collect",
     "holm",
     "load_sweep",
@@ -40,53 +42,8 @@ __all__ = [
     "write_report",
 ]
 
-# task -> [(label, source, path)]; source "metrics": the last logged value in metrics.jsonl, "eval_dino": a path
-# into report/eval_dino.json
-Metric = tuple[str, str, tuple[str, ...]]
-HEADLINE: dict[str, list[Metric]] = {
-    "classify": [("test top-1 (%)", "metrics", ("eval_top1",))],
-    "lm": [("validation bits per byte", "metrics", ("val_bpb",))],
-    "dino": [
-        ("k-NN top-1, k = 20 (%)", "eval_dino", ("knn", "20")),
-        ("k-NN top-1 at random init, k = 20 (%)", "eval_dino", ("knn_random_init", "20")),
-        ("linear probe top-1 (%)", "eval_dino", ("linear", "test_accuracy")),
-        ("segmentation mIoU (%)", "eval_dino", ("segmentation", "miou")),
-        ("PCA foreground IoU (%)", "eval_dino", ("pca_foreground_iou",)),
-    ],
-    "mid": [("validation loss (nats)", "metrics", ("val_loss",))],
-    "sft": [
-        ("validation loss (nats)", "metrics", ("val_loss",)),
-        ("held-out arith accuracy", "eval_chat", ("tasks", "arith", "accuracy")),
-        ("held-out letters accuracy", "eval_chat", ("tasks", "letters", "accuracy")),
-        ("ChatCORE", "eval_chat", ("chatcore",)),
-    ],
-}
-# task -> (label, path into a layer's analyze entry)
-GEOMETRY = {
-    "classify": [
-        ("within-sequence fraction", ("anova", "within_seq_fraction")),
-        ("between-class fraction", ("anova", "between_class_fraction")),
-        ("within / between-class variance", ("anova", "within_to_between_class")),
-        ("within-sequence variance / mean |h|^2", ("anova", "within_seq_scale_free")),
-        ("NC1, sequence means", ("collapse_seq", "nc1")),
-        ("ETF distance, sequence means", ("collapse_seq", "etf_distance")),
-        ("components for 99%, pooled", ("spectrum", "n_components")),
-        ("components for 99%, per sequence", ("spectrum", "n_components_per_seq")),
-        ("token cosine similarity", ("similarity",)),
-    ],
-    "lm": [
-        ("CDNV, next-token classes", ("linguistic", "cdnv")),
-        ("NC1, next-token classes", ("linguistic", "nc1")),
-        ("components for 99%, pooled", ("spectrum", "n_components")),
-        ("components for 99%, per sequence", ("spectrum", "n_components_per_seq")),
-        ("token cosine similarity", ("similarity",)),
-    ],
-}
-GEOMETRY["dino"] = GEOMETRY["classify"]
-#: task -> the layers whose geometry the report states: vision before and after the final norm; language models at
-#: the LM head's input (after the final norm), where linguistic-collapse studies measure them
-GEOMETRY_LAYERS = {"classify": ("last block", "after the final norm"), "dino": ("last block", "after the final norm"),
-                   "lm": ("after the final norm",)}
+# the headline metrics, geometry rows and geometry layers of each task are in lapheads.tasks (Task.headline, ...)
+_LAYER_WORDS = ("last block", "after the final norm")
 #: The direction the paper reports for a metric with Laplacian heads (+1 rises, -1 falls); absent = no claim.
 CLAIMS: dict[str, int] = {
     "test top-1 (%)": +1, "validation bits per byte": -1, "k-NN top-1, k = 20 (%)": +1, "linear probe top-1 (%)": +1,
@@ -159,28 +116,13 @@ def verdict(difference: float, p_holm: float, mde: float, direction: int | None)
 def _final(run_dir: Path, metric: Metric) -> float | None:
     """One finished run's value of ``metric``, or None where the run has not produced it."""
     _, source, path = metric
-    if source in ("eval_dino", "eval_chat"):
-        from lapheads.evals.dino import EVAL_FILE
-
-        file = run_dir / "report" / (EVAL_FILE if source == "eval_dino" else "eval_chat.json")
-        value: Any = json.loads(file.read_text()) if file.exists() else None
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        return value
-    file = run_dir / "metrics.jsonl"
-    if not file.exists():
-        return None
-    values = [r[path[0]] for r in map(json.loads, filter(str.strip, file.read_text().splitlines())) if path[0] in r]
-    return values[-1] if values else None
-
-
-def load_sweep(sweep_dir: Path) -> dict[str, Any]:
-    from lapheads.sweep import SWEEP_FILE, SweepError
-
-    try:
-        return json.loads((sweep_dir / SWEEP_FILE).read_text())
-    except FileNotFoundError:
-        raise SweepError(f"{sweep_dir} holds no sweep ({SWEEP_FILE} missing); run `lapheads sweep` first") from None
+    run = RunDir(run_dir)
+    if source == "metrics":
+        return run.last_metric(path[0])
+    value: Any = run.read_report(source)
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def _done_cells(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -231,17 +173,17 @@ def add_verdicts(family: dict[str, dict[str, dict[str, Any]]]) -> None:
 
 def _claim(label: str) -> int | None:
     """The paper's direction for a row label, whatever layer the row was measured at."""
-    for where in GEOMETRY_LAYERS.get("classify", ()):
+    for where in _LAYER_WORDS:
         label = label.removesuffix(f" ({where})")
     return CLAIMS.get(label)
 
 
 def _geometry_values(record: dict[str, Any], max_tokens: int) -> dict[str, dict[str, dict[int, float]]]:
-    from lapheads.geometry.analyze import AnalyzeOptions, analyze_run
+    from lapheads.analyze import AnalyzeOptions, analyze_run
 
     options = AnalyzeOptions(max_tokens=max_tokens)
-    metrics = GEOMETRY[record["task"]]
-    where = GEOMETRY_LAYERS[record["task"]]
+    task = get_task(record["task"])
+    metrics, where = task.geometry, task.geometry_layers
     out: dict[str, dict[str, dict[int, float]]] = {f"{label} ({w})": {s: {} for s in record["specs"]}
                                                    for w in where for label, _ in metrics}
     for cell in _done_cells(record):
@@ -311,7 +253,6 @@ TABLE_HEADER = ["| metric | Laplacian heads | n | mean ± std | difference vs 0 
 def restate(stats_file: str | Path) -> str:
     """The statistics table of an existing stats.json (any version: it keeps every cell's per-seed value),
     recomputed with the current tests, correction and verdict rule; no run directory needed."""
-    from lapheads.sweep import SweepError
 
     try:
         saved = json.loads(Path(stats_file).read_text())
@@ -337,7 +278,6 @@ def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: boo
         geometry: run (or reuse) ``lapheads analyze`` on every finished cell and report the last block's geometry.
         max_tokens: analyze's token budget per cell.
     """
-    from lapheads.sweep import SweepError
 
     sweep_dir = Path(sweep_dir)
     record = load_sweep(sweep_dir)
@@ -349,7 +289,7 @@ def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: boo
         from lapheads.evals.dino import eval_dino
 
         eval_dino([c["run_dir"] for c in cells], out, reuse=True)
-    metrics = [(metric, "metrics", (metric,))] if metric else HEADLINE[task]
+    metrics = [(metric, "metrics", (metric,))] if metric else list(get_task(task).headline)
     headline = {m[0]: summarize(collect(record, m)) for m in metrics}
     if not any(row["n"] for rows in headline.values() for row in rows.values()):
         names = ", ".join(headline)
@@ -367,7 +307,7 @@ def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: boo
         *TABLE_HEADER,
     ]
     geometry_stats: dict[str, Any] = {}
-    if geometry and task in GEOMETRY:  # mid/sft runs: their bases' geometry is the pre-training report's
+    if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
         geometry_stats = {name: summarize(by_spec) for name, by_spec in _geometry_values(record, max_tokens).items()}
     add_verdicts({**headline, **geometry_stats})
     lines += [_row(label, s, stats[s]) for label, stats in {**headline, **geometry_stats}.items() for s in specs]

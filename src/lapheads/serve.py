@@ -128,7 +128,7 @@ def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, device
     """Load ``run_dir`` (a mid or sft run) and serve it until interrupted."""
     import uvicorn
 
-    from lapheads.train.chat import load_gpt_run
+    from lapheads.runs import load_gpt_run
 
     record, model, tokenizer = load_gpt_run(run_dir, device)
     if record.get("task") not in ("mid", "sft"):

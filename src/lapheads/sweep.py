@@ -20,15 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lapheads.errors import LapheadsError
+from lapheads.runs import SWEEP_FILE, RunDir, SweepError
+from lapheads.tasks import get_task
 
 __all__ = ["SweepError", "cell_name", "parse_seeds", "parse_specs", "run_sweep", "sweep_cells"]
 
-SWEEP_FILE = "sweep.json"
-
-
-class SweepError(LapheadsError, ValueError):
-    """A bad sweep definition or directory; one-line message."""
 
 
 def parse_specs(text: str) -> list[str]:
@@ -89,12 +85,7 @@ def sweep_cells(sweep_dir: Path, specs: list[str], seeds: list[int]) -> list[Cel
 
 def _finished(run_dir: Path) -> bool:
     """A cell is finished when its latest checkpoint is at the run's last step."""
-    try:
-        record = json.loads((run_dir / "config.json").read_text())
-        latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    except (OSError, json.JSONDecodeError):
-        return False
-    return latest == f"step-{record.get('steps', -1):08d}"
+    return RunDir(run_dir).finished()
 
 
 def _overrides(sets: list[str]) -> list[str]:
@@ -125,13 +116,13 @@ def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, 
             one-thread runs do ~1.7x the work of one two-thread run); 1 trains the cells in this process.
         threads: the threads all jobs share (default: the CPU count).
     """
-    from lapheads.presets import resolve_config
     from lapheads.io import atomic_write_text
+    from lapheads.presets import resolve_config
 
     task = _task_of(preset, task)
     overrides = _overrides(sets or [])
     for cell in sweep_cells(Path(out), specs, seeds[:1]):  # every cell's config and spec, before anything runs
-        _check_model(task, resolve_config(task, preset, cell.spec, _for_cell(overrides, cell)))
+        get_task(task).check(resolve_config(task, preset, cell.spec, _for_cell(overrides, cell)))
     sweep_dir = Path(out)
     definition = {"preset": preset, "task": task, "specs": specs, "seeds": seeds, "overrides": overrides}
     record_file = sweep_dir / SWEEP_FILE
@@ -170,7 +161,7 @@ def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, 
     for cell in todo:
         record["cells"][cell.name]["status"] = "running"
         save()
-        resume = (cell.run_dir / "config.json").exists()
+        resume = RunDir(cell.run_dir).exists()
         log(f"sweep: {cell.name} {'resuming' if resume else 'training'} into {cell.run_dir}")
         cfg = resolve_config(task, preset, cell.spec, [*_for_cell(overrides, cell), "--seed", str(cell.seed)])
         _train(task)(cfg, cell.run_dir, resume=resume)
@@ -195,7 +186,7 @@ def _run_parallel(cells: list[Any], sweep_dir: Path, task: str, preset: str, ove
     while queue or running:
         while queue and len(running) < jobs:
             cell = queue.pop(0)
-            resume = (cell.run_dir / "config.json").exists()
+            resume = RunDir(cell.run_dir).exists()
             argv = [sys.executable, "-m", "lapheads", "train", task, "--preset", preset, "--laplacian-heads",
                     cell.spec, "--seed", str(cell.seed), "--out", str(cell.run_dir), *_for_cell(overrides, cell),
                     *(["--resume"] if resume else [])]
@@ -222,46 +213,5 @@ def _run_parallel(cells: list[Any], sweep_dir: Path, task: str, preset: str, ove
         raise SweepError(f"{len(failed)} cell(s) failed: {'; '.join(failed)}; rerun the same command to retry them")
 
 
-def _check_model(task: str, cfg: Any) -> None:
-    """Build the cell's model once: a head spec that does not fit the model fails here, in one line.
-
-    GPTs are built on the meta device (d20 would not be cheap otherwise); timm ViTs need real tensors at build time.
-    """
-    import torch
-
-    from lapheads.data.images import DATASETS
-
-    if task in ("mid", "sft"):
-        return  # the model is the base's; a spec that differs from it fails when the cell starts, in one line
-    chans = DATASETS.get(cfg.dataset, (3,))[0] if task != "lm" else None
-    if task == "classify":
-        from lapheads.train.classify import build_model
-
-        build_model(cfg, 10, chans)
-    elif task == "lm":
-        from lapheads.train.lm import build_gpt
-
-        with torch.device("meta"):
-            build_gpt(cfg, 256)
-    else:
-        from lapheads.train.dino import build_backbone
-
-        build_backbone(cfg, chans)
-
-
 def _train(task: str):
-    if task == "classify":
-        from lapheads.train.classify import train_classify
-
-        return train_classify
-    if task == "lm":
-        from lapheads.train.lm import train_lm
-
-        return train_lm
-    if task in ("mid", "sft"):
-        from lapheads.train import chat
-
-        return chat.train_mid if task == "mid" else chat.train_sft
-    from lapheads.train.dino import train_dino
-
-    return train_dino
+    return get_task(task).train_function()

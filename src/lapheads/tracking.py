@@ -104,20 +104,20 @@ def export_tensorboard(path: str | Path, out: str | Path | None = None) -> list[
     files under ``out`` (default: ``path/tensorboard-export``), one folder per run; returns the folders."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from lapheads.train.runtime import read_jsonl
+    from lapheads.runs import SWEEP_FILE, RunDir, load_sweep
 
     path = Path(path)
-    if (path / "sweep.json").is_file():
-        cells = json.loads((path / "sweep.json").read_text()).get("cells", {})
+    if (path / SWEEP_FILE).is_file():
+        cells = load_sweep(path).get("cells", {})
         runs = {name: Path(cell["run_dir"]) for name, cell in cells.items()}
-    elif (path / "metrics.jsonl").is_file():
+    elif RunDir(path).metrics_file.is_file():
         runs = {path.name: path}
     else:
         raise InputError(f"{path} holds neither metrics.jsonl nor sweep.json; allowed: a run or sweep directory")
     out = Path(out) if out is not None else path / "tensorboard-export"
     written = []
     for name, run in runs.items():
-        records, _ = read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else ([], False)
+        records = RunDir(run).read_metrics()
         if not records:
             continue
         folder = out / name

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lapheads.data.tokenizers import SPECIAL_TOKENS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
 

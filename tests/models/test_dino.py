@@ -10,7 +10,14 @@ import torch
 import torch.nn.functional as F
 
 import lapheads
-from lapheads.models.dino import DINOHead, DINOLoss, MultiCropWrapper, cosine_schedule, teacher_temperatures, update_teacher
+from lapheads.models.dino import (
+    DINOHead,
+    DINOLoss,
+    MultiCropWrapper,
+    cosine_schedule,
+    teacher_temperatures,
+    update_teacher,
+)
 
 
 def test_loss_and_centre_on_a_hand_computed_case():

@@ -15,7 +15,9 @@ from safetensors.torch import load_file
 
 import lapheads.train.chat as chat_module
 from lapheads.cli import main
-from lapheads.train.chat import LoraAdapters, MidConfig, load_gpt_run, train_mid, train_sft
+from lapheads.lora import LoraAdapters, apply_lora
+from lapheads.runs import load_gpt_run
+from lapheads.train.chat import MidConfig, train_mid, train_sft
 from lapheads.train.runtime import NonFiniteLossError
 from tests.conftest import tiny_sft
 
@@ -94,7 +96,7 @@ def test_lora_starts_at_the_base_keeps_only_adapters_and_merges_exactly(base_run
     cfg = tiny_sft(base_run, lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, lora_lr=1e-2, lora_merge=True)
     _, base, tokenizer = load_gpt_run(base_run, "cpu")
     x = torch.tensor([tokenizer.encode("ROMEO: what is 2 + 3?", bos=True)])
-    adapted = chat_module._apply_lora(load_gpt_run(base_run, "cpu")[1], cfg)
+    adapted = apply_lora(load_gpt_run(base_run, "cpu")[1], cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
     torch.testing.assert_close(adapted(x), base(x), rtol=0, atol=0)  # B = 0 at initialisation
 
     train_sft(cfg, tmp_path / "lora")
@@ -105,7 +107,7 @@ def test_lora_starts_at_the_base_keeps_only_adapters_and_merges_exactly(base_run
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
     assert (run / "adapter" / "adapter_config.json").is_file()
     # the adapted model (base + trained adapters) against the merged run's plain checkpoint
-    model = chat_module._apply_lora(load_gpt_run(base_run, "cpu")[1], cfg)
+    model = apply_lora(load_gpt_run(base_run, "cpu")[1], cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
     LoraAdapters(model).load_state_dict(adapters)
     model.eval()
     with torch.no_grad():

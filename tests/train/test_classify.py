@@ -17,8 +17,11 @@ from safetensors.torch import load_file
 
 import lapheads.train.classify as classify
 from lapheads.cli import main
+from lapheads.errors import CheckpointError
+from lapheads.io import load_safetensors
+from lapheads.runs import RunDir
 from lapheads.train.classify import evaluate_run, train_classify
-from lapheads.train.runtime import CheckpointError, NonFiniteLossError, RunDir, load_safetensors
+from lapheads.train.runtime import NonFiniteLossError
 
 
 def test_tiny_vit_learns_and_evaluates(tiny_config, tmp_path):
@@ -121,7 +124,7 @@ def test_mismatched_checkpoint_is_one_line(tiny_config, tmp_path):
     train_classify(dataclasses.replace(tiny_config, checkpoint_every=1), tmp_path / "run", stop_at_step=1)
     config_file = tmp_path / "run" / "config.json"
     record = json.loads(config_file.read_text())
-    record["config"]["model_kwargs"]["embed_dim"] = 64
+    record["model"]["kwargs"]["embed_dim"] = 64  # the recorded constructor arguments no longer fit the weights
     config_file.write_text(json.dumps(record))
     with pytest.raises(CheckpointError, match="does not match the model .*different config"):
         evaluate_run(tmp_path / "run")

@@ -15,10 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from lapheads import runs
 from lapheads.errors import CheckpointError
+from lapheads.runs import RunDir, latest_checkpoint
 from lapheads.train import runtime
 from lapheads.train.classify import train_classify
-from lapheads.train.runtime import NonFiniteLossError, RunDir, latest_checkpoint
+from lapheads.train.runtime import NonFiniteLossError
 
 LAPHEADS = str(Path(sys.executable).with_name("lapheads"))
 
@@ -83,7 +85,7 @@ def test_resume_repairs_a_torn_log_line_and_a_half_written_checkpoint(tiny_confi
     (run / "checkpoints" / ".tmp-step-00000006" / "model.safetensors").write_bytes(b"half")
     with pytest.raises(CheckpointError, match="line 1 is corrupt"):
         (run / "bad.jsonl").write_text('{"step": 1\n{"step": 2}\n')
-        runtime.read_jsonl(run / "bad.jsonl")
+        runs.read_jsonl(run / "bad.jsonl")
     train_classify(cfg, run, resume=True)
     err = capsys.readouterr().err
     assert "removed the half-written checkpoint" in err and "dropped a torn last line" in err
@@ -119,9 +121,8 @@ def test_nan_message_says_when_no_checkpoint_exists_and_hints_only_what_is_off(t
 
 
 def test_optimizer_overflow_stops_like_nan(text_root, tmp_path, monkeypatch):
-    from tests.conftest import tiny_lm
-
     from lapheads.train.lm import train_lm
+    from tests.conftest import tiny_lm
 
     # Weights that overflow without an error: never saved over the last good checkpoint.
     with pytest.raises(NonFiniteLossError, match=r"(weights are not finite after|non-finite loss nan at) step \d+.* is "

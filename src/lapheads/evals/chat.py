@@ -15,7 +15,6 @@ Design choices:
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -72,7 +71,7 @@ def _code_of(reply: str) -> str:
 def score_generative(engine: ChatEngine, task: str, rows: list[dict[str, Any]], *, num_samples: int = 1,
                      max_tokens: int = 256, progress: bool = True) -> dict[str, Any]:
     """GSM8K / arith / letters: final-number accuracy of greedy replies; HumanEval: pass@k of the replies' code."""
-    from lapheads.evals.sandbox import run_program
+    from lapheads.sandbox import run_program
 
     if task == "humaneval":
         ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
@@ -125,8 +124,7 @@ def run_chat_evals(run_dir: str | Path, tasks: list[str], *, data_dir: str | Non
                    max_examples: int | None = None, num_samples: int = 1, device: str = "auto",
                    progress: bool = True, tools: bool = True) -> dict[str, Any]:
     """Evaluate a chat run's latest checkpoint on ``tasks``; writes RUN_DIR/report/eval_chat.json."""
-    from lapheads.train.chat import load_gpt_run
-    from lapheads.io import atomic_write_text
+    from lapheads.runs import RunDir, load_gpt_run
 
     unknown = [t for t in tasks if t not in CHAT_TASKS]
     if unknown or not tasks:
@@ -141,7 +139,5 @@ def run_chat_evals(run_dir: str | Path, tasks: list[str], *, data_dir: str | Non
         else:
             results[task] = score_generative(engine, task, rows[task], num_samples=num_samples, progress=progress)
     summary = {"tasks": results, "chatcore": chatcore(results), "max_examples": max_examples, "tools": tools}
-    out = Path(run_dir) / "report" / "eval_chat.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(summary, indent=1) + "\n")
+    RunDir(run_dir).write_report("eval_chat.json", summary)
     return summary

@@ -19,7 +19,6 @@ Design choices:
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -40,28 +39,13 @@ EVAL_VERSION = 2  # bump when the probes change, so cached eval_dino.json files 
 
 
 def load_dino_teacher(run_dir: str | Path, device: str = "auto", step: int | None = None):
-    """(config, frozen teacher backbone in eval mode, config.json record) of a DINO run's latest checkpoint (or
-    ``step``'s)."""
-    from lapheads.config import config_from_dict
-    from lapheads.train.dino import DINOConfig, build_backbone
-    from lapheads.train.runtime import CheckpointError, RunDir, checkpoint_folder, load_safetensors
+    """(config fields as attributes, frozen teacher backbone in eval mode, config.json record) of a DINO run's
+    latest checkpoint (or ``step``'s)."""
+    from lapheads.runs import RunDir, load_model
 
     run = RunDir(run_dir)
-    record = run.read_config()
-    if record.get("task") != "dino":
-        raise CheckpointError(f"{run.path} holds a {record.get('task')!r} run; allowed here: dino")
-    cfg = config_from_dict(DINOConfig, record["config"], source=str(run.config_file))
-    backbone = build_backbone(cfg, record["in_chans"])
-    folder = checkpoint_folder(run, step)
-    tensors = load_safetensors(folder / "teacher.safetensors")
-    weights = {k.removeprefix("backbone."): v for k, v in tensors.items() if k.startswith("backbone.")}
-    expected = backbone.state_dict()
-    if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in expected):
-        raise CheckpointError(f"{folder}/teacher.safetensors does not match the run's backbone config")
-    backbone.load_state_dict(weights)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return cfg, backbone.to(device).eval(), record
+    run.task("dino")
+    return run.settings(), load_model(run, "teacher", step, device), run.read_config()
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -214,7 +198,7 @@ def _probe_run(cfg, backbone: torch.nn.Module, record: dict[str, Any], segmentat
     """k-NN (trained and random-init), linear probe, segmentation probe and PCA foreground IoU of one teacher."""
     from lapheads.data.images import build_image_data
     from lapheads.data.segmentation import CompositeScenes
-    from lapheads.train.dino import build_backbone
+    from lapheads.runs import build_model
 
     data = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False)
     max_train, max_test = options["max_train"], options["max_test"]
@@ -224,7 +208,7 @@ def _probe_run(cfg, backbone: torch.nn.Module, record: dict[str, Any], segmentat
     test_cls, test_last, test_y = extract_features(backbone, test, desc="test features")
     # the same architecture, randomly initialised: what the training added, not what the architecture gives
     torch.manual_seed(cfg.seed)
-    untrained = build_backbone(cfg, record["in_chans"]).to(_device(backbone)).eval()
+    untrained = build_model(record["model"]).to(_device(backbone)).eval()
     base_train, _, _ = extract_features(untrained, train, desc="random-init train")
     base_test, _, _ = extract_features(untrained, test, desc="random-init test")
     result: dict[str, Any] = {
@@ -266,26 +250,26 @@ def eval_dino(
             (``lapheads report`` on a sweep); the pictures are always redrawn.
     """
     from lapheads.data.images import build_image_data
-    from lapheads.train.runtime import RunDir, atomic_write_text, latest_checkpoint
+    from lapheads.runs import RunDir, checkpoint_folder
 
     options = {"version": EVAL_VERSION, "max_train": max_train, "max_test": max_test, "seg_train": seg_train,
                "seg_test": seg_test, "seg_epochs": seg_epochs, "linear_epochs": linear_epochs, "ade20k": ade20k}
     results: dict[str, Any] = {}
     picture_images, pictures = None, []
     for run_dir in run_dirs:
+        run = RunDir(run_dir)
         cfg, backbone, record = load_dino_teacher(run_dir, device)
-        report = Path(run_dir) / "report"
+        report = run.report_dir
         report.mkdir(parents=True, exist_ok=True)
-        checkpoint = latest_checkpoint(RunDir(run_dir)).name
-        cache = report / EVAL_FILE
-        cached = json.loads(cache.read_text()) if reuse and cache.exists() else {}
+        checkpoint = checkpoint_folder(run).name
+        cached = (run.read_report(EVAL_FILE) or {}) if reuse else {}
         segmentation = _segmentation_sets(cfg, ade20k, seg_train, seg_test)
         if cached.get("checkpoint") == checkpoint and cached.get("options") == options:
             result = cached  # the probes are the expensive part; the pictures below are redrawn
         else:
             result = _probe_run(cfg, backbone, record, segmentation, options)
             result = {"checkpoint": checkpoint, "laplacian_heads": cfg.laplacian_heads, "options": options, **result}
-            atomic_write_text(cache, json.dumps(result, indent=1) + "\n")
+            run.write_report(EVAL_FILE, result)
         if segmentation is not None:
             seg_test_set = segmentation[1]
             images = torch.stack([seg_test_set[i][0] for i in range(min(num_pictures, len(seg_test_set)))])

@@ -9,7 +9,7 @@ Design choices:
 * **GSM8K by final-answer match**: greedy generation, then the number after "####" (or the last number) compared
   with the reference's "#### N" as a number.
 * **HumanEval by execution**: completions (cut at the Codex stop sequences) are run with the task's tests in
-  :mod:`lapheads.evals.sandbox`; pass@k uses the unbiased estimator of Chen et al. (2021) over n samples.
+  :mod:`lapheads.sandbox`; pass@k uses the unbiased estimator of Chen et al. (2021) over n samples.
 * **Data in the hub's schema**: a local ``DATA_DIR/<task>.jsonl`` or ``.parquet`` (or a ``DATA_DIR/<task>/``
   folder of them) is read first; otherwise ``datasets.load_dataset`` fetches the hub dataset when online.
 * **Base or chat prompts**: prompts are plain text after BOS by default; ``chat=True`` wraps them in the chat
@@ -26,14 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lapheads.data.benchmarks import HUB_DATASETS, LETTERS, load_task, render_mc
 from lapheads.data.images import DataError
+from lapheads.data.text import validation_windows
 from lapheads.data.tokenizers import Tokenizer
+from lapheads.distributed import Distributed
 from lapheads.errors import InputError
-from lapheads.evals.sandbox import run_program
 from lapheads.models.gpt import GPT
+from lapheads.sandbox import run_program
 
 __all__ = [
     "HUB_DATASETS",
@@ -51,89 +55,12 @@ __all__ = [
     "score_multiple_choice",
 ]
 
-LETTERS = "ABCDEFGHIJ"
-# task -> (hub path, config, split)
-HUB_DATASETS: dict[str, tuple[str, str | None, str]] = {
-    "arc_easy": ("allenai/ai2_arc", "ARC-Easy", "test"),
-    "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge", "test"),
-    "mmlu": ("cais/mmlu", "all", "test"),
-    "gsm8k": ("openai/gsm8k", "main", "test"),
-    "humaneval": ("openai/openai_humaneval", None, "test"),
-}
 TASKS = ("val_bpb", *HUB_DATASETS)
 HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Data
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    try:
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    except Exception as err:  # OSError, JSONDecodeError, pyarrow's ArrowInvalid
-        raise DataError(f"{path} is not readable jsonl/parquet: {str(err)[:100]}") from None
-
-
-_REQUIRED = {
-    "arc_easy": ("question", "choices", "answerKey"),
-    "arc_challenge": ("question", "choices", "answerKey"),
-    "mmlu": ("question", "choices", "answer"),
-    "gsm8k": ("question", "answer"),
-    "humaneval": ("task_id", "prompt", "test", "entry_point"),
-}
-
-
-def read_task_rows(name: str, data_dir: str | Path | None, hub: tuple[str, str | None, str] | None,
-                   label: str | None = None) -> list[dict[str, Any]]:
-    """Rows named ``name``: ``data_dir/<name>.jsonl`` / ``.parquet`` or a ``data_dir/<name>/`` folder of them, else
-    the hub dataset ``hub`` = (path, config, split) when online (``hub`` None: local files only)."""
-    if data_dir is not None:
-        base = Path(data_dir)
-        files = [p for p in (base / f"{name}.jsonl", base / f"{name}.parquet") if p.is_file()]
-        if (base / name).is_dir():
-            files += sorted([*(base / name).glob("*.parquet"), *(base / name).glob("*.jsonl")])
-        if files:
-            return [row for f in files for row in _read_rows(f)]
-    where = f"no {name}.jsonl / {name}.parquet in {data_dir}" if data_dir else "no --data-dir"
-    label = label or name
-    if hub is None:
-        raise DataError(f"{label}: {where}; allowed: a local jsonl/parquet file of it")
-    path, config, split = hub
-    try:
-        from datasets import load_dataset
-
-        return list(load_dataset(path, config, split=split))
-    except Exception as err:  # ImportError, offline, hub errors
-        raise DataError(f"{label}: {where}, and the hub dataset {path} could not be loaded ({type(err).__name__}); "
-                        "allowed: local files in the hub's schema") from None
-
-
-def load_task(task: str, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """Rows of ``task`` in the hub's schema, from ``data_dir`` if it holds them, else from the hub."""
-    if task not in HUB_DATASETS:
-        raise InputError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
-    rows = read_task_rows(task, data_dir, HUB_DATASETS[task], label=f"task {task}")
-    missing = [k for k in _REQUIRED[task] if rows and k not in rows[0]]
-    if missing or not rows:
-        raise DataError(f"task {task}: rows lack {', '.join(missing) or 'everything (no rows)'}; allowed: the "
-                        f"schema of {HUB_DATASETS[task][0]}")
-    return rows
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Prompts
-
-
-def render_mc(question: str, choices: list[str]) -> str:
-    """nanochat's multiple-choice rendering."""
-    lines = [f"Multiple Choice question: {question}"]
-    lines += [f"- {choice}={letter}" for letter, choice in zip(LETTERS, choices)]
-    return "\n".join(lines) + "\n\nRespond only with the letter of the correct answer."
 
 
 def _prompt_ids(tokenizer: Tokenizer, text: str, chat: bool) -> list[int]:
@@ -299,6 +226,28 @@ def score_humaneval(model: GPT | None, tokenizer: Tokenizer | None, rows: list[d
 # Whole runs
 
 
+@torch.no_grad()
+def evaluate_bpb(model: GPT, tokens: np.ndarray, token_bytes: torch.Tensor, dist_: Distributed, *, seq_len: int,
+                 max_tokens: int, batch_size: int, amp: bool) -> float:
+    """Bits per byte of ``model`` on the first ``max_tokens`` of ``tokens`` (targets with 0 bytes left out)."""
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=dist_.device)
+    token_bytes = token_bytes.to(dist_.device)
+    windows = list(validation_windows(tokens, seq_len, max_tokens, dist_.rank, dist_.world_size))
+    for start in range(0, len(windows), batch_size):
+        chunk = windows[start:start + batch_size]
+        x = torch.cat([w[0] for w in chunk]).to(dist_.device)
+        y = torch.cat([w[1] for w in chunk]).to(dist_.device)
+        with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=amp):
+            nats = model(x, y, loss_reduction="none").view_as(y).double()
+        nbytes = token_bytes[y]
+        totals += torch.stack([(nats * (nbytes > 0)).sum(), nbytes.sum().double()])
+    dist_.all_reduce_sum(totals)
+    model.train(was_training)
+    return float(totals[0] / (math.log(2) * totals[1].clamp_min(1)))
+
+
 @dataclass
 class LoadedLM:
     """A language model to evaluate or sample from, whichever source it came from.
@@ -332,26 +281,22 @@ def load_lm(run_dir: str | Path | None = None, *, nanochat: str | Path | None = 
     if (run_dir is None) == (nanochat is None):
         raise InputError("give one model: a RUN_DIR or --nanochat DIR")
     if run_dir is not None:
-        from lapheads.train.runtime import RunDir
+        from lapheads.runs import load_gpt_run, load_token_shards
 
-        if RunDir(run_dir).read_config().get("task") in ("mid", "sft"):  # chat stages: no token shards of their own
-            from lapheads.train.chat import load_gpt_run
-
-            _, model, tokenizer = load_gpt_run(run_dir, device, step)
-            return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, Path(run_dir) / "report",
-                            str(run_dir))
-        from lapheads.train.lm import load_lm_run
-
-        cfg, model, tokenizer, shards = load_lm_run(run_dir, device, step)
-        return LoadedLM(model, tokenizer, shards, cfg.sequence_len, cfg.eval_tokens, cfg.micro_batch,
-                        Path(run_dir) / "report", str(run_dir))
+        record, model, tokenizer = load_gpt_run(run_dir, device, step)
+        config = record["config"]
+        if record["task"] == "lm":
+            return LoadedLM(model, tokenizer, load_token_shards(run_dir), config["sequence_len"],
+                            config["eval_tokens"], config["micro_batch"], Path(run_dir) / "report", str(run_dir))
+        # chat stages have no token shards of their own
+        return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, Path(run_dir) / "report", str(run_dir))
     from lapheads.models.nanochat import load_nanochat
-    from lapheads.train.runtime import setup_distributed
+    from lapheads.runs import _device
 
     folder = Path(nanochat)
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else folder.resolve().parent.parent / "tokenizer"
     tokenizer = Tokenizer.nanochat(tokenizer_dir)
-    model, meta = load_nanochat(folder, step, setup_distributed(device).device)
+    model, meta = load_nanochat(folder, step, _device(device))
     if tokenizer.vocab_size != model.config.vocab_size:
         raise InputError(f"{tokenizer_dir} has {tokenizer.vocab_size} tokens but {folder} was trained with "
                          f"{model.config.vocab_size}; allowed: the checkpoint's own tokenizer (--nanochat-tokenizer)")
@@ -392,8 +337,7 @@ def run_evals(run_dir: str | Path | None, tasks: list[str], *, data_dir: str | N
               tokenizer_dir: str | Path | None = None) -> dict[str, Any]:
     """Evaluate an LM run's latest checkpoint (or a nanochat checkpoint: ``nanochat=``) on ``tasks``; writes
     eval_lm.json into the source's report directory (see :func:`load_lm`)."""
-    from lapheads.train.lm import evaluate_bpb
-    from lapheads.train.runtime import Distributed, atomic_write_text
+    from lapheads.io import atomic_write_text
 
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks:

@@ -3,12 +3,13 @@ similarity, and the residual-stream capture that feeds them.
 
 Every metric is a plain function on tensors (one shot, written as the definition reads) and a streaming
 accumulator (float64 sums, memory O(D^2 + C*D)); the tests hold the two equal. ``lapheads analyze`` runs them over
-run directories (:mod:`lapheads.geometry.analyze`).
+run directories (:mod:`lapheads.analyze`); this package only ever sees tensors.
 """
 
 from lapheads.geometry.anova import AnovaAccumulator, anova
 from lapheads.geometry.collapse import NeuralCollapseAccumulator, nearest_centre, neural_collapse
 from lapheads.geometry.features import ResidualStream, layer_names, select_layers
+from lapheads.geometry.layers import LayerGeometry, LMLayerGeometry
 from lapheads.geometry.linguistic import CDNVAccumulator, cdnv, top_k_classes
 from lapheads.geometry.moments import ClassMoments
 from lapheads.geometry.similarity import SimilarityAccumulator, token_similarity
@@ -18,6 +19,8 @@ __all__ = [
     "AnovaAccumulator",
     "CDNVAccumulator",
     "ClassMoments",
+    "LayerGeometry",
+    "LMLayerGeometry",
     "NeuralCollapseAccumulator",
     "ResidualStream",
     "SimilarityAccumulator",

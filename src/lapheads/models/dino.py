@@ -15,7 +15,6 @@ Design choices (the DINO paper's defaults, after facebookresearch/dino ``main_di
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 import torch.distributed as dist

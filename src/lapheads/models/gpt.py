@@ -388,6 +388,10 @@ class GPT(nn.Module):
                                           num_layers=self.config.depth)
         return [mask.tolist() for mask in masks]
 
+    def constructor_kwargs(self) -> dict[str, Any]:
+        """``GPT(GPTConfig(**kwargs))`` rebuilds this model: every config field, the heads as explicit masks."""
+        return dict(self.config.to_dict(), laplacian_heads=self.laplacian_masks())
+
     def _rotary(self, seq_len: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         head_dim = self.config.n_embd // self.config.n_head
         inv_freq = 1.0 / self.config.rope_base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)

@@ -23,7 +23,7 @@ import torch
 
 from lapheads.errors import CheckpointError
 from lapheads.io import load_tensor_file, state_dict_mismatch
-from lapheads.models.gpt import GPT, GPTConfig, SMEAR_GATE_CHANNELS
+from lapheads.models.gpt import GPT, SMEAR_GATE_CHANNELS, GPTConfig
 
 __all__ = ["load_nanochat", "nanochat_steps"]
 

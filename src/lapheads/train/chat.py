@@ -38,22 +38,19 @@ from tqdm import tqdm
 
 from lapheads.config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, ConfigError, Domain, option, validate_config
 from lapheads.data.conversations import Conversation, conversation_mixture, parse_mixture, render_conversation
-from lapheads.data.tokenizers import Tokenizer, load_tokenizer
+from lapheads.data.tokenizers import Tokenizer
+from lapheads.distributed import Distributed, setup_distributed
 from lapheads.errors import InputError
-from lapheads.models.gpt import GPT, GPTConfig
+from lapheads.lora import LoraAdapters, apply_lora
+from lapheads.models.gpt import GPT
+from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, model_record
 from lapheads.train.runtime import (
     HEAD_SPEC,
-    CheckpointError,
-    Distributed,
     RunConfig,
-    RunDir,
     check_finite_loss,
-    checkpoint_folder,
-    load_weights,
     optimizer_step,
     save_checkpoint,
     seed_everything,
-    setup_distributed,
     start_or_resume,
     wrap_for_training,
 )
@@ -154,84 +151,6 @@ class SFTConfig(ChatTrainConfig):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loading models from run directories
-
-
-def _gpt_from_record(record: dict[str, Any]) -> GPT:
-    return GPT(GPTConfig(**record["model"]))
-
-
-def _apply_lora(model: GPT, cfg: ChatTrainConfig):
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError:
-        raise InputError("--lora-rank needs peft; allowed: pip install 'lapheads[chat]'") from None
-    targets = [t.strip() for t in cfg.lora_targets.split(",")]
-    return get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                            target_modules=targets, bias="none"))
-
-
-class LoraAdapters(torch.nn.Module):
-    """The adapter weights of a peft model as a module of their own, so checkpoints hold only them."""
-
-    def __init__(self, peft_model: torch.nn.Module) -> None:
-        super().__init__()
-        object.__setattr__(self, "peft_model", peft_model)  # not a submodule: its base weights are not ours
-
-    def named_parameters(self, *args, **kwargs):
-        return ((n, p) for n, p in self.peft_model.named_parameters() if "lora_" in n)
-
-    def parameters(self, recurse: bool = True):
-        return (p for _, p in self.named_parameters())
-
-    def state_dict(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        return {n: p for n, p in self.peft_model.state_dict().items() if "lora_" in n}
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        missing = set(self.state_dict()) ^ set(state_dict)
-        if missing:
-            raise CheckpointError(f"adapter weights do not match the model ({len(missing)} keys differ, e.g. "
-                                  f"{sorted(missing)[0]})")
-        return self.peft_model.load_state_dict(state_dict, strict=False)
-
-
-def load_gpt_run(run_dir: str | Path, device: str = "auto", step: int | None = None,
-                 ) -> tuple[dict[str, Any], GPT, Tokenizer]:
-    """(config.json's record, model in eval mode, tokenizer) of an lm, mid or sft run; LoRA adapters are merged."""
-    run = RunDir(run_dir)
-    record = run.read_config()
-    task = record.get("task")
-    if task == "lm":
-        from lapheads.train.lm import load_lm_run
-
-        _, model, tokenizer, _ = load_lm_run(run_dir, device, step)
-        return record, model, tokenizer
-    if task not in CHAT_TASKS:
-        raise CheckpointError(f"{run.path} holds a {task!r} run; allowed here: lm, mid, sft")
-    tokenizer = load_tokenizer(run.path / "tokenizer")
-    dist_ = setup_distributed(device)
-    folder = checkpoint_folder(run, step)
-    cfg = record["config"]
-    if cfg.get("lora_rank"):
-        model = _load_source(record, dist_.device)  # the base the adapters were trained on
-        peft_model = _apply_lora(model, SFTConfig(**{k: v for k, v in cfg.items() if k in _SFT_FIELDS}))
-        load_weights(LoraAdapters(peft_model), folder / "model.safetensors")
-        model = peft_model.merge_and_unload()
-    else:
-        model = _gpt_from_record(record).to(dist_.device)
-        load_weights(model, folder / "model.safetensors")
-    return record, model.to(dist_.device).eval(), tokenizer
-
-
-_SFT_FIELDS = {f.name for f in dataclasses.fields(SFTConfig)}
-
-
-def _load_source(record: dict[str, Any], device: torch.device) -> GPT:
-    """The base model a run recorded it started from (``base_run`` or ``nanochat``)."""
-    if record.get("nanochat"):
-        from lapheads.models.nanochat import load_nanochat
-
-        return load_nanochat(record["nanochat"], record["nanochat_step"], device)[0]
-    return load_gpt_run(record["base_run"], str(device.type))[1]
 
 
 def _load_base(cfg: ChatTrainConfig, device: torch.device) -> tuple[GPT, Tokenizer, dict[str, Any]]:
@@ -410,13 +329,13 @@ def train_chat(task: str, cfg: ChatTrainConfig, run_dir: str | Path, *, resume: 
            for c in conversation_mixture(cfg.val_data, data_dir, 0)[:cfg.eval_examples]] if cfg.val_data else []
     total_steps = cfg.num_iterations if cfg.num_iterations > 0 else batches.steps_per_epoch
 
-    peft_model = _apply_lora(model, cfg) if cfg.lora_rank else None
+    peft_model = (apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
+                  if cfg.lora_rank else None)
     trained = LoraAdapters(peft_model) if peft_model is not None else model
     optimizers = _optimizers(model, peft_model, cfg)
-    model_record = dict(model.config.to_dict(), laplacian_heads=model.laplacian_masks())
     start_step = start_or_resume(
         run, task, dataclasses.asdict(cfg), dist_, trained, optimizers, resume=resume, config_type=type(cfg),
-        extra_record={"preset": preset, **source, "model": model_record, "laplacian_masks": model.laplacian_masks(),
+        extra_record={"preset": preset, **source, "model": model_record("gpt", model.constructor_kwargs()), "laplacian_masks": model.laplacian_masks(),
                       "vocab_size": tokenizer.vocab_size, "steps": total_steps, "conversations": len(conversations),
                       "trainable_params": sum(p.numel() for p in trained.parameters()),
                       "num_params": model.num_params()},

@@ -29,19 +29,18 @@ from tqdm import tqdm
 
 from lapheads.config import NON_NEGATIVE, POSITIVE, RATE, ConfigError, one_of, option, validate_config
 from lapheads.data.images import DATASETS, build_image_data, check_data_root
+from lapheads.distributed import Distributed, setup_distributed
 from lapheads.errors import InputError
-from lapheads.models.vit import create_vit, vit_laplacian_masks
+from lapheads.models.vit import vit_laplacian_masks
+from lapheads.runs import RunDir, checkpoint_folder, load_model, model_record
+from lapheads.runs import build_model as build_from_record
 from lapheads.train.runtime import (
-    Distributed,
     GlobalBatchSampler,
     RunConfig,
-    RunDir,
     check_finite_loss,
-    latest_checkpoint,
     optimizer_step,
     save_checkpoint,
     seed_everything,
-    setup_distributed,
     start_or_resume,
     wrap_for_training,
 )
@@ -129,17 +128,34 @@ def _micro_batch(cfg: ClassifyConfig, world_size: int) -> tuple[int, int]:
     return cfg.batch_size // per_step, accum_steps
 
 
-def build_model(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> torch.nn.Module:
+def model_spec(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> dict[str, Any]:
+    """The ViT's constructor arguments as config.json records them (``lapheads.runs.model_record``)."""
     kwargs = dict(cfg.model_kwargs)
     if cfg.layer_scale is not None:
         kwargs["init_values"] = cfg.layer_scale
     patch = kwargs.get("patch_size") or _model_patch_size(cfg.model)
     if patch and cfg.img_size % patch:
         raise InputError(f"img_size={cfg.img_size} is not a multiple of the patch size {patch} of {cfg.model}")
-    return create_vit(
-        cfg.model, cfg.laplacian_heads, qk_norm=cfg.qk_norm, num_classes=num_classes, in_chans=in_chans,
-        img_size=cfg.img_size, drop_path_rate=cfg.drop_path, **kwargs,
-    )
+    return model_record("vit", {
+        "name": cfg.model, "laplacian_heads": cfg.laplacian_heads, "qk_norm": cfg.qk_norm, "num_classes": num_classes,
+        "in_chans": in_chans, "img_size": cfg.img_size, "drop_path_rate": cfg.drop_path, **kwargs})
+
+
+def build_model(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> torch.nn.Module:
+    return build_from_record(model_spec(cfg, num_classes, in_chans))
+
+
+def recorded_model(record: dict[str, Any]) -> dict[str, Any]:
+    """config.json's ``"model"`` for a run written before lapheads recorded it (``lapheads upgrade``)."""
+    from lapheads.config import config_from_dict
+
+    cfg = config_from_dict(ClassifyConfig, record["config"], source="config.json")
+    return {"model": model_spec(cfg, record["num_classes"], record["in_chans"])}
+
+
+def check_model(cfg: ClassifyConfig) -> None:
+    """Build the model once (a sweep does, before its first cell): a head spec that does not fit fails in one line."""
+    build_model(cfg, 10, DATASETS.get(cfg.dataset, (3,))[0])
 
 
 def _model_patch_size(name: str) -> int | None:
@@ -249,6 +265,7 @@ def train_classify(
         extra_record={
             "preset": preset,
             "num_params": num_params, "laplacian_masks": vit_laplacian_masks(model), "num_classes": data.num_classes,
+            "model": model_spec(cfg, data.num_classes, data.in_chans),
             "in_chans": data.in_chans, "steps": total_steps,
         },
     )
@@ -317,21 +334,13 @@ def train_classify(
 
 def evaluate_run(run_dir: Path, use_ema: bool = False) -> dict[str, Any]:
     """Evaluate the latest checkpoint of a classification run directory on its eval split."""
-    from lapheads.config import config_from_dict
-    from lapheads.train.runtime import CheckpointError, load_weights
-
     run = RunDir(run_dir)
-    record = run.read_config()
-    if record.get("task") != "classify":
-        raise CheckpointError(f"{run.path} holds a {record.get('task')!r} run; allowed here: classify")
-    cfg = config_from_dict(ClassifyConfig, record["config"], source=str(run.config_file))
-    dist_ = setup_distributed(cfg.device)
-    data = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size)
-    eval_set = data.eval if cfg.eval_subset is None else Subset(data.eval, range(min(cfg.eval_subset, len(data.eval))))
-    model = build_model(cfg, data.num_classes, data.in_chans).to(dist_.device)
-    folder = latest_checkpoint(run)
-    if folder is None:
-        raise CheckpointError(f"{run.path} has no checkpoint yet")
-    load_weights(model, folder / ("ema.safetensors" if use_ema else "model.safetensors"))
-    metrics = evaluate_classifier(model, eval_set, dist_, 256, cfg.amp, cfg.num_workers)
-    return {"run_dir": str(run.path), "checkpoint": folder.name, **metrics}
+    run.task("classify")
+    cfg = run.read_config()["config"]
+    dist_ = setup_distributed(cfg["device"])
+    model = load_model(run, "ema" if use_ema else "model", device=dist_.device)
+    data = build_image_data(cfg["dataset"], cfg["data_root"], cfg["img_size"])
+    eval_set = data.eval if cfg["eval_subset"] is None else Subset(data.eval, range(min(cfg["eval_subset"],
+                                                                                          len(data.eval))))
+    metrics = evaluate_classifier(model, eval_set, dist_, 256, cfg["amp"], cfg["num_workers"])
+    return {"run_dir": str(run.path), "checkpoint": checkpoint_folder(run).name, **metrics}

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from lapheads.config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, ConfigError, Domain, one_of, option, validate_config
 from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.data.multicrop import MultiCropAugmentation, collate_crops
+from lapheads.distributed import setup_distributed
 from lapheads.errors import InputError
 from lapheads.models.dino import (
     DINOHead,
@@ -39,16 +40,16 @@ from lapheads.models.dino import (
     teacher_temperatures,
     update_teacher,
 )
-from lapheads.models.vit import create_vit, vit_laplacian_masks
+from lapheads.models.vit import vit_laplacian_masks
+from lapheads.runs import RunDir, model_record
+from lapheads.runs import build_model as build_from_record
 from lapheads.train.runtime import (
     GlobalBatchSampler,
     RunConfig,
-    RunDir,
     check_finite_loss,
     optimizer_step,
     save_checkpoint,
     seed_everything,
-    setup_distributed,
     start_or_resume,
     wrap_for_training,
 )
@@ -114,11 +115,34 @@ class DINOConfig(RunConfig):
                               f"{self.epochs}; allowed: at most the training length")
 
 
-def build_backbone(cfg: DINOConfig, in_chans: int) -> torch.nn.Module:
-    """The ViT without classifier; any crop size (positions interpolated per forward)."""
+def backbone_spec(cfg: DINOConfig, in_chans: int) -> dict[str, Any]:
+    """The backbone's constructor arguments as config.json records them; the weight files hold it under
+    ``backbone.`` (student: model.safetensors, teacher: teacher.safetensors)."""
     kwargs = {"img_size": cfg.img_size, "in_chans": in_chans, "num_classes": 0, "dynamic_img_size": True,
               **cfg.model_kwargs}
-    return create_vit(cfg.model, cfg.laplacian_heads, qk_norm=cfg.qk_norm, **kwargs)
+    return model_record("vit", {"name": cfg.model, "laplacian_heads": cfg.laplacian_heads, "qk_norm": cfg.qk_norm,
+                                **kwargs}, prefix="backbone.")
+
+
+def build_backbone(cfg: DINOConfig, in_chans: int) -> torch.nn.Module:
+    """The ViT without classifier; any crop size (positions interpolated per forward)."""
+    return build_from_record(backbone_spec(cfg, in_chans))
+
+
+def recorded_model(record: dict[str, Any]) -> dict[str, Any]:
+    """config.json's ``"model"`` for a run written before lapheads recorded it (``lapheads upgrade``)."""
+    from lapheads.config import config_from_dict
+
+    return {"model": backbone_spec(config_from_dict(DINOConfig, record["config"], source="config.json"),
+                                   record["in_chans"])}
+
+
+def check_model(cfg: DINOConfig) -> None:
+    """Build the backbone once (a sweep does, before its first cell): a head spec that does not fit fails in one
+    line."""
+    from lapheads.data.images import DATASETS
+
+    build_backbone(cfg, DATASETS.get(cfg.dataset, (3,))[0])
 
 
 def build_student_teacher(cfg: DINOConfig, in_chans: int, drop_path: bool = True) -> tuple[MultiCropWrapper, MultiCropWrapper]:
@@ -202,7 +226,7 @@ def train_dino(
         config_type=DINOConfig,
         extra_record={"preset": preset, "num_params": num_params, "laplacian_masks": vit_laplacian_masks(student.backbone),
                       "in_chans": data.in_chans, "num_classes": data.num_classes, "steps": total_steps,
-                      "embed_dim": student.backbone.num_features},
+                      "embed_dim": student.backbone.num_features, "model": backbone_spec(cfg, data.in_chans)},
     )
     _, forward_model = wrap_for_training(student, dist_, cfg.compile)
     steps_per_checkpoint = max(1, round(cfg.checkpoint_every_epochs * per_epoch))

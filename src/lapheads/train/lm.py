@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -47,28 +46,30 @@ from lapheads.config import (
     option,
     validate_config,
 )
-from lapheads.data.images import DataError
-from lapheads.data.text import TEXT_DATASETS, TokenBatches, TokenShards, prepare_tokens, shakespeare_plays, validation_windows
+from lapheads.data.text import (
+    TEXT_DATASETS,
+    TokenBatches,
+    TokenShards,
+    prepare_tokens,
+    shakespeare_plays,
+)
 from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
+from lapheads.distributed import setup_distributed
 from lapheads.errors import InputError
+from lapheads.evals.lm import evaluate_bpb
 from lapheads.models.gpt import ARCHS, GPT, GPTConfig
+from lapheads.runs import RunDir, model_record
 from lapheads.train.runtime import (
-    CheckpointError,
-    Distributed,
     RunConfig,
-    RunDir,
     check_finite_loss,
-    checkpoint_folder,
-    load_weights,
     optimizer_step,
     save_checkpoint,
     seed_everything,
-    setup_distributed,
     start_or_resume,
     wrap_for_training,
 )
 
-__all__ = ["LMConfig", "build_gpt", "evaluate_bpb", "load_lm_run", "prepare_lm_data", "train_lm"]
+__all__ = ["LMConfig", "build_gpt", "prepare_lm_data", "train_lm"]
 
 
 @dataclass
@@ -166,7 +167,25 @@ def build_gpt(cfg: LMConfig, vocab_size: int) -> GPT:
     return GPT(gpt_config(cfg, vocab_size))
 
 
-def _tokens_dir(cfg: LMConfig) -> Path:
+def recorded_model(record: dict[str, Any]) -> dict[str, Any]:
+    """config.json's ``"model"`` and ``"tokens"`` for a run written before lapheads recorded them (``lapheads
+    upgrade``)."""
+    from lapheads.config import config_from_dict
+
+    cfg = config_from_dict(LMConfig, record["config"], source="config.json")
+    with torch.device("meta"):
+        model = build_gpt(cfg, record["vocab_size"])
+    return {"model": model_record("gpt", model.constructor_kwargs()), "tokens": str(tokens_dir(cfg))}
+
+
+def check_model(cfg: LMConfig) -> None:
+    """Build the GPT once on the meta device (d20 would not be cheap otherwise): a head spec that does not fit fails
+    in one line."""
+    with torch.device("meta"):
+        build_gpt(cfg, 256)
+
+
+def tokens_dir(cfg: LMConfig) -> Path:
     vocab = f"{cfg.tokenizer_vocab}" if cfg.tokenizer == "bpe" else ""
     return Path(cfg.data_root) / "tokens" / f"{cfg.dataset}-{cfg.tokenizer}{vocab}"
 
@@ -194,7 +213,7 @@ def prepare_lm_data(cfg: LMConfig) -> tuple[Tokenizer, TokenShards]:
         raise InputError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(TEXT_DATASETS)}")
     if cfg.tokenizer not in KINDS:
         raise InputError(f"unknown tokenizer {cfg.tokenizer!r}; allowed: {', '.join(KINDS)}")
-    folder = _tokens_dir(cfg)
+    folder = tokens_dir(cfg)
     try:
         tokenizer = load_tokenizer(folder / "tokenizer")
     except TokenizerError:
@@ -263,28 +282,6 @@ def muon_weight_decay(step: int, total: int, cfg: LMConfig) -> float:
 
 
 @torch.no_grad()
-def evaluate_bpb(model: GPT, tokens: np.ndarray, token_bytes: torch.Tensor, dist_: Distributed, *, seq_len: int,
-                 max_tokens: int, batch_size: int, amp: bool) -> float:
-    """Bits per byte of ``model`` on the first ``max_tokens`` of ``tokens`` (targets with 0 bytes left out)."""
-    was_training = model.training
-    model.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=dist_.device)
-    token_bytes = token_bytes.to(dist_.device)
-    windows = list(validation_windows(tokens, seq_len, max_tokens, dist_.rank, dist_.world_size))
-    for start in range(0, len(windows), batch_size):
-        chunk = windows[start:start + batch_size]
-        x = torch.cat([w[0] for w in chunk]).to(dist_.device)
-        y = torch.cat([w[1] for w in chunk]).to(dist_.device)
-        with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=amp):
-            nats = model(x, y, loss_reduction="none").view_as(y).double()
-        nbytes = token_bytes[y]
-        totals += torch.stack([(nats * (nbytes > 0)).sum(), nbytes.sum().double()])
-    dist_.all_reduce_sum(totals)
-    model.train(was_training)
-    return float(totals[0] / (math.log(2) * totals[1].clamp_min(1)))
-
-
-@torch.no_grad()
 def sample(model: GPT, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
            seed: int, device: torch.device) -> str:
     """One continuation of ``prompt`` (after BOS), decoded."""
@@ -346,6 +343,7 @@ def train_lm(
             "preset": preset,
             "num_params": num_params, "laplacian_masks": model.laplacian_masks(), "vocab_size": tokenizer.vocab_size,
             "n_embd": model.config.n_embd, "n_head": model.config.n_head, "steps": total_steps,
+            "model": model_record("gpt", model.constructor_kwargs()), "tokens": str(tokens_dir(cfg)),
             "accum_steps": accum_steps, "train_tokens": len(shards.train),
         },
     )
@@ -416,29 +414,3 @@ def train_lm(
                             keep=cfg.keep_checkpoints)
     progress.close()
     return {"step": step, "num_params": num_params, **last_eval}
-
-
-def load_lm_run(run_dir: str | Path, device: str = "auto", step: int | None = None,
-                ) -> tuple[LMConfig, GPT, Tokenizer, TokenShards | None]:
-    """The config, trained model (latest checkpoint, or ``step``'s), tokenizer and (when present) token shards of an
-    LM run."""
-    from lapheads.config import config_from_dict
-
-    run = RunDir(run_dir)
-    record = run.read_config()
-    if record.get("task") != "lm":
-        raise CheckpointError(f"{run.path} holds a {record.get('task')!r} run; allowed here: lm")
-    cfg = config_from_dict(LMConfig, record["config"], source=str(run.config_file))
-    tokenizer = load_tokenizer(run.path / "tokenizer")
-    if tokenizer.vocab_size != record["vocab_size"]:
-        raise CheckpointError(f"{run.path}/tokenizer has {tokenizer.vocab_size} tokens but the model was trained with "
-                              f"{record['vocab_size']}; allowed: the run's own tokenizer")
-    dist_ = setup_distributed(device if device != "auto" else cfg.device)
-    model = build_gpt(cfg, record["vocab_size"]).to(dist_.device)
-    folder = checkpoint_folder(run, step)
-    load_weights(model, folder / "model.safetensors")
-    try:
-        shards = TokenShards.open(_tokens_dir(cfg))
-    except DataError:  # a copied run directory without its data: evals that need no shards still work
-        shards = None
-    return cfg, model.eval(), tokenizer, shards

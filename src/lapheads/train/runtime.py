@@ -1,33 +1,27 @@
-"""What every training loop shares: distributed set-up, the run directory, checkpoints, batching, RNG state.
+"""What every training loop shares: starting or resuming a run, checkpoints, batching, RNG state, stops.
 
 Design choices:
 
-* **torchrun only.** ``setup_distributed`` reads the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK) and
-  initialises gloo on CPU, nccl on CUDA; without them the run is a single process. No home-made launcher.
+* **torchrun only** (``lapheads.distributed``): no home-made launcher.
 * **Global batches are defined once.** ``GlobalBatchSampler`` shuffles with (seed, epoch) and cuts each global
   batch into world_size x accum_steps micro-batches, so 1 rank and N ranks see the same samples per optimizer
   step, and a resumed run continues mid-epoch at the exact next batch.
 * **Checkpoints without pickle.** Weights, optimizer tensors and RNG states are safetensors; everything else is
   JSON. A checkpoint is written into a temporary folder, then renamed into place, then ``latest`` is replaced
   atomically: a crash at any point leaves the previous checkpoint intact.
-* **The run directory is the contract**: config.json (the full config, seed, versions), metrics.jsonl, and
-  checkpoints/step-<N>/ with checkpoints/latest; readers never need anything else.
+* **The run directory is the contract** (``lapheads.runs`` owns it): config.json (the full config, seed, versions,
+  the model's constructor arguments), metrics.jsonl, and checkpoints/step-<N>/ with checkpoints/latest; readers
+  never need anything else.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import json
 import math
 import os
 import random
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +29,19 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-import lapheads
 from lapheads.config import NON_NEGATIVE, POSITIVE, ConfigError, Domain, one_of, option
+from lapheads.distributed import Distributed, StoppedError, peer_failures, setup_distributed
 from lapheads.errors import CheckpointError, InputError, LapheadsError
-from lapheads.io import atomic_write_text, load_safetensors, state_dict_mismatch  # atomic_write_text: re-exported
+from lapheads.io import atomic_write_text, load_safetensors
+from lapheads.runs import (
+    RunDir,
+    latest_checkpoint,
+    load_weights,
+    notice,
+)
 
 __all__ = [
     "CheckpointError",
@@ -96,22 +95,6 @@ class NonFiniteLossError(LapheadsError, RuntimeError):
     """The loss became NaN or inf; the message names the step."""
 
 
-class StoppedError(LapheadsError, RuntimeError):
-    """The run was stopped from outside (SIGTERM from torchrun after another rank died, a cancelled job) or lost a
-    peer process; what was written stays, and ``--resume`` continues."""
-
-
-_RESUME_HINT = "checkpoints written so far are intact; run the same command with --resume to continue"
-
-
-def _stop_on_sigterm(signum: int, frame: object) -> None:
-    # Say why in one line and exit here: the signal may land anywhere (inside the CLI's error handling, during
-    # interpreter shutdown), where an exception would print a traceback instead. SystemExit prints none.
-    print(f"lapheads: error: stopped by signal {signal.Signals(signum).name} (another process of this torchrun job "
-          f"failed, or the job was cancelled); {_RESUME_HINT}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
-
-
 def _kept_checkpoint(run: RunDir) -> str:
     """Where a stopped run can resume from, in words."""
     try:
@@ -148,74 +131,6 @@ def optimizer_step(optimizers: list[torch.optim.Optimizer], step: int, run: RunD
                 progress.close()
             raise NonFiniteLossError(f"numeric overflow in the {type(opt).__name__} step at step {step + 1} "
                                      f"({str(err).splitlines()[0][:80]}); {_kept_checkpoint(run)} ({hint})") from None
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Distributed
-
-
-@dataclass
-class Distributed:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    def barrier(self) -> None:
-        if self.enabled:
-            with peer_failures():
-                dist.barrier()
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.enabled:
-            with peer_failures():
-                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
-
-
-@contextlib.contextmanager
-def peer_failures() -> Iterator[None]:
-    """A collective that fails because a peer process died (in our code or inside DDP's hooks) becomes one line;
-    any other error passes through unchanged."""
-    try:
-        yield
-    except RuntimeError as err:  # DistBackendError and gloo's errors are RuntimeErrors
-        text = str(err).lower()
-        if isinstance(err, LapheadsError) or not (
-            isinstance(err, dist.DistError) or "gloo" in text or "nccl" in text or "by peer" in text
-        ):
-            raise
-        raise StoppedError(f"lost contact with another process of this job ({str(err).splitlines()[0][:80]}); "
-                           f"{_RESUME_HINT}") from None
-
-
-def setup_distributed(device: str = "auto") -> Distributed:
-    """Join the torchrun process group if launched by torchrun; pick the device ("auto", "cpu", "cuda")."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise InputError(f"device={device!r}; allowed: auto, cpu, cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise InputError("device='cuda' but no CUDA device is available; allowed here: cpu")
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    torch_device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
-    if device == "cuda":
-        torch.cuda.set_device(torch_device)
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30))
-    if "TORCHELASTIC_RUN_ID" in os.environ and threading.current_thread() is threading.main_thread():
-        # torchrun stops the other ranks with SIGTERM when one dies: say so in one line instead of vanishing.
-        signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    return Distributed(rank, world_size, local_rank, torch_device)
 
 
 def seed_everything(seed: int) -> None:
@@ -276,110 +191,6 @@ class GlobalBatchSampler:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Run directory
-
-
-def _git_revision() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
-        )
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-class RunDir:
-    """A run directory: config.json, metrics.jsonl, checkpoints/, report/."""
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        self.checkpoints = self.path / "checkpoints"
-        self.metrics_file = self.path / "metrics.jsonl"
-        self.config_file = self.path / "config.json"
-        self.trackers: list[Any] = []  # TensorBoard / W&B mirrors of metrics.jsonl (lapheads.tracking), rank 0
-
-    def check_is_directory(self) -> None:
-        """A run directory is a directory (or does not exist yet); anything else is a one-line error."""
-        if self.path.exists() and not self.path.is_dir():
-            raise CheckpointError(f"--out {self.path} is a file; allowed: a new directory or a run directory")
-
-    def write_config(self, task: str, config: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
-        self.check_is_directory()
-        self.path.mkdir(parents=True, exist_ok=True)
-        record = {
-            "task": task,
-            "config": config,
-            "lapheads_version": lapheads.__version__,
-            "torch_version": torch.__version__,
-            "git_revision": _git_revision(),
-            **(extra or {}),
-        }
-        atomic_write_text(self.config_file, json.dumps(record, indent=2) + "\n")
-
-    def read_config(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.config_file.read_text())
-        except FileNotFoundError:
-            raise CheckpointError(f"{self.path} is not a run directory: no config.json") from None
-        except json.JSONDecodeError as err:
-            raise CheckpointError(f"{self.config_file} is corrupt: {err}") from None
-
-    def log(self, record: dict[str, Any]) -> None:
-        with open(self.metrics_file, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        for tracker in self.trackers:
-            tracker.log(record)
-
-    def read_metrics(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.metrics_file)[0]
-
-    def truncate_log(self, name: str, after_step: int) -> None:
-        """Drop records of the JSONL log ``name`` written after ``after_step`` (a resumed run writes them again)."""
-        path = self.path / name
-        if not path.exists():
-            return
-        records, _ = read_jsonl(path)
-        kept = [r for r in records if r.get("step", 0) <= after_step]
-        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
-
-    def repair(self, logs: tuple[str, ...]) -> None:
-        """Undo what a kill can leave behind, saying so in one line each: half-written checkpoint folders (never
-        published, so never loaded) and a torn last line in a JSONL log."""
-        for partial in sorted(self.checkpoints.glob(".tmp-step-*")):
-            shutil.rmtree(partial, ignore_errors=True)
-            notice(f"removed the half-written checkpoint {partial}")
-        for name in logs:
-            path = self.path / name
-            records, torn = read_jsonl(path)
-            if torn:
-                atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
-                notice(f"dropped a torn last line of {path}")
-
-
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
-    """(records, whether a torn last line was skipped) of a JSONL log; a missing file has no records.
-
-    A last line cut off by a kill is skipped (it is rewritten on resume); a bad line before it is corruption and a
-    one-line error naming the file and line.
-    """
-    if not path.exists():
-        return [], False
-    lines = path.read_text().split("\n")
-    records, torn = [], False
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if number == len(lines):  # no newline after it: the write was interrupted
-                torn = True
-                continue
-            raise CheckpointError(f"{path} line {number} is corrupt ({err}); allowed: one JSON object per line") from None
-    return records, torn
-
-    def truncate_metrics(self, after_step: int) -> None:
-        self.truncate_log(self.metrics_file.name, after_step)
 
 
 def start_or_resume(
@@ -452,11 +263,6 @@ def defaults_of(config_type: type) -> dict[str, Any]:
     import dataclasses
 
     return dataclasses.asdict(config_type())
-
-
-def notice(message: str) -> None:
-    """One line for the user on stderr (repairs, restarts), outside tqdm's bar."""
-    print(f"lapheads: {message}", file=sys.stderr, flush=True)
 
 
 def wrap_for_training(model: torch.nn.Module, dist_: Distributed, compile_model: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -580,48 +386,6 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
     dist_.barrier()
     return final
-
-
-def latest_checkpoint(run: RunDir) -> Path | None:
-    pointer = run.checkpoints / "latest"
-    if not pointer.is_file():
-        return None
-    name = pointer.read_text().strip()
-    if not re.fullmatch(r"step-\d+", name):  # never follow a pointer out of the run directory
-        raise CheckpointError(f"{pointer} holds {name[:60]!r}; allowed: the name of a step-<N> folder beside it")
-    folder = run.checkpoints / name
-    if not folder.is_dir():
-        raise CheckpointError(f"{pointer} points at {folder}, which does not exist")
-    return folder
-
-
-def checkpoint_folder(run: RunDir, step: int | None = None) -> Path:
-    """The latest checkpoint (``step`` None) or the one of ``step``; a one-line error naming what exists."""
-    if step is None:
-        folder = latest_checkpoint(run)
-        if folder is None:
-            raise CheckpointError(f"{run.path} has no checkpoint yet")
-        return folder
-    folder = run.checkpoints / f"step-{step:08d}"
-    if not folder.is_dir():
-        kept = ", ".join(str(int(p.name.split("-")[1])) for p in sorted(run.checkpoints.glob("step-*"))) or "none"
-        raise CheckpointError(f"{run.path} has no checkpoint of step {step}; allowed: {kept} (train with "
-                              "--keep-checkpoints 0 to keep them all)")
-    return folder
-
-
-def checkpoint_steps(run: RunDir) -> list[int]:
-    """The steps of the checkpoints a run directory holds, ascending."""
-    return sorted(int(p.name.split("-")[1]) for p in run.checkpoints.glob("step-*") if p.name[5:].isdigit())
-
-
-def load_weights(module: torch.nn.Module, path: Path) -> None:
-    """Load a safetensors state dict with strict key and shape checks and a one-line error on mismatch."""
-    tensors = load_safetensors(path)
-    detail = state_dict_mismatch(module.state_dict(), tensors)
-    if detail:
-        raise CheckpointError(f"{path} does not match the model ({detail}); was it written by a different config?")
-    module.load_state_dict(tensors, strict=True)
 
 
 def load_checkpoint(

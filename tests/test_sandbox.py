@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from lapheads.evals.sandbox import run_program
+from lapheads.sandbox import run_program
 
 
 def test_passing_and_failing_programs():

@@ -31,13 +31,13 @@ import torch
 from tqdm.auto import tqdm
 
 from lapheads.errors import InputError
-from lapheads.geometry.anova import AnovaAccumulator
-from lapheads.geometry.collapse import NeuralCollapseAccumulator, neural_collapse
+from lapheads.geometry.collapse import neural_collapse
 from lapheads.geometry.features import ResidualStream, select_layers
-from lapheads.geometry.linguistic import CDNVAccumulator, top_k_classes
+from lapheads.geometry.layers import LayerGeometry, LMLayerGeometry
+from lapheads.geometry.linguistic import top_k_classes
 from lapheads.geometry.mechanism import ov_circuits
-from lapheads.geometry.similarity import SimilarityAccumulator
-from lapheads.geometry.spectrum import SpectrumAccumulator
+from lapheads.runs import RunDir, checkpoint_folder, checkpoint_steps, load_model
+from lapheads.tasks import get_task
 
 __all__ = [
     "AnalyzeOptions",
@@ -74,61 +74,6 @@ class AnalyzeOptions:
         # the version changes whenever an analysis gains a metric, so older cached files are recomputed
         return {**{k: v for k, v in asdict(self).items() if k not in ("batch_size", "device")},
                 "version": ANALYSIS_VERSION}
-
-
-class LayerGeometry:
-    """The accumulators of one layer of a supervised run."""
-
-    def __init__(self, fraction: float) -> None:
-        self.anova = AnovaAccumulator()
-        self.collapse_tokens = NeuralCollapseAccumulator()
-        self.spectrum = SpectrumAccumulator(fraction)
-        self.similarity = SimilarityAccumulator()
-        self.seq_means: list[torch.Tensor] = []
-
-    def update(self, h: torch.Tensor, labels: torch.Tensor) -> None:
-        h = h.float().cpu()
-        self.anova.update(h, labels)
-        self.collapse_tokens.update(h.reshape(-1, h.shape[-1]), labels.repeat_interleave(h.shape[1]))
-        self.spectrum.update(h)
-        self.similarity.update(h)
-        self.seq_means.append(h.mean(1))
-
-    def compute(self, labels: torch.Tensor, predictions: torch.Tensor) -> dict[str, Any]:
-        return {
-            "anova": self.anova.compute(),
-            "collapse_seq": neural_collapse(torch.cat(self.seq_means), labels, predictions=predictions),
-            "collapse_tokens": self.collapse_tokens.compute(),
-            "spectrum": self.spectrum.compute(),
-            "similarity": self.similarity.compute(),
-        }
-
-
-class LMLayerGeometry:
-    """The accumulators of one layer of a language model: classes are the next token (top K), no sequence labels."""
-
-    def __init__(self, fraction: float) -> None:
-        self.spectrum = SpectrumAccumulator(fraction)
-        self.similarity = SimilarityAccumulator()
-        self.cdnv = CDNVAccumulator()
-        self.collapse = NeuralCollapseAccumulator()
-
-    def update(self, h: torch.Tensor, next_token_classes: torch.Tensor) -> None:
-        h = h.float().cpu()
-        flat, classes = h.reshape(-1, h.shape[-1]), next_token_classes.reshape(-1)
-        self.spectrum.update(h)
-        self.similarity.update(h)
-        self.cdnv.update(flat, classes)
-        self.collapse.update(flat, classes)
-
-    def compute(self) -> dict[str, Any]:
-        cdnv = self.cdnv.compute()
-        return {
-            "spectrum": self.spectrum.compute(),
-            "similarity": self.similarity.compute(),
-            "linguistic": {"cdnv": cdnv["cdnv"], "num_classes": cdnv["num_classes"],
-                           "nc1": self.collapse.compute()["nc1"]},
-        }
 
 
 def lm_geometry(model: torch.nn.Module, val_tokens, seq_len: int, options: AnalyzeOptions, name: str) -> dict[str, Any]:
@@ -184,19 +129,20 @@ def _add_mechanism(per_layer: dict[str, dict[str, Any]], model: torch.nn.Module)
         per_layer[str(i + 1)]["mechanism"] = {**means, "heads": heads}
 
 
-def _analyze_lm(record: dict[str, Any], run_path: Path, options: AnalyzeOptions) -> dict[str, Any]:
+def analyze_lm(run: RunDir, options: AnalyzeOptions) -> dict[str, Any]:
     from lapheads.data.images import DataError
-    from lapheads.train.lm import load_lm_run
-    from lapheads.train.runtime import RunDir, checkpoint_folder
+    from lapheads.runs import load_token_shards
 
     if options.ema:
         raise InputError("--ema: language-model runs keep no EMA weights")
-    cfg, model, _, shards = load_lm_run(run_path, options.device, options.step)
+    cfg = run.settings()
+    shards = load_token_shards(run)
     if shards is None:
-        raise DataError(f"{run_path}: the run's token shards are missing; train or prepare {cfg.dataset} first")
-    return {"checkpoint": checkpoint_folder(RunDir(run_path), options.step).name, "laplacian_heads": cfg.laplacian_heads,
+        raise DataError(f"{run.path}: the run's token shards are missing; train or prepare {cfg.dataset} first")
+    model = load_model(run, step=options.step, device=options.device)
+    return {"checkpoint": checkpoint_folder(run, options.step).name, "laplacian_heads": cfg.laplacian_heads,
             "seed": cfg.seed, "dataset": cfg.dataset,
-            **lm_geometry(model, shards.val, cfg.sequence_len, options, run_path.name)}
+            **lm_geometry(model, shards.val, cfg.sequence_len, options, run.path.name)}
 
 
 def analyze_nanochat(folder: str | os.PathLike, options: AnalyzeOptions | None = None, *, step: int | None = None,
@@ -232,24 +178,13 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _classify_model_and_data(record: dict[str, Any], run_path: Path, options: AnalyzeOptions):
-    from lapheads.config import config_from_dict
+def _eval_images(cfg):
+    """The evaluation split a classify / dino run was measured on (its --eval-subset, if any)."""
     from lapheads.data.images import build_image_data
-    from lapheads.train.classify import ClassifyConfig, build_model
-    from lapheads.train.runtime import CheckpointError, RunDir, checkpoint_folder, load_weights
 
-    cfg = config_from_dict(ClassifyConfig, record["config"], source=str(run_path / "config.json"))
-    data = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size)
-    dataset = data.eval
-    if cfg.eval_subset is not None:
-        dataset = torch.utils.data.Subset(dataset, range(min(cfg.eval_subset, len(dataset))))
-    model = build_model(cfg, data.num_classes, data.in_chans)
-    folder = checkpoint_folder(RunDir(run_path), options.step)
-    weights = folder / ("ema.safetensors" if options.ema else "model.safetensors")
-    if not weights.exists():
-        raise CheckpointError(f"{weights} does not exist (EMA weights exist only for runs with --ema-decay > 0)")
-    load_weights(model, weights)
-    return cfg, model.eval(), dataset, folder.name
+    dataset = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False).eval
+    subset = getattr(cfg, "eval_subset", None)
+    return dataset if subset is None else torch.utils.data.Subset(dataset, range(min(subset, len(dataset))))
 
 
 def _labelled_geometry(model: torch.nn.Module, dataset, options: AnalyzeOptions, run_path: Path,
@@ -295,62 +230,39 @@ def _labelled_geometry(model: torch.nn.Module, dataset, options: AnalyzeOptions,
     return out
 
 
-def _analyze_classify(record: dict[str, Any], run_path: Path, options: AnalyzeOptions) -> dict[str, Any]:
-    cfg, model, dataset, checkpoint = _classify_model_and_data(record, run_path, options)
-    return {"task": "classify", "checkpoint": checkpoint, "laplacian_heads": cfg.laplacian_heads, "seed": cfg.seed,
-            "dataset": cfg.dataset, **_labelled_geometry(model, dataset, options, run_path, classifier=True)}
+def analyze_classify(run: RunDir, options: AnalyzeOptions) -> dict[str, Any]:
+    cfg = run.settings()
+    model = load_model(run, "ema" if options.ema else "model", options.step, options.device)
+    return {"task": "classify", "checkpoint": checkpoint_folder(run, options.step).name,
+            "laplacian_heads": cfg.laplacian_heads, "seed": cfg.seed, "dataset": cfg.dataset,
+            **_labelled_geometry(model, _eval_images(cfg), options, run.path, classifier=True)}
 
 
-def _analyze_dino(record: dict[str, Any], run_path: Path, options: AnalyzeOptions) -> dict[str, Any]:
+def analyze_dino(run: RunDir, options: AnalyzeOptions) -> dict[str, Any]:
     """The teacher backbone on the evaluation split; the dataset's labels give the ANOVA classes."""
-    from lapheads.data.images import build_image_data
-    from lapheads.evals.dino import load_dino_teacher
-    from lapheads.train.runtime import RunDir, checkpoint_folder
-
     if options.ema:
         raise InputError("--ema: a DINO run's teacher already is the EMA model; analyze uses it")
-    cfg, backbone, _ = load_dino_teacher(run_path, options.device, options.step)
-    dataset = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False).eval
-    return {"task": "dino", "checkpoint": checkpoint_folder(RunDir(run_path), options.step).name,
+    cfg = run.settings()
+    backbone = load_model(run, "teacher", options.step, options.device)
+    return {"task": "dino", "checkpoint": checkpoint_folder(run, options.step).name,
             "laplacian_heads": cfg.laplacian_heads, "seed": cfg.seed, "dataset": cfg.dataset,
-            **_labelled_geometry(backbone, dataset, options, run_path, classifier=False)}
-
-
-ANALYZERS = {"classify": _analyze_classify, "lm": _analyze_lm, "dino": _analyze_dino}
+            **_labelled_geometry(backbone, _eval_images(cfg), options, run.path, classifier=False)}
 
 
 def analyze_run(run_dir: str | os.PathLike, options: AnalyzeOptions | None = None, force: bool = False) -> dict[str, Any]:
     """Measure one run directory at its latest checkpoint, or at ``options.step`` (or reuse the cached
     RUN_DIR/report/analysis.json, analysis-step-<N>.json); returns the analysis."""
-    from lapheads.train.runtime import RunDir, atomic_write_text, latest_checkpoint
-
     options = options or AnalyzeOptions()
     run = RunDir(run_dir)
-    record = run.read_config()
+    task = get_task(run.task())
     name = ANALYSIS_FILE if options.step is None else f"analysis-step-{options.step}.json"
-    cache = run.path / "report" / name
-    folder = latest_checkpoint(run) if options.step is None else run.checkpoints / f"step-{options.step:08d}"
-    if cache.exists() and not force:
-        cached = json.loads(cache.read_text())
-        if cached.get("options") == options.cache_key() and folder is not None and cached.get("checkpoint") == folder.name:
-            return cached
-    task = record.get("task")
-    if task not in ANALYZERS:
-        raise InputError(f"{run.path} holds a {task!r} run; analyze supports: {', '.join(ANALYZERS)}")
-    result = {"run_dir": str(run.path), "options": options.cache_key(), **ANALYZERS[task](record, run.path, options)}
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(cache, json.dumps(result) + "\n")
+    folder = checkpoint_folder(run, options.step)
+    cached = None if force else run.read_report(name)
+    if cached and cached.get("options") == options.cache_key() and cached.get("checkpoint") == folder.name:
+        return cached
+    result = {"run_dir": str(run.path), "options": options.cache_key(), **task.analyze(run, options)}
+    run.write_report(name, result)
     return result
-
-
-#: what ``analyze_over_training`` plots against step, per task: (title, reader of one analysis at its summary layer)
-OVER_TRAINING = {
-    "classify": ("within-sequence fraction", "components for 99%, pooled", "token cosine similarity",
-                 "diffusion score, Laplacian heads", "diffusion score, ordinary heads"),
-    "lm": ("CDNV, top-K next tokens", "components for 99%, pooled", "token cosine similarity",
-           "diffusion score, Laplacian heads", "diffusion score, ordinary heads"),
-}
-OVER_TRAINING["dino"] = OVER_TRAINING["classify"]
 
 
 def analyze_over_training(run_dir: str | os.PathLike, options: AnalyzeOptions | None = None,
@@ -364,8 +276,6 @@ def analyze_over_training(run_dir: str | os.PathLike, options: AnalyzeOptions | 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lapheads.train.runtime import RunDir, checkpoint_steps
-
     options = options or AnalyzeOptions()
     run = RunDir(run_dir)
     steps = checkpoint_steps(run)
@@ -375,7 +285,7 @@ def analyze_over_training(run_dir: str | os.PathLike, options: AnalyzeOptions | 
     task = _task(analyses)
     readers = dict([*SUMMARY_ROWS, *LM_ROWS])
     series = {}
-    for title in OVER_TRAINING[task]:
+    for title in get_task(task).over_training:
         values = []
         for analysis in analyses:
             try:
@@ -441,13 +351,6 @@ PLOTS: dict[str, list[tuple[str, str, str, bool]]] = {
         ("mechanism", "ordinary_diffusion", "diffusion score, ordinary heads (mean)", False),
     ],
 }
-FIGURES = {
-    "classify": ("anova", "collapse", "spectrum", "similarity", "mechanism"),
-    "dino": ("anova", "collapse", "spectrum", "similarity", "mechanism"),
-    "lm": ("linguistic", "spectrum", "similarity", "mechanism"),
-}
-
-
 def _value(layer: dict[str, Any], group: str, key: str) -> float:
     value = layer.get(group, math.nan)
     value = value.get(key, math.nan) if isinstance(value, dict) else value
@@ -464,7 +367,7 @@ def plot_analyses(analyses: list[dict[str, Any]], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     labels = _labels(analyses)
     paths = []
-    for name in FIGURES[_task(analyses)]:
+    for name in get_task(_task(analyses)).figures:
         panels = PLOTS[name]
         extra = 1 if name == "spectrum" else 0
         cols = min(3, len(panels) + extra)
@@ -530,10 +433,8 @@ LM_ROWS = [
 ]
 def _run_eval_top1(analysis: dict[str, Any]) -> float:
     """The run's own final test top-1 (metrics.jsonl): the one accuracy every report quotes for a checkpoint."""
-    from lapheads.train.runtime import RunDir
-
-    evals = [r["eval_top1"] for r in RunDir(analysis["run_dir"]).read_metrics() if "eval_top1" in r]
-    return evals[-1] if evals else math.nan
+    value = RunDir(analysis["run_dir"]).last_metric("eval_top1")
+    return math.nan if value is None else value
 
 
 SUMMARY_ROWS = [

@@ -1,0 +1,109 @@
+"""torchrun processes: joining the process group, the device, collectives that fail in one line.
+
+Design choices:
+
+* **torchrun only.** ``setup_distributed`` reads the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK) and
+  initialises gloo on CPU, nccl on CUDA; without them the run is a single process. No home-made launcher.
+* **A lost peer is one line.** A collective that fails because another rank died, and torchrun's SIGTERM to the
+  survivors, end the process with a one-line message that says the written checkpoints are intact.
+
+Training and the distributed evaluations (validation bpb) both use it, so it sits below both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from lapheads.errors import InputError, LapheadsError
+
+__all__ = ["Distributed", "StoppedError", "peer_failures", "setup_distributed"]
+
+
+class StoppedError(LapheadsError, RuntimeError):
+    """The run was stopped from outside (SIGTERM from torchrun after another rank died, a cancelled job) or lost a
+    peer process; what was written stays, and ``--resume`` continues."""
+
+
+_RESUME_HINT = "checkpoints written so far are intact; run the same command with --resume to continue"
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    # Say why in one line and exit here: the signal may land anywhere (inside the CLI's error handling, during
+    # interpreter shutdown), where an exception would print a traceback instead. SystemExit prints none.
+    print(f"lapheads: error: stopped by signal {signal.Signals(signum).name} (another process of this torchrun job "
+          f"failed, or the job was cancelled); {_RESUME_HINT}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            with peer_failures():
+                dist.barrier()
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            with peer_failures():
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+
+@contextlib.contextmanager
+def peer_failures() -> Iterator[None]:
+    """A collective that fails because a peer process died (in our code or inside DDP's hooks) becomes one line;
+    any other error passes through unchanged."""
+    try:
+        yield
+    except RuntimeError as err:  # DistBackendError and gloo's errors are RuntimeErrors
+        text = str(err).lower()
+        if isinstance(err, LapheadsError) or not (
+            isinstance(err, dist.DistError) or "gloo" in text or "nccl" in text or "by peer" in text
+        ):
+            raise
+        raise StoppedError(f"lost contact with another process of this job ({str(err).splitlines()[0][:80]}); "
+                           f"{_RESUME_HINT}") from None
+
+
+def setup_distributed(device: str = "auto") -> Distributed:
+    """Join the torchrun process group if launched by torchrun; pick the device ("auto", "cpu", "cuda")."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"device={device!r}; allowed: auto, cpu, cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("device='cuda' but no CUDA device is available; allowed here: cpu")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    torch_device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(torch_device)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30))
+    if "TORCHELASTIC_RUN_ID" in os.environ and threading.current_thread() is threading.main_thread():
+        # torchrun stops the other ranks with SIGTERM when one dies: say so in one line instead of vanishing.
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    return Distributed(rank, world_size, local_rank, torch_device)

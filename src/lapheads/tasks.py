@@ -1,0 +1,202 @@
+"""The task table: everything the CLI, sweeps, presets, ``analyze`` and ``report`` need to know about a task.
+
+A task is a training paradigm (classify, lm, dino, mid, sft). Each is one :class:`Task` entry; nothing else in
+lapheads dispatches on a task's name. Adding a task = its own modules (a config, a train function, presets) plus one
+entry here (docs/design.md, "Adding a task").
+
+Design choices:
+
+* **Entry points by name, as timm's registry and console_scripts do**: the table names ``module:attribute`` and
+  imports them on first use, so reading the table (``--help``, a sweep's dry run) imports no training code.
+* **Numbers are declared, not scraped**: a headline metric says which file of the run directory holds it
+  (metrics.jsonl, report/eval_dino.json, report/eval_chat.json) and the path to the value.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from lapheads.errors import InputError
+
+__all__ = ["Metric", "Task", "TASKS", "get_task", "upgrade_run"]
+
+#: (label, source, path): source "metrics" = the last logged value in metrics.jsonl; otherwise the name of a JSON
+#: file in the run's report/ folder ("eval_dino.json", "eval_chat.json") and the keys down to the value
+Metric = tuple[str, str, tuple[str, ...]]
+
+_VISION_GEOMETRY = (
+    ("within-sequence fraction", ("anova", "within_seq_fraction")),
+    ("between-class fraction", ("anova", "between_class_fraction")),
+    ("within / between-class variance", ("anova", "within_to_between_class")),
+    ("within-sequence variance / mean |h|^2", ("anova", "within_seq_scale_free")),
+    ("NC1, sequence means", ("collapse_seq", "nc1")),
+    ("ETF distance, sequence means", ("collapse_seq", "etf_distance")),
+    ("components for 99%, pooled", ("spectrum", "n_components")),
+    ("components for 99%, per sequence", ("spectrum", "n_components_per_seq")),
+    ("token cosine similarity", ("similarity",)),
+)
+_LM_GEOMETRY = (
+    ("CDNV, next-token classes", ("linguistic", "cdnv")),
+    ("NC1, next-token classes", ("linguistic", "nc1")),
+    ("components for 99%, pooled", ("spectrum", "n_components")),
+    ("components for 99%, per sequence", ("spectrum", "n_components_per_seq")),
+    ("token cosine similarity", ("similarity",)),
+)
+_VISION_LAYERS = ("last block", "after the final norm")
+_VISION_FIGURES = ("anova", "collapse", "spectrum", "similarity", "mechanism")
+_MECHANISM = ("diffusion score, Laplacian heads", "diffusion score, ordinary heads")
+_VISION_OVER_TRAINING = ("within-sequence fraction", "components for 99%, pooled", "token cosine similarity",
+                         *_MECHANISM)
+
+
+def _load(reference: str) -> Any:
+    module, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One training paradigm.
+
+    Args:
+        name: the CLI word (``lapheads train NAME``) and config.json's ``"task"``.
+        help: one line for ``lapheads train --help``.
+        config: ``module:Class`` of its config dataclass (fields declared with ``lapheads.config.option``).
+        train: ``module:function``, called as ``train(cfg, run_dir, resume=, preset=)``.
+        presets: ``module:dict`` of named configs.
+        check_model: ``module:function(cfg)`` that builds the model once (a head spec that does not fit fails in one
+            line before a sweep starts); None = nothing to check before the run.
+        from_run: the task starts from another run or a nanochat checkpoint (``--from`` / ``--nanochat``).
+        analyzer: ``module:function(run, options)`` for ``lapheads analyze``; None = not supported.
+        headline: the metrics ``lapheads report`` compares first.
+        geometry: (label, path into a layer's analysis) rows of the report.
+        geometry_layers: the layers whose geometry the report states.
+        figures: ``lapheads analyze``'s per-layer figures for this task.
+        over_training: the summary rows ``analyze --over-training`` plots against step.
+        upgrade: ``module:function(record)`` -> the config.json entries a run written by an older lapheads lacks
+            (``lapheads upgrade``); None = nothing to add.
+    """
+
+    name: str
+    help: str
+    config: str
+    train: str
+    presets: str
+    check_model: str | None = None
+    from_run: bool = False
+    analyzer: str | None = None
+    headline: tuple[Metric, ...] = ()
+    geometry: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    geometry_layers: tuple[str, ...] = ()
+    figures: tuple[str, ...] = ()
+    over_training: tuple[str, ...] = field(default=())
+    upgrade: str | None = None
+
+    def config_type(self) -> type:
+        return _load(self.config)
+
+    def train_function(self) -> Callable[..., dict[str, Any]]:
+        return _load(self.train)
+
+    def preset_table(self) -> dict[str, Any]:
+        return _load(self.presets)
+
+    def check(self, cfg: Any) -> None:
+        if self.check_model is not None:
+            _load(self.check_model)(cfg)
+
+    def analyze(self, run: Any, options: Any) -> dict[str, Any]:
+        if self.analyzer is None:
+            raise InputError(f"{run.path} holds a {self.name!r} run; analyze supports: "
+                             f"{', '.join(t.name for t in TASKS.values() if t.analyzer)}")
+        return _load(self.analyzer)(run, options)
+
+
+TASKS: dict[str, Task] = {task.name: task for task in (
+    Task(
+        name="classify", help="supervised image classification (ViT)",
+        config="lapheads.train.classify:ClassifyConfig", train="lapheads.train.classify:train_classify",
+        presets="lapheads.presets:CLASSIFY_PRESETS", check_model="lapheads.train.classify:check_model",
+        analyzer="lapheads.analyze:analyze_classify",
+        headline=(("test top-1 (%)", "metrics", ("eval_top1",)),),
+        geometry=_VISION_GEOMETRY, geometry_layers=_VISION_LAYERS, figures=_VISION_FIGURES,
+        over_training=_VISION_OVER_TRAINING, upgrade="lapheads.train.classify:recorded_model",
+    ),
+    Task(
+        name="lm", help="language-model pre-training (nanochat GPT)",
+        config="lapheads.train.lm:LMConfig", train="lapheads.train.lm:train_lm", presets="lapheads.presets:LM_PRESETS",
+        check_model="lapheads.train.lm:check_model", analyzer="lapheads.analyze:analyze_lm",
+        headline=(("validation bits per byte", "metrics", ("val_bpb",)),),
+        # at the LM head's input (after the final norm), where linguistic-collapse studies measure them
+        geometry=_LM_GEOMETRY, geometry_layers=("after the final norm",),
+        figures=("linguistic", "spectrum", "similarity", "mechanism"),
+        over_training=("CDNV, top-K next tokens", "components for 99%, pooled", "token cosine similarity",
+                       *_MECHANISM),
+        upgrade="lapheads.train.lm:recorded_model",
+    ),
+    Task(
+        name="dino", help="self-supervised DINO (ViT)",
+        config="lapheads.train.dino:DINOConfig", train="lapheads.train.dino:train_dino",
+        presets="lapheads.presets:DINO_PRESETS", check_model="lapheads.train.dino:check_model",
+        analyzer="lapheads.analyze:analyze_dino",
+        headline=(
+            ("k-NN top-1, k = 20 (%)", "eval_dino.json", ("knn", "20")),
+            ("k-NN top-1 at random init, k = 20 (%)", "eval_dino.json", ("knn_random_init", "20")),
+            ("linear probe top-1 (%)", "eval_dino.json", ("linear", "test_accuracy")),
+            ("segmentation mIoU (%)", "eval_dino.json", ("segmentation", "miou")),
+            ("PCA foreground IoU (%)", "eval_dino.json", ("pca_foreground_iou",)),
+        ),
+        geometry=_VISION_GEOMETRY, geometry_layers=_VISION_LAYERS, figures=_VISION_FIGURES,
+        over_training=_VISION_OVER_TRAINING, upgrade="lapheads.train.dino:recorded_model",
+    ),
+    Task(
+        name="mid", help="LM mid-training on packed conversations (from an LM run or nanochat)",
+        config="lapheads.train.chat:MidConfig", train="lapheads.train.chat:train_mid",
+        presets="lapheads.presets:MID_PRESETS", from_run=True,
+        headline=(("validation loss (nats)", "metrics", ("val_loss",)),),
+    ),
+    Task(
+        name="sft", help="supervised fine-tuning on conversations, full or LoRA (from an LM/mid run or nanochat)",
+        config="lapheads.train.chat:SFTConfig", train="lapheads.train.chat:train_sft",
+        presets="lapheads.presets:SFT_PRESETS", from_run=True,
+        headline=(
+            ("validation loss (nats)", "metrics", ("val_loss",)),
+            ("held-out arith accuracy", "eval_chat.json", ("tasks", "arith", "accuracy")),
+            ("held-out letters accuracy", "eval_chat.json", ("tasks", "letters", "accuracy")),
+            ("ChatCORE", "eval_chat.json", ("chatcore",)),
+        ),
+    ),
+)}
+
+
+def upgrade_run(run_dir: Any) -> list[str]:
+    """Add what an older lapheads did not write to a run's config.json (the model's constructor arguments, an lm
+    run's token folder), atomically; returns the added keys (none: already current). Checkpoints are untouched."""
+    from lapheads.runs import RunDir, model_record
+
+    run = RunDir(run_dir)
+    record = run.read_config()
+    task = get_task(record.get("task"))
+    added: dict[str, Any] = {}
+    model = record.get("model")
+    if isinstance(model, dict) and "factory" not in model:  # chat runs of lapheads 0.1: GPTConfig's fields only
+        added["model"] = model_record("gpt", model)
+    elif model is None and task.upgrade is not None:
+        added = _load(task.upgrade)(record)
+    if added:
+        import json
+
+        from lapheads.io import atomic_write_text
+
+        atomic_write_text(run.config_file, json.dumps(record | added, indent=2) + "\n")
+    return sorted(added)
+
+
+def get_task(name: str) -> Task:
+    """The task called ``name``; anything else is a one-line error naming the tasks."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise InputError(f"task {name!r}; allowed: {', '.join(TASKS)}") from None

@@ -1,0 +1,123 @@
+"""The run-directory contract (lapheads.runs): the model rebuilds from config.json alone, the readers' helpers, and
+run directories written before the model was recorded (one-line error, then ``lapheads upgrade``)."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from lapheads.cli import main
+from lapheads.errors import CheckpointError, InputError
+from lapheads.runs import RunDir, SweepError, load_gpt_run, load_model, load_sweep
+from lapheads.train.classify import build_model, train_classify
+from lapheads.train.dino import build_backbone, train_dino
+from lapheads.train.lm import train_lm
+from tests.conftest import tiny_lm
+
+
+@pytest.fixture(scope="module")
+def classify_run(fmnist_root, tmp_path_factory):
+    from lapheads.train.classify import ClassifyConfig
+    from tests.conftest import TINY_VIT
+
+    cfg = ClassifyConfig(model="vit_fmnist_patch4", model_kwargs=dict(TINY_VIT), laplacian_heads="1",
+                         data_root=str(fmnist_root), batch_size=32, epochs=0.25, lr=3e-3, warmup_epochs=0.0, amp=False,
+                         augment=False, eval_every_epochs=0.25, log_every=1, device="cpu", ema_decay=0.9,
+                         layer_scale=1e-6)
+    run = tmp_path_factory.mktemp("runs") / "classify"
+    train_classify(cfg, run)
+    return run, cfg
+
+
+def _forward(model, x):
+    with torch.no_grad():
+        return model(x)
+
+
+def test_a_classify_run_rebuilds_from_its_record_alone(classify_run):
+    run, cfg = classify_run
+    record = json.loads((run / "config.json").read_text())
+    assert record["model"]["factory"] == "vit" and record["model"]["kwargs"]["init_values"] == 1e-6
+    # the same weights through the training-side builder and through the record
+    reference = build_model(cfg, record["num_classes"], record["in_chans"])
+    from lapheads.runs import checkpoint_folder, load_weights
+
+    load_weights(reference, checkpoint_folder(RunDir(run)) / "model.safetensors")
+    model = load_model(run)
+    assert not model.training
+    x = torch.randn(3, 1, 28, 28)
+    torch.testing.assert_close(_forward(model, x), _forward(reference.eval(), x), rtol=0, atol=0)
+    ema = load_model(run, "ema")
+    assert not torch.equal(_forward(ema, x), _forward(model, x))
+
+
+def test_load_model_refuses_weights_the_run_does_not_have(classify_run):
+    run, _ = classify_run
+    with pytest.raises(CheckpointError, match="teacher.safetensors does not exist; allowed weights of this run: "
+                                              "model, ema"):
+        load_model(run, "teacher")
+    with pytest.raises(InputError, match="weights 'student'; allowed: model, ema, teacher"):
+        load_model(run, "student")
+    with pytest.raises(CheckpointError, match="no checkpoint of step 7; allowed: "):
+        load_model(run, step=7)
+
+
+def test_readers_helpers(classify_run, tmp_path):
+    run = RunDir(classify_run[0])
+    assert run.finished() and run.task("classify") == "classify"
+    assert run.last_metric("eval_top1") == [r for r in run.read_metrics() if "eval_top1" in r][-1]["eval_top1"]
+    assert run.last_metric("no_such_metric") is None
+    assert run.settings().laplacian_heads == "1"
+    with pytest.raises(CheckpointError, match="holds a 'classify' run; allowed here: lm, mid, sft"):
+        load_gpt_run(run.path)
+    other = RunDir(tmp_path / "other")
+    assert not other.exists() and not other.finished() and other.read_report("x.json") is None
+    other.write_report("x.json", {"a": 1})
+    assert other.read_report("x.json") == {"a": 1}
+    (other.report_dir / "x.json").write_text("{")
+    with pytest.raises(CheckpointError, match="x.json is corrupt .*delete it to measure again"):
+        other.read_report("x.json")
+    with pytest.raises(SweepError, match="holds no sweep"):
+        load_sweep(tmp_path)
+
+
+def test_an_old_run_fails_in_one_line_and_upgrade_converts_it(classify_run, tmp_path, capsys):
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(classify_run[0], old)
+    record = json.loads((old / "config.json").read_text())
+    record.pop("model")  # as lapheads wrote classify runs before the model was recorded
+    (old / "config.json").write_text(json.dumps(record))
+    with pytest.raises(CheckpointError, match=f"written before .* convert it with: lapheads upgrade {old}"):
+        load_model(old)
+    assert main(["upgrade", str(old)]) == 0
+    assert "added model" in capsys.readouterr().out
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(_forward(load_model(old), x), _forward(load_model(classify_run[0]), x))
+    assert main(["upgrade", str(old)]) == 0 and "already current" in capsys.readouterr().out
+
+
+def test_dino_and_lm_runs_rebuild_from_their_records(tiny_dino, text_root, tmp_path):
+    train_dino(dataclasses.replace(tiny_dino, epochs=1), tmp_path / "dino")
+    teacher = load_model(tmp_path / "dino", "teacher")
+    student = load_model(tmp_path / "dino", "model")
+    x = torch.randn(2, 1, 28, 28)
+    assert _forward(teacher, x).shape == (2, 32) and not torch.equal(_forward(teacher, x), _forward(student, x))
+    fresh = build_backbone(tiny_dino, 1)
+    assert set(fresh.state_dict()) == set(teacher.state_dict())
+
+    train_lm(tiny_lm(text_root, num_iterations=2, eval_every=2), tmp_path / "lm")
+    record, model, tokenizer = load_gpt_run(tmp_path / "lm", "cpu")
+    assert record["model"]["factory"] == "gpt" and model.laplacian_masks() == record["laplacian_masks"]
+    ids = torch.tensor([tokenizer.encode("ROMEO:", bos=True)])
+    assert _forward(model, ids).shape[-1] == model.config.vocab_size
+    # an lm run from before: the model record and the token folder come back from its training config
+    config = json.loads((tmp_path / "lm" / "config.json").read_text())
+    (tmp_path / "lm" / "config.json").write_text(json.dumps({k: v for k, v in config.items()
+                                                            if k not in ("model", "tokens")}))
+    from lapheads.tasks import upgrade_run
+
+    assert upgrade_run(tmp_path / "lm") == ["model", "tokens"]
+    assert json.loads((tmp_path / "lm" / "config.json").read_text()) == config
