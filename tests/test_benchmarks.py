@@ -68,3 +68,19 @@ def test_the_timm_conversion_example_runs_on_tiny_settings(tmp_path, fmnist_root
     # blend at lambda = 0 is the pretrained model, as the k = 0 control is
     assert results["blend"]["test_accuracy_at_conversion"] == results["control"]["test_accuracy_at_conversion"]
     assert (tmp_path / "pretrained.safetensors").is_file() and (tmp_path / "curves.png").is_file()
+
+
+def test_the_sharded_muon_benchmark_runs_and_halves_the_state():
+    import os
+    import re
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[1] / "benchmarks" / "muon.py"
+    done = subprocess.run([sys.executable, str(script), "--depth", "2", "--batch", "2", "--repeats", "1"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {m.group(1): [int(x.replace(",", "")) for x in m.group(2).split(" / ")]
+            for m in re.finditer(r"^\| (plain|sharded) \|.*\| ([\d, /]+) \|$", done.stdout, re.M)}
+    assert sum(rows["sharded"]) == rows["plain"][0] == rows["plain"][1]  # each rank: its share of the state
+    assert "sharded / plain" in done.stdout

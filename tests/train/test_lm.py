@@ -149,28 +149,50 @@ def test_data_prepare_tokenises_the_corpus_once(text_root, capsys):
 
 
 @pytest.mark.slow
-def test_ddp_two_ranks_match_one_rank(text_root, tmp_path):
+def test_ddp_two_ranks_match_one_rank_and_resume_from_sharded_muon_state(text_root, tmp_path):
     import os
+    import shutil
     import subprocess
     import sys
 
-    cfg = tiny_lm(text_root, num_iterations=4, eval_every=4, micro_batch=8)  # 1 rank: 2 accumulation steps
+    # 1 rank: 2 accumulation steps; every checkpoint kept so the 2-rank run can be rewound
+    cfg = tiny_lm(text_root, num_iterations=4, eval_every=4, micro_batch=8, checkpoint_every=2, keep_checkpoints=0)
     train_lm(cfg, tmp_path / "one")
     preset = tmp_path / "preset.json"
     preset.write_text(json.dumps(dataclasses.asdict(cfg)))
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lapheads",
-         "train", "lm", "--preset", str(preset), "--out", str(tmp_path / "two")],
-        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+
+    def torchrun(*extra):
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+             "lapheads", "train", "lm", "--preset", str(preset), "--out", str(tmp_path / "two"), *extra],
+            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    torchrun()
+    final = tmp_path / "two" / "checkpoints" / "step-00000004"
     one = load_file(str(tmp_path / "one" / "checkpoints" / "step-00000004" / "model.safetensors"))
-    two = load_file(str(tmp_path / "two" / "checkpoints" / "step-00000004" / "model.safetensors"))
+    two = load_file(str(final / "model.safetensors"))
     for key in one:
         # same tokens per step and init; only float summation order differs. Unaveraged gradients or other
         # windows would move weights by ~lr (0.02 for Muon) per step.
         torch.testing.assert_close(two[key], one[key], rtol=1e-3, atol=2e-4)
-    assert json.loads((tmp_path / "two" / "config.json").read_text())["world_size"] == 2
+    record = json.loads((tmp_path / "two" / "config.json").read_text())
+    assert record["world_size"] == 2
+    # Muon's momentum is split across the ranks: two disjoint shards that together hold every block matrix
+    shards = [load_file(str(final / f"optimizer-muon-rank{r}.safetensors")) for r in range(2)]
+    assert not (final / "optimizer-muon.safetensors").exists()
+    assert shards[0] and shards[1] and not set(shards[0]) & set(shards[1])
+    with torch.device("meta"):
+        blocks = sum(p.numel() for p in lm_module.build_gpt(cfg, record["vocab_size"]).blocks.parameters())
+    assert sum(v.numel() for shard in shards for v in shard.values()) == blocks
+    # rewind to step 2 and resume: the sharded state brings back the same step-4 weights, bit for bit
+    shutil.rmtree(final)
+    (tmp_path / "two" / "checkpoints" / "latest").write_text("step-00000002\n")
+    torchrun("--resume")
+    resumed = load_file(str(final / "model.safetensors"))
+    for key in two:
+        assert torch.equal(resumed[key], two[key]), key
 
 
 def test_the_2026_family_trains_and_resumes_with_the_forks_optimizer_groups_and_schedules(text_root, tmp_path):

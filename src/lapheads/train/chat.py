@@ -268,7 +268,7 @@ def conversation_loss(model: GPT, rendered: list[tuple[list[int], list[int]]], t
 # Training
 
 
-def _optimizers(model: GPT, peft_model, cfg: ChatTrainConfig) -> dict[str, torch.optim.Optimizer]:
+def _optimizers(model: GPT, peft_model, cfg: ChatTrainConfig, dist_: Distributed) -> dict[str, torch.optim.Optimizer]:
     if peft_model is not None:
         params = [p for p in peft_model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=cfg.lora_lr * cfg.init_lr_frac, weight_decay=cfg.weight_decay)
@@ -277,7 +277,7 @@ def _optimizers(model: GPT, peft_model, cfg: ChatTrainConfig) -> dict[str, torch
         return {"adamw": opt}
     from lapheads.train.lm import build_optimizers
 
-    optimizers = build_optimizers(model, cfg)
+    optimizers = build_optimizers(model, cfg, dist_)
     for opt in optimizers.values():
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] = group["initial_lr"] * cfg.init_lr_frac
@@ -332,7 +332,7 @@ def train_chat(task: str, cfg: ChatTrainConfig, run_dir: str | Path, *, resume: 
     peft_model = (apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
                   if cfg.lora_rank else None)
     trained = LoraAdapters(peft_model) if peft_model is not None else model
-    optimizers = _optimizers(model, peft_model, cfg)
+    optimizers = _optimizers(model, peft_model, cfg, dist_)
     start_step = start_or_resume(
         run, task, dataclasses.asdict(cfg), dist_, trained, optimizers, resume=resume, config_type=type(cfg),
         extra_record={"preset": preset, **source, "model": model_record("gpt", model.constructor_kwargs()), "laplacian_masks": model.laplacian_masks(),

@@ -54,11 +54,12 @@ from lapheads.data.text import (
     shakespeare_plays,
 )
 from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
-from lapheads.distributed import setup_distributed
+from lapheads.distributed import Distributed, setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.lm import evaluate_bpb
 from lapheads.models.gpt import ARCHS, GPT, GPTConfig
 from lapheads.runs import RunDir, model_record
+from lapheads.train.muon import ShardedMuon
 from lapheads.train.runtime import (
     RunConfig,
     check_finite_loss,
@@ -227,10 +228,11 @@ def prepare_lm_data(cfg: LMConfig) -> tuple[Tokenizer, TokenShards]:
     return tokenizer, TokenShards.open(folder)
 
 
-def build_optimizers(model: GPT, cfg: LMConfig) -> dict[str, torch.optim.Optimizer]:
+def build_optimizers(model: GPT, cfg: LMConfig, dist_: Distributed | None = None) -> dict[str, torch.optim.Optimizer]:
     """nanochat's split: Muon for the block matrices (value-embedding gates included, as the fork), AdamW for the
     embedding and head (LRs scaled by width) and, in the 2026 family, for value embeddings (half the embedding LR),
-    residual lambdas (scalar LR x 0.01), x0 lambdas (scalar LR, beta1 0.96) and the smear/backout scalars (0.2)."""
+    residual lambdas (scalar LR x 0.01), x0 lambdas (scalar LR, beta1 0.96) and the smear/backout scalars (0.2).
+    Under DDP, Muon's work is split across the ranks (``ShardedMuon``: each orthogonalises its share)."""
     scale = (model.config.n_embd / 768) ** -0.5
     groups = [dict(params=list(model.lm_head.parameters()), lr=cfg.unembedding_lr * scale),
               dict(params=list(model.transformer["wte"].parameters()), lr=cfg.embedding_lr * scale)]
@@ -245,8 +247,10 @@ def build_optimizers(model: GPT, cfg: LMConfig) -> dict[str, torch.optim.Optimiz
     if gates:
         groups.append(dict(params=gates, lr=0.2, weight_decay=0.0))
     adamw = torch.optim.AdamW(groups, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-10, weight_decay=cfg.weight_decay)
-    muon = torch.optim.Muon(list(model.blocks.parameters()), lr=cfg.matrix_lr, momentum=cfg.muon_momentum_end,
-                            nesterov=True, weight_decay=cfg.muon_weight_decay)
+    dist_ = dist_ or Distributed()
+    muon = ShardedMuon(list(model.blocks.parameters()), rank=dist_.rank, world_size=dist_.world_size,
+                       lr=cfg.matrix_lr, momentum=cfg.muon_momentum_end, nesterov=True,
+                       weight_decay=cfg.muon_weight_decay)
     for opt in (adamw, muon):
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]
@@ -334,7 +338,7 @@ def train_lm(
                            dist_.world_size, cfg.seed)
     total_steps = cfg.num_iterations if cfg.num_iterations > 0 else max(
         1, round(cfg.target_param_data_ratio * num_params / cfg.total_batch_size))
-    optimizers = build_optimizers(model, cfg)
+    optimizers = build_optimizers(model, cfg, dist_)
 
     start_step = start_or_resume(
         run, "lm", dataclasses.asdict(cfg), dist_, model, optimizers, resume=resume, logs=("metrics.jsonl", "samples.jsonl"),

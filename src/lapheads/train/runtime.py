@@ -333,6 +333,13 @@ def _optimizer_files(
     return {"optimizer": optimizer}
 
 
+def _sharded(optimizer, dist_: Distributed) -> dict[str, torch.optim.Optimizer]:
+    """The optimizers whose state is split across the ranks (``sharded = True``, e.g. ``ShardedMuon``)."""
+    if not dist_.enabled:
+        return {}
+    return {file: opt for file, opt in _optimizer_files(optimizer).items() if getattr(opt, "sharded", False)}
+
+
 def save_checkpoint(
     run: RunDir,
     step: int,
@@ -362,12 +369,19 @@ def save_checkpoint(
             tmp.mkdir(parents=True)
         dist_.barrier()
         save_file(_rng_state(), str(tmp / f"rng-rank{dist_.rank}.safetensors"))
+        for file, opt in _sharded(optimizer, dist_).items():  # every rank holds its own part of these
+            opt_tensors, meta = _flatten_optimizer(opt.state_dict())
+            save_file(opt_tensors, str(tmp / f"{file}-rank{dist_.rank}.safetensors"))
+            (tmp / f"{file}-rank{dist_.rank}.json").write_text(json.dumps(meta))
         if dist_.is_main:
             for name, module in {"model": model, **(extra_models or {})}.items():
                 tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
                 save_file(tensors, str(tmp / f"{name}.safetensors"))
             metas = {}
             for file, opt in _optimizer_files(optimizer).items():
+                if file in _sharded(optimizer, dist_):
+                    metas[file] = {"sharded": dist_.world_size}
+                    continue
                 opt_tensors, metas[file] = _flatten_optimizer(opt.state_dict())
                 save_file(opt_tensors, str(tmp / f"{file}.safetensors"))
             state = {"step": step, "world_size": dist_.world_size, "optimizer": metas, **trainer_state}
@@ -411,6 +425,13 @@ def load_checkpoint(
     for file, opt in _optimizer_files(optimizer).items():
         if file not in state["optimizer"]:
             raise CheckpointError(f"{folder} holds no {file} state; allowed: resume with the optimizers that wrote it")
-        opt.load_state_dict(_unflatten_optimizer(load_safetensors(folder / f"{file}.safetensors"), state["optimizer"][file]))
+        meta = state["optimizer"][file]
+        if "sharded" in meta:  # each rank wrote its own part (same world size: checked above)
+            try:
+                meta = json.loads((folder / f"{file}-rank{dist_.rank}.json").read_text())
+            except (OSError, json.JSONDecodeError) as err:
+                raise CheckpointError(f"{folder}/{file}-rank{dist_.rank}.json is missing or corrupt: {err}") from None
+            file = f"{file}-rank{dist_.rank}"
+        opt.load_state_dict(_unflatten_optimizer(load_safetensors(folder / f"{file}.safetensors"), meta))
     _set_rng_state(load_safetensors(folder / f"rng-rank{dist_.rank}.safetensors"))
     return state
