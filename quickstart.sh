@@ -2,14 +2,15 @@
 # One-stop set-up + run, for a fresh Debian/Ubuntu machine with Python >= 3.10:
 #   bash quickstart.sh demo [args]   set up, then run `lapheads demo`
 #   bash quickstart.sh test [args]   set up, then run the test suite (pytest args pass through)
+#   bash quickstart.sh lint          set up, then ruff: lint and format check (the rules are in pyproject.toml)
 # Set-up = a virtual environment in .venv with this package installed editable with its dev extras, by plain pip.
 # It is redone only when pyproject.toml changes. LAPHEADS_VENV overrides the venv location.
 set -euo pipefail
 cd "$(dirname "$0")"
 job="${1:-}"
 case "$job" in
-  demo|test) shift ;;
-  *) echo "usage: bash quickstart.sh {demo|test} [args...]" >&2; exit 2 ;;
+  demo|test|lint) shift ;;
+  *) echo "usage: bash quickstart.sh {demo|test|lint} [args...]" >&2; exit 2 ;;
 esac
 
 venv="${LAPHEADS_VENV:-.venv}"
@@ -59,4 +60,5 @@ fi
 case "$job" in
   demo) exec "$venv/bin/lapheads" demo "$@" ;;
   test) exec "$venv/bin/python" -m pytest -q "$@" ;;
+  lint) "$venv/bin/ruff" check . && exec "$venv/bin/ruff" format --check . ;;
 esac

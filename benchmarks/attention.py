@@ -55,8 +55,9 @@ def attention_forms(n_lap: int) -> dict[str, Callable[..., torch.Tensor]]:
     }
 
 
-def bench_op(seq_len: int, n_lap: int, device: torch.device, dtype: torch.dtype, repeats: int,
-             compile_forms: bool = False) -> dict[str, dict]:
+def bench_op(
+    seq_len: int, n_lap: int, device: torch.device, dtype: torch.dtype, repeats: int, compile_forms: bool = False
+) -> dict[str, dict]:
     """q, k, v as a model makes them (views of one packed (B, T, 3, H, D) projection) and each form's output
     reshaped to (B, T, H * D) for the output projection, as in timm's Attention and the GPT."""
     batch = max(1, TOKENS_PER_BATCH // seq_len)
@@ -79,7 +80,11 @@ def bench_op(seq_len: int, n_lap: int, device: torch.device, dtype: torch.dtype,
     times = time_interleaved(steps, repeats, device=device)
     result = {}
     for name, run in steps.items():
-        result[name] = {"seconds": times[name], "ratio": times[name] / times["sdpa"], "peak_mib": peak_memory_mib(run, device)}
+        result[name] = {
+            "seconds": times[name],
+            "ratio": times[name] / times["sdpa"],
+            "peak_mib": peak_memory_mib(run, device),
+        }
     return {"batch": batch, "forms": result}
 
 
@@ -89,7 +94,13 @@ def bench_vit_step(device: torch.device, dtype: torch.dtype, repeats: int, batch
     for n_lap in (0, 1, 3):
         torch.manual_seed(0)
         model = VisionTransformer(
-            img_size=32, patch_size=4, embed_dim=192, depth=6, num_heads=3, num_classes=10, attn_layer=LaplacianAttention
+            img_size=32,
+            patch_size=4,
+            embed_dim=192,
+            depth=6,
+            num_heads=3,
+            num_classes=10,
+            attn_layer=LaplacianAttention,
         ).to(device)
         for block in model.blocks:
             block.attn.set_laplacian_heads(n_lap)
@@ -110,8 +121,9 @@ def bench_vit_step(device: torch.device, dtype: torch.dtype, repeats: int, batch
     return {name: {"seconds": t, "ratio": t / base} for name, t in times.items()}
 
 
-def bench_gpt_step(device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 16,
-                   arch: str = "nanochat-2025") -> dict[str, float]:
+def bench_gpt_step(
+    device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 16, arch: str = "nanochat-2025"
+) -> dict[str, float]:
     """A whole GPT training step (shakespeare-cpu size: depth 4, 256 dim, 4 heads of 64, T = 256, Muon + AdamW as
     in training) with 0, 2 and 4 Laplacian heads per layer, in the ``arch`` family (2026: sliding windows of 128
     in the S layers, value embeddings, smear, ...)."""
@@ -121,8 +133,17 @@ def bench_gpt_step(device: torch.device, dtype: torch.dtype, repeats: int, batch
     steps = {}
     for n_lap in (0, 2, 4):
         torch.manual_seed(0)
-        model = GPT(GPTConfig(depth=4, vocab_size=320, sequence_len=256, aspect_ratio=64, head_dim=64,
-                              laplacian_heads=n_lap, arch=arch)).to(device)
+        model = GPT(
+            GPTConfig(
+                depth=4,
+                vocab_size=320,
+                sequence_len=256,
+                aspect_ratio=64,
+                head_dim=64,
+                laplacian_heads=n_lap,
+                arch=arch,
+            )
+        ).to(device)
         optimizers = build_optimizers(model, LMConfig(arch=arch))
         tokens = torch.randint(0, 320, (batch, 257), device=device)
 
@@ -140,11 +161,23 @@ def bench_gpt_step(device: torch.device, dtype: torch.dtype, repeats: int, batch
     return {name: {"seconds": t, "ratio": t / base} for name, t in times.items()}
 
 
-def markdown(op_results: dict[int, dict], vit: dict | None, header: str, gpt: dict | None = None,
-             gpt_arch: str = "nanochat-2025") -> str:
+def markdown(
+    op_results: dict[int, dict], vit: dict | None, header: str, gpt: dict | None = None, gpt_arch: str = "nanochat-2025"
+) -> str:
     forms = list(next(iter(op_results.values()))["forms"])
-    lines = [header, "", "Forward + backward of attention alone (ratio = median time / median plain-SDPA time, same run):", ""]
-    lines.append("| T | batch | " + " | ".join(f"{f} ratio" for f in forms) + " | sdpa ms | " + " | ".join(f"{f} peak MiB" for f in forms) + " |")
+    lines = [
+        header,
+        "",
+        "Forward + backward of attention alone (ratio = median time / median plain-SDPA time, same run):",
+        "",
+    ]
+    lines.append(
+        "| T | batch | "
+        + " | ".join(f"{f} ratio" for f in forms)
+        + " | sdpa ms | "
+        + " | ".join(f"{f} peak MiB" for f in forms)
+        + " |"
+    )
     lines.append("|" + "---|" * (3 + 2 * len(forms)))
     for t, res in op_results.items():
         row = res["forms"]
@@ -152,12 +185,22 @@ def markdown(op_results: dict[int, dict], vit: dict | None, header: str, gpt: di
         mems = " | ".join("n/a" if row[f]["peak_mib"] is None else f"{row[f]['peak_mib']:.0f}" for f in forms)
         lines.append(f"| {t} | {res['batch']} | {ratios} | {row['sdpa']['seconds'] * 1e3:.2f} | {mems} |")
     if vit:
-        lines += ["", "Whole ViT training step (forward, backward, AdamW):", "", "| model | ms/step | ratio |", "|---|---|---|"]
+        lines += [
+            "",
+            "Whole ViT training step (forward, backward, AdamW):",
+            "",
+            "| model | ms/step | ratio |",
+            "|---|---|---|",
+        ]
         lines += [f"| {name} | {r['seconds'] * 1e3:.1f} | {r['ratio']:.3f} |" for name, r in vit.items()]
     if gpt:
-        lines += ["", f"Whole GPT training step (forward, backward, Muon + AdamW), {gpt_arch}:", "",
-                  "| model | ms/step | ratio |",
-                  "|---|---|---|"]
+        lines += [
+            "",
+            f"Whole GPT training step (forward, backward, Muon + AdamW), {gpt_arch}:",
+            "",
+            "| model | ms/step | ratio |",
+            "|---|---|---|",
+        ]
         lines += [f"| {name} | {r['seconds'] * 1e3:.1f} | {r['ratio']:.3f} |" for name, r in gpt.items()]
     return "\n".join(lines)
 
@@ -181,8 +224,11 @@ def main(argv: list[str] | None = None) -> str:
         op_results[t] = bench_op(t, args.laplacian_heads, device, dtype, repeats, compile_forms=args.compile)
         print(f"T={t}: " + ", ".join(f"{n} {r['ratio']:.3f}x" for n, r in op_results[t]["forms"].items()), flush=True)
     vit = None if args.skip_vit else bench_vit_step(device, dtype, max(3, round(20 * args.repeats_scale)))
-    gpt = None if args.skip_gpt else bench_gpt_step(device, dtype, max(3, round(15 * args.repeats_scale)),
-                                                    arch=args.gpt_arch)
+    gpt = (
+        None
+        if args.skip_gpt
+        else bench_gpt_step(device, dtype, max(3, round(15 * args.repeats_scale)), arch=args.gpt_arch)
+    )
     header = (
         f"{machine_summary(device)}; {args.dtype}; {HEADS} heads x {HEAD_DIM} dims, "
         f"{args.laplacian_heads} Laplacian, batch x T = {TOKENS_PER_BATCH} tokens, q/k/v from a packed projection and "

@@ -46,16 +46,22 @@ def main() -> None:
     print(machine_summary())
     layer = LayerGeometry(0.99)
     cdnv = CDNVAccumulator()
-    counts = torch.bincount(torch.multinomial(1 / torch.arange(1, 8001.0), 100_000, replacement=True,
-                                              generator=torch.Generator().manual_seed(1)), minlength=8000)
+    counts = torch.bincount(
+        torch.multinomial(
+            1 / torch.arange(1, 8001.0), 100_000, replacement=True, generator=torch.Generator().manual_seed(1)
+        ),
+        minlength=8000,
+    )
     parts = {"anova": 0.0, "collapse_tokens": 0.0, "spectrum": 0.0, "similarity": 0.0, "seq_means": 0.0, "cdnv": 0.0}
     all_labels = []
     for h, labels, next_tokens in _batches(args.tokens, args.seq_len, args.dim, args.classes, args.batch):
         h = h.float()
         for name, work in (
             ("anova", lambda: layer.anova.update(h, labels)),
-            ("collapse_tokens", lambda: layer.collapse_tokens.update(h.reshape(-1, args.dim),
-                                                                     labels.repeat_interleave(args.seq_len))),
+            (
+                "collapse_tokens",
+                lambda: layer.collapse_tokens.update(h.reshape(-1, args.dim), labels.repeat_interleave(args.seq_len)),
+            ),
             ("spectrum", lambda: layer.spectrum.update(h)),
             ("similarity", lambda: layer.similarity.update(h)),
             ("seq_means", lambda: layer.seq_means.append(h.mean(1))),
@@ -72,15 +78,18 @@ def main() -> None:
     parts["finalise"] = time.perf_counter() - start
     total = sum(parts.values())
     num_tokens = len(labels) * args.seq_len
-    print(f"{num_tokens:,} tokens x {args.dim} dims, {len(labels):,} sequences of {args.seq_len}, "
-          f"{args.classes} classes")
+    print(
+        f"{num_tokens:,} tokens x {args.dim} dims, {len(labels):,} sequences of {args.seq_len}, {args.classes} classes"
+    )
     for name, seconds in parts.items():
         print(f"  {name:16s} {seconds:7.2f} s")
     print(f"  {'total':16s} {total:7.2f} s   (goal <= 60 s for 1M x 384)")
-    print(f"check: anova fractions {result['anova']['within_seq_fraction']:.3f} / "
-          f"{result['anova']['between_seq_fraction']:.3f} / {result['anova']['between_class_fraction']:.3f}, "
-          f"n_components {result['spectrum']['n_components']}, per seq {result['spectrum']['n_components_per_seq']:.1f}, "
-          f"nc1 tokens {result['collapse_tokens']['nc1']:.3g}, cdnv {cdnv_result['cdnv']:.3g}")
+    print(
+        f"check: anova fractions {result['anova']['within_seq_fraction']:.3f} / "
+        f"{result['anova']['between_seq_fraction']:.3f} / {result['anova']['between_class_fraction']:.3f}, "
+        f"n_components {result['spectrum']['n_components']}, per seq {result['spectrum']['n_components_per_seq']:.1f}, "
+        f"nc1 tokens {result['collapse_tokens']['nc1']:.3g}, cdnv {cdnv_result['cdnv']:.3g}"
+    )
 
 
 if __name__ == "__main__":

@@ -45,16 +45,26 @@ def _maybe_compile(fn: Callable, compile_: bool, backend: str) -> Callable:
     return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend) if compile_ else fn
 
 
-def op_table(seq_lens: list[int], heads: int, kv_heads: int, head_dim: int, tokens: int, device: torch.device,
-             dtype: torch.dtype, repeats: int, backend: str) -> list[str]:
+def op_table(
+    seq_lens: list[int],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    tokens: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int,
+    backend: str,
+) -> list[str]:
     rows = []
     for t in seq_lens:
         batch = max(1, tokens // t)
         for causal in (False, True):
             for kv in sorted({heads, kv_heads}, reverse=True):
                 for compile_ in (False, True):
-                    packed = torch.randn(batch, t, heads + 2 * kv, head_dim, device=device, dtype=dtype,
-                                         requires_grad=True)
+                    packed = torch.randn(
+                        batch, t, heads + 2 * kv, head_dim, device=device, dtype=dtype, requires_grad=True
+                    )
                     grad = torch.randn(batch, t, heads * head_dim, device=device, dtype=dtype)
 
                     def split(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -82,15 +92,30 @@ def op_table(seq_lens: list[int], heads: int, kv_heads: int, head_dim: int, toke
                     times = time_interleaved(steps, repeats, device=device)
                     memory = {name: peak_memory_mib(run, device) for name, run in steps.items()}
                     mem = " / ".join("n/a" if m is None else f"{m:.0f}" for m in memory.values())
-                    rows.append(f"| {t} | {batch} | {'causal' if causal else 'full'} | {heads}/{kv} | "
-                                f"{'compiled' if compile_ else 'eager'} | {times['sdpa'] * 1e3:.2f} | "
-                                f"{times['lapheads'] / times['sdpa']:.3f} | {mem} |")
-    return ["| T | batch | mask | heads/kv | mode | sdpa ms | lapheads ratio | peak MiB sdpa / lapheads |",
-            "|---|---|---|---|---|---|---|---|", *rows]
+                    rows.append(
+                        f"| {t} | {batch} | {'causal' if causal else 'full'} | {heads}/{kv} | "
+                        f"{'compiled' if compile_ else 'eager'} | {times['sdpa'] * 1e3:.2f} | "
+                        f"{times['lapheads'] / times['sdpa']:.3f} | {mem} |"
+                    )
+    return [
+        "| T | batch | mask | heads/kv | mode | sdpa ms | lapheads ratio | peak MiB sdpa / lapheads |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
 
 
-def gpt_table(depths: list[int], vocab: int, seq_len: int, batch: int, device: torch.device, dtype: torch.dtype,
-              repeats: int, compile_: bool, backend: str, head_dim: int = 128) -> list[str]:
+def gpt_table(
+    depths: list[int],
+    vocab: int,
+    seq_len: int,
+    batch: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int,
+    compile_: bool,
+    backend: str,
+    head_dim: int = 128,
+) -> list[str]:
     from lapheads.train.lm import LMConfig, build_optimizers
 
     rows, peak = [], _peak_flops(device)
@@ -99,8 +124,9 @@ def gpt_table(depths: list[int], vocab: int, seq_len: int, batch: int, device: t
         heads = GPTConfig(depth=depth, vocab_size=vocab, head_dim=head_dim).n_head
         for k in (0, heads // 2):
             torch.manual_seed(0)
-            model = GPT(GPTConfig(depth=depth, vocab_size=vocab, sequence_len=seq_len, head_dim=head_dim,
-                                  laplacian_heads=k)).to(device)
+            model = GPT(
+                GPTConfig(depth=depth, vocab_size=vocab, sequence_len=seq_len, head_dim=head_dim, laplacian_heads=k)
+            ).to(device)
             optimizers = build_optimizers(model, LMConfig())
             forward = _maybe_compile(model, compile_, backend)
             tokens = torch.randint(0, vocab, (batch, seq_len + 1), device=device)
@@ -108,8 +134,12 @@ def gpt_table(depths: list[int], vocab: int, seq_len: int, batch: int, device: t
             matmul = sum(p.numel() for p in model.blocks.parameters()) + model.lm_head.weight.numel()
             flops_per_token[k] = 6 * matmul + 12 * c.n_head * (c.n_embd // c.n_head) * seq_len * depth
 
-            def run(model: GPT = model, optimizers: dict = optimizers, forward: Callable = forward,
-                    tokens: torch.Tensor = tokens) -> None:
+            def run(
+                model: GPT = model,
+                optimizers: dict = optimizers,
+                forward: Callable = forward,
+                tokens: torch.Tensor = tokens,
+            ) -> None:
                 with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                     loss = forward(tokens[:, :-1], tokens[:, 1:])
                 loss.backward()
@@ -126,8 +156,16 @@ def gpt_table(depths: list[int], vocab: int, seq_len: int, batch: int, device: t
     return ["| model | Laplacian heads | tokens/s | MFU | step time ratio |", "|---|---|---|---|---|", *rows]
 
 
-def vit_table(img_size: int, batch: int, model_kwargs: dict, device: torch.device, dtype: torch.dtype, repeats: int,
-              compile_: bool, backend: str) -> list[str]:
+def vit_table(
+    img_size: int,
+    batch: int,
+    model_kwargs: dict,
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int,
+    compile_: bool,
+    backend: str,
+) -> list[str]:
     steps = {}
     heads = model_kwargs.get("num_heads", 12)
     for k in (0, heads):
@@ -138,8 +176,13 @@ def vit_table(img_size: int, batch: int, model_kwargs: dict, device: torch.devic
         images = torch.randn(batch, 3, img_size, img_size, device=device)
         labels = torch.randint(0, model.num_classes, (batch,), device=device)
 
-        def run(model: torch.nn.Module = model, optimizer: torch.optim.Optimizer = optimizer,
-                forward: Callable = forward, images: torch.Tensor = images, labels: torch.Tensor = labels) -> None:
+        def run(
+            model: torch.nn.Module = model,
+            optimizer: torch.optim.Optimizer = optimizer,
+            forward: Callable = forward,
+            images: torch.Tensor = images,
+            labels: torch.Tensor = labels,
+        ) -> None:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                 loss = F.cross_entropy(forward(images), labels)
             loss.backward()
@@ -148,9 +191,14 @@ def vit_table(img_size: int, batch: int, model_kwargs: dict, device: torch.devic
 
         steps[k] = run
     times = time_interleaved(steps, repeats, device=device)
-    return ["| model | Laplacian heads | images/s | step time ratio |", "|---|---|---|---|",
-            *[f"| ViT-B/16 {img_size} px | {k}/{heads} | {batch / s:,.0f} | {s / times[0]:.3f} |"
-              for k, s in times.items()]]
+    return [
+        "| model | Laplacian heads | images/s | step time ratio |",
+        "|---|---|---|---|",
+        *[
+            f"| ViT-B/16 {img_size} px | {k}/{heads} | {batch / s:,.0f} | {s / times[0]:.3f} |"
+            for k, s in times.items()
+        ],
+    ]
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -166,20 +214,34 @@ def main(argv: list[str] | None = None) -> str:
     if args.smoke:
         ops = op_table([32], 4, 2, 16, 256, device, dtype, 2, args.backend)
         gpt = gpt_table([2], 64, 32, 2, device, dtype, 2, True, args.backend, head_dim=64)
-        vit = vit_table(32, 2, dict(patch_size=16, embed_dim=64, depth=1, num_heads=4), device, dtype, 2, True,
-                        args.backend)
+        vit = vit_table(
+            32, 2, dict(patch_size=16, embed_dim=64, depth=1, num_heads=4), device, dtype, 2, True, args.backend
+        )
     else:
         ops = op_table([1024, 4096, 16384], 16, 2, 128, 65536, device, dtype, 10, args.backend)
         gpt = gpt_table([12, 20], 65536, 2048, 16, device, dtype, 10, True, args.backend)
         vit = vit_table(224, 128, {}, device, dtype, 10, True, args.backend)
-    text = "\n".join([
-        "# GPU benchmark (benchmarks/gpu.py)", "",
-        f"{machine_summary(device)}; bf16; torch {torch.__version__}; {time.perf_counter() - start:.0f} s in all. "
-        "Ratios are medians of interleaved rounds in this one run.", "",
-        "## The op against plain SDPA (forward + backward, half the heads Laplacian)", "", *ops, "",
-        "## nanochat GPT training step (compiled, Muon + AdamW)", "", *gpt, "",
-        "## ViT-B/16 training step (compiled, AdamW)", "", *vit, "",
-    ])
+    text = "\n".join(
+        [
+            "# GPU benchmark (benchmarks/gpu.py)",
+            "",
+            f"{machine_summary(device)}; bf16; torch {torch.__version__}; {time.perf_counter() - start:.0f} s in all. "
+            "Ratios are medians of interleaved rounds in this one run.",
+            "",
+            "## The op against plain SDPA (forward + backward, half the heads Laplacian)",
+            "",
+            *ops,
+            "",
+            "## nanochat GPT training step (compiled, Muon + AdamW)",
+            "",
+            *gpt,
+            "",
+            "## ViT-B/16 training step (compiled, AdamW)",
+            "",
+            *vit,
+            "",
+        ]
+    )
     if args.out != "-":
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)

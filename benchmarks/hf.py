@@ -31,24 +31,37 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                      num_hidden_layers=args.layers, num_attention_heads=9, num_key_value_heads=3,
-                                      max_position_embeddings=2048, tie_word_embeddings=True)
+    config = transformers.LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=args.layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
     base = transformers.LlamaForCausalLM(config).to(args.device)
     base.set_attn_implementation("sdpa")
-    models = {"sdpa": base, "lapheads k=0": lhf.enable(copy.deepcopy(base), 0),
-              "lapheads k=2": lhf.enable(copy.deepcopy(base), 2)}
+    models = {
+        "sdpa": base,
+        "lapheads k=0": lhf.enable(copy.deepcopy(base), 0),
+        "lapheads k=2": lhf.enable(copy.deepcopy(base), 2),
+    }
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq_len), device=args.device)
 
     def step(model):
         def run():
             model.zero_grad(set_to_none=True)
             model(ids, labels=ids).loss.backward()
+
         return run
 
     times = time_interleaved({name: step(m) for name, m in models.items()}, args.repeats, device=args.device)
-    print(f"# HF Llama (SmolLM-135M heads: 9 q / 3 kv, dim 576) x {args.layers} layers, batch {args.batch} x "
-          f"{args.seq_len}, forward + backward; {machine_summary(args.device)}")
+    print(
+        f"# HF Llama (SmolLM-135M heads: 9 q / 3 kv, dim 576) x {args.layers} layers, batch {args.batch} x "
+        f"{args.seq_len}, forward + backward; {machine_summary(args.device)}"
+    )
     print("| attention | ms / step | vs sdpa |\n|---|---|---|")
     for name, seconds in times.items():
         print(f"| {name} | {seconds * 1e3:.1f} | {seconds / times['sdpa']:.3f}x |")

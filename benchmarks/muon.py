@@ -35,8 +35,11 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
     setups = {}
     for form in ("plain", "sharded"):
         torch.manual_seed(0)
-        model = GPT(GPTConfig(depth=args.depth, vocab_size=320, sequence_len=256, aspect_ratio=64, head_dim=64,
-                              laplacian_heads=2))
+        model = GPT(
+            GPTConfig(
+                depth=args.depth, vocab_size=320, sequence_len=256, aspect_ratio=64, head_dim=64, laplacian_heads=2
+            )
+        )
         world = Distributed(rank, args.world_size) if form == "sharded" else Distributed()  # 1 rank = unsharded
         optimizers = build_optimizers(model, LMConfig(), world)
         setups[form] = (model, DistributedDataParallel(model), optimizers)
@@ -56,20 +59,28 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
         setups[form][1](tokens[:, :-1], tokens[:, 1:]).backward()
     optimizer_only = time_interleaved({form: (lambda f=form: optimizer_steps(f)) for form in setups}, args.repeats)
     whole = time_interleaved({form: (lambda f=form: whole_step(f)) for form in setups}, args.repeats)
-    state = {form: sum(v.numel() for s in setups[form][2]["muon"].state.values() for v in s.values()
-                       if isinstance(v, torch.Tensor)) for form in setups}
+    state = {
+        form: sum(
+            v.numel() for s in setups[form][2]["muon"].state.values() for v in s.values() if isinstance(v, torch.Tensor)
+        )
+        for form in setups
+    }
     gathered = [None] * args.world_size
     dist.all_gather_object(gathered, state)
     if rank == 0:
-        print(f"{args.world_size} gloo ranks x 1 thread, GPT depth {args.depth} (256 dim, T 256, batch {args.batch} "
-              f"per rank), {args.repeats} interleaved repeats, medians:")
+        print(
+            f"{args.world_size} gloo ranks x 1 thread, GPT depth {args.depth} (256 dim, T 256, batch {args.batch} "
+            f"per rank), {args.repeats} interleaved repeats, medians:"
+        )
         print("| Muon | optimizer steps (s) | whole step (s) | Muon state per rank (elements) |")
         print("|---|---|---|---|")
         for form in setups:
             per_rank = " / ".join(f"{g[form]:,}" for g in gathered)
             print(f"| {form} | {optimizer_only[form]:.4f} | {whole[form]:.4f} | {per_rank} |")
-        print(f"sharded / plain: optimizer steps {optimizer_only['sharded'] / optimizer_only['plain']:.3f}x, "
-              f"whole step {whole['sharded'] / whole['plain']:.3f}x")
+        print(
+            f"sharded / plain: optimizer steps {optimizer_only['sharded'] / optimizer_only['plain']:.3f}x, "
+            f"whole step {whole['sharded'] / whole['plain']:.3f}x"
+        )
     dist.destroy_process_group()
 
 

@@ -34,7 +34,7 @@ def batches(ids: torch.Tensor, seq_len: int, batch: int, seed: int):
     generator = torch.Generator().manual_seed(seed)
     while True:
         starts = torch.randint(0, len(ids) - seq_len - 1, (batch,), generator=generator)
-        yield torch.stack([ids[s:s + seq_len] for s in starts.tolist()])
+        yield torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
 
 
 def train(model, data, steps: int, lr: float, on_step=None) -> list[float]:
@@ -87,18 +87,26 @@ def main() -> None:
     else:
         tokenizer = Tokenizer.char(train_text)
         encode = lambda text: torch.tensor(tokenizer.encode(text))  # noqa: E731
-        config = transformers.LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=128, intermediate_size=384,
-                                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                                          max_position_embeddings=args.seq_len)
+        config = transformers.LlamaConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=args.seq_len,
+        )
         pretrained = transformers.LlamaForCausalLM(config)
         pretrained.set_attn_implementation("sdpa")
     train_ids, val_ids = encode(train_text), encode(val_text)
     pre_losses = []
     if not args.model:
-        pre_losses = train(pretrained, batches(train_ids, args.seq_len, args.batch, seed=0), args.pretrain_steps,
-                           args.lr)
-    curves: dict[str, dict] = {"pretrain": {"loss": pre_losses, "val_loss": validation_loss(pretrained, val_ids,
-                                                                                         args.seq_len)}}
+        pre_losses = train(
+            pretrained, batches(train_ids, args.seq_len, args.batch, seed=0), args.pretrain_steps, args.lr
+        )
+    curves: dict[str, dict] = {
+        "pretrain": {"loss": pre_losses, "val_loss": validation_loss(pretrained, val_ids, args.seq_len)}
+    }
     for init in ("control", "switch", "signflip", "blend"):
         model = copy.deepcopy(pretrained)
         spec = 0 if init == "control" else args.laplacian_heads
@@ -107,10 +115,15 @@ def main() -> None:
         schedule = lhf.BlendSchedule(model, args.blend_steps) if init == "blend" else None
         torch.manual_seed(1)
         losses = train(model, batches(train_ids, args.seq_len, args.batch, seed=1), args.steps, args.lr, schedule)
-        curves[init] = {"loss": losses, "val_loss_at_conversion": start,
-                        "val_loss": validation_loss(model, val_ids, args.seq_len)}
-        print(f"{init:9s} val loss at conversion {start:.4f}, after {args.steps} steps "
-              f"{curves[init]['val_loss']:.4f} (control: k = 0)")
+        curves[init] = {
+            "loss": losses,
+            "val_loss_at_conversion": start,
+            "val_loss": validation_loss(model, val_ids, args.seq_len),
+        }
+        print(
+            f"{init:9s} val loss at conversion {start:.4f}, after {args.steps} steps "
+            f"{curves[init]['val_loss']:.4f} (control: k = 0)"
+        )
     (out / "curves.json").write_text(json.dumps({"args": vars(args), "curves": curves}, indent=1) + "\n")
     import matplotlib
 

@@ -66,8 +66,11 @@ def accuracy(model, dataset, limit: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pretrained-file", default=None, help="a timm vit_fmnist_patch4 checkpoint (default: "
-                        "train one with plain attention first)")
+    parser.add_argument(
+        "--pretrained-file",
+        default=None,
+        help="a timm vit_fmnist_patch4 checkpoint (default: train one with plain attention first)",
+    )
     parser.add_argument("--laplacian-heads", default="1", help="of 3 heads per layer")
     parser.add_argument("--pretrain-steps", type=int, default=400)
     parser.add_argument("--steps", type=int, default=200, help="fine-tuning steps per init")
@@ -92,16 +95,22 @@ def main() -> None:
         results["pretrain"] = {"loss": losses, "test_accuracy": accuracy(model, test_set, args.test_images)}
     for init in ("control", "switch", "signflip", "blend"):
         spec = 0 if init == "control" else args.laplacian_heads
-        model = lapheads.create_vit("vit_fmnist_patch4", spec, pretrained_file=pretrained_file,
-                                    init="switch" if init == "control" else init)
+        model = lapheads.create_vit(
+            "vit_fmnist_patch4", spec, pretrained_file=pretrained_file, init="switch" if init == "control" else init
+        )
         start = accuracy(model, test_set, args.test_images)
         schedule = BlendSchedule(model, args.blend_steps) if init == "blend" else None
         torch.manual_seed(1)
         losses = train(model, batches(train_set, args.batch, seed=1), args.steps, args.lr, schedule)
-        results[init] = {"loss": losses, "test_accuracy_at_conversion": start,
-                         "test_accuracy": accuracy(model, test_set, args.test_images)}
-        print(f"{init:9s} test accuracy at conversion {start:.4f}, after {args.steps} steps "
-              f"{results[init]['test_accuracy']:.4f}")
+        results[init] = {
+            "loss": losses,
+            "test_accuracy_at_conversion": start,
+            "test_accuracy": accuracy(model, test_set, args.test_images),
+        }
+        print(
+            f"{init:9s} test accuracy at conversion {start:.4f}, after {args.steps} steps "
+            f"{results[init]['test_accuracy']:.4f}"
+        )
     (out / "curves.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")
     import matplotlib
 

@@ -52,9 +52,19 @@ def tiny_config(fmnist_root):
     from lapheads.train.classify import ClassifyConfig
 
     return ClassifyConfig(
-        model="vit_fmnist_patch4", model_kwargs=dict(TINY_VIT), laplacian_heads="1", data_root=str(fmnist_root),
-        batch_size=32, epochs=0.5, lr=3e-3, warmup_epochs=0.0, amp=False, augment=False, eval_every_epochs=0.25,
-        log_every=1, device="cpu",
+        model="vit_fmnist_patch4",
+        model_kwargs=dict(TINY_VIT),
+        laplacian_heads="1",
+        data_root=str(fmnist_root),
+        batch_size=32,
+        epochs=0.5,
+        lr=3e-3,
+        warmup_epochs=0.0,
+        amp=False,
+        augment=False,
+        eval_every_epochs=0.25,
+        log_every=1,
+        device="cpu",
     )
 
 
@@ -69,9 +79,23 @@ def tiny_lm(root, **changes):
     from lapheads.train.lm import LMConfig
 
     base = LMConfig(
-        dataset="shakespeare", data_root=str(root), tokenizer="char", depth=2, aspect_ratio=32, head_dim=16,
-        laplacian_heads="2", sequence_len=64, total_batch_size=1024, micro_batch=16, num_iterations=12,
-        eval_every=6, eval_tokens=2048, sample_prompt="ROMEO:\n", sample_tokens=24, log_every=1, device="cpu",
+        dataset="shakespeare",
+        data_root=str(root),
+        tokenizer="char",
+        depth=2,
+        aspect_ratio=32,
+        head_dim=16,
+        laplacian_heads="2",
+        sequence_len=64,
+        total_batch_size=1024,
+        micro_batch=16,
+        num_iterations=12,
+        eval_every=6,
+        eval_tokens=2048,
+        sample_prompt="ROMEO:\n",
+        sample_tokens=24,
+        log_every=1,
+        device="cpu",
         amp=False,
     )
     return dataclasses.replace(base, **changes)
@@ -83,11 +107,30 @@ def tiny_dino(fmnist_root):
     from lapheads.train.dino import DINOConfig
 
     return DINOConfig(
-        model="vit_fmnist_patch4", model_kwargs={"depth": 2, "embed_dim": 32, "num_heads": 2}, laplacian_heads="1",
-        dataset="fashion-mnist", data_root=str(fmnist_root), img_size=28, local_crop_size=12, local_crops=2,
-        local_scale=[0.1, 0.4], out_dim=64, head_hidden_dim=32, head_bottleneck_dim=16, epochs=2, batch_size=64,
-        train_subset=256, lr=0.002, warmup_epochs=0.5, momentum_teacher=0.9, freeze_last_layer=1, drop_path=0.1,
-        amp=False, device="cpu", log_every=1, checkpoint_every_epochs=1.0,
+        model="vit_fmnist_patch4",
+        model_kwargs={"depth": 2, "embed_dim": 32, "num_heads": 2},
+        laplacian_heads="1",
+        dataset="fashion-mnist",
+        data_root=str(fmnist_root),
+        img_size=28,
+        local_crop_size=12,
+        local_crops=2,
+        local_scale=[0.1, 0.4],
+        out_dim=64,
+        head_hidden_dim=32,
+        head_bottleneck_dim=16,
+        epochs=2,
+        batch_size=64,
+        train_subset=256,
+        lr=0.002,
+        warmup_epochs=0.5,
+        momentum_teacher=0.9,
+        freeze_last_layer=1,
+        drop_path=0.1,
+        amp=False,
+        device="cpu",
+        log_every=1,
+        checkpoint_every_epochs=1.0,
     )
 
 
@@ -105,9 +148,20 @@ def tiny_sft(base, **changes):
     """SFT of ``base`` on generated arith conversations, 6 steps of 8."""
     from lapheads.train.chat import SFTConfig
 
-    cfg = SFTConfig(base=str(base), data="arith", val_data="arith_test", micro_batch=4, examples_per_step=8,
-                    num_iterations=6, eval_every=3, eval_examples=8, init_lr_frac=0.5, log_every=1, device="cpu",
-                    amp=False)
+    cfg = SFTConfig(
+        base=str(base),
+        data="arith",
+        val_data="arith_test",
+        micro_batch=4,
+        examples_per_step=8,
+        num_iterations=6,
+        eval_every=3,
+        eval_examples=8,
+        init_lr_frac=0.5,
+        log_every=1,
+        device="cpu",
+        amp=False,
+    )
     return dataclasses.replace(cfg, **changes)
 
 

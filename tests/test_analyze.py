@@ -20,8 +20,17 @@ def two_runs(tmp_path_factory, fmnist_root):
     runs = []
     for heads in ("0", "2"):
         cfg = ClassifyConfig(
-            model="vit_fmnist_patch4", model_kwargs=dict(TINY_VIT), laplacian_heads=heads, data_root=str(fmnist_root),
-            batch_size=32, epochs=0.5, lr=3e-3, warmup_epochs=0.0, amp=False, augment=False, log_every=4,
+            model="vit_fmnist_patch4",
+            model_kwargs=dict(TINY_VIT),
+            laplacian_heads=heads,
+            data_root=str(fmnist_root),
+            batch_size=32,
+            epochs=0.5,
+            lr=3e-3,
+            warmup_epochs=0.0,
+            amp=False,
+            augment=False,
+            log_every=4,
             device="cpu",
         )
         train_classify(cfg, root / f"L{heads}")
@@ -88,7 +97,9 @@ def test_bad_options_are_one_line_errors(two_runs, args, message, capsys):
 
 def test_a_folder_that_is_not_a_run_is_a_one_line_error(tmp_path, capsys):
     assert main(["analyze", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip() == f"lapheads analyze: error: {tmp_path} is not a run directory: no config.json"
+    assert (
+        capsys.readouterr().err.strip() == f"lapheads analyze: error: {tmp_path} is not a run directory: no config.json"
+    )
 
 
 def test_analyze_language_model_runs(text_root, tmp_path, capsys):
@@ -118,8 +129,10 @@ def test_runs_of_different_tasks_are_not_compared(two_runs, text_root, tmp_path,
     from tests.conftest import tiny_lm
 
     train_lm(tiny_lm(text_root, num_iterations=2, eval_every=2), tmp_path / "lm")
-    assert main(["analyze", str(two_runs[0]), str(tmp_path / "lm"), "--max-tokens", "1024", "--out",
-                 str(tmp_path / "x")]) == 2
+    assert (
+        main(["analyze", str(two_runs[0]), str(tmp_path / "lm"), "--max-tokens", "1024", "--out", str(tmp_path / "x")])
+        == 2
+    )
     assert "analyze compares runs of one task; got classify, lm" in capsys.readouterr().err
 
 

@@ -29,8 +29,11 @@ def _imports() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lapheads"):
                 targets.add(node.module)
                 # "from lapheads import runs" / "from lapheads.train import chat" name submodules
-                targets |= {f"{node.module}.{a.name}" for a in node.names
-                            if (PACKAGE.parent / f"{node.module}.{a.name}".replace(".", "/")).with_suffix(".py").exists()}
+                targets |= {
+                    f"{node.module}.{a.name}"
+                    for a in node.names
+                    if (PACKAGE.parent / f"{node.module}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
+                }
         graph[name] = targets
     return graph
 
@@ -49,30 +52,46 @@ def test_the_graph_sees_the_package():
 
 def test_nothing_below_the_entry_points_imports_training_code():
     graph = _imports()
-    arrows = sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
-                    if t.startswith("lapheads.train") and not m.startswith("lapheads.train") and m not in TOP)
+    arrows = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if t.startswith("lapheads.train") and not m.startswith("lapheads.train") and m not in TOP
+    )
     assert not arrows, "readers of runs must go through lapheads.runs:\n" + "\n".join(arrows)
 
 
 def test_only_entry_points_import_entry_points():
     graph = _imports()
     allowed = TOP - {"lapheads.tasks"}  # the task table is data every layer may read
-    arrows = sorted(f"{m} -> {t}" for m, targets in graph.items() if m not in TOP
-                    for t in targets if t in allowed)
+    arrows = sorted(f"{m} -> {t}" for m, targets in graph.items() if m not in TOP for t in targets if t in allowed)
     assert not arrows, "\n".join(arrows)
 
 
 def test_the_bottom_floor_imports_only_the_bottom_floor():
     graph = _imports()
-    bottom = {"lapheads.errors", "lapheads.config", "lapheads.io", "lapheads.attention", "lapheads.convert",
-              "lapheads.distributed", "lapheads.runs", "lapheads.lora"}
+    bottom = {
+        "lapheads.errors",
+        "lapheads.config",
+        "lapheads.io",
+        "lapheads.attention",
+        "lapheads.convert",
+        "lapheads.distributed",
+        "lapheads.runs",
+        "lapheads.lora",
+    }
     bottom_packages = ("lapheads.models", "lapheads.data", "lapheads.geometry")
 
     def is_bottom(m: str) -> bool:
         return m in bottom or m == "lapheads" or m.startswith(bottom_packages)
 
-    arrows = sorted(f"{m} -> {t}" for m, targets in graph.items() if is_bottom(m) and m != "lapheads"
-                    for t in targets if not is_bottom(t))
+    arrows = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if is_bottom(m) and m != "lapheads"
+        for t in targets
+        if not is_bottom(t)
+    )
     assert not arrows, "\n".join(arrows)
 
 

@@ -322,8 +322,9 @@ def test_last_allowed_identity_reads_each_querys_own_position_under_cache_and_pa
     aligned = laplacian_attention(q, k, v, 2, attn_mask=causal)
     torch.testing.assert_close(laplacian_attention(q, k, v, 2, attn_mask=causal, identity="last_allowed"), aligned)
     additive = torch.zeros(t, s).masked_fill(~causal, torch.finfo(torch.float32).min)
-    torch.testing.assert_close(laplacian_attention(q, k, v, 2, attn_mask=additive, identity="last_allowed"), aligned,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        laplacian_attention(q, k, v, 2, attn_mask=additive, identity="last_allowed"), aligned, rtol=1e-5, atol=1e-5
+    )
     with pytest.raises(InputError, match="'last_allowed' with an attn_mask"):
         laplacian_attention(q, k, v, 2, is_causal=True, identity="last_allowed")
 
@@ -333,10 +334,12 @@ def test_blend_moves_from_plain_attention_to_the_laplacian():
     q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
     plain = laplacian_attention(q, k, v, 0, is_causal=True)
     assert torch.equal(laplacian_attention(q, k, v, 2, is_causal=True, blend=torch.tensor(0.0)), plain)
-    torch.testing.assert_close(laplacian_attention(q, k, v, 2, is_causal=True, blend=1.0),
-                               laplacian_attention(q, k, v, 2, is_causal=True))
+    torch.testing.assert_close(
+        laplacian_attention(q, k, v, 2, is_causal=True, blend=1.0), laplacian_attention(q, k, v, 2, is_causal=True)
+    )
     half = laplacian_attention(q, k, v, 2, is_causal=True, blend=0.3)
-    torch.testing.assert_close(half, laplacian_attention_reference(q, k, v, 2, is_causal=True, blend=0.3),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        half, laplacian_attention_reference(q, k, v, 2, is_causal=True, blend=0.3), rtol=1e-5, atol=1e-5
+    )
     torch.testing.assert_close(half[:, 2:], 0.3 * v[:, 2:] + 0.4 * plain[:, 2:], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(half[:, :2], plain[:, :2])

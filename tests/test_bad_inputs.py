@@ -23,8 +23,13 @@ from lapheads.config import ConfigError, _options, validate_config
 from lapheads.errors import LapheadsError
 from lapheads.presets import CONFIG_TYPES, PRESETS
 
-PRESET_OF = {"classify": "fmnist-cpu", "lm": "shakespeare-cpu", "dino": "dino-fmnist-cpu", "mid": "nanochat-mid",
-             "sft": "chat-cpu"}
+PRESET_OF = {
+    "classify": "fmnist-cpu",
+    "lm": "shakespeare-cpu",
+    "dino": "dino-fmnist-cpu",
+    "mid": "nanochat-mid",
+    "sft": "chat-cpu",
+}
 
 
 def _run_cli(argv: list[str], capsys) -> tuple[int, str, float]:
@@ -90,8 +95,7 @@ def test_the_table_is_large():
 def test_every_field_rejects_values_outside_its_domain(task, field, value, tmp_path, capsys):
     out = tmp_path / "run"
     flag = "--" + field.replace("_", "-")
-    code, err, seconds = _run_cli(["train", task, "--preset", PRESET_OF[task], "--out", str(out), flag, value],
-                                  capsys)
+    code, err, seconds = _run_cli(["train", task, "--preset", PRESET_OF[task], "--out", str(out), flag, value], capsys)
     _assert_one_line_failure(code, err, seconds, names=flag)
     assert not out.exists()  # validated before anything is written
 
@@ -149,14 +153,26 @@ def _cli_cases(tmp: Path, preset: Path) -> list[tuple[str, list[str], str | None
         ("batch-larger-than-data", [*train, out, "--batch-size", "4096"], "4096"),
         ("resume-without-out", ["train", "classify", "--resume"], "--out"),
         ("resume-empty-dir", ["train", "classify", "--out", str(tmp), "--resume"], "no config.json"),
-        ("lm-warmup-plus-warmdown", ["train", "lm", "--preset", "shakespeare-cpu", "--out", out, "--warmup-ratio",
-                                     "0.9"], "--warmdown-ratio"),
-        ("lm-batch-not-multiple", ["train", "lm", "--preset", "shakespeare-cpu", "--out", out, "--total-batch-size",
-                                   "1000"], "--total-batch-size"),
-        ("lm-data-root-file", ["train", "lm", "--preset", "shakespeare-cpu", "--out", out, "--data-root",
-                               str(a_file)], "a_file"),
-        ("dino-scale-range", ["train", "dino", "--preset", "dino-fmnist-cpu", "--out", out, "--global-scale",
-                              "0.5,2"], "--global-scale"),
+        (
+            "lm-warmup-plus-warmdown",
+            ["train", "lm", "--preset", "shakespeare-cpu", "--out", out, "--warmup-ratio", "0.9"],
+            "--warmdown-ratio",
+        ),
+        (
+            "lm-batch-not-multiple",
+            ["train", "lm", "--preset", "shakespeare-cpu", "--out", out, "--total-batch-size", "1000"],
+            "--total-batch-size",
+        ),
+        (
+            "lm-data-root-file",
+            ["train", "lm", "--preset", "shakespeare-cpu", "--out", out, "--data-root", str(a_file)],
+            "a_file",
+        ),
+        (
+            "dino-scale-range",
+            ["train", "dino", "--preset", "dino-fmnist-cpu", "--out", out, "--global-scale", "0.5,2"],
+            "--global-scale",
+        ),
         ("eval-no-run", ["eval", "classify", str(tmp / "nowhere")], "nowhere"),
         ("eval-a-file", ["eval", "lm", str(a_file)], None),
         ("eval-two-runs", ["eval", "classify", out, out], "one RUN_DIR"),
@@ -195,8 +211,9 @@ def test_a_corrected_rerun_after_bad_input_runs(tmp_path, tiny_preset, capsys):
     for bad in (["--laplacian-heads", "1,1,1"], ["--batch-size", "-5"], ["--img-size", "30"]):
         code, err, seconds = _run_cli(["train", "classify", "--preset", str(tiny_preset), "--out", out, *bad], capsys)
         _assert_one_line_failure(code, err, seconds)
-    code, _, _ = _run_cli(["train", "classify", "--preset", str(tiny_preset), "--out", out, "--epochs", "0.125"],
-                          capsys)
+    code, _, _ = _run_cli(
+        ["train", "classify", "--preset", str(tiny_preset), "--out", out, "--epochs", "0.125"], capsys
+    )
     assert code == 0 and (tmp_path / "run" / "checkpoints" / "latest").is_file()
 
 
@@ -205,8 +222,9 @@ def test_a_corrected_rerun_after_bad_input_runs(tmp_path, tiny_preset, capsys):
 
 
 def _finished_run(tiny_preset: Path, out: Path, capsys) -> None:
-    code, err, _ = _run_cli(["train", "classify", "--preset", str(tiny_preset), "--out", str(out), "--epochs",
-                             "0.125"], capsys)
+    code, err, _ = _run_cli(
+        ["train", "classify", "--preset", str(tiny_preset), "--out", str(out), "--epochs", "0.125"], capsys
+    )
     assert code == 0, err
 
 
@@ -220,7 +238,8 @@ def test_damaged_run_directories(tmp_path, tiny_preset, capsys):
         "latest-missing-folder": lambda: latest.write_text("step-99999999\n"),
         "config-corrupt": lambda: (run / "config.json").write_text("{"),
         "weights-not-safetensors": lambda: (run / "checkpoints" / good.strip() / "model.safetensors").write_bytes(
-            pickle.dumps({"x": 1})),
+            pickle.dumps({"x": 1})
+        ),
     }
     saved_config = (run / "config.json").read_text()
     saved_weights = (run / "checkpoints" / good.strip() / "model.safetensors").read_bytes()
@@ -261,10 +280,16 @@ def _api_cases():
         ("spec-layers", lambda: lapheads.parse_laplacian_heads([1, 1, 1], 4, 2), "3 entries"),
         ("vit-unknown", lambda: lapheads.create_vit("vit_nope"), "vit_nope"),
         ("gpt-depth", lambda: lapheads.GPT(lapheads.GPTConfig(depth=0, vocab_size=10)), "depth"),
-        ("gpt-kv-heads", lambda: lapheads.GPT(lapheads.GPTConfig(depth=2, vocab_size=10, aspect_ratio=64,
-                                                                  head_dim=32, n_kv_head=3)), "n_kv_head"),
-        ("config-type", lambda: validate_config(dataclasses.replace(PRESETS["lm"]["shakespeare-cpu"], depth="4")),
-         "--depth"),
+        (
+            "gpt-kv-heads",
+            lambda: lapheads.GPT(lapheads.GPTConfig(depth=2, vocab_size=10, aspect_ratio=64, head_dim=32, n_kv_head=3)),
+            "n_kv_head",
+        ),
+        (
+            "config-type",
+            lambda: validate_config(dataclasses.replace(PRESETS["lm"]["shakespeare-cpu"], depth="4")),
+            "--depth",
+        ),
     ]
 
 
@@ -280,10 +305,17 @@ def test_python_api_errors_are_lapheads_errors_naming_the_value(case_id, call, w
 # Numeric fields under hypothesis: any value is either accepted or a ConfigError naming the field
 
 
-NUMERIC = [(task, f.name) for task, cls in CONFIG_TYPES.items() for f in dataclasses.fields(cls)
-           if typing.get_type_hints(cls)[f.name] in (int, float, int | None, float | None)]
-ODD_VALUES = st.one_of(st.integers(-10**12, 10**12), st.floats(allow_nan=True, allow_infinity=True),
-                       st.sampled_from([0, -1, 0.0, -0.0, 1e308, "3", None, True, [1]]))
+NUMERIC = [
+    (task, f.name)
+    for task, cls in CONFIG_TYPES.items()
+    for f in dataclasses.fields(cls)
+    if typing.get_type_hints(cls)[f.name] in (int, float, int | None, float | None)
+]
+ODD_VALUES = st.one_of(
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, -1, 0.0, -0.0, 1e308, "3", None, True, [1]]),
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -41,9 +41,25 @@ def test_hf_benchmark_and_the_conversion_example_run_on_tiny_settings(tmp_path, 
     table = capsys.readouterr().out
     assert "| sdpa |" in table and "| lapheads k=2 |" in table
     example = Path(__file__).resolve().parents[1] / "examples" / "hf_convert_finetune.py"
-    done = subprocess.run([sys.executable, str(example), "--pretrain-steps", "2", "--steps", "2", "--blend-steps", "1",
-                           "--data-root", str(text_root), "--out", str(tmp_path / "convert")],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(example),
+            "--pretrain-steps",
+            "2",
+            "--steps",
+            "2",
+            "--blend-steps",
+            "1",
+            "--data-root",
+            str(text_root),
+            "--out",
+            str(tmp_path / "convert"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     curves = json.loads((tmp_path / "convert" / "curves.json").read_text())["curves"]
     assert set(curves) == {"pretrain", "control", "switch", "signflip", "blend"}
@@ -59,9 +75,29 @@ def test_the_timm_conversion_example_runs_on_tiny_settings(tmp_path, fmnist_root
     import sys
 
     example = Path(__file__).resolve().parents[1] / "examples" / "timm_convert_finetune.py"
-    done = subprocess.run([sys.executable, str(example), "--pretrain-steps", "2", "--steps", "2", "--blend-steps", "1",
-                           "--batch", "16", "--test-images", "64", "--data-root", str(fmnist_root), "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(example),
+            "--pretrain-steps",
+            "2",
+            "--steps",
+            "2",
+            "--blend-steps",
+            "1",
+            "--batch",
+            "16",
+            "--test-images",
+            "64",
+            "--data-root",
+            str(fmnist_root),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((tmp_path / "curves.json").read_text())["results"]
     assert set(results) == {"pretrain", "control", "switch", "signflip", "blend"}
@@ -77,10 +113,17 @@ def test_the_sharded_muon_benchmark_runs_and_halves_the_state():
     import sys
 
     script = Path(__file__).parents[1] / "benchmarks" / "muon.py"
-    done = subprocess.run([sys.executable, str(script), "--depth", "2", "--batch", "2", "--repeats", "1"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, str(script), "--depth", "2", "--batch", "2", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = {m.group(1): [int(x.replace(",", "")) for x in m.group(2).split(" / ")]
-            for m in re.finditer(r"^\| (plain|sharded) \|.*\| ([\d, /]+) \|$", done.stdout, re.M)}
+    rows = {
+        m.group(1): [int(x.replace(",", "")) for x in m.group(2).split(" / ")]
+        for m in re.finditer(r"^\| (plain|sharded) \|.*\| ([\d, /]+) \|$", done.stdout, re.M)
+    }
     assert sum(rows["sharded"]) == rows["plain"][0] == rows["plain"][1]  # each rank: its share of the state
     assert "sharded / plain" in done.stdout

@@ -12,11 +12,21 @@ from lapheads.errors import InputError
 from tests.data.test_conversations import TOKENIZER
 
 
-@pytest.mark.parametrize("expression, result", [
-    ("40 + 2", "42"), ("48/2", "24"), ("7/2", "3.5"), ("(3+4)*5", "35"), ("'strawberry'.count('r')", "3"),
-    ("__import__('os').system('true')", None), ("2**100000", None), ("open('x')", None), ("1/0", None),
-    ("'a'.count('a'); import os", None),
-])
+@pytest.mark.parametrize(
+    "expression, result",
+    [
+        ("40 + 2", "42"),
+        ("48/2", "24"),
+        ("7/2", "3.5"),
+        ("(3+4)*5", "35"),
+        ("'strawberry'.count('r')", "3"),
+        ("__import__('os').system('true')", None),
+        ("2**100000", None),
+        ("open('x')", None),
+        ("1/0", None),
+        ("'a'.count('a'); import os", None),
+    ],
+)
 def test_the_calculator_answers_arithmetic_and_letter_counts_only(expression, result):
     assert use_calculator(expression) == result
 
@@ -47,8 +57,14 @@ def _special(name: str) -> int:
 
 
 def test_a_tool_call_gets_the_calculators_output_forced_into_the_sequence():
-    script = [*TOKENIZER.encode("So "), _special("python_start"), *TOKENIZER.encode("40+2"), _special("python_end"),
-              *TOKENIZER.encode("42"), _special("assistant_end")]
+    script = [
+        *TOKENIZER.encode("So "),
+        _special("python_start"),
+        *TOKENIZER.encode("40+2"),
+        _special("python_end"),
+        *TOKENIZER.encode("42"),
+        _special("assistant_end"),
+    ]
     model = ScriptedModel(script, TOKENIZER.vocab_size)
     engine = ChatEngine(model, TOKENIZER)
     prompt = [TOKENIZER.bos_id, _special("assistant_start")]
@@ -56,7 +72,7 @@ def test_a_tool_call_gets_the_calculators_output_forced_into_the_sequence():
     assert "".join(pieces) == "So [calc: 40+2 = 42]42" and len(pieces) > 3  # streamed, not one block
     forced = [_special("output_start"), *TOKENIZER.encode("42"), _special("output_end")]
     after_call = model.fed.index(_special("python_end")) + 1
-    assert model.fed[after_call:after_call + len(forced)] == forced
+    assert model.fed[after_call : after_call + len(forced)] == forced
     assert _special("assistant_end") not in model.fed  # generation stopped there
 
 
@@ -72,8 +88,9 @@ def test_generation_stops_at_the_token_limit_and_the_context():
     engine = ChatEngine(ScriptedModel([a], TOKENIZER.vocab_size, sequence_len=16), TOKENIZER)
     assert "".join(engine.stream([TOKENIZER.bos_id], max_tokens=5)) == "aaaaa"
     assert "".join(engine.stream([TOKENIZER.bos_id] * 10, max_tokens=50)) == "a" * 6  # the context is 16
-    with pytest.raises(InputError, match="the conversation has 16 tokens; allowed: fewer than the model's "
-                                         "sequence_len 16"):
+    with pytest.raises(
+        InputError, match="the conversation has 16 tokens; allowed: fewer than the model's sequence_len 16"
+    ):
         list(engine.stream([TOKENIZER.bos_id] * 16))
     with pytest.raises(InputError, match="an empty prompt"):
         list(engine.stream([]))

@@ -31,16 +31,28 @@ def test_the_op_has_no_graph_break_and_compiles_to_the_same_numbers(name):
 
 
 def _vit():
-    return create_vit("vit_small_patch16_224", "0,1,3", img_size=16, patch_size=8, embed_dim=48, depth=3, num_heads=3,
-                      num_classes=5)
+    return create_vit(
+        "vit_small_patch16_224", "0,1,3", img_size=16, patch_size=8, embed_dim=48, depth=3, num_heads=3, num_classes=5
+    )
 
 
 @pytest.mark.parametrize("arch", ["nanochat-2025", "nanochat-2026"])
 @pytest.mark.parametrize("spec", ["1,2", [[True, False, True, False], [False, False, False, True]]], ids=["k", "masks"])
 def test_whole_gpt_forward_backward_is_one_graph(arch, spec):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(depth=2, vocab_size=40, sequence_len=32, aspect_ratio=32, head_dim=16, laplacian_heads=spec,
-                          arch=arch, short_window=4, n_kv_head=2))
+    model = GPT(
+        GPTConfig(
+            depth=2,
+            vocab_size=40,
+            sequence_len=32,
+            aspect_ratio=32,
+            head_dim=16,
+            laplacian_heads=spec,
+            arch=arch,
+            short_window=4,
+            n_kv_head=2,
+        )
+    )
     idx = torch.randint(0, 40, (2, 16))
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     loss = compiled(idx, idx)

@@ -14,14 +14,29 @@ def test_presets_say_whose_recipe_they_follow():
     for name, cfg in CLASSIFY_PRESETS.items():
         assert cfg.description, name
     authors, official = CLASSIFY_PRESETS["deit3-base-imagenet"], CLASSIFY_PRESETS["deit3-base-imagenet-official"]
-    assert (authors.img_size, authors.epochs, authors.batch_size, authors.lr, authors.optimizer) == (192, 400, 2048, 2e-3, "adamw")
+    assert (authors.img_size, authors.epochs, authors.batch_size, authors.lr, authors.optimizer) == (
+        192,
+        400,
+        2048,
+        2e-3,
+        "adamw",
+    )
     assert (official.epochs, official.optimizer, official.smoothing) == (800, "lamb", 0.0)
 
 
 def test_overrides_are_typed():
-    cfg = resolve_classify_config("fmnist-cpu", "0,1,1,1,1,0", ["--lr", "2e-3", "--amp=false", "--clip-grad", "none",
-                                                                "--model-kwargs", '{"depth": 6}'])
-    assert (cfg.lr, cfg.amp, cfg.clip_grad, cfg.model_kwargs, cfg.laplacian_heads) == (2e-3, False, None, {"depth": 6}, "0,1,1,1,1,0")
+    cfg = resolve_classify_config(
+        "fmnist-cpu",
+        "0,1,1,1,1,0",
+        ["--lr", "2e-3", "--amp=false", "--clip-grad", "none", "--model-kwargs", '{"depth": 6}'],
+    )
+    assert (cfg.lr, cfg.amp, cfg.clip_grad, cfg.model_kwargs, cfg.laplacian_heads) == (
+        2e-3,
+        False,
+        None,
+        {"depth": 6},
+        "0,1,1,1,1,0",
+    )
 
 
 def test_preset_file(tmp_path):
@@ -33,12 +48,15 @@ def test_preset_file(tmp_path):
         resolve_classify_config(str(path), None, [])
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["--epochs", "many"], "--epochs='many' is not a valid"),
-    (["--amp", "maybe"], "--amp='maybe' is not a valid"),
-    (["--lr"], "--lr needs a value"),
-    (["lr=3"], "unexpected argument 'lr=3'"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--epochs", "many"], "--epochs='many' is not a valid"),
+        (["--amp", "maybe"], "--amp='maybe' is not a valid"),
+        (["--lr"], "--lr needs a value"),
+        (["lr=3"], "unexpected argument 'lr=3'"),
+    ],
+)
 def test_bad_overrides(overrides, message):
     with pytest.raises(ConfigError, match=message):
         resolve_classify_config("fmnist-cpu", None, overrides)

@@ -15,15 +15,29 @@ from lapheads.errors import InputError  # noqa: E402
 
 
 def _llama():
-    config = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return transformers.LlamaForCausalLM(config)
 
 
 def _mistral():
-    config = transformers.MistralConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                        sliding_window=4)
+    config = transformers.MistralConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=4,
+    )
     return transformers.MistralForCausalLM(config)
 
 
@@ -33,8 +47,9 @@ def _gpt2():
 
 
 def _vit():
-    config = transformers.ViTConfig(image_size=16, patch_size=4, hidden_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, intermediate_size=128)
+    config = transformers.ViTConfig(
+        image_size=16, patch_size=4, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+    )
     return transformers.ViTModel(config)
 
 
@@ -81,7 +96,7 @@ def test_cached_decoding_equals_the_full_forward_and_generate_agrees_across_cach
         out = model(ids[:, :6], use_cache=True)
         steps, cache = [out.logits], out.past_key_values
         for i in range(6, 10):
-            out = model(ids[:, i:i + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, i : i + 1], past_key_values=cache, use_cache=True)
             steps.append(out.logits)
             cache = out.past_key_values
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
@@ -119,8 +134,16 @@ def test_the_spec_survives_saving_and_plain_loading_refuses_it(tmp_path):
     with pytest.raises(InputError, match="attn_implementation='sdpa' would load it as plain attention"):
         lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path, attn_implementation="sdpa")
     # a process that never imported lapheads.hf cannot load it as SDPA by accident
-    plain = subprocess.run([sys.executable, "-c", "import transformers; transformers.AutoModelForCausalLM"
-                            f".from_pretrained({str(tmp_path)!r})"], capture_output=True, text=True, timeout=120)
+    plain = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import transformers; transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert plain.returncode != 0 and 'attn_implementation="lapheads"' in plain.stderr
 
 
@@ -152,8 +175,9 @@ def test_lora_wraps_an_enabled_model_and_merges_exactly():
     peft = pytest.importorskip("peft")
     model = lhf.enable(_build("llama"), 2)
     reference = _run(model, "llama")
-    adapted = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj",
-                                                                                           "o_proj"]))
+    adapted = peft.get_peft_model(
+        model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"])
+    )
     torch.testing.assert_close(_run(adapted, "llama"), reference, rtol=0, atol=0)
     with torch.no_grad():
         for name, p in adapted.named_parameters():

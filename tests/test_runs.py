@@ -21,10 +21,23 @@ def classify_run(fmnist_root, tmp_path_factory):
     from lapheads.train.classify import ClassifyConfig
     from tests.conftest import TINY_VIT
 
-    cfg = ClassifyConfig(model="vit_fmnist_patch4", model_kwargs=dict(TINY_VIT), laplacian_heads="1",
-                         data_root=str(fmnist_root), batch_size=32, epochs=0.25, lr=3e-3, warmup_epochs=0.0, amp=False,
-                         augment=False, eval_every_epochs=0.25, log_every=1, device="cpu", ema_decay=0.9,
-                         layer_scale=1e-6)
+    cfg = ClassifyConfig(
+        model="vit_fmnist_patch4",
+        model_kwargs=dict(TINY_VIT),
+        laplacian_heads="1",
+        data_root=str(fmnist_root),
+        batch_size=32,
+        epochs=0.25,
+        lr=3e-3,
+        warmup_epochs=0.0,
+        amp=False,
+        augment=False,
+        eval_every_epochs=0.25,
+        log_every=1,
+        device="cpu",
+        ema_decay=0.9,
+        layer_scale=1e-6,
+    )
     run = tmp_path_factory.mktemp("runs") / "classify"
     train_classify(cfg, run)
     return run, cfg
@@ -54,8 +67,9 @@ def test_a_classify_run_rebuilds_from_its_record_alone(classify_run):
 
 def test_load_model_refuses_weights_the_run_does_not_have(classify_run):
     run, _ = classify_run
-    with pytest.raises(CheckpointError, match="teacher.safetensors does not exist; allowed weights of this run: "
-                                              "model, ema"):
+    with pytest.raises(
+        CheckpointError, match="teacher.safetensors does not exist; allowed weights of this run: model, ema"
+    ):
         load_model(run, "teacher")
     with pytest.raises(InputError, match="weights 'student'; allowed: model, ema, teacher"):
         load_model(run, "student")
@@ -115,8 +129,9 @@ def test_dino_and_lm_runs_rebuild_from_their_records(tiny_dino, text_root, tmp_p
     assert _forward(model, ids).shape[-1] == model.config.vocab_size
     # an lm run from before: the model record and the token folder come back from its training config
     config = json.loads((tmp_path / "lm" / "config.json").read_text())
-    (tmp_path / "lm" / "config.json").write_text(json.dumps({k: v for k, v in config.items()
-                                                            if k not in ("model", "tokens")}))
+    (tmp_path / "lm" / "config.json").write_text(
+        json.dumps({k: v for k, v in config.items() if k not in ("model", "tokens")})
+    )
     from lapheads.tasks import upgrade_run
 
     assert upgrade_run(tmp_path / "lm") == ["model", "tokens"]

@@ -22,8 +22,11 @@ from lapheads.data.conversations import render_for_completion  # noqa: E402
 from lapheads.runs import load_gpt_run  # noqa: E402
 from lapheads.serve import ServeLimits, create_app  # noqa: E402
 
-QUESTIONS = ["Ada has 23 coins and gets 45 more. How many coins does Ada have now?",
-             "How many 'o' are there in 'zoo'?", "Eve had 50 pens and gave away 7. How many pens does Eve have left?"]
+QUESTIONS = [
+    "Ada has 23 coins and gets 45 more. How many coins does Ada have now?",
+    "How many 'o' are there in 'zoo'?",
+    "Eve had 50 pens and gave away 7. How many pens does Eve have left?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def _expected(engine, messages, max_tokens=24):
 def _reply(client, messages, **options):
     with client.stream("POST", "/chat/completions", json={"messages": messages, "temperature": 0, **options}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        events = [json.loads(line[len("data: "):]) for line in r.iter_lines() if line.startswith("data: ")]
+        events = [json.loads(line[len("data: ") :]) for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == {"done": True}
     return "".join(e["token"] for e in events[:-1]), len(events) - 1
 
@@ -63,18 +66,27 @@ def test_a_streamed_reply_equals_the_engines_greedy_reply(client, engine):
     assert text == _expected(engine, messages) and pieces > 1
 
 
-@pytest.mark.parametrize("body, status, message", [
-    ({"messages": []}, 400, "'messages' must be a non-empty list"),
-    ({"messages": [{"role": "user", "content": "  "}]}, 400, "message 0 has empty or non-text content"),
-    ({"messages": [{"role": "robot", "content": "x"}]}, 400, "message 0 needs role system, user or assistant"),
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}, 400,
-     "the last message must be the user's"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10_000}, 400,
-     "max_tokens 10000; allowed: a number in [1, 24]"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature -1"),
-    ({"messages": [{"role": "user", "content": "x" * 3000}]}, 400, "the conversation has"),
-    ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "allowed: at most 4000"),
-])
+@pytest.mark.parametrize(
+    "body, status, message",
+    [
+        ({"messages": []}, 400, "'messages' must be a non-empty list"),
+        ({"messages": [{"role": "user", "content": "  "}]}, 400, "message 0 has empty or non-text content"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, 400, "message 0 needs role system, user or assistant"),
+        (
+            {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]},
+            400,
+            "the last message must be the user's",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10_000},
+            400,
+            "max_tokens 10000; allowed: a number in [1, 24]",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature -1"),
+        ({"messages": [{"role": "user", "content": "x" * 3000}]}, 400, "the conversation has"),
+        ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "allowed: at most 4000"),
+    ],
+)
 def test_bad_requests_are_one_line_errors(client, body, status, message):
     response = client.post("/chat/completions", json=body)
     assert response.status_code == status
@@ -93,8 +105,10 @@ def _browser():
     chrome = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     driver = shutil.which("chromedriver")
     if not (chrome and driver):
-        pytest.skip("no headless browser: install Debian's chromium and chromium-driver (apt-get install chromium "
-                    "chromium-driver; quickstart.sh does this when run as root)")
+        pytest.skip(
+            "no headless browser: install Debian's chromium and chromium-driver (apt-get install chromium "
+            "chromium-driver; quickstart.sh does this when run as root)"
+        )
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
@@ -113,9 +127,26 @@ def test_the_web_chat_works_in_a_real_browser(sft_run, engine, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "lapheads", "serve", str(sft_run), "--port", str(port),
-                               "--max-tokens", "24", "--temperature", "0", "--device", "cpu"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lapheads",
+            "serve",
+            str(sft_run),
+            "--port",
+            str(port),
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "0",
+            "--device",
+            "cpu",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     browser = None
     try:
         for _ in range(300):  # wait for the server to listen
@@ -132,7 +163,8 @@ def test_the_web_chat_works_in_a_real_browser(sft_run, engine, tmp_path):
             box.send_keys(question)
             browser.find_element(By.ID, "send").click()
             WebDriverWait(browser, 120).until(
-                lambda b: len(b.find_elements(By.CSS_SELECTOR, ".assistant[data-done='true']")) == turn + 1)
+                lambda b: len(b.find_elements(By.CSS_SELECTOR, ".assistant[data-done='true']")) == turn + 1
+            )
             shown = browser.find_elements(By.CSS_SELECTOR, ".assistant")[turn].text
             messages.append({"role": "user", "content": question})
             expected = _expected(engine, messages)  # greedy, as the server was started

@@ -24,8 +24,20 @@ def tiny_preset(tiny_config, tmp_path):
 
 def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_preset, tmp_path, monkeypatch, capsys):
     out = tmp_path / "sweep"
-    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0,1", "--seeds", "0,1",
-            "--out", str(out), "--set", "lr=0.003"]
+    args = [
+        "sweep",
+        str(tiny_preset),
+        "--task",
+        "classify",
+        "--laplacian-heads",
+        "0,1",
+        "--seeds",
+        "0,1",
+        "--out",
+        str(out),
+        "--set",
+        "lr=0.003",
+    ]
     real_train = sweep_module._train("classify")
     calls = []
 
@@ -60,8 +72,22 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
 @pytest.mark.slow
 def test_parallel_jobs_train_every_cell_in_its_own_process_and_record_failures(tiny_preset, tmp_path, capsys):
     out = tmp_path / "sweep"
-    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0,1", "--seeds", "0", "--out",
-            str(out), "--jobs", "2", "--threads", "2"]
+    args = [
+        "sweep",
+        str(tiny_preset),
+        "--task",
+        "classify",
+        "--laplacian-heads",
+        "0,1",
+        "--seeds",
+        "0",
+        "--out",
+        str(out),
+        "--jobs",
+        "2",
+        "--threads",
+        "2",
+    ]
     assert main(args) == 0
     record = json.loads((out / "sweep.json").read_text())
     assert [c["status"] for c in record["cells"].values()] == ["done", "done"]
@@ -85,12 +111,19 @@ def test_a_dino_sweep_report_evaluates_every_cell_once(tiny_dino, tmp_path, monk
     cfg = dataclasses.replace(tiny_dino, epochs=1)
     preset.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k != "laplacian_heads"}))
     out = tmp_path / "sweep"
-    assert main(["sweep", str(preset), "--task", "dino", "--laplacian-heads", "0,1", "--seeds", "0",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["sweep", str(preset), "--task", "dino", "--laplacian-heads", "0,1", "--seeds", "0", "--out", str(out)])
+        == 0
+    )
     assert main(["report", str(out), "--no-geometry"]) == 0
     report = (out / "report" / "report.md").read_text()
-    for label in ("k-NN top-1, k = 20 (%)", "k-NN top-1 at random init, k = 20 (%)", "linear probe top-1 (%)",
-                  "segmentation mIoU (%)", "PCA foreground IoU (%)"):
+    for label in (
+        "k-NN top-1, k = 20 (%)",
+        "k-NN top-1 at random init, k = 20 (%)",
+        "linear probe top-1 (%)",
+        "segmentation mIoU (%)",
+        "PCA foreground IoU (%)",
+    ):
         assert f"| {label} | 1 | 1 |" in report
     assert (out / "report" / "pca.png").stat().st_size > 5000 and "![pca](pca.png)" in report
     first = (out / "L1-s0" / "report" / "eval_dino.json").read_text()
@@ -105,12 +138,30 @@ def test_a_dino_sweep_report_evaluates_every_cell_once(tiny_dino, tmp_path, monk
 
 
 def test_dry_run_prints_one_torchrun_command_per_cell(capsys, tmp_path):
-    assert main(["sweep", "shakespeare-cpu", "--laplacian-heads", "0;2,2,0,0", "--seeds", "3,4", "--dry-run",
-                 "--out", str(tmp_path / "s"), "--nproc-per-node", "2"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "shakespeare-cpu",
+                "--laplacian-heads",
+                "0;2,2,0,0",
+                "--seeds",
+                "3,4",
+                "--dry-run",
+                "--out",
+                str(tmp_path / "s"),
+                "--nproc-per-node",
+                "2",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 4 and not (tmp_path / "s").exists()
-    assert lines[2] == (f"torchrun --nproc_per_node=2 -m lapheads train lm --preset shakespeare-cpu --laplacian-heads 0 "
-                        f"--seed 4 --out {tmp_path / 's' / 'L0-s4'}")  # seed-major: both specs of seed 3 first
+    assert lines[2] == (
+        f"torchrun --nproc_per_node=2 -m lapheads train lm --preset shakespeare-cpu --laplacian-heads 0 "
+        f"--seed 4 --out {tmp_path / 's' / 'L0-s4'}"
+    )  # seed-major: both specs of seed 3 first
     assert "--laplacian-heads 2,2,0,0 --seed 3" in lines[1]
 
 
@@ -132,8 +183,11 @@ def test_bad_sweep_input_is_a_one_line_error(args, message, capsys, tmp_path):
 
 def test_a_directory_holding_a_different_sweep_is_refused(tmp_path, capsys):
     (tmp_path / "s").mkdir()
-    (tmp_path / "s" / "sweep.json").write_text(json.dumps({"preset": "fmnist-cpu", "task": "classify", "specs": ["0"],
-                                                           "seeds": [0], "overrides": [], "cells": {}}))
+    (tmp_path / "s" / "sweep.json").write_text(
+        json.dumps(
+            {"preset": "fmnist-cpu", "task": "classify", "specs": ["0"], "seeds": [0], "overrides": [], "cells": {}}
+        )
+    )
     assert main(["sweep", "fmnist-cpu", "--laplacian-heads", "0,3", "--seeds", "0", "--out", str(tmp_path / "s")]) == 2
     assert "holds a different sweep" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "empty")]) == 2
@@ -169,9 +223,12 @@ def test_holm_and_the_verdict_rule():
     assert adjusted["b"] == pytest.approx(0.06) and np.isnan(adjusted["d"])  # monotone: max with the step before
     assert verdict(+1.2, 0.01, 0.5, +1) == "held" and verdict(-1.2, 0.01, 0.5, +1) == "opposite"
     assert verdict(+0.3, 0.30, 1.57, +1) == "not detected (MDE 1.57)" and verdict(1.0, 0.01, 0.5, None) == "no claim"
-    family = {"test top-1 (%)": summarize({"0": {0: 80.0, 1: 81.0, 2: 80.5}, "3": {0: 82.0, 1: 83.1, 2: 82.4}}),
-              "token cosine similarity (last block)": summarize({"0": {0: 0.5, 1: 0.4, 2: 0.45},
-                                                                 "3": {0: 0.3, 1: 0.2, 2: 0.26}})}
+    family = {
+        "test top-1 (%)": summarize({"0": {0: 80.0, 1: 81.0, 2: 80.5}, "3": {0: 82.0, 1: 83.1, 2: 82.4}}),
+        "token cosine similarity (last block)": summarize(
+            {"0": {0: 0.5, 1: 0.4, 2: 0.45}, "3": {0: 0.3, 1: 0.2, 2: 0.26}}
+        ),
+    }
     add_verdicts(family)
     top1 = family["test top-1 (%)"]["3"]
     raw = {label: rows["3"]["paired"]["p"] for label, rows in family.items()}
@@ -181,10 +238,20 @@ def test_holm_and_the_verdict_rule():
 
 
 def test_report_restates_a_stats_json_with_todays_statistics(tmp_path, capsys):
-    saved = {"metrics": {"test top-1 (%)": {"0": {"values": {"0": 80.0, "1": 81.0, "2": 80.5}},
-                                            "3": {"values": {"0": 82.0, "1": 83.1, "2": 82.4}}}},
-             "geometry": {"within-sequence fraction": {"0": {"values": {"0": 0.5, "1": 0.55, "2": 0.52}},
-                                                       "3": {"values": {"0": 0.6, "1": 0.7, "2": 0.61}}}}}
+    saved = {
+        "metrics": {
+            "test top-1 (%)": {
+                "0": {"values": {"0": 80.0, "1": 81.0, "2": 80.5}},
+                "3": {"values": {"0": 82.0, "1": 83.1, "2": 82.4}},
+            }
+        },
+        "geometry": {
+            "within-sequence fraction": {
+                "0": {"values": {"0": 0.5, "1": 0.55, "2": 0.52}},
+                "3": {"values": {"0": 0.6, "1": 0.7, "2": 0.61}},
+            }
+        },
+    }
     (tmp_path / "stats.json").write_text(json.dumps(saved))
     assert main(["report", str(tmp_path / "stats.json")]) == 0
     out = capsys.readouterr().out

@@ -33,8 +33,7 @@ def test_every_entry_resolves(name):
 
 def test_the_cli_offers_exactly_the_tasks():
     parser = build_parser()
-    train = next(a for a in parser._subparsers._group_actions[0].choices["train"]._actions
-                 if a.dest == "task")
+    train = next(a for a in parser._subparsers._group_actions[0].choices["train"]._actions if a.dest == "task")
     assert list(train.choices) == list(TASKS)
     assert "--from" in train.choices["sft"].format_help() and "--from" not in train.choices["lm"].format_help()
 

@@ -61,8 +61,24 @@ def test_a_missing_tracker_package_is_one_line_before_anything_is_written(text_r
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    code = main(["train", "lm", "--preset", "shakespeare-cpu", "--log", "wandb", "--out", str(tmp_path / "r"),
-                 "--data-root", str(text_root), "--num-iterations", "1", "--device", "cpu"])
+    code = main(
+        [
+            "train",
+            "lm",
+            "--preset",
+            "shakespeare-cpu",
+            "--log",
+            "wandb",
+            "--out",
+            str(tmp_path / "r"),
+            "--data-root",
+            str(text_root),
+            "--num-iterations",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "--log wandb needs the wandb package; allowed: pip install wandb" in err and "\n" not in err
     assert not (tmp_path / "r" / "config.json").exists()
@@ -72,10 +88,38 @@ def test_a_missing_tracker_package_is_one_line_before_anything_is_written(text_r
 
 def test_trackers_can_be_added_when_resuming(text_root, tmp_path, capsys):
     run = tmp_path / "run"
-    args = ["train", "lm", "--preset", "shakespeare-cpu", "--out", str(run), "--data-root", str(text_root),
-            "--device", "cpu", "--depth", "2", "--sequence-len", "64", "--micro-batch", "16", "--total-batch-size",
-            "1024", "--num-iterations", "4", "--checkpoint-every", "2", "--eval-every", "4", "--eval-tokens", "1024",
-            "--sample-tokens", "4", "--log-every", "1"]
+    args = [
+        "train",
+        "lm",
+        "--preset",
+        "shakespeare-cpu",
+        "--out",
+        str(run),
+        "--data-root",
+        str(text_root),
+        "--device",
+        "cpu",
+        "--depth",
+        "2",
+        "--sequence-len",
+        "64",
+        "--micro-batch",
+        "16",
+        "--total-batch-size",
+        "1024",
+        "--num-iterations",
+        "4",
+        "--checkpoint-every",
+        "2",
+        "--eval-every",
+        "4",
+        "--eval-tokens",
+        "1024",
+        "--sample-tokens",
+        "4",
+        "--log-every",
+        "1",
+    ]
     train_lm_stopped = __import__("lapheads.train.lm", fromlist=["train_lm"]).train_lm
     from lapheads.presets import resolve_config
 

@@ -72,8 +72,10 @@ class AnalyzeOptions:
 
     def cache_key(self) -> dict[str, Any]:
         # the version changes whenever an analysis gains a metric, so older cached files are recomputed
-        return {**{k: v for k, v in asdict(self).items() if k not in ("batch_size", "device")},
-                "version": ANALYSIS_VERSION}
+        return {
+            **{k: v for k, v in asdict(self).items() if k not in ("batch_size", "device")},
+            "version": ANALYSIS_VERSION,
+        }
 
 
 def lm_geometry(model: torch.nn.Module, val_tokens, seq_len: int, options: AnalyzeOptions, name: str) -> dict[str, Any]:
@@ -89,18 +91,19 @@ def lm_geometry(model: torch.nn.Module, val_tokens, seq_len: int, options: Analy
     if not windows:
         raise InputError(f"{name}: the validation text has fewer than {seq_len + 1} tokens; allowed: more text")
     targets = torch.cat([y for _, y in windows])
-    classes = top_k_classes(targets, torch.bincount(targets.reshape(-1), minlength=model.config.vocab_size),
-                            options.top_k)
+    classes = top_k_classes(
+        targets, torch.bincount(targets.reshape(-1), minlength=model.config.vocab_size), options.top_k
+    )
     geometry = {layer: LMLayerGeometry(options.fraction) for layer in layers}
     nats = 0.0
     batch = max(1, options.batch_size // 8)
     with ResidualStream(model, layers) as stream, torch.no_grad():
         for start in tqdm(range(0, len(windows), batch), desc=f"analyze {name}", dynamic_ncols=True, leave=False):
-            x = torch.cat([w[0] for w in windows[start:start + batch]]).to(device)
-            y = targets[start:start + batch]
+            x = torch.cat([w[0] for w in windows[start : start + batch]]).to(device)
+            y = targets[start : start + batch]
             nats += float(model(x, y.to(device), loss_reduction="sum"))
             for layer in layers:
-                geometry[layer].update(stream.tokens[layer], classes[start:start + batch])
+                geometry[layer].update(stream.tokens[layer], classes[start : start + batch])
     per_layer = {layer: geometry[layer].compute() for layer in layers}
     _add_mechanism(per_layer, model)
     return {
@@ -140,14 +143,24 @@ def analyze_lm(run: RunDir, options: AnalyzeOptions) -> dict[str, Any]:
     if shards is None:
         raise DataError(f"{run.path}: the run's token shards are missing; train or prepare {cfg.dataset} first")
     model = load_model(run, step=options.step, device=options.device)
-    return {"checkpoint": checkpoint_folder(run, options.step).name, "laplacian_heads": cfg.laplacian_heads,
-            "seed": cfg.seed, "dataset": cfg.dataset,
-            **lm_geometry(model, shards.val, cfg.sequence_len, options, run.path.name)}
+    return {
+        "checkpoint": checkpoint_folder(run, options.step).name,
+        "laplacian_heads": cfg.laplacian_heads,
+        "seed": cfg.seed,
+        "dataset": cfg.dataset,
+        **lm_geometry(model, shards.val, cfg.sequence_len, options, run.path.name),
+    }
 
 
-def analyze_nanochat(folder: str | os.PathLike, options: AnalyzeOptions | None = None, *, step: int | None = None,
-                     tokenizer_dir: str | os.PathLike | None = None, data_root: str = "data",
-                     out: str | os.PathLike | None = None) -> tuple[list[dict[str, Any]], Path]:
+def analyze_nanochat(
+    folder: str | os.PathLike,
+    options: AnalyzeOptions | None = None,
+    *,
+    step: int | None = None,
+    tokenizer_dir: str | os.PathLike | None = None,
+    data_root: str = "data",
+    out: str | os.PathLike | None = None,
+) -> tuple[list[dict[str, Any]], Path]:
     """The geometry of a nanochat checkpoint on held-out text: the Shakespeare plays lapheads holds out (every
     10th), tokenised with the checkpoint's own tokenizer, each play after BOS. Writes analysis.json, the plots and
     summary.md into ``out`` (default: runs/nanochat-<tag>-step<N>/report)."""
@@ -163,9 +176,15 @@ def analyze_nanochat(folder: str | os.PathLike, options: AnalyzeOptions | None =
     held_out = [text for i, (_, text) in enumerate(shakespeare_plays(data_root)) if i % 10 == 9]
     tokens = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in lm.tokenizer.encode_batch(held_out, bos=True)])
     config = lm.model.config
-    analysis = {"run_dir": str(folder), "options": options.cache_key(), "checkpoint": lm.name,
-                "laplacian_heads": config.laplacian_heads, "seed": None, "dataset": "shakespeare (held out)",
-                **lm_geometry(lm.model, tokens, config.sequence_len, options, lm.name)}
+    analysis = {
+        "run_dir": str(folder),
+        "options": options.cache_key(),
+        "checkpoint": lm.name,
+        "laplacian_heads": config.laplacian_heads,
+        "seed": None,
+        "dataset": "shakespeare (held out)",
+        **lm_geometry(lm.model, tokens, config.sequence_len, options, lm.name),
+    }
     out = Path(out) if out is not None else lm.report_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     (out / ANALYSIS_FILE).write_text(json.dumps([analysis]) + "\n")
@@ -187,8 +206,9 @@ def _eval_images(cfg):
     return dataset if subset is None else torch.utils.data.Subset(dataset, range(min(subset, len(dataset))))
 
 
-def _labelled_geometry(model: torch.nn.Module, dataset, options: AnalyzeOptions, run_path: Path,
-                       classifier: bool) -> dict[str, Any]:
+def _labelled_geometry(
+    model: torch.nn.Module, dataset, options: AnalyzeOptions, run_path: Path, classifier: bool
+) -> dict[str, Any]:
     """Per-layer geometry of a ViT over a seeded random subset of a labelled image set (classify and dino runs).
 
     With ``classifier`` the model's predictions feed NC4 and the classifier's input gets its own NC entry.
@@ -199,7 +219,9 @@ def _labelled_geometry(model: torch.nn.Module, dataset, options: AnalyzeOptions,
     tokens_per_seq = model.patch_embed.num_patches + model.num_prefix_tokens
     num_seq = min(len(dataset), max(2, options.max_tokens // tokens_per_seq))
     chosen = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:num_seq].sort().values
-    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, chosen.tolist()), batch_size=options.batch_size)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.Subset(dataset, chosen.tolist()), batch_size=options.batch_size
+    )
 
     geometry = {name: LayerGeometry(options.fraction) for name in layers}
     head_inputs, labels_all, predictions_all = [], [], []
@@ -225,17 +247,23 @@ def _labelled_geometry(model: torch.nn.Module, dataset, options: AnalyzeOptions,
     }
     if classifier:
         out["accuracy"] = float((predictions == labels).double().mean())
-        out["head_input"] = neural_collapse(torch.cat(head_inputs), labels, classifier=model.get_classifier().weight,
-                                            predictions=predictions)
+        out["head_input"] = neural_collapse(
+            torch.cat(head_inputs), labels, classifier=model.get_classifier().weight, predictions=predictions
+        )
     return out
 
 
 def analyze_classify(run: RunDir, options: AnalyzeOptions) -> dict[str, Any]:
     cfg = run.settings()
     model = load_model(run, "ema" if options.ema else "model", options.step, options.device)
-    return {"task": "classify", "checkpoint": checkpoint_folder(run, options.step).name,
-            "laplacian_heads": cfg.laplacian_heads, "seed": cfg.seed, "dataset": cfg.dataset,
-            **_labelled_geometry(model, _eval_images(cfg), options, run.path, classifier=True)}
+    return {
+        "task": "classify",
+        "checkpoint": checkpoint_folder(run, options.step).name,
+        "laplacian_heads": cfg.laplacian_heads,
+        "seed": cfg.seed,
+        "dataset": cfg.dataset,
+        **_labelled_geometry(model, _eval_images(cfg), options, run.path, classifier=True),
+    }
 
 
 def analyze_dino(run: RunDir, options: AnalyzeOptions) -> dict[str, Any]:
@@ -244,12 +272,19 @@ def analyze_dino(run: RunDir, options: AnalyzeOptions) -> dict[str, Any]:
         raise InputError("--ema: a DINO run's teacher already is the EMA model; analyze uses it")
     cfg = run.settings()
     backbone = load_model(run, "teacher", options.step, options.device)
-    return {"task": "dino", "checkpoint": checkpoint_folder(run, options.step).name,
-            "laplacian_heads": cfg.laplacian_heads, "seed": cfg.seed, "dataset": cfg.dataset,
-            **_labelled_geometry(backbone, _eval_images(cfg), options, run.path, classifier=False)}
+    return {
+        "task": "dino",
+        "checkpoint": checkpoint_folder(run, options.step).name,
+        "laplacian_heads": cfg.laplacian_heads,
+        "seed": cfg.seed,
+        "dataset": cfg.dataset,
+        **_labelled_geometry(backbone, _eval_images(cfg), options, run.path, classifier=False),
+    }
 
 
-def analyze_run(run_dir: str | os.PathLike, options: AnalyzeOptions | None = None, force: bool = False) -> dict[str, Any]:
+def analyze_run(
+    run_dir: str | os.PathLike, options: AnalyzeOptions | None = None, force: bool = False
+) -> dict[str, Any]:
     """Measure one run directory at its latest checkpoint, or at ``options.step`` (or reuse the cached
     RUN_DIR/report/analysis.json, analysis-step-<N>.json); returns the analysis."""
     options = options or AnalyzeOptions()
@@ -265,8 +300,9 @@ def analyze_run(run_dir: str | os.PathLike, options: AnalyzeOptions | None = Non
     return result
 
 
-def analyze_over_training(run_dir: str | os.PathLike, options: AnalyzeOptions | None = None,
-                          out: str | os.PathLike | None = None) -> Path:
+def analyze_over_training(
+    run_dir: str | os.PathLike, options: AnalyzeOptions | None = None, out: str | os.PathLike | None = None
+) -> Path:
     """Geometry and the heads' diffusion scores at every checkpoint a run kept (``--keep-checkpoints 0`` keeps all),
     against step: RUN_DIR/report/over_training.{json,png} (or ``out``); each step's analysis is cached."""
     import dataclasses
@@ -295,8 +331,9 @@ def analyze_over_training(run_dir: str | os.PathLike, options: AnalyzeOptions | 
         series[title] = values
     out = Path(out) if out is not None else run.path / "report"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "over_training.json").write_text(json.dumps({"steps": steps, "layer": _summary_layer(analyses[-1]),
-                                                        "series": series}, indent=1) + "\n")
+    (out / "over_training.json").write_text(
+        json.dumps({"steps": steps, "layer": _summary_layer(analyses[-1]), "series": series}, indent=1) + "\n"
+    )
     cols = len(series)
     fig, axes = plt.subplots(1, cols, figsize=(3.6 * cols, 3.0), dpi=110, squeeze=False)
     for ax, (title, values) in zip(axes.flat, series.items()):
@@ -351,6 +388,8 @@ PLOTS: dict[str, list[tuple[str, str, str, bool]]] = {
         ("mechanism", "ordinary_diffusion", "diffusion score, ordinary heads (mean)", False),
     ],
 }
+
+
 def _value(layer: dict[str, Any], group: str, key: str) -> float:
     value = layer.get(group, math.nan)
     value = value.get(key, math.nan) if isinstance(value, dict) else value
@@ -376,8 +415,13 @@ def plot_analyses(analyses: list[dict[str, Any]], out: Path) -> list[Path]:
         for ax, (group, key, title, log) in zip(axes.flat, panels):
             for label, analysis in zip(labels, analyses):
                 layers = analysis["layers"]
-                ax.plot(range(len(layers)), [_value(analysis["per_layer"][n], group, key) for n in layers],
-                        marker="o", markersize=3, label=label)
+                ax.plot(
+                    range(len(layers)),
+                    [_value(analysis["per_layer"][n], group, key) for n in layers],
+                    marker="o",
+                    markersize=3,
+                    label=label,
+                )
                 ax.set_xticks(range(len(layers)), layers, fontsize=7)
             ax.set_title(title, fontsize=9)
             ax.set_xlabel("layer", fontsize=8)
@@ -388,12 +432,15 @@ def plot_analyses(analyses: list[dict[str, Any]], out: Path) -> list[Path]:
             ax = axes.flat[len(panels)]
             for label, analysis in zip(labels, analyses):
                 last = _last_block(analysis)
-                ax.semilogy(range(1, len(analysis["per_layer"][last]["spectrum"]["eigenvalues"]) + 1),
-                            analysis["per_layer"][last]["spectrum"]["eigenvalues"], label=f"{label} (layer {last})")
+                ax.semilogy(
+                    range(1, len(analysis["per_layer"][last]["spectrum"]["eigenvalues"]) + 1),
+                    analysis["per_layer"][last]["spectrum"]["eigenvalues"],
+                    label=f"{label} (layer {last})",
+                )
             ax.set_title("normalised eigenvalues, last block", fontsize=9)
             ax.set_xlabel("component", fontsize=8)
             ax.grid(alpha=0.3)
-        for ax in list(axes.flat)[len(panels) + extra:]:
+        for ax in list(axes.flat)[len(panels) + extra :]:
             ax.axis("off")
         axes.flat[0].legend(fontsize=7)
         fig.tight_layout()
@@ -417,10 +464,14 @@ def _last_block(analysis: dict[str, Any]) -> str:
 
 
 _SHARED_ROWS = [
-    ("diffusion score, Laplacian heads", lambda a, layer: _value(a["per_layer"][layer], "mechanism",
-                                                                  "laplacian_diffusion")),
-    ("diffusion score, ordinary heads", lambda a, layer: _value(a["per_layer"][layer], "mechanism",
-                                                                "ordinary_diffusion")),
+    (
+        "diffusion score, Laplacian heads",
+        lambda a, layer: _value(a["per_layer"][layer], "mechanism", "laplacian_diffusion"),
+    ),
+    (
+        "diffusion score, ordinary heads",
+        lambda a, layer: _value(a["per_layer"][layer], "mechanism", "ordinary_diffusion"),
+    ),
     ("components for 99%, pooled", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components"]),
     ("components for 99%, per sequence", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components_per_seq"]),
     ("token cosine similarity", lambda a, layer: a["per_layer"][layer]["similarity"]),
@@ -431,6 +482,8 @@ LM_ROWS = [
     ("NC1, top-K next tokens", lambda a, layer: a["per_layer"][layer]["linguistic"]["nc1"]),
     *_SHARED_ROWS,
 ]
+
+
 def _run_eval_top1(analysis: dict[str, Any]) -> float:
     """The run's own final test top-1 (metrics.jsonl): the one accuracy every report quotes for a checkpoint."""
     value = RunDir(analysis["run_dir"]).last_metric("eval_top1")
@@ -442,8 +495,10 @@ SUMMARY_ROWS = [
     ("within-sequence fraction", lambda a, layer: a["per_layer"][layer]["anova"]["within_seq_fraction"]),
     ("between-sequence fraction", lambda a, layer: a["per_layer"][layer]["anova"]["between_seq_fraction"]),
     ("between-class fraction", lambda a, layer: a["per_layer"][layer]["anova"]["between_class_fraction"]),
-    ("within / between-class variance", lambda a, layer: _value(a["per_layer"][layer], "anova",
-                                                                "within_to_between_class")),
+    (
+        "within / between-class variance",
+        lambda a, layer: _value(a["per_layer"][layer], "anova", "within_to_between_class"),
+    ),
     ("within-sequence variance / mean |h|^2", lambda a, layer: a["per_layer"][layer]["anova"]["within_seq_scale_free"]),
     ("NC1, sequence means", lambda a, layer: a["per_layer"][layer]["collapse_seq"]["nc1"]),
     ("NC1, tokens", lambda a, layer: a["per_layer"][layer]["collapse_tokens"]["nc1"]),
@@ -471,8 +526,11 @@ def _summary_layer(analysis: dict[str, Any]) -> str:
 def write_summary(analyses: list[dict[str, Any]], out: Path, plots: list[Path]) -> Path:
     """summary.md: the metrics of each run side by side (at ``_summary_layer``), and the plots."""
     labels = _labels(analyses)
-    where = ("after the final norm (the LM head's input)" if _summary_layer(analyses[0]) == "norm"
-             else "at the last block (before the final norm)")
+    where = (
+        "after the final norm (the LM head's input)"
+        if _summary_layer(analyses[0]) == "norm"
+        else "at the last block (before the final norm)"
+    )
     lines = [
         "# Token geometry, side by side",
         "",
@@ -494,8 +552,10 @@ def write_summary(analyses: list[dict[str, Any]], out: Path, plots: list[Path]) 
             cells.append(f"{value:.4g}")
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     lines += ["", "| run | directory | checkpoint | sequences x tokens |", "|---|---|---|---|"]
-    lines += [f"| {label} | `{a['run_dir']}` | {a['checkpoint']} | {a['num_sequences']} x {a['tokens_per_sequence']} |"
-              for label, a in zip(labels, analyses)]
+    lines += [
+        f"| {label} | `{a['run_dir']}` | {a['checkpoint']} | {a['num_sequences']} x {a['tokens_per_sequence']} |"
+        for label, a in zip(labels, analyses)
+    ]
     lines += ["", *[f"![{p.stem}]({p.name})" for p in plots], ""]
     path = out / "summary.md"
     path.write_text("\n".join(lines))
@@ -503,7 +563,9 @@ def write_summary(analyses: list[dict[str, Any]], out: Path, plots: list[Path]) 
 
 
 def analyze_runs(
-    run_dirs: list[str | os.PathLike], out: str | os.PathLike | None = None, options: AnalyzeOptions | None = None,
+    run_dirs: list[str | os.PathLike],
+    out: str | os.PathLike | None = None,
+    options: AnalyzeOptions | None = None,
     force: bool = False,
 ) -> tuple[list[dict[str, Any]], Path]:
     """Analyse several runs and write analysis.json (all runs), the plots and summary.md into ``out``.
@@ -514,8 +576,11 @@ def analyze_runs(
         raise InputError("analyze needs at least one RUN_DIR")
     analyses = [analyze_run(path, options, force=force) for path in run_dirs]
     if out is None:
-        out = Path(run_dirs[0]) / "report" if len(run_dirs) == 1 else Path(os.path.commonpath(
-            [Path(p).resolve() for p in run_dirs])) / "analysis"
+        out = (
+            Path(run_dirs[0]) / "report"
+            if len(run_dirs) == 1
+            else Path(os.path.commonpath([Path(p).resolve() for p in run_dirs])) / "analysis"
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if len(run_dirs) > 1:

@@ -333,8 +333,10 @@ def laplacian_attention(
     """
     h, hkv = _check_qkv(q, k, v)
     if identity not in IDENTITIES or (identity == "last_allowed" and attn_mask is None):
-        raise InputError(f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
-                         "'aligned', or 'last_allowed' with an attn_mask")
+        raise InputError(
+            f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
+            "'aligned', or 'last_allowed' with an attn_mask"
+        )
     compiling = torch.compiler.is_compiling()
     lap_mask, runs = _resolve_heads(laplacian_heads, h, q.device, inspect_mask=not compiling)
     t, s = q.shape[-2], k.shape[-2]
@@ -426,8 +428,10 @@ def laplacian_attention_reference(
     """
     h, hkv = _check_qkv(q, k, v)
     if identity not in IDENTITIES or (identity == "last_allowed" and attn_mask is None):
-        raise InputError(f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
-                         "'aligned', or 'last_allowed' with an attn_mask")
+        raise InputError(
+            f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
+            "'aligned', or 'last_allowed' with an attn_mask"
+        )
     mask = laplacian_head_mask(laplacian_heads, h).to(q.device)
     t, s = q.shape[-2], k.shape[-2]
     if identity == "last_allowed":  # before the causal mask below could be folded in
@@ -475,8 +479,9 @@ class LaplacianHeadsMixin:
 
     def _init_laplacian_heads(self, num_heads: int, laplacian_heads: HeadSpec, device=None) -> None:
         # on the factory device (timm's create_model(device="meta") puts every tensor there)
-        self.register_buffer("laplacian_mask", torch.zeros(num_heads, dtype=torch.bool, device=device),
-                             persistent=False)
+        self.register_buffer(
+            "laplacian_mask", torch.zeros(num_heads, dtype=torch.bool, device=device), persistent=False
+        )
         self.set_laplacian_heads(laplacian_heads)
 
     def set_laplacian_heads(self, laplacian_heads: HeadSpec) -> None:
@@ -538,7 +543,9 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
             self.gate = None
         self._init_laplacian_heads(num_heads, laplacian_heads, kwargs.get("device"))
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+    ) -> torch.Tensor:
         """Args:
             x: tokens (B, N, C).
             attn_mask: optional mask broadcastable to (B, H, N, N) (bool: True = attend).
@@ -550,14 +557,16 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         return self._forward(x, attn_mask, is_causal, False)[0]
 
     @torch.jit.ignore
-    def forward_with_attn(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                          is_causal: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward_with_attn(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``forward`` and P (B, H, N, N) from the reference path, for attention maps."""
         out, attn = self._forward(x, attn_mask, is_causal, True)
         return out, attn
 
-    def _forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
-                 return_attn: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _forward(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool, return_attn: bool
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         b, n, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -571,8 +580,15 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         return self.proj_drop(self.proj(x)), attn
 
     @torch.jit.ignore
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
-                return_attn: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: Optional[torch.Tensor],
+        is_causal: bool,
+        return_attn: bool,
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The op (fused, or the reference path when timm's ``fused_attn`` is off or P is wanted); left to Python by
         TorchScript, traced as one call by FX."""
         # not the property: under TorchScript ``self`` is the scripted module, which keeps attributes only
@@ -580,11 +596,13 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         dropout_p = self.attn_drop.p if self.training else 0.0
         blend = getattr(self, "laplacian_blend", None)  # lambda of a blend conversion (lapheads.convert)
         if self.fused_attn and not return_attn:
-            out = _fused_leaf(q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale,
-                              blend)
+            out = _fused_leaf(
+                q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend
+            )
             return out, None
-        out, attn = _reference_leaf(q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p,
-                                    self.scale, blend)
+        out, attn = _reference_leaf(
+            q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend
+        )
         return out, attn
 
     def extra_repr(self) -> str:
@@ -592,37 +610,71 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
 
 
 @torch.jit.ignore
-def _fused_leaf(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, trailing: int, attn_mask: Optional[Tensor],
-                is_causal: bool, dropout_p: float, scale: float, blend: Optional[Tensor] = None) -> Tensor:
+def _fused_leaf(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    trailing: int,
+    attn_mask: Optional[Tensor],
+    is_causal: bool,
+    dropout_p: float,
+    scale: float,
+    blend: Optional[Tensor] = None,
+) -> Tensor:
     """``laplacian_attention`` with positional arguments (k trailing heads when ``trailing`` >= 0, else ``mask``):
     the one node FX records and the one call TorchScript leaves to Python."""
     heads: HeadSpec = trailing if trailing >= 0 else mask
-    return laplacian_attention(q, k, v, heads, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p,
-                               scale=scale, blend=blend)
+    return laplacian_attention(
+        q, k, v, heads, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale, blend=blend
+    )
 
 
 @torch.jit.ignore
-def _reference_leaf(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, trailing: int, attn_mask: Optional[Tensor],
-                    is_causal: bool, dropout_p: float, scale: float,
-                    blend: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+def _reference_leaf(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    trailing: int,
+    attn_mask: Optional[Tensor],
+    is_causal: bool,
+    dropout_p: float,
+    scale: float,
+    blend: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
     """``laplacian_attention_reference`` with P, as :func:`_fused_leaf`."""
     heads: HeadSpec = trailing if trailing >= 0 else mask
-    out, attn = laplacian_attention_reference(q, k, v, heads, attn_mask=attn_mask, is_causal=is_causal,
-                                              dropout_p=dropout_p, scale=scale, blend=blend, return_attn=True)
+    out, attn = laplacian_attention_reference(
+        q,
+        k,
+        v,
+        heads,
+        attn_mask=attn_mask,
+        is_causal=is_causal,
+        dropout_p=dropout_p,
+        scale=scale,
+        blend=blend,
+        return_attn=True,
+    )
     return out, attn
 
 
 # TorchScript cannot resolve the string annotations of ``from __future__ import annotations`` on methods it leaves
 # to Python: give them their evaluated types
-for _fn in (*(getattr(LaplacianAttention, m) for m in ("forward", "forward_with_attn", "_forward", "_attend")),
-            _fused_leaf, _reference_leaf):
+for _fn in (
+    *(getattr(LaplacianAttention, m) for m in ("forward", "forward_with_attn", "_forward", "_attend")),
+    _fused_leaf,
+    _reference_leaf,
+):
     _fn.__annotations__ = typing.get_type_hints(_fn)
 
 # FX (torch.fx and timm's feature extraction) calls the op as one node: its argument checks branch on shapes
 torch.fx.wrap("_fused_leaf")
 torch.fx.wrap("_reference_leaf")
-_register_notrace = getattr(__import__("timm.layers", fromlist=["register_notrace_function"]),
-                            "register_notrace_function", None)
+_register_notrace = getattr(
+    __import__("timm.layers", fromlist=["register_notrace_function"]), "register_notrace_function", None
+)
 if _register_notrace is not None:
     _register_notrace(_fused_leaf)
     _register_notrace(_reference_leaf)

@@ -41,8 +41,7 @@ def use_calculator(expression: str, timeout: float = 3.0) -> str | None:
     expression = expression.strip()
     if not (_ARITHMETIC.fullmatch(expression) and "**" not in expression) and not _COUNT.fullmatch(expression):
         return None
-    program = (f"value = {expression}\n"
-               "print(int(value) if isinstance(value, float) and value.is_integer() else value)\n")
+    program = f"value = {expression}\nprint(int(value) if isinstance(value, float) and value.is_integer() else value)\n"
     result = run_program(program, timeout=timeout, memory_mb=256)
     return result.output.strip() if result.passed else None
 
@@ -63,10 +62,16 @@ class ChatEngine:
 
     def __post_init__(self) -> None:
         t = self.tokenizer
-        self.ids = {name: t.special_id(f"<|{name}|>") for name in (
-            "assistant_end", "python_start", "python_end", "output_start", "output_end")}
-        self._shown = {self.ids["python_start"]: "[calc: ", self.ids["python_end"]: "",
-                       self.ids["output_start"]: " = ", self.ids["output_end"]: "]"}
+        self.ids = {
+            name: t.special_id(f"<|{name}|>")
+            for name in ("assistant_end", "python_start", "python_end", "output_start", "output_end")
+        }
+        self._shown = {
+            self.ids["python_start"]: "[calc: ",
+            self.ids["python_end"]: "",
+            self.ids["output_start"]: " = ",
+            self.ids["output_end"]: "]",
+        }
 
     def display(self, ids: list[int]) -> str:
         """The reply's text with tool calls written ``[calc: expr = result]``."""
@@ -82,15 +87,22 @@ class ChatEngine:
         return "".join(out)
 
     @torch.no_grad()
-    def stream(self, prompt_ids: list[int], max_tokens: int = 256, temperature: float = 0.0, top_k: int | None = None,
-               seed: int = 0) -> Iterator[str]:
+    def stream(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        seed: int = 0,
+    ) -> Iterator[str]:
         """Yield the reply's text piece by piece; ``prompt_ids`` end with ``<|assistant_start|>``."""
         model, limit = self.model, self.model.config.sequence_len
         if not prompt_ids:
             raise InputError("an empty prompt; allowed: a rendered conversation")
         if len(prompt_ids) >= limit:
-            raise InputError(f"the conversation has {len(prompt_ids)} tokens; allowed: fewer than the model's "
-                             f"sequence_len {limit}")
+            raise InputError(
+                f"the conversation has {len(prompt_ids)} tokens; allowed: fewer than the model's sequence_len {limit}"
+            )
         device = model.lm_head.weight.device
         generator = torch.Generator(device).manual_seed(seed)
         cache = model.new_kv_cache(1, limit)
@@ -112,18 +124,18 @@ class ChatEngine:
                 call = None
             elif call is not None:
                 call.append(token)
-            new = new[:limit - cache.pos]
+            new = new[: limit - cache.pos]
             reply += new
             text = self.display(reply)
             if text.startswith(shown) and len(text) > len(shown):
-                yield text[len(shown):]
+                yield text[len(shown) :]
                 shown = text
             if not new:  # the context is full
                 break
             logits = model(torch.tensor([new], device=device), kv_cache=cache)[:, -1]
         text = self.display(reply)
         if text != shown and text.startswith(shown):
-            yield text[len(shown):]
+            yield text[len(shown) :]
 
     def reply(self, conversation: Conversation, **kwargs) -> str:
         """The assistant's whole next turn in ``conversation`` (a final assistant message is ignored)."""

@@ -27,8 +27,10 @@ def _one_line(err: BaseException) -> str:
     """The user-facing line of an error: lapheads' own message, or an OSError's reason and path."""
     if isinstance(err, OSError) and not isinstance(err, LapheadsError):
         where = f": {err.filename}" if err.filename else ""
-        return (f"{err.strerror or err}{where} (check that the path exists, is writable and its disk has room; "
-                "whatever was written before stays)")
+        return (
+            f"{err.strerror or err}{where} (check that the path exists, is writable and its disk has room; "
+            "whatever was written before stays)"
+        )
     return " ".join(str(err).split("\n"))
 
 
@@ -57,8 +59,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = resume_config(args.task, out, args.preset, args.laplacian_heads, args.overrides)
     else:
         if args.preset is None:
-            raise UserError(f"train {args.task} needs --preset (a name or a .json file); "
-                            f"see lapheads train {args.task} --help")
+            raise UserError(
+                f"train {args.task} needs --preset (a name or a .json file); see lapheads train {args.task} --help"
+            )
         cfg = resolve_config(args.task, args.preset, args.laplacian_heads, args.overrides)
         out = Path(args.out) if args.out else _default_out(args.task, args.preset, args.laplacian_heads)
     if out.exists() and not out.is_dir():
@@ -80,17 +83,26 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.task == "dino":
         from lapheads.evals.dino import eval_dino
 
-        results = eval_dino(args.run_dirs, args.out, max_train=args.max_train, max_test=args.max_examples,
-                            ade20k=args.ade20k, device=args.device)
+        results = eval_dino(
+            args.run_dirs,
+            args.out,
+            max_train=args.max_train,
+            max_test=args.max_examples,
+            ade20k=args.ade20k,
+            device=args.device,
+        )
         for run_dir, result in results.items():
-            knn = ", ".join(f"k={k} {v:.2f} (random init {result['knn_random_init'][k]:.2f})"
-                            for k, v in result["knn"].items())
+            knn = ", ".join(
+                f"k={k} {v:.2f} (random init {result['knn_random_init'][k]:.2f})" for k, v in result["knn"].items()
+            )
             seg = result["segmentation"]
             seg = f"mIoU {seg['miou']:.2f}" if isinstance(seg, dict) else seg
             if "pca_foreground_iou" in result:
                 seg += f"; PCA foreground IoU {result['pca_foreground_iou']:.2f}"
-            print(f"{run_dir}: k-NN {knn}; linear {result['linear']['test_accuracy']:.2f} (lr {result['linear']['lr']}); "
-                  f"segmentation {seg}")
+            print(
+                f"{run_dir}: k-NN {knn}; linear {result['linear']['test_accuracy']:.2f} (lr {result['linear']['lr']}); "
+                f"segmentation {seg}"
+            )
         print(json.dumps(results))
         return 0
     if args.task == "lm" and args.nanochat:
@@ -101,9 +113,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from lapheads.evals.lm import run_evals
 
         tasks = [t.strip() for t in (args.tasks or "val_bpb").split(",") if t.strip()]
-        results = run_evals(None, tasks, data_dir=args.data_dir, max_examples=args.max_examples,
-                            num_samples=args.num_samples, chat=args.chat, device=args.device, nanochat=args.nanochat,
-                            step=args.step, tokenizer_dir=args.nanochat_tokenizer)
+        results = run_evals(
+            None,
+            tasks,
+            data_dir=args.data_dir,
+            max_examples=args.max_examples,
+            num_samples=args.num_samples,
+            chat=args.chat,
+            device=args.device,
+            nanochat=args.nanochat,
+            step=args.step,
+            tokenizer_dir=args.nanochat_tokenizer,
+        )
         print(json.dumps({"nanochat": args.nanochat, **results}))
         return 0
     if len(args.run_dirs) != 1:
@@ -115,8 +136,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from lapheads.evals.chat import run_chat_evals
 
         tasks = [t.strip() for t in (args.tasks or "arith,letters").split(",") if t.strip()]
-        summary = run_chat_evals(args.run_dir, tasks, data_dir=args.data_dir, max_examples=args.max_examples,
-                                 num_samples=args.num_samples, device=args.device, tools=not args.no_tools)
+        summary = run_chat_evals(
+            args.run_dir,
+            tasks,
+            data_dir=args.data_dir,
+            max_examples=args.max_examples,
+            num_samples=args.num_samples,
+            device=args.device,
+            tools=not args.no_tools,
+        )
         for task, result in summary["tasks"].items():
             print(f"{task}: accuracy {result['accuracy']:.4f} (n={result['n']}, chance {result['chance']:.2f})")
         print(f"ChatCORE {summary['chatcore']:.4f}")
@@ -126,8 +154,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from lapheads.evals.lm import run_evals
 
         tasks = [t.strip() for t in (args.tasks or "val_bpb").split(",") if t.strip()]
-        results = run_evals(args.run_dir, tasks, data_dir=args.data_dir, max_examples=args.max_examples,
-                            num_samples=args.num_samples, chat=args.chat, device=args.device)
+        results = run_evals(
+            args.run_dir,
+            tasks,
+            data_dir=args.data_dir,
+            max_examples=args.max_examples,
+            num_samples=args.num_samples,
+            chat=args.chat,
+            device=args.device,
+        )
         print(json.dumps({"run_dir": args.run_dir, **results}))
         return 0
     from lapheads.train.classify import evaluate_run
@@ -146,11 +181,23 @@ def _harness(args: argparse.Namespace, run_dir: str | None) -> int:
     if not tasks:
         raise UserError("--harness is empty; allowed: a comma list of lm-eval task names")
     out = (Path(run_dir) / "report" if run_dir else Path("runs") / Path(args.nanochat).name) / "eval_harness.json"
-    device = "cpu" if args.device == "auto" and not __import__("torch").cuda.is_available() else (
-        "cuda" if args.device == "auto" else args.device)
-    results = evaluate_harness(run_dir, tasks, data_dir=args.data_dir, include_path=args.include_path,
-                               limit=args.max_examples, device=device, nanochat=args.nanochat, step=args.step,
-                               tokenizer_dir=args.nanochat_tokenizer, out=out)
+    device = (
+        "cpu"
+        if args.device == "auto" and not __import__("torch").cuda.is_available()
+        else ("cuda" if args.device == "auto" else args.device)
+    )
+    results = evaluate_harness(
+        run_dir,
+        tasks,
+        data_dir=args.data_dir,
+        include_path=args.include_path,
+        limit=args.max_examples,
+        device=device,
+        nanochat=args.nanochat,
+        step=args.step,
+        tokenizer_dir=args.nanochat_tokenizer,
+        out=out,
+    )
     for task, metrics in results.items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
         print(f"{task}: {shown}")
@@ -159,21 +206,32 @@ def _harness(args: argparse.Namespace, run_dir: str | None) -> int:
 
 
 def _nanochat_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nanochat", default=None, metavar="DIR",
-                        help="lm: a nanochat checkpoint folder (model_<step>.pt + meta_<step>.json) instead of RUN_DIR")
+    parser.add_argument(
+        "--nanochat",
+        default=None,
+        metavar="DIR",
+        help="lm: a nanochat checkpoint folder (model_<step>.pt + meta_<step>.json) instead of RUN_DIR",
+    )
     parser.add_argument("--step", type=int, default=None, help="--nanochat: the step (default: the last)")
-    parser.add_argument("--nanochat-tokenizer", default=None, metavar="DIR",
-                        help="--nanochat: the folder of its tokenizer.pkl (default: nanochat's <base>/tokenizer)")
+    parser.add_argument(
+        "--nanochat-tokenizer",
+        default=None,
+        metavar="DIR",
+        help="--nanochat: the folder of its tokenizer.pkl (default: nanochat's <base>/tokenizer)",
+    )
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from lapheads.evals.lm import load_lm, stream_text
 
     if args.max_tokens < 0 or args.temperature < 0 or args.top_k < 0:
-        raise UserError(f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
-                        "allowed: numbers >= 0")
-    lm = load_lm(args.run_dir, nanochat=args.nanochat, step=args.step, tokenizer_dir=args.nanochat_tokenizer,
-                 device=args.device)
+        raise UserError(
+            f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
+            "allowed: numbers >= 0"
+        )
+    lm = load_lm(
+        args.run_dir, nanochat=args.nanochat, step=args.step, tokenizer_dir=args.nanochat_tokenizer, device=args.device
+    )
     for piece in stream_text(lm, args.prompt, args.max_tokens, args.temperature, args.top_k, args.seed):
         print(piece, end="", flush=True)
     print()
@@ -186,14 +244,18 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from lapheads.runs import load_gpt_run
 
     if args.max_tokens < 1 or args.temperature < 0 or args.top_k < 0:
-        raise UserError(f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
-                        "allowed: --max-tokens >= 1, the others >= 0")
+        raise UserError(
+            f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
+            "allowed: --max-tokens >= 1, the others >= 0"
+        )
     if args.prompt is not None and not args.prompt.strip():
         raise UserError("--prompt is empty; allowed: a question, e.g. --prompt 'What is 12 + 30?'")
     record, model, tokenizer = load_gpt_run(args.run_dir, args.device)
     if record.get("task") not in ("mid", "sft"):
-        raise UserError(f"{args.run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: "
-                        "a mid or sft run (lapheads train sft --from RUN_DIR)")
+        raise UserError(
+            f"{args.run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: "
+            "a mid or sft run (lapheads train sft --from RUN_DIR)"
+        )
     engine = ChatEngine(model, tokenizer, tools=not args.no_tools)
     messages = [{"role": "system", "content": args.system}] if args.system else []
 
@@ -220,7 +282,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         if not text:
             return 0
         if text == "clear":
-            del messages[int(bool(args.system)):]
+            del messages[int(bool(args.system)) :]
             continue
         print("assistant> ", end="", flush=True)
         try:
@@ -235,17 +297,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from lapheads.serve import ServeLimits, serve
 
     if not 0 < args.port < 65536 or args.max_tokens < 1 or not 0 <= args.temperature <= 2 or not 0 <= args.top_k <= 200:
-        raise UserError(f"--port {args.port} --max-tokens {args.max_tokens} --temperature {args.temperature} --top-k "
-                        f"{args.top_k}: allowed: a port in 1..65535, --max-tokens >= 1, temperature in [0, 2], "
-                        "top-k in [0, 200]")
+        raise UserError(
+            f"--port {args.port} --max-tokens {args.max_tokens} --temperature {args.temperature} --top-k "
+            f"{args.top_k}: allowed: a port in 1..65535, --max-tokens >= 1, temperature in [0, 2], "
+            "top-k in [0, 200]"
+        )
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
         raise UserError("serve needs FastAPI and uvicorn; allowed: pip install 'lapheads[serve]'") from None
-    serve(args.run_dir, host=args.host, port=args.port, device=args.device,
-          limits=ServeLimits(max_tokens=args.max_tokens), tools=not args.no_tools, temperature=args.temperature,
-          top_k=args.top_k)
+    serve(
+        args.run_dir,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        limits=ServeLimits(max_tokens=args.max_tokens),
+        tools=not args.no_tools,
+        temperature=args.temperature,
+        top_k=args.top_k,
+    )
     return 0
 
 
@@ -254,8 +325,9 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
 
     for path in args.paths:
         folder = Path(path)
-        cells = sorted(p.parent for p in folder.glob("*/config.json")) if (folder / "sweep.json").is_file() else [
-            folder]
+        cells = (
+            sorted(p.parent for p in folder.glob("*/config.json")) if (folder / "sweep.json").is_file() else [folder]
+        )
         for run_dir in cells:
             added = upgrade_run(run_dir)
             print(f"upgrade: {run_dir}: " + (f"added {', '.join(added)}" if added else "already current"))
@@ -268,10 +340,14 @@ def _cmd_export_tb(args: argparse.Namespace) -> int:
     try:
         import tensorboard  # noqa: F401
     except ImportError:
-        raise UserError("export-tb needs the tensorboard package; allowed: pip install 'lapheads[tensorboard]'") from None
+        raise UserError(
+            "export-tb needs the tensorboard package; allowed: pip install 'lapheads[tensorboard]'"
+        ) from None
     folders = export_tensorboard(args.path, args.out)
-    print(f"export-tb: {len(folders)} run(s) written; view with: tensorboard --logdir "
-          f"{Path(args.out) if args.out else Path(args.path) / 'tensorboard-export'}")
+    print(
+        f"export-tb: {len(folders)} run(s) written; view with: tensorboard --logdir "
+        f"{Path(args.out) if args.out else Path(args.path) / 'tensorboard-export'}"
+    )
     return 0
 
 
@@ -280,8 +356,15 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     if args.max_tokens < 2:
         raise UserError(f"--max-tokens {args.max_tokens}: allowed: an integer >= 2")
-    options = AnalyzeOptions(layers=args.layers, max_tokens=args.max_tokens, fraction=args.fraction,
-                             top_k=args.top_k, batch_size=args.batch_size, ema=args.ema, device=args.device)
+    options = AnalyzeOptions(
+        layers=args.layers,
+        max_tokens=args.max_tokens,
+        fraction=args.fraction,
+        top_k=args.top_k,
+        batch_size=args.batch_size,
+        ema=args.ema,
+        device=args.device,
+    )
     if args.over_training:
         from lapheads.analyze import analyze_over_training
 
@@ -296,8 +379,14 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             raise UserError("analyze takes RUN_DIRs or --nanochat DIR, not both")
         from lapheads.analyze import analyze_nanochat
 
-        _, summary = analyze_nanochat(args.nanochat, options, step=args.step, tokenizer_dir=args.nanochat_tokenizer,
-                                      data_root=args.data_root, out=args.out)
+        _, summary = analyze_nanochat(
+            args.nanochat,
+            options,
+            step=args.step,
+            tokenizer_dir=args.nanochat_tokenizer,
+            data_root=args.data_root,
+            out=args.out,
+        )
     else:
         _, summary = analyze_runs(args.run_dirs, args.out, options, force=args.force)
     print(summary.read_text())
@@ -312,8 +401,18 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.jobs < 1 or (args.threads is not None and args.threads < 1):
         raise UserError(f"--jobs {args.jobs} --threads {args.threads}: allowed: integers >= 1")
     out = args.out or str(Path("runs") / "sweeps" / Path(args.preset).stem)
-    record = run_sweep(args.preset, specs, seeds, out, sets=args.set, dry_run=args.dry_run, task=args.task,
-                       nproc=args.nproc_per_node, jobs=args.jobs, threads=args.threads)
+    record = run_sweep(
+        args.preset,
+        specs,
+        seeds,
+        out,
+        sets=args.set,
+        dry_run=args.dry_run,
+        task=args.task,
+        nproc=args.nproc_per_node,
+        jobs=args.jobs,
+        threads=args.threads,
+    )
     if not args.dry_run:
         print(f"sweep: {len(record['cells'])} cells done in {out}; next: lapheads report {out}")
     return 0
@@ -347,8 +446,13 @@ def _cmd_data(args: argparse.Namespace) -> int:
             raise UserError(f"data prepare {args.name!r}: allowed: {', '.join(TEXT_DATASETS)}")
         from lapheads.train.lm import LMConfig, prepare_lm_data
 
-        cfg = LMConfig(dataset=args.name, data_root=args.root or "data", tokenizer=args.tokenizer,
-                       tokenizer_vocab=args.tokenizer_vocab, download_shards=args.shards)
+        cfg = LMConfig(
+            dataset=args.name,
+            data_root=args.root or "data",
+            tokenizer=args.tokenizer,
+            tokenizer_vocab=args.tokenizer_vocab,
+            download_shards=args.shards,
+        )
         tokenizer, shards = prepare_lm_data(cfg)
         print(json.dumps({"vocab_size": tokenizer.vocab_size, **shards.meta}))
         return 0
@@ -394,8 +498,10 @@ def _train_epilog(task: str) -> str:
     from lapheads.presets import CONFIG_TYPES, PRESETS
 
     presets = "\n".join(f"  {name}" for name in PRESETS[task])
-    return (f"presets:\n{presets}\n\nconfig fields (override any with --key value; a preset sets many):\n"
-            f"{config_help(CONFIG_TYPES[task])}")
+    return (
+        f"presets:\n{presets}\n\nconfig fields (override any with --key value; a preset sets many):\n"
+        f"{config_help(CONFIG_TYPES[task])}"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -413,43 +519,80 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--data-root", default=None, help="where Fashion-MNIST is or goes")
     demo.set_defaults(func=_cmd_demo, takes_overrides=True)
 
-    train = sub.add_parser("train", allow_abbrev=False, help="train a model from a preset",
-                           description="lapheads train TASK --help lists the presets and every config field.")
+    train = sub.add_parser(
+        "train",
+        allow_abbrev=False,
+        help="train a model from a preset",
+        description="lapheads train TASK --help lists the presets and every config field.",
+    )
     tasks = train.add_subparsers(dest="task", metavar="TASK", required=True, parser_class=_TrainParser)
     for task in TASKS.values():
-        task_parser = tasks.add_parser(task.name, allow_abbrev=False, help=task.help,
-                                       formatter_class=argparse.RawDescriptionHelpFormatter)
-        task_parser.add_argument("--preset", default=None, help="a preset name or a .json file of config fields "
-                                 "(with --resume: optional, checked against the run)")
+        task_parser = tasks.add_parser(
+            task.name, allow_abbrev=False, help=task.help, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        task_parser.add_argument(
+            "--preset",
+            default=None,
+            help="a preset name or a .json file of config fields (with --resume: optional, checked against the run)",
+        )
         task_parser.add_argument("--laplacian-heads", default=None, help="k, or a per-layer list such as 0,2,2,0")
-        task_parser.add_argument("--out", default=None,
-                                 help="the run directory (default: runs/<task>-<preset>-L<k>-<time>)")
-        task_parser.add_argument("--resume", action="store_true", help="continue the run in --out with its stored "
-                                 "config from its last checkpoint (or from the start if it wrote none)")
+        task_parser.add_argument(
+            "--out", default=None, help="the run directory (default: runs/<task>-<preset>-L<k>-<time>)"
+        )
+        task_parser.add_argument(
+            "--resume",
+            action="store_true",
+            help="continue the run in --out with its stored "
+            "config from its last checkpoint (or from the start if it wrote none)",
+        )
         task_parser.set_defaults(func=_cmd_train, takes_overrides=True)
         if task.from_run:
-            task_parser.add_argument("--from", dest="base_from", default=None, metavar="RUN_DIR",
-                                     help="the lapheads run to start from (sets --base)")
-            task_parser.add_argument("--nanochat", dest="nanochat_from", default=None, metavar="DIR",
-                                     help="a nanochat checkpoint folder to start from instead")
+            task_parser.add_argument(
+                "--from",
+                dest="base_from",
+                default=None,
+                metavar="RUN_DIR",
+                help="the lapheads run to start from (sets --base)",
+            )
+            task_parser.add_argument(
+                "--nanochat",
+                dest="nanochat_from",
+                default=None,
+                metavar="DIR",
+                help="a nanochat checkpoint folder to start from instead",
+            )
 
     evaluate = sub.add_parser("eval", allow_abbrev=False, help="evaluate a run directory's final checkpoint")
     evaluate.add_argument("task", choices=["classify", "lm", "dino", "chat"])
     evaluate.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="one run (dino: one or more, compared)")
     evaluate.add_argument("--ema", action="store_true", help="classify: evaluate the EMA weights")
-    evaluate.add_argument("--tasks", default=None, help="lm: comma list of val_bpb (default), arc_easy, "
-                          "arc_challenge, mmlu, gsm8k, humaneval; chat: of arc_easy, arc_challenge, mmlu, gsm8k, "
-                          "humaneval, arith, letters (default: arith,letters)")
+    evaluate.add_argument(
+        "--tasks",
+        default=None,
+        help="lm: comma list of val_bpb (default), arc_easy, "
+        "arc_challenge, mmlu, gsm8k, humaneval; chat: of arc_easy, arc_challenge, mmlu, gsm8k, "
+        "humaneval, arith, letters (default: arith,letters)",
+    )
     evaluate.add_argument("--no-tools", action="store_true", help="chat: no calculator (the model's own outputs)")
-    evaluate.add_argument("--harness", default=None, metavar="TASKS", help="lm: lm-evaluation-harness tasks (comma "
-                          "list); with --data-dir the shipped lapheads_{arc_easy,arc_challenge,mmlu,gsm8k,hellaswag} "
-                          "read <task>.jsonl there")
+    evaluate.add_argument(
+        "--harness",
+        default=None,
+        metavar="TASKS",
+        help="lm: lm-evaluation-harness tasks (comma "
+        "list); with --data-dir the shipped lapheads_{arc_easy,arc_challenge,mmlu,gsm8k,hellaswag} "
+        "read <task>.jsonl there",
+    )
     evaluate.add_argument("--include-path", default=None, help="lm --harness: a folder of your own task YAMLs")
     evaluate.add_argument("--data-dir", default=None, help="lm: local <task>.jsonl/.parquet files in the hub's schema")
-    evaluate.add_argument("--max-examples", type=int, default=None,
-                          help="lm: the first N items per task; dino: the first N test images")
-    evaluate.add_argument("--max-train", type=int, default=None, help="dino: the first N training images (k-NN, linear)")
-    evaluate.add_argument("--ade20k", default=None, help="dino: ADE20K root for the segmentation probe (non-FMNIST runs)")
+    evaluate.add_argument(
+        "--max-examples", type=int, default=None, help="lm: the first N items per task; dino: the first N test images"
+    )
+    evaluate.add_argument(
+        "--max-train", type=int, default=None, help="dino: the first N training images (k-NN, linear)"
+    )
+    evaluate.add_argument(
+        "--ade20k", default=None, help="dino: ADE20K root for the segmentation probe (non-FMNIST runs)"
+    )
     evaluate.add_argument("--out", default=None, help="dino: where pca.png goes (default: the first run's report/)")
     evaluate.add_argument("--num-samples", type=int, default=1, help="lm: HumanEval samples per problem (pass@k)")
     evaluate.add_argument("--chat", action="store_true", help="lm: wrap prompts in the chat tokens (SFT models)")
@@ -491,14 +634,19 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--device", default="auto")
     web.set_defaults(func=_cmd_serve)
 
-    export = sub.add_parser("export-tb", allow_abbrev=False, help="replay metrics.jsonl of a run or sweep into "
-                            "TensorBoard event files")
+    export = sub.add_parser(
+        "export-tb", allow_abbrev=False, help="replay metrics.jsonl of a run or sweep into TensorBoard event files"
+    )
     export.add_argument("path", metavar="RUN_DIR|SWEEP_DIR")
     export.add_argument("--out", default=None, help="default: PATH/tensorboard-export (one folder per run)")
     export.set_defaults(func=_cmd_export_tb)
 
-    upgrade = sub.add_parser("upgrade", allow_abbrev=False, help="bring run directories written by an older "
-                             "lapheads up to the current run-directory contract (config.json only)")
+    upgrade = sub.add_parser(
+        "upgrade",
+        allow_abbrev=False,
+        help="bring run directories written by an older "
+        "lapheads up to the current run-directory contract (config.json only)",
+    )
     upgrade.add_argument("paths", nargs="+", metavar="RUN_DIR|SWEEP_DIR")
     upgrade.set_defaults(func=_cmd_upgrade)
 
@@ -514,8 +662,11 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--out", default=None, help="default: RUN_DIR/report, or <common parent>/analysis")
     analyze.add_argument("--force", action="store_true", help="recompute even if a cached analysis.json matches")
     analyze.add_argument("--data-root", default="data", help="--nanochat: where the held-out Shakespeare text is")
-    analyze.add_argument("--over-training", action="store_true", help="every kept checkpoint of one run, against "
-                         "step (train with --keep-checkpoints 0 to keep them all)")
+    analyze.add_argument(
+        "--over-training",
+        action="store_true",
+        help="every kept checkpoint of one run, against step (train with --keep-checkpoints 0 to keep them all)",
+    )
     _nanochat_options(analyze)
     analyze.set_defaults(func=_cmd_analyze)
 
@@ -528,14 +679,20 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", default=None, help="the sweep directory (default: runs/sweeps/<preset>)")
     sweep.add_argument("--dry-run", action="store_true", help="print one torchrun command per cell instead")
     sweep.add_argument("--nproc-per-node", type=int, default=8, help="--dry-run: GPUs per cell")
-    sweep.add_argument("--jobs", type=int, default=1, help="cells trained at once, each its own process (CPU: 2 "
-                       "one-thread jobs do ~1.7x the work of one two-thread run)")
+    sweep.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="cells trained at once, each its own process (CPU: 2 "
+        "one-thread jobs do ~1.7x the work of one two-thread run)",
+    )
     sweep.add_argument("--threads", type=int, default=None, help="--jobs: threads shared by all jobs (default: CPUs)")
     sweep.set_defaults(func=_cmd_sweep)
 
     report = sub.add_parser("report", allow_abbrev=False, help="statistics and plots of a sweep")
-    report.add_argument("sweep_dir", help="a sweep directory, or a report's stats.json to restate with today's "
-                        "statistics")
+    report.add_argument(
+        "sweep_dir", help="a sweep directory, or a report's stats.json to restate with today's statistics"
+    )
     report.add_argument("--metric", default=None, help="the headline metric (default: the task's)")
     report.add_argument("--no-geometry", action="store_true", help="skip lapheads analyze on the cells")
     report.set_defaults(func=_cmd_report)

@@ -114,8 +114,7 @@ def _type_ok(value: Any, annotation: Any) -> bool:
     return False
 
 
-_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string",
-               type(None): "none"}
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string", type(None): "none"}
 
 
 def _type_words(annotation: Any) -> str:
@@ -177,8 +176,10 @@ def config_help(cls: type) -> str:
         domain = field.metadata.get("domain")
         default = json.dumps(getattr(defaults, field.name))
         allowed = f"; {domain.allowed}" if domain is not None else ""
-        lines.append(f"  {_flag(field.name):28s} {field.metadata.get('help', '')} "
-                     f"[{_type_words(annotation)}{allowed}; default {default}]")
+        lines.append(
+            f"  {_flag(field.name):28s} {field.metadata.get('help', '')} "
+            f"[{_type_words(annotation)}{allowed}; default {default}]"
+        )
     return "\n".join(lines)
 
 
@@ -232,8 +233,9 @@ def config_from_dict(cls: type[C], data: dict[str, Any], base: C | None = None, 
         raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(types_))}")
     base = base if base is not None else cls()
     # A JSON number where the field is text (e.g. "laplacian_heads": 3) means the same thing as its string.
-    data = {k: str(v) if types_[k] is str and isinstance(v, int) and not isinstance(v, bool) else v
-            for k, v in data.items()}
+    data = {
+        k: str(v) if types_[k] is str and isinstance(v, int) and not isinstance(v, bool) else v for k, v in data.items()
+    }
     return dataclasses.replace(base, **data)
 
 
@@ -260,8 +262,10 @@ def apply_overrides(config: C, pairs: list[str]) -> C:
         key, eq, value = item[2:].partition("=")
         key = key.replace("-", "_")
         if key not in types_:
-            raise ConfigError(f"unknown option --{key.replace('_', '-')}; allowed: "
-                              + ", ".join("--" + k.replace("_", "-") for k in sorted(types_)))
+            raise ConfigError(
+                f"unknown option --{key.replace('_', '-')}; allowed: "
+                + ", ".join("--" + k.replace("_", "-") for k in sorted(types_))
+            )
         if not eq:
             if i + 1 >= len(pairs):
                 raise ConfigError(f"--{key.replace('_', '-')} needs a value")

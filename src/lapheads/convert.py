@@ -28,8 +28,12 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in found if not any(c is not m and type(c).__name__.endswith("Attention") for c in m.modules())]
 
 
-def init_heads(module: nn.Module, mask: torch.Tensor, init: str,
-               output_columns: Callable[[int], tuple[torch.Tensor, slice, int]] | None = None) -> None:
+def init_heads(
+    module: nn.Module,
+    mask: torch.Tensor,
+    init: str,
+    output_columns: Callable[[int], tuple[torch.Tensor, slice, int]] | None = None,
+) -> None:
     """Apply ``init`` to one attention module whose Laplacian heads are ``mask``.
 
     Args:
@@ -45,8 +49,10 @@ def init_heads(module: nn.Module, mask: torch.Tensor, init: str,
         del module._buffers["laplacian_blend"]
     if init == "signflip":
         if output_columns is None:
-            raise InputError(f"init='signflip' does not know the output projection of {type(module).__name__}; "
-                             "allowed: init='switch' or 'blend'")
+            raise InputError(
+                f"init='signflip' does not know the output projection of {type(module).__name__}; "
+                "allowed: init='switch' or 'blend'"
+            )
         with torch.no_grad():
             for head in torch.nonzero(mask.cpu()).flatten().tolist():
                 weight, cols, axis = output_columns(head)

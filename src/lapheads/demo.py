@@ -2,8 +2,8 @@
 
 The report directory holds ``report.md`` (test accuracy, wall time, parameters per run; the paper's claims with
 a one-seed verdict each), PNG plots of the training loss and test accuracy of both runs, and the token geometry of
-both (``lapheads analyze``: ANOVA and spectrum plots in the report, every metric in summary.md). Everything is read back from the two run directories, the contract
-between training and reporting.
+both (``lapheads analyze``: ANOVA and spectrum plots in the report, every metric in summary.md). Everything is read
+back from the two run directories, the contract between training and reporting.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ def plot_runs(runs: dict[str, RunDir], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
-    for key, ylabel, name in (("loss", "training loss", "loss.png"), ("eval_top1", "test top-1 accuracy (%)", "accuracy.png")):
+    for key, ylabel, name in (
+        ("loss", "training loss", "loss.png"),
+        ("eval_top1", "test top-1 accuracy (%)", "accuracy.png"),
+    ):
         fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
         for label, run in runs.items():
             points = [(r["epoch"], r[key]) for r in run.read_metrics() if key in r]
@@ -75,13 +78,17 @@ def _claim_rows(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
     for claim, metric, direction in CLAIMS:
         read = readers[metric]
         base, lap = (read(a, _last_block(a)) for a in analyses[:2])
-        rows.append(f"| {claim} | {metric} | {base:.4g} | {lap:.4g} | {lap - base:+.4g} | "
-                    f"{verdict(base, lap, direction)} |")
+        rows.append(
+            f"| {claim} | {metric} | {base:.4g} | {lap:.4g} | {lap - base:+.4g} | {verdict(base, lap, direction)} |"
+        )
     return rows
 
 
 def write_report(
-    runs: dict[str, RunDir], walls: dict[str, float], out: Path, geometry: list[Path] | None = None,
+    runs: dict[str, RunDir],
+    walls: dict[str, float],
+    out: Path,
+    geometry: list[Path] | None = None,
     analyses: list[dict] | None = None,
 ) -> Path:
     """report.md: accuracy (the runs' own final evaluations), curves, and the paper's claims with a verdict each."""
@@ -98,24 +105,26 @@ def write_report(
         )
     plots = plot_runs(runs, out)
     first = next(iter(runs.values())).read_config()["config"]
-    text = "\n".join([
-        "# lapheads demo: Fashion-MNIST, with and without Laplacian heads",
-        "",
-        f"Recipe `fmnist-cpu`: {first['description']}. Same seed ({first['seed']}) for both runs.",
-        "",
-        "Test accuracy is each run's own evaluation of its final checkpoint (metrics.jsonl); summary.md quotes the "
-        "same numbers. Wall time depends on this machine and on whatever else it ran meanwhile.",
-        "",
-        "| run | test top-1 (%) | test top-5 (%) | test loss | wall time (s, machine-dependent) | parameters | "
-        "run directory |",
-        "|---|---|---|---|---|---|---|",
-        *rows,
-        "",
-        *[f"![{p.stem}]({p.name})" for p in plots],
-        "",
-        *(_claims_section(runs, analyses) if analyses and len(analyses) >= 2 else []),
-        *(_geometry_section(geometry) if geometry else []),
-    ])
+    text = "\n".join(
+        [
+            "# lapheads demo: Fashion-MNIST, with and without Laplacian heads",
+            "",
+            f"Recipe `fmnist-cpu`: {first['description']}. Same seed ({first['seed']}) for both runs.",
+            "",
+            "Test accuracy is each run's own evaluation of its final checkpoint (metrics.jsonl); summary.md quotes the "
+            "same numbers. Wall time depends on this machine and on whatever else it ran meanwhile.",
+            "",
+            "| run | test top-1 (%) | test top-5 (%) | test loss | wall time (s, machine-dependent) | parameters | "
+            "run directory |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            *[f"![{p.stem}]({p.name})" for p in plots],
+            "",
+            *(_claims_section(runs, analyses) if analyses and len(analyses) >= 2 else []),
+            *(_geometry_section(geometry) if geometry else []),
+        ]
+    )
     report = out / "report.md"
     report.write_text(text)
     return report
@@ -149,7 +158,9 @@ def _geometry_section(plots: list[Path]) -> list[str]:
     ]
 
 
-def run_demo(out: Path, laplacian_heads: str = "3", data_root: str | None = None, overrides: list[str] | None = None) -> Path:
+def run_demo(
+    out: Path, laplacian_heads: str = "3", data_root: str | None = None, overrides: list[str] | None = None
+) -> Path:
     """Train fmnist-cpu with 0 and with ``laplacian_heads`` Laplacian heads, then write the report."""
     if find_fashion_mnist(data_root) is None:
         folder, what = fetch_fashion_mnist(data_root or out / "data")
@@ -157,7 +168,9 @@ def run_demo(out: Path, laplacian_heads: str = "3", data_root: str | None = None
         data_root = str(folder)
     runs, walls = {}, {}
     for heads in ("0", laplacian_heads):
-        cfg = resolve_classify_config("fmnist-cpu", heads, [*(overrides or []), *(["--data-root", data_root] if data_root else [])])
+        cfg = resolve_classify_config(
+            "fmnist-cpu", heads, [*(overrides or []), *(["--data-root", data_root] if data_root else [])]
+        )
         label = f"{heads} Laplacian heads" if heads != "0" else "baseline (0 Laplacian heads)"
         run_dir = out / f"fmnist-cpu-L{heads.replace(',', '_')}"
         print(f"== {label}: training into {run_dir}", flush=True)

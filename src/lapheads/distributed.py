@@ -40,8 +40,12 @@ _RESUME_HINT = "checkpoints written so far are intact; run the same command with
 def _stop_on_sigterm(signum: int, frame: object) -> None:
     # Say why in one line and exit here: the signal may land anywhere (inside the CLI's error handling, during
     # interpreter shutdown), where an exception would print a traceback instead. SystemExit prints none.
-    print(f"lapheads: error: stopped by signal {signal.Signals(signum).name} (another process of this torchrun job "
-          f"failed, or the job was cancelled); {_RESUME_HINT}", file=sys.stderr, flush=True)
+    print(
+        f"lapheads: error: stopped by signal {signal.Signals(signum).name} (another process of this torchrun job "
+        f"failed, or the job was cancelled); {_RESUME_HINT}",
+        file=sys.stderr,
+        flush=True,
+    )
     raise SystemExit(2)
 
 
@@ -84,8 +88,9 @@ def peer_failures() -> Iterator[None]:
             isinstance(err, dist.DistError) or "gloo" in text or "nccl" in text or "by peer" in text
         ):
             raise
-        raise StoppedError(f"lost contact with another process of this job ({str(err).splitlines()[0][:80]}); "
-                           f"{_RESUME_HINT}") from None
+        raise StoppedError(
+            f"lost contact with another process of this job ({str(err).splitlines()[0][:80]}); {_RESUME_HINT}"
+        ) from None
 
 
 def setup_distributed(device: str = "auto") -> Distributed:

@@ -49,23 +49,36 @@ def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torc
         if spec is None:
             return None
         if layer is None:
-            raise InputError(f"{type(module).__name__} has no layer_idx to find its Laplacian heads; allowed: load "
-                             "with lapheads.hf.from_pretrained (or call lapheads.hf.enable)")
+            raise InputError(
+                f"{type(module).__name__} has no layer_idx to find its Laplacian heads; allowed: load "
+                "with lapheads.hf.from_pretrained (or call lapheads.hf.enable)"
+            )
         mask = torch.tensor(spec[layer], dtype=torch.bool)
         module.register_buffer("laplacian_mask", mask, persistent=False)
     if mask.shape != (num_heads,):
-        raise InputError(f"{type(module).__name__} has {num_heads} query heads but a Laplacian mask of "
-                         f"{tuple(mask.shape)}")
+        raise InputError(
+            f"{type(module).__name__} has {num_heads} query heads but a Laplacian mask of {tuple(mask.shape)}"
+        )
     return mask.to(device)
 
 
-def lapheads_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def lapheads_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' attention interface: query (B, H, T, D), key/value (B, Hkv, S, D) -> ((B, T, H, D), P or None)."""
     if kwargs.get("softcap") is not None:
-        raise InputError(f"{type(module).__name__} uses a logit soft cap; allowed: attention without one (Gemma-2's "
-                         "soft cap is not supported by lapheads)")
+        raise InputError(
+            f"{type(module).__name__} uses a logit soft cap; allowed: attention without one (Gemma-2's "
+            "soft cap is not supported by lapheads)"
+        )
     if kwargs.get("position_bias") is not None:
         raise InputError(f"{type(module).__name__} adds a position bias (T5-style); allowed: models without one")
     t = query.shape[2]
@@ -75,12 +88,19 @@ def lapheads_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
         key, value = key[:, :, :t], value[:, :, :t]
     heads = _layer_mask(module, query.shape[1], query.device)
     identity = "last_allowed" if attention_mask is not None and causal_module else "aligned"
-    options = dict(attn_mask=attention_mask, is_causal=causal, dropout_p=dropout if module.training else 0.0,
-                   scale=scaling, identity=identity, blend=getattr(module, "laplacian_blend", None))
+    options = dict(
+        attn_mask=attention_mask,
+        is_causal=causal,
+        dropout_p=dropout if module.training else 0.0,
+        scale=scaling,
+        identity=identity,
+        blend=getattr(module, "laplacian_blend", None),
+    )
     weights = None
     if kwargs.get("output_attentions"):  # the textbook path materialises P for attention maps
-        out, weights = laplacian_attention_reference(query, key, value, heads if heads is not None else 0,
-                                                     return_attn=True, **options)
+        out, weights = laplacian_attention_reference(
+            query, key, value, heads if heads is not None else 0, return_attn=True, **options
+        )
     else:
         out = laplacian_attention(query, key, value, heads if heads is not None else 0, **options)
     return out.transpose(1, 2).contiguous(), weights
@@ -115,8 +135,10 @@ def _output_columns(module: nn.Module, model: nn.Module, head: int, head_dim: in
     dense = getattr(getattr(parent, "output", None), "dense", None)  # ViT: attention.output.dense
     if isinstance(dense, nn.Linear):
         return dense.weight, cols, 1
-    raise InputError(f"init='signflip' does not know the output projection of {type(module).__name__}; allowed: "
-                     "init='switch' or 'blend'")
+    raise InputError(
+        f"init='signflip' does not know the output projection of {type(module).__name__}; allowed: "
+        "init='switch' or 'blend'"
+    )
 
 
 def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Module:
@@ -135,8 +157,10 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
     register()
     modules = attention_modules(model)
     if not modules:
-        raise InputError(f"no attention modules found in {type(model).__name__}; allowed: transformers models "
-                         "whose attention classes end in 'Attention'")
+        raise InputError(
+            f"no attention modules found in {type(model).__name__}; allowed: transformers models "
+            "whose attention classes end in 'Attention'"
+        )
     num_heads = _num_heads(model)
     masks = parse_laplacian_heads(laplacian_heads, num_heads, len(modules))
     for module, mask in zip(modules, masks):
@@ -165,7 +189,9 @@ def from_pretrained(model_class, path, *args, **kwargs):
     if spec is None:
         return model_class.from_pretrained(path, *args, config=config, attn_implementation=wanted, **kwargs)
     if wanted not in (None, NAME):
-        raise InputError(f"{path} has Laplacian heads; attn_implementation={wanted!r} would load it as plain "
-                         f"attention; allowed: {NAME!r} (or leave it out)")
+        raise InputError(
+            f"{path} has Laplacian heads; attn_implementation={wanted!r} would load it as plain "
+            f"attention; allowed: {NAME!r} (or leave it out)"
+        )
     model = model_class.from_pretrained(path, *args, config=config, attn_implementation=NAME, **kwargs)
     return enable(model, [list(map(bool, layer)) for layer in spec], init="switch")

@@ -18,8 +18,14 @@ import torch
 
 from lapheads.errors import CheckpointError
 
-__all__ = ["NUMPY_ARRAY_GLOBALS", "atomic_write_text", "load_safetensors", "load_tensor_file", "restricted_unpickle",
-           "state_dict_mismatch"]
+__all__ = [
+    "NUMPY_ARRAY_GLOBALS",
+    "atomic_write_text",
+    "load_safetensors",
+    "load_tensor_file",
+    "restricted_unpickle",
+    "state_dict_mismatch",
+]
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -28,17 +34,20 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp.write_text(text)
     os.replace(tmp, path)
 
+
 #: What numpy arrays pickle as, in numpy 1.x and 2.x (``_frombuffer`` with protocol 5; ``_codecs.encode`` carries
 #: bytes in protocol-2 pickles). Each only builds arrays, dtypes or bytes from data.
-NUMPY_ARRAY_GLOBALS = frozenset({
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.numeric", "_frombuffer"),
-    ("numpy._core.numeric", "_frombuffer"),
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    ("_codecs", "encode"),
-})
+NUMPY_ARRAY_GLOBALS = frozenset(
+    {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
+)
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -52,8 +61,9 @@ class _RestrictedUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def restricted_unpickle(file: IO[bytes], allowed: frozenset[tuple[str, str]] = NUMPY_ARRAY_GLOBALS,
-                        encoding: str = "latin1") -> Any:
+def restricted_unpickle(
+    file: IO[bytes], allowed: frozenset[tuple[str, str]] = NUMPY_ARRAY_GLOBALS, encoding: str = "latin1"
+) -> Any:
     """Unpickle ``file`` admitting only the ``(module, name)`` globals in ``allowed``.
 
     Raises:
@@ -73,8 +83,10 @@ def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{path} is not a valid safetensors file ({str(err).splitlines()[0][:100]}); refusing "
-                              "to load it (lapheads never unpickles checkpoints)") from None
+        raise CheckpointError(
+            f"{path} is not a valid safetensors file ({str(err).splitlines()[0][:100]}); refusing "
+            "to load it (lapheads never unpickles checkpoints)"
+        ) from None
 
 
 def state_dict_mismatch(expected: dict[str, torch.Tensor], tensors: dict[str, Any]) -> str | None:
@@ -86,7 +98,9 @@ def state_dict_mismatch(expected: dict[str, torch.Tensor], tensors: dict[str, An
     if unexpected:
         return f"unexpected {unexpected[:3]}"
     if shapes:
-        return f"shape of {shapes[0]}: file {tuple(tensors[shapes[0]].shape)} vs model {tuple(expected[shapes[0]].shape)}"
+        return (
+            f"shape of {shapes[0]}: file {tuple(tensors[shapes[0]].shape)} vs model {tuple(expected[shapes[0]].shape)}"
+        )
     return None
 
 
@@ -104,8 +118,10 @@ def load_tensor_file(path: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
-        raise CheckpointError(f"{path} is not a plain tensor file ({str(err).splitlines()[0][:100]}); refusing to "
-                              "load it (lapheads never runs code from a file)") from None
+        raise CheckpointError(
+            f"{path} is not a plain tensor file ({str(err).splitlines()[0][:100]}); refusing to "
+            "load it (lapheads never runs code from a file)"
+        ) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}; allowed: a state dict")
     return state

@@ -20,8 +20,9 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, 
     except ImportError:
         raise InputError("--lora-rank needs peft; allowed: pip install 'lapheads[chat]'") from None
     names = [t.strip() for t in targets.split(",")]
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=names,
-                                            bias="none"))
+    return get_peft_model(
+        model, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, bias="none")
+    )
 
 
 class LoraAdapters(torch.nn.Module):
@@ -43,6 +44,7 @@ class LoraAdapters(torch.nn.Module):
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         missing = set(self.state_dict()) ^ set(state_dict)
         if missing:
-            raise CheckpointError(f"adapter weights do not match the model ({len(missing)} keys differ, e.g. "
-                                  f"{sorted(missing)[0]})")
+            raise CheckpointError(
+                f"adapter weights do not match the model ({len(missing)} keys differ, e.g. {sorted(missing)[0]})"
+            )
         return self.peft_model.load_state_dict(state_dict, strict=False)

@@ -34,10 +34,30 @@ _DEIT3_AUTHORS = ClassifyConfig(
         "1e-6, QK-norm, bf16. ImageNet as an ImageFolder (--data-root with train/ and val/); set --micro-batch to "
         "what fits one GPU and the accumulation follows"
     ),
-    model="deit3_base_patch16_224", img_size=192, qk_norm=True, drop_path=0.2, layer_scale=1e-6,
-    dataset="imagefolder", three_augment=True, color_jitter=0.3, hflip=True, mixup=0.8, cutmix=1.0,
-    smoothing=0.1, bce=True, epochs=400, batch_size=2048, micro_batch=128, optimizer="adamw", lr=2e-3,
-    min_lr=1e-6, warmup_epochs=5, weight_decay=0.05, clip_grad=1.0, num_workers=10, log_every=50,
+    model="deit3_base_patch16_224",
+    img_size=192,
+    qk_norm=True,
+    drop_path=0.2,
+    layer_scale=1e-6,
+    dataset="imagefolder",
+    three_augment=True,
+    color_jitter=0.3,
+    hflip=True,
+    mixup=0.8,
+    cutmix=1.0,
+    smoothing=0.1,
+    bce=True,
+    epochs=400,
+    batch_size=2048,
+    micro_batch=128,
+    optimizer="adamw",
+    lr=2e-3,
+    min_lr=1e-6,
+    warmup_epochs=5,
+    weight_decay=0.05,
+    clip_grad=1.0,
+    num_workers=10,
+    log_every=50,
 )
 
 CLASSIFY_PRESETS: dict[str, ClassifyConfig] = {
@@ -47,9 +67,19 @@ CLASSIFY_PRESETS: dict[str, ClassifyConfig] = {
             "2 epochs, batch 128, AdamW lr 1.5e-3 with 0.1 warm-up epochs and cosine decay, no augmentation, bf16 "
             "autocast, test-set eval every 1/2 epoch: about 4 minutes on 2 CPU cores"
         ),
-        model="vit_fmnist_patch4", model_kwargs={"patch_size": 7}, img_size=28, dataset="fashion-mnist",
-        augment=False, hflip=False, epochs=2.0, batch_size=128, lr=1.5e-3, warmup_epochs=0.1, weight_decay=0.05,
-        eval_every_epochs=0.5, log_every=20,
+        model="vit_fmnist_patch4",
+        model_kwargs={"patch_size": 7},
+        img_size=28,
+        dataset="fashion-mnist",
+        augment=False,
+        hflip=False,
+        epochs=2.0,
+        batch_size=128,
+        lr=1.5e-3,
+        warmup_epochs=0.1,
+        weight_decay=0.05,
+        eval_every_epochs=0.5,
+        log_every=20,
     ),
     "fmnist-10k-cpu": ClassifyConfig(
         description=(
@@ -59,10 +89,26 @@ CLASSIFY_PRESETS: dict[str, ClassifyConfig] = {
             "of 128), pad-crop augmentation, Mixup 0.8, CutMix 1.0, label smoothing 0.1, BCE; AdamW lr 1.5e-3, "
             "wd 0.05, 5 warm-up epochs, cosine; the full test set every 5 epochs; bf16"
         ),
-        model="vit_fmnist_patch4", model_kwargs={"patch_size": 7, "no_embed_class": True}, img_size=28,
-        dataset="fashion-mnist", layer_scale=1e-6, drop_path=0.1, augment=True, hflip=False, mixup=0.8, cutmix=1.0,
-        smoothing=0.1, bce=True, train_subset=10_000, epochs=40.0, batch_size=128, lr=1.5e-3, warmup_epochs=5.0,
-        weight_decay=0.05, eval_every_epochs=5.0, log_every=20,
+        model="vit_fmnist_patch4",
+        model_kwargs={"patch_size": 7, "no_embed_class": True},
+        img_size=28,
+        dataset="fashion-mnist",
+        layer_scale=1e-6,
+        drop_path=0.1,
+        augment=True,
+        hflip=False,
+        mixup=0.8,
+        cutmix=1.0,
+        smoothing=0.1,
+        bce=True,
+        train_subset=10_000,
+        epochs=40.0,
+        batch_size=128,
+        lr=1.5e-3,
+        warmup_epochs=5.0,
+        weight_decay=0.05,
+        eval_every_epochs=5.0,
+        log_every=20,
     ),
     "vit-cifar10": ClassifyConfig(
         description=(
@@ -71,9 +117,21 @@ CLASSIFY_PRESETS: dict[str, ClassifyConfig] = {
             "epochs, Mixup 0.8, CutMix 1.0, label smoothing 0.1, drop-path 0.1; plus QK-norm (the paper's "
             "baseline). Their AutoAugment is replaced by pad-crop + flip"
         ),
-        model="vit_lite_7_patch4_32", img_size=32, dataset="cifar10", drop_path=0.1, mixup=0.8, cutmix=1.0,
-        smoothing=0.1, epochs=300, batch_size=128, lr=5e-4, min_lr=1e-5, warmup_epochs=10, weight_decay=0.03,
-        num_workers=4, log_every=50,
+        model="vit_lite_7_patch4_32",
+        img_size=32,
+        dataset="cifar10",
+        drop_path=0.1,
+        mixup=0.8,
+        cutmix=1.0,
+        smoothing=0.1,
+        epochs=300,
+        batch_size=128,
+        lr=5e-4,
+        min_lr=1e-5,
+        warmup_epochs=10,
+        weight_decay=0.03,
+        num_workers=4,
+        log_every=50,
     ),
     "deit3-base-imagenet": _DEIT3_AUTHORS,
     "deit3-base-imagenet-official": ClassifyConfig(
@@ -85,7 +143,10 @@ CLASSIFY_PRESETS: dict[str, ClassifyConfig] = {
                 "Mixup 0.8, CutMix 1.0, no label smoothing, BCE, drop-path 0.2, LayerScale 1e-6. Not implemented "
                 "here: repeated augmentation; the 224 px fine-tune is a separate run"
             ),
-            "epochs": 800, "optimizer": "lamb", "lr": 3e-3, "smoothing": 0.0,
+            "epochs": 800,
+            "optimizer": "lamb",
+            "lr": 3e-3,
+            "smoothing": 0.0,
         }
     ),
 }
@@ -107,12 +168,26 @@ _NANOCHAT_D20 = LMConfig(
         "no warm-up, linear warm-down over the last 20%, grad clip 1.0, bf16. Run with torchrun; set --micro-batch "
         "to what fits (the accumulation follows)"
     ),
-    dataset="fineweb-edu", download_shards=240, tokenizer="bpe", tokenizer_vocab=65536,
-    tokenizer_train_chars=2_000_000_000, depth=20, aspect_ratio=64, head_dim=128, sequence_len=2048,
-    total_batch_size=524_288, micro_batch=32, target_param_data_ratio=20.0, eval_every=250,
-    eval_tokens=20 * 524_288, log_every=10, sample_prompt="The capital of France is", sample_tokens=32,
+    dataset="fineweb-edu",
+    download_shards=240,
+    tokenizer="bpe",
+    tokenizer_vocab=65536,
+    tokenizer_train_chars=2_000_000_000,
+    depth=20,
+    aspect_ratio=64,
+    head_dim=128,
+    sequence_len=2048,
+    total_batch_size=524_288,
+    micro_batch=32,
+    target_param_data_ratio=20.0,
+    eval_every=250,
+    eval_tokens=20 * 524_288,
+    log_every=10,
+    sample_prompt="The capital of France is",
+    sample_tokens=32,
     sample_temperature=0.0,
 )
+
 
 def fork_scaling(depth: int, vocab_size: int = 32768, param_data_ratio: float = 12.0) -> dict[str, float]:
     """The 2026 fork's scaling rules (``scripts/base_train.py``), computed from lapheads' own 2026 model.
@@ -135,8 +210,12 @@ def fork_scaling(depth: int, vocab_size: int = 32768, param_data_ratio: float = 
     tokens, reference = param_data_ratio * scaling_params(depth), param_data_ratio * scaling_params(12)
     batch = 2 ** round(math.log2(2**19 * (tokens / reference) ** 0.383))
     lr_scale = (batch / 2**19) ** 0.5
-    return {"total_batch_size": batch, "num_iterations": int(tokens) // batch, "lr_scale": lr_scale,
-            "muon_weight_decay": 0.28 * lr_scale * reference / tokens}
+    return {
+        "total_batch_size": batch,
+        "num_iterations": int(tokens) // batch,
+        "lr_scale": lr_scale,
+        "muon_weight_decay": 0.28 * lr_scale * reference / tokens,
+    }
 
 
 def _nanochat_2026(depth: int) -> LMConfig:
@@ -156,15 +235,40 @@ def _nanochat_2026(depth: int) -> LMConfig:
             "second-moment (beta2) normalisation; the embedding and head share AdamW betas (0.8, 0.95) and no weight "
             "decay (the fork: betas 0.995 / 0.96, decays 0.001 / 0.01). Run with torchrun"
         ),
-        dataset="fineweb-edu", download_shards=240, tokenizer="bpe", tokenizer_vocab=32768,
-        tokenizer_train_chars=2_000_000_000, depth=depth, aspect_ratio=64, head_dim=128, sequence_len=2048,
-        arch="nanochat-2026", total_batch_size=rule["total_batch_size"], micro_batch=16 if depth >= 20 else 32,
-        num_iterations=rule["num_iterations"], target_param_data_ratio=12.0, embedding_lr=0.3 * s,
-        unembedding_lr=0.008 * s, matrix_lr=0.02 * s, scalar_lr=0.5 * s, weight_decay=0.0,
-        muon_weight_decay=rule["muon_weight_decay"], muon_weight_decay_schedule="cosine", warmup_steps=40,
-        warmdown_ratio=0.65, final_lr_frac=0.05, muon_momentum_start=0.85, muon_momentum_end=0.97,
-        muon_momentum_warmup=400, muon_momentum_final=0.90, grad_clip=0.0, eval_every=250,
-        eval_tokens=100 * 524_288, log_every=10, sample_prompt="The capital of France is", sample_tokens=16,
+        dataset="fineweb-edu",
+        download_shards=240,
+        tokenizer="bpe",
+        tokenizer_vocab=32768,
+        tokenizer_train_chars=2_000_000_000,
+        depth=depth,
+        aspect_ratio=64,
+        head_dim=128,
+        sequence_len=2048,
+        arch="nanochat-2026",
+        total_batch_size=rule["total_batch_size"],
+        micro_batch=16 if depth >= 20 else 32,
+        num_iterations=rule["num_iterations"],
+        target_param_data_ratio=12.0,
+        embedding_lr=0.3 * s,
+        unembedding_lr=0.008 * s,
+        matrix_lr=0.02 * s,
+        scalar_lr=0.5 * s,
+        weight_decay=0.0,
+        muon_weight_decay=rule["muon_weight_decay"],
+        muon_weight_decay_schedule="cosine",
+        warmup_steps=40,
+        warmdown_ratio=0.65,
+        final_lr_frac=0.05,
+        muon_momentum_start=0.85,
+        muon_momentum_end=0.97,
+        muon_momentum_warmup=400,
+        muon_momentum_final=0.90,
+        grad_clip=0.0,
+        eval_every=250,
+        eval_tokens=100 * 524_288,
+        log_every=10,
+        sample_prompt="The capital of France is",
+        sample_tokens=16,
         sample_temperature=0.0,
     )
 
@@ -176,9 +280,20 @@ LM_PRESETS: dict[str, LMConfig] = {
             "(256 dim, 4 heads of 64), sequence 256, batch 8,192 tokens, 360 steps (~2.9M tokens), nanochat's "
             "Muon + AdamW split and learning rates, warm-down over the last 20%, bf16: a few minutes on 2 CPU cores"
         ),
-        dataset="shakespeare", tokenizer="char", depth=4, aspect_ratio=64, head_dim=64, sequence_len=256,
-        total_batch_size=8192, micro_batch=32, num_iterations=360, eval_every=90, eval_tokens=65_536,
-        sample_prompt="ROMEO:\n", sample_tokens=200, log_every=10,
+        dataset="shakespeare",
+        tokenizer="char",
+        depth=4,
+        aspect_ratio=64,
+        head_dim=64,
+        sequence_len=256,
+        total_batch_size=8192,
+        micro_batch=32,
+        num_iterations=360,
+        eval_every=90,
+        eval_tokens=65_536,
+        sample_prompt="ROMEO:\n",
+        sample_tokens=200,
+        log_every=10,
     ),
     "shakespeare-long-cpu": LMConfig(
         description=(
@@ -187,9 +302,21 @@ LM_PRESETS: dict[str, LMConfig] = {
             "20%, validation every 175 steps, every checkpoint kept (geometry and head diffusion over training): "
             "~25 min a run on 2 CPU cores, two runs in parallel at 1 thread each"
         ),
-        dataset="shakespeare", tokenizer="char", depth=4, aspect_ratio=64, head_dim=64, sequence_len=256,
-        total_batch_size=8192, micro_batch=32, num_iterations=1400, eval_every=175, eval_tokens=65_536,
-        sample_prompt="ROMEO:\n", sample_tokens=200, log_every=10, keep_checkpoints=0,
+        dataset="shakespeare",
+        tokenizer="char",
+        depth=4,
+        aspect_ratio=64,
+        head_dim=64,
+        sequence_len=256,
+        total_batch_size=8192,
+        micro_batch=32,
+        num_iterations=1400,
+        eval_every=175,
+        eval_tokens=65_536,
+        sample_prompt="ROMEO:\n",
+        sample_tokens=200,
+        log_every=10,
+        keep_checkpoints=0,
     ),
     "chat-cpu-base": LMConfig(
         description=(
@@ -197,17 +324,32 @@ LM_PRESETS: dict[str, LMConfig] = {
             "Shakespeare, depth 4 (256 dim, 4 heads of 64), sequence 256, batch 8,192 tokens, 400 steps (~3.3M "
             "tokens), nanochat's optimizers; then lapheads train sft --preset chat-cpu --from RUN_DIR"
         ),
-        dataset="shakespeare", tokenizer="bpe", tokenizer_vocab=2048, tokenizer_train_chars=20_000_000, depth=4,
-        aspect_ratio=64, head_dim=64, sequence_len=256, total_batch_size=8192, micro_batch=32, num_iterations=400,
-        eval_every=100, eval_tokens=65_536, sample_prompt="ROMEO:\n", sample_tokens=64, log_every=10,
+        dataset="shakespeare",
+        tokenizer="bpe",
+        tokenizer_vocab=2048,
+        tokenizer_train_chars=20_000_000,
+        depth=4,
+        aspect_ratio=64,
+        head_dim=64,
+        sequence_len=256,
+        total_batch_size=8192,
+        micro_batch=32,
+        num_iterations=400,
+        eval_every=100,
+        eval_tokens=65_536,
+        sample_prompt="ROMEO:\n",
+        sample_tokens=64,
+        log_every=10,
     ),
     "nanochat-d20": _NANOCHAT_D20,
     "nanochat-d12": dataclasses.replace(
-        _NANOCHAT_D20, depth=12, download_shards=80,
-        description=_NANOCHAT_D20.description.replace("nanochat d20", "nanochat d12").replace(
-            "the paper's 561M LM", "186M parameters").replace("depth 20 (1280 dim, 10 heads of 128)",
-                                                               "depth 12 (768 dim, 6 heads of 128)").replace(
-            " (~21.4k steps)", " (~7.1k steps)"),
+        _NANOCHAT_D20,
+        depth=12,
+        download_shards=80,
+        description=_NANOCHAT_D20.description.replace("nanochat d20", "nanochat d12")
+        .replace("the paper's 561M LM", "186M parameters")
+        .replace("depth 20 (1280 dim, 10 heads of 128)", "depth 12 (768 dim, 6 heads of 128)")
+        .replace(" (~21.4k steps)", " (~7.1k steps)"),
     ),
     **{f"nanochat-2026-d{depth}": _nanochat_2026(depth) for depth in (12, 16, 20)},
 }
@@ -222,8 +364,17 @@ DINO_PRESETS: dict[str, DINOConfig] = {
             "global crops of 224 (scale 0.4-1) + 8 local crops of 96 (0.05-0.4), drop-path 0.1, gradient clip 3.0, "
             "bf16. Run with torchrun"
         ),
-        model="vit_small_patch16_224", dataset="imagefolder", img_size=224, local_crop_size=96, local_crops=8,
-        epochs=100, batch_size=512, lr=0.0005, warmup_epochs=10, num_workers=10, log_every=50,
+        model="vit_small_patch16_224",
+        dataset="imagefolder",
+        img_size=224,
+        local_crop_size=96,
+        local_crops=8,
+        epochs=100,
+        batch_size=512,
+        lr=0.0005,
+        warmup_epochs=10,
+        num_workers=10,
+        log_every=50,
     ),
     "dino-fmnist-cpu": DINOConfig(
         description=(
@@ -233,11 +384,27 @@ DINO_PRESETS: dict[str, DINOConfig] = {
             "epoch, teacher momentum 0.99 -> 1, no frozen last layer, no drop-path, fp32; DINO's losses, "
             "temperatures and weight-decay schedule otherwise"
         ),
-        model="vit_fmnist_patch4", model_kwargs={"depth": 4, "embed_dim": 128, "num_heads": 4},
-        dataset="fashion-mnist", img_size=28, local_crop_size=12, local_crops=4, local_scale=[0.1, 0.4],
-        out_dim=1024, head_hidden_dim=512, head_bottleneck_dim=128, epochs=1, batch_size=64, train_subset=48_000,
-        lr=0.001, warmup_epochs=0.1, momentum_teacher=0.99, freeze_last_layer=0, drop_path=0.0, amp=False,
-        log_every=10, checkpoint_every_epochs=0.25,
+        model="vit_fmnist_patch4",
+        model_kwargs={"depth": 4, "embed_dim": 128, "num_heads": 4},
+        dataset="fashion-mnist",
+        img_size=28,
+        local_crop_size=12,
+        local_crops=4,
+        local_scale=[0.1, 0.4],
+        out_dim=1024,
+        head_hidden_dim=512,
+        head_bottleneck_dim=128,
+        epochs=1,
+        batch_size=64,
+        train_subset=48_000,
+        lr=0.001,
+        warmup_epochs=0.1,
+        momentum_teacher=0.99,
+        freeze_last_layer=0,
+        drop_path=0.0,
+        amp=False,
+        log_every=10,
+        checkpoint_every_epochs=0.25,
     ),
 }
 
@@ -249,7 +416,10 @@ MID_PRESETS: dict[str, MidConfig] = {
             "batch 524,288 tokens, one pass, the pre-training LRs (Muon 0.02, embedding 0.2, head 0.004), linear "
             "decay over the last 20%, bf16. Data in --data-dir (the hub's schema) or from the hub; run with torchrun"
         ),
-        data="smoltalk,mmlu_aux,gsm8k,identity", micro_batch=32, total_batch_size=524_288, eval_every=150,
+        data="smoltalk,mmlu_aux,gsm8k,identity",
+        micro_batch=32,
+        total_batch_size=524_288,
+        eval_every=150,
     ),
 }
 
@@ -260,7 +430,9 @@ SFT_PRESETS: dict[str, SFTConfig] = {
             "conversations, loss on the assistant's tokens, 32 conversations per step (4 per pass), one pass, LRs at "
             "0.02 of pre-training's decaying linearly to 0, bf16. Data in --data-dir (the hub's schema) or from the hub"
         ),
-        data="smoltalk,mmlu_aux*3,gsm8k*4", micro_batch=4, examples_per_step=32,
+        data="smoltalk,mmlu_aux*3,gsm8k*4",
+        micro_batch=4,
+        examples_per_step=32,
     ),
     "lora-sft": SFTConfig(
         description=(
@@ -268,8 +440,14 @@ SFT_PRESETS: dict[str, SFTConfig] = {
             "adapters of rank 16, alpha 32, dropout 0.05 on c_q, c_k, c_v, c_proj and c_fc, AdamW LR 2e-4, "
             "nanochat's SFT mixture and batch; the base is frozen"
         ),
-        data="smoltalk,mmlu_aux*3,gsm8k*4", micro_batch=4, examples_per_step=32, lora_rank=16, lora_alpha=32.0,
-        lora_dropout=0.05, lora_lr=2e-4, init_lr_frac=1.0,
+        data="smoltalk,mmlu_aux*3,gsm8k*4",
+        micro_batch=4,
+        examples_per_step=32,
+        lora_rank=16,
+        lora_alpha=32.0,
+        lora_dropout=0.05,
+        lora_lr=2e-4,
+        init_lr_frac=1.0,
     ),
     "chat-cpu": SFTConfig(
         description=(
@@ -279,8 +457,16 @@ SFT_PRESETS: dict[str, SFTConfig] = {
             "problems; at the end, greedy chat evals on the first 300 held-out arith problems and all 168 held-out "
             "letters questions. About 10 minutes on 2 CPU cores"
         ),
-        data="arith,letters", val_data="arith_test", micro_batch=16, examples_per_step=32, num_iterations=500,
-        init_lr_frac=0.5, eval_every=100, eval_examples=200, amp=False, eval_tasks="arith,letters",
+        data="arith,letters",
+        val_data="arith_test",
+        micro_batch=16,
+        examples_per_step=32,
+        num_iterations=500,
+        init_lr_frac=0.5,
+        eval_every=100,
+        eval_examples=200,
+        amp=False,
+        eval_tasks="arith,letters",
         eval_max_examples=300,
     ),
 }
@@ -306,8 +492,9 @@ def resolve_config(task: str, preset: str, laplacian_heads: str | None, override
     return config
 
 
-def resume_config(task: str, run_dir: str | Path, preset: str | None, laplacian_heads: str | None,
-                  overrides: list[str]):
+def resume_config(
+    task: str, run_dir: str | Path, preset: str | None, laplacian_heads: str | None, overrides: list[str]
+):
     """The stored config of the run in ``run_dir``, for ``--resume``.
 
     Repeating the options of the original command is allowed, not required: each one given (``--laplacian-heads``,
@@ -318,29 +505,41 @@ def resume_config(task: str, run_dir: str | Path, preset: str | None, laplacian_
 
     run = RunDir(run_dir)
     if not run.config_file.is_file():
-        raise CheckpointError(f"--resume: {run.path} holds no run (no config.json); allowed: the --out of an earlier "
-                              "run, or drop --resume to start one")
+        raise CheckpointError(
+            f"--resume: {run.path} holds no run (no config.json); allowed: the --out of an earlier "
+            "run, or drop --resume to start one"
+        )
     record = run.read_config()
     if record.get("task") != task:
-        raise CheckpointError(f"--resume: {run.path} holds a {record.get('task')!r} run; allowed: "
-                              f"lapheads train {record.get('task')} ... --resume")
+        raise CheckpointError(
+            f"--resume: {run.path} holds a {record.get('task')!r} run; allowed: "
+            f"lapheads train {record.get('task')} ... --resume"
+        )
     cls = CONFIG_TYPES[task]
     stored = config_from_dict(cls, record["config"], source=str(run.config_file))
     if preset is not None and record.get("preset") not in (None, preset):
-        raise ConfigError(f"--resume: --preset {preset!r} differs from the run's {record['preset']!r} "
-                          f"({run.config_file}); allowed: the same preset, or leave --preset out")
+        raise ConfigError(
+            f"--resume: --preset {preset!r} differs from the run's {record['preset']!r} "
+            f"({run.config_file}); allowed: the same preset, or leave --preset out"
+        )
     given = apply_overrides(stored, overrides)
     if laplacian_heads is not None:
         given = config_from_dict(cls, {"laplacian_heads": laplacian_heads}, base=given)
     from lapheads.train.runtime import RESUME_FREE
 
-    changed = [f.name for f in dataclasses.fields(cls)
-               if f.name not in RESUME_FREE and getattr(given, f.name) != getattr(stored, f.name)]
+    changed = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in RESUME_FREE and getattr(given, f.name) != getattr(stored, f.name)
+    ]
     if changed:
-        detail = ", ".join(f"--{k.replace('_', '-')} {getattr(given, k)!r} (run: {getattr(stored, k)!r})"
-                           for k in changed)
-        raise ConfigError(f"--resume continues the run as it was configured; differs from {run.config_file}: "
-                          f"{detail}; allowed: the stored values, or leave those options out")
+        detail = ", ".join(
+            f"--{k.replace('_', '-')} {getattr(given, k)!r} (run: {getattr(stored, k)!r})" for k in changed
+        )
+        raise ConfigError(
+            f"--resume continues the run as it was configured; differs from {run.config_file}: "
+            f"{detail}; allowed: the stored values, or leave those options out"
+        )
     return dataclasses.replace(stored, **{k: getattr(given, k) for k in RESUME_FREE})  # e.g. add --log on resume
 
 

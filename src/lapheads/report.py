@@ -46,12 +46,23 @@ __all__ = [
 _LAYER_WORDS = ("last block", "after the final norm")
 #: The direction the paper reports for a metric with Laplacian heads (+1 rises, -1 falls); absent = no claim.
 CLAIMS: dict[str, int] = {
-    "test top-1 (%)": +1, "validation bits per byte": -1, "k-NN top-1, k = 20 (%)": +1, "linear probe top-1 (%)": +1,
-    "segmentation mIoU (%)": +1, "PCA foreground IoU (%)": +1, "within-sequence fraction": -1,
-    "between-class fraction": +1, "within / between-class variance": -1, "within-sequence variance / mean |h|^2": -1,
-    "NC1, sequence means": -1, "ETF distance, sequence means": -1,
-    "components for 99%, pooled": -1, "components for 99%, per sequence": -1, "CDNV, next-token classes": -1,
-    "NC1, next-token classes": -1, "ChatCORE": +1,
+    "test top-1 (%)": +1,
+    "validation bits per byte": -1,
+    "k-NN top-1, k = 20 (%)": +1,
+    "linear probe top-1 (%)": +1,
+    "segmentation mIoU (%)": +1,
+    "PCA foreground IoU (%)": +1,
+    "within-sequence fraction": -1,
+    "between-class fraction": +1,
+    "within / between-class variance": -1,
+    "within-sequence variance / mean |h|^2": -1,
+    "NC1, sequence means": -1,
+    "ETF distance, sequence means": -1,
+    "components for 99%, pooled": -1,
+    "components for 99%, per sequence": -1,
+    "CDNV, next-token classes": -1,
+    "NC1, next-token classes": -1,
+    "ChatCORE": +1,
 }
 ALPHA, POWER = 0.05, 0.80
 
@@ -78,16 +89,27 @@ def paired_test(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
 
     seeds = sorted(set(a) & set(b))
     diff = np.array([a[s] - b[s] for s in seeds], dtype=float)
-    out: dict[str, Any] = {"n_pairs": len(seeds), "mean_difference": float(diff.mean()) if len(diff) else math.nan,
-                           "ci_low": math.nan, "ci_high": math.nan, "t": math.nan, "df": math.nan, "p": math.nan,
-                           "mde": math.nan}
+    out: dict[str, Any] = {
+        "n_pairs": len(seeds),
+        "mean_difference": float(diff.mean()) if len(diff) else math.nan,
+        "ci_low": math.nan,
+        "ci_high": math.nan,
+        "t": math.nan,
+        "df": math.nan,
+        "p": math.nan,
+        "mde": math.nan,
+    }
     if len(diff) < 2:
         return out
     df = len(diff) - 1
     se = float(diff.std(ddof=1)) / math.sqrt(len(diff))
     critical = float(stats.t.ppf(1 - ALPHA / 2, df))
-    out.update(df=float(df), ci_low=out["mean_difference"] - critical * se, ci_high=out["mean_difference"] + critical * se,
-               mde=(critical + float(stats.t.ppf(POWER, df))) * se)
+    out.update(
+        df=float(df),
+        ci_low=out["mean_difference"] - critical * se,
+        ci_high=out["mean_difference"] + critical * se,
+        mde=(critical + float(stats.t.ppf(POWER, df))) * se,
+    )
     if se > 0:
         t = out["mean_difference"] / se
         out.update(t=float(t), p=float(2 * stats.t.sf(abs(t), df)))
@@ -147,8 +169,12 @@ def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[
     out = {}
     for spec, by_seed in values.items():
         xs = list(by_seed.values())
-        row: dict[str, Any] = {"n": len(xs), "mean": float(np.mean(xs)) if xs else math.nan,
-                               "std": float(np.std(xs, ddof=1)) if len(xs) > 1 else math.nan, "values": by_seed}
+        row: dict[str, Any] = {
+            "n": len(xs),
+            "mean": float(np.mean(xs)) if xs else math.nan,
+            "std": float(np.std(xs, ddof=1)) if len(xs) > 1 else math.nan,
+            "values": by_seed,
+        }
         if spec != baseline and baseline in values:
             row["paired"] = paired_test(by_seed, values[baseline])
             row["welch"] = welch_t_test(xs, list(values[baseline].values()))
@@ -162,11 +188,16 @@ def add_verdicts(family: dict[str, dict[str, dict[str, Any]]]) -> None:
     row its verdict; rows gain ``p_holm`` and ``verdict``."""
     specs = {spec for rows in family.values() for spec, row in rows.items() if "test" in row}
     for spec in specs:
-        raw = {label: rows[spec][rows[spec]["test"]]["p"] for label, rows in family.items() if "test" in rows.get(spec, {})}
+        raw = {
+            label: rows[spec][rows[spec]["test"]]["p"] for label, rows in family.items() if "test" in rows.get(spec, {})
+        }
         for label, p_holm in holm(raw).items():
             row = family[label][spec]
-            difference = row["paired"]["mean_difference"] if row["test"] == "paired" else row["mean"] - family[label][
-                "0"]["mean"]
+            difference = (
+                row["paired"]["mean_difference"]
+                if row["test"] == "paired"
+                else row["mean"] - family[label]["0"]["mean"]
+            )
             row["p_holm"] = p_holm
             row["verdict"] = verdict(difference, p_holm, row["paired"]["mde"], _claim(label))
 
@@ -184,8 +215,9 @@ def _geometry_values(record: dict[str, Any], max_tokens: int) -> dict[str, dict[
     options = AnalyzeOptions(max_tokens=max_tokens)
     task = get_task(record["task"])
     metrics, where = task.geometry, task.geometry_layers
-    out: dict[str, dict[str, dict[int, float]]] = {f"{label} ({w})": {s: {} for s in record["specs"]}
-                                                   for w in where for label, _ in metrics}
+    out: dict[str, dict[str, dict[int, float]]] = {
+        f"{label} ({w})": {s: {} for s in record["specs"]} for w in where for label, _ in metrics
+    }
     for cell in _done_cells(record):
         analysis = analyze_run(cell["run_dir"], options)
         layers = {"last block": [n for n in analysis["layers"] if n.isdigit()][-1], "after the final norm": "norm"}
@@ -225,7 +257,7 @@ def _plot(panels: dict[str, dict[str, dict[str, Any]]], specs: list[str], path: 
         ax.set_xlabel("Laplacian heads per layer")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path)
@@ -239,15 +271,21 @@ def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
         pair = stats["paired"]
         test = stats[stats["test"]]
         interval = f" [{pair['ci_low']:+.3g}, {pair['ci_high']:+.3g}]" if stats["test"] == "paired" else " (Welch)"
-        cells += [f"{pair['mean_difference']:+.4g}{interval}", f"{test['p']:.3g} / {stats.get('p_holm', math.nan):.3g}",
-                  f"{pair['mde']:.3g}", stats.get("verdict", "")]
+        cells += [
+            f"{pair['mean_difference']:+.4g}{interval}",
+            f"{test['p']:.3g} / {stats.get('p_holm', math.nan):.3g}",
+            f"{pair['mde']:.3g}",
+            stats.get("verdict", ""),
+        ]
     else:
         cells += ["(baseline)", "", "", ""]
     return "| " + " | ".join(cells) + " |"
 
 
-TABLE_HEADER = ["| metric | Laplacian heads | n | mean ± std | difference vs 0 [95% CI] | p raw / Holm | MDE | verdict |",
-                "|---|---|---|---|---|---|---|---|"]
+TABLE_HEADER = [
+    "| metric | Laplacian heads | n | mean ± std | difference vs 0 [95% CI] | p raw / Holm | MDE | verdict |",
+    "|---|---|---|---|---|---|---|---|",
+]
 
 
 def restate(stats_file: str | Path) -> str:
@@ -258,19 +296,27 @@ def restate(stats_file: str | Path) -> str:
         saved = json.loads(Path(stats_file).read_text())
         groups = [(label, rows) for label, rows in saved["metrics"].items()]
         # reports before 2026-11-30 measured geometry at the last block and did not say so in the label
-        groups += [(label if label.endswith(")") else f"{label} (last block)", rows)
-                   for label, rows in saved.get("geometry", {}).items()]
-        family = {label: summarize({spec: {int(seed): float(v) for seed, v in row["values"].items()}
-                                    for spec, row in rows.items()}) for label, rows in groups}
+        groups += [
+            (label if label.endswith(")") else f"{label} (last block)", rows)
+            for label, rows in saved.get("geometry", {}).items()
+        ]
+        family = {
+            label: summarize(
+                {spec: {int(seed): float(v) for seed, v in row["values"].items()} for spec, row in rows.items()}
+            )
+            for label, rows in groups
+        }
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
         raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None
     add_verdicts(family)
-    return "\n".join([*TABLE_HEADER, *[_row(label, spec, stats[spec]) for label, stats in family.items()
-                                        for spec in stats]])
+    return "\n".join(
+        [*TABLE_HEADER, *[_row(label, spec, stats[spec]) for label, stats in family.items() for spec in stats]]
+    )
 
 
-def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: bool = True,
-                 max_tokens: int = 262_144) -> Path:
+def write_report(
+    sweep_dir: str | Path, metric: str | None = None, geometry: bool = True, max_tokens: int = 262_144
+) -> Path:
     """Write SWEEP_DIR/report/{report.md, stats.json, metric.png, geometry.png (, pca.png)}; returns report.md.
 
     Args:
@@ -317,10 +363,10 @@ def write_report(sweep_dir: str | Path, metric: str | None = None, geometry: boo
         _plot(geometry_stats, specs, out / "geometry.png")
         lines += ["![geometry](geometry.png)"]
     if pictures:
-        lines += ["", "PCA pictures of the teachers' patch tokens (columns: cells, seed-major):", "",
-                  "![pca](pca.png)"]
-    (out / "stats.json").write_text(json.dumps({"metrics": headline, "geometry": geometry_stats}, indent=1,
-                                               default=str) + "\n")
+        lines += ["", "PCA pictures of the teachers' patch tokens (columns: cells, seed-major):", "", "![pca](pca.png)"]
+    (out / "stats.json").write_text(
+        json.dumps({"metrics": headline, "geometry": geometry_stats}, indent=1, default=str) + "\n"
+    )
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -33,9 +33,25 @@ import lapheads
 from lapheads.errors import CheckpointError, InputError, LapheadsError
 from lapheads.io import atomic_write_text, load_safetensors, state_dict_mismatch
 
-__all__ = ["RunDir", "read_jsonl", "latest_checkpoint", "checkpoint_folder", "checkpoint_steps", "load_weights",
-           "model_record", "build_model", "load_model", "load_run_tokenizer", "load_gpt_run", "load_token_shards",
-           "load_sweep", "notice", "SWEEP_FILE", "SweepError", "WEIGHTS"]
+__all__ = [
+    "RunDir",
+    "read_jsonl",
+    "latest_checkpoint",
+    "checkpoint_folder",
+    "checkpoint_steps",
+    "load_weights",
+    "model_record",
+    "build_model",
+    "load_model",
+    "load_run_tokenizer",
+    "load_gpt_run",
+    "load_token_shards",
+    "load_sweep",
+    "notice",
+    "SWEEP_FILE",
+    "SweepError",
+    "WEIGHTS",
+]
 
 #: the weight files ``load_model`` may read: a run's model, its EMA (classify --ema-decay), DINO's teacher
 WEIGHTS = {"model": "model.safetensors", "ema": "ema.safetensors", "teacher": "teacher.safetensors"}
@@ -190,7 +206,9 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
             if number == len(lines):  # no newline after it: the write was interrupted
                 torn = True
                 continue
-            raise CheckpointError(f"{path} line {number} is corrupt ({err}); allowed: one JSON object per line") from None
+            raise CheckpointError(
+                f"{path} line {number} is corrupt ({err}); allowed: one JSON object per line"
+            ) from None
     return records, torn
 
 
@@ -217,8 +235,10 @@ def checkpoint_folder(run: RunDir, step: int | None = None) -> Path:
     folder = run.checkpoints / f"step-{step:08d}"
     if not folder.is_dir():
         kept = ", ".join(str(s) for s in checkpoint_steps(run)) or "none"
-        raise CheckpointError(f"{run.path} has no checkpoint of step {step}; allowed: {kept} (train with "
-                              "--keep-checkpoints 0 to keep them all)")
+        raise CheckpointError(
+            f"{run.path} has no checkpoint of step {step}; allowed: {kept} (train with "
+            "--keep-checkpoints 0 to keep them all)"
+        )
     return folder
 
 
@@ -280,8 +300,10 @@ def _record_of(run: RunDir, record: dict[str, Any]) -> dict[str, Any]:
     if isinstance(model, dict) and "factory" not in model and record.get("task") in ("mid", "sft"):
         model = {"factory": "gpt", "kwargs": model}  # chat runs of lapheads 0.1 recorded GPTConfig's fields only
     if not isinstance(model, dict) or model.get("factory") not in FACTORIES:
-        raise CheckpointError(f"{run.path} was written before lapheads recorded its model's constructor arguments; "
-                              f"convert it with: lapheads upgrade {run.path}")
+        raise CheckpointError(
+            f"{run.path} was written before lapheads recorded its model's constructor arguments; "
+            f"convert it with: lapheads upgrade {run.path}"
+        )
     return model
 
 
@@ -291,8 +313,12 @@ def _device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
-def load_model(run_dir: str | os.PathLike | RunDir, weights: str = "model", step: int | None = None,
-               device: str | torch.device = "cpu") -> torch.nn.Module:
+def load_model(
+    run_dir: str | os.PathLike | RunDir,
+    weights: str = "model",
+    step: int | None = None,
+    device: str | torch.device = "cpu",
+) -> torch.nn.Module:
     """A run's trained model in eval mode, rebuilt from config.json's ``"model"`` alone.
 
     Args:
@@ -310,15 +336,18 @@ def load_model(run_dir: str | os.PathLike | RunDir, weights: str = "model", step
     folder = checkpoint_folder(run, step)
     file = folder / WEIGHTS[weights]
     if not file.is_file():
-        raise CheckpointError(f"{file} does not exist; allowed weights of this run: "
-                              f"{', '.join(w for w, f in WEIGHTS.items() if (folder / f).is_file())}")
+        raise CheckpointError(
+            f"{file} does not exist; allowed weights of this run: "
+            f"{', '.join(w for w, f in WEIGHTS.items() if (folder / f).is_file())}"
+        )
     config = record.get("config", {})
     if config.get("lora_rank"):
         from lapheads.lora import LoraAdapters, apply_lora
 
         base = _load_source(record, device)  # the adapters were trained on it
-        peft_model = apply_lora(base, config["lora_rank"], config["lora_alpha"], config["lora_dropout"],
-                                config["lora_targets"])
+        peft_model = apply_lora(
+            base, config["lora_rank"], config["lora_alpha"], config["lora_dropout"], config["lora_targets"]
+        )
         load_weights(LoraAdapters(peft_model), file)
         return peft_model.merge_and_unload().to(_device(device)).eval()
     model = build_model(spec)
@@ -343,8 +372,10 @@ def load_run_tokenizer(run_dir: str | os.PathLike | RunDir, vocab_size: int | No
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     tokenizer = load_tokenizer(run.path / "tokenizer")
     if vocab_size is not None and tokenizer.vocab_size != vocab_size:
-        raise CheckpointError(f"{run.path}/tokenizer has {tokenizer.vocab_size} tokens but the model was trained with "
-                              f"{vocab_size}; allowed: the run's own tokenizer")
+        raise CheckpointError(
+            f"{run.path}/tokenizer has {tokenizer.vocab_size} tokens but the model was trained with "
+            f"{vocab_size}; allowed: the run's own tokenizer"
+        )
     return tokenizer
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 __all__ = ["ExecutionResult", "run_program"]
 
 # Installed in the child before the program; ROOT is the temporary working directory.
-_GUARD = r'''
+_GUARD = r"""
 import builtins, io, os, shutil, subprocess, sys
 ROOT = os.path.realpath(os.getcwd())
 
@@ -83,7 +83,7 @@ subprocess.run = subprocess.call = subprocess.check_call = subprocess.check_outp
 
 _source = _open(sys.argv[1]).read()
 exec(compile(_source, "program.py", "exec"), {"__name__": "__main__"})
-'''
+"""
 
 
 @dataclass
@@ -117,8 +117,14 @@ def run_program(program: str, timeout: float = 10.0, memory_mb: int = 1024, max_
         with open(os.path.join(tmp, "program.py"), "w") as f:
             f.write(program)
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8"}
-        proc = subprocess.Popen([sys.executable, "-I", "guard.py", "program.py"], cwd=tmp, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limits)
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "guard.py", "program.py"],
+            cwd=tmp,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=limits,
+        )
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -45,7 +45,7 @@ class ServeLimits:
 def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: int) -> dict[str, Any]:
     """The validated request, or a LapheadsError naming what is wrong."""
     if not isinstance(body, dict):
-        raise LapheadsError("the request is not a JSON object; allowed: {\"messages\": [...]}")
+        raise LapheadsError('the request is not a JSON object; allowed: {"messages": [...]}')
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise LapheadsError("'messages' must be a non-empty list of {role, content}")
@@ -58,12 +58,16 @@ def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: in
         if not isinstance(content, str) or not content.strip():
             raise LapheadsError(f"message {i} has empty or non-text content; allowed: a non-empty string")
         if len(content) > limits.max_message_chars:
-            raise LapheadsError(f"message {i} has {len(content)} characters; allowed: at most "
-                                f"{limits.max_message_chars}")
+            raise LapheadsError(
+                f"message {i} has {len(content)} characters; allowed: at most {limits.max_message_chars}"
+            )
     if messages[-1]["role"] != "user":
         raise LapheadsError("the last message must be the user's")
-    options = {"temperature": body.get("temperature", temperature), "top_k": body.get("top_k", top_k),
-               "max_tokens": body.get("max_tokens", limits.max_tokens)}
+    options = {
+        "temperature": body.get("temperature", temperature),
+        "top_k": body.get("top_k", top_k),
+        "max_tokens": body.get("max_tokens", limits.max_tokens),
+    }
     bounds = {"temperature": (0.0, 2.0), "top_k": (0, 200), "max_tokens": (1, limits.max_tokens)}
     for name, value in options.items():
         low, high = bounds[name]
@@ -72,8 +76,13 @@ def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: in
     return {"messages": messages, **options}
 
 
-def create_app(engine: ChatEngine, name: str = "lapheads", limits: ServeLimits | None = None,
-               temperature: float = 0.6, top_k: int = 50):
+def create_app(
+    engine: ChatEngine,
+    name: str = "lapheads",
+    limits: ServeLimits | None = None,
+    temperature: float = 0.6,
+    top_k: int = 50,
+):
     """The FastAPI app serving ``engine``; ``temperature`` and ``top_k`` apply where a request leaves them out."""
     from lapheads.data.conversations import render_for_completion
 
@@ -93,18 +102,22 @@ def create_app(engine: ChatEngine, name: str = "lapheads", limits: ServeLimits |
     async def complete(request: Request):
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limits.max_request_bytes:
-            return JSONResponse({"error": f"request of {declared} bytes; allowed: at most "
-                                          f"{limits.max_request_bytes}"}, status_code=413)
+            return JSONResponse(
+                {"error": f"request of {declared} bytes; allowed: at most {limits.max_request_bytes}"}, status_code=413
+            )
         raw = await request.body()
         if len(raw) > limits.max_request_bytes:
-            return JSONResponse({"error": f"request of {len(raw)} bytes; allowed: at most "
-                                          f"{limits.max_request_bytes}"}, status_code=413)
+            return JSONResponse(
+                {"error": f"request of {len(raw)} bytes; allowed: at most {limits.max_request_bytes}"}, status_code=413
+            )
         try:
             body = _check_request(json.loads(raw or b"null"), limits, temperature, top_k)
             prompt = render_for_completion(engine.tokenizer, {"messages": body["messages"]})
             if len(prompt) >= engine.model.config.sequence_len:
-                raise LapheadsError(f"the conversation has {len(prompt)} tokens; allowed: fewer than "
-                                    f"{engine.model.config.sequence_len} (start a new chat)")
+                raise LapheadsError(
+                    f"the conversation has {len(prompt)} tokens; allowed: fewer than "
+                    f"{engine.model.config.sequence_len} (start a new chat)"
+                )
         except (LapheadsError, ValueError) as err:
             return JSONResponse({"error": " ".join(str(err).split())}, status_code=400)
 
@@ -123,8 +136,16 @@ def create_app(engine: ChatEngine, name: str = "lapheads", limits: ServeLimits |
     return app
 
 
-def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
-          limits: ServeLimits | None = None, tools: bool = True, temperature: float = 0.6, top_k: int = 50) -> None:
+def serve(
+    run_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    device: str = "auto",
+    limits: ServeLimits | None = None,
+    tools: bool = True,
+    temperature: float = 0.6,
+    top_k: int = 50,
+) -> None:
     """Load ``run_dir`` (a mid or sft run) and serve it until interrupted."""
     import uvicorn
 
@@ -132,8 +153,9 @@ def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, device
 
     record, model, tokenizer = load_gpt_run(run_dir, device)
     if record.get("task") not in ("mid", "sft"):
-        raise LapheadsError(f"{run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: "
-                            "a mid or sft run")
+        raise LapheadsError(
+            f"{run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: a mid or sft run"
+        )
     app = create_app(ChatEngine(model, tokenizer, tools=tools), Path(run_dir).name, limits, temperature, top_k)
     print(f"lapheads serve: {run_dir} on http://{host}:{port}/ (Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

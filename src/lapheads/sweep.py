@@ -26,14 +26,15 @@ from lapheads.tasks import get_task
 __all__ = ["SweepError", "cell_name", "parse_seeds", "parse_specs", "run_sweep", "sweep_cells"]
 
 
-
 def parse_specs(text: str) -> list[str]:
-    """"0,1,3,6" -> ["0", "1", "3", "6"]; "0;2,2,0,0" -> ["0", "2,2,0,0"] (per-layer specs need ";")."""
+    """ "0,1,3,6" -> ["0", "1", "3", "6"]; "0;2,2,0,0" -> ["0", "2,2,0,0"] (per-layer specs need ";")."""
     items = [item.strip() for item in (text.split(";") if ";" in text else text.split(","))]
     bad = [item for item in items if not re.fullmatch(r"\d+(,\d+)*", item)]
     if not text.strip() or bad:
-        raise SweepError(f"malformed --laplacian-heads {text!r}; allowed: k values like 0,1,3,6, or per-layer specs "
-                         "separated by ';' like 0;2,2,0,0")
+        raise SweepError(
+            f"malformed --laplacian-heads {text!r}; allowed: k values like 0,1,3,6, or per-layer specs "
+            "separated by ';' like 0;2,2,0,0"
+        )
     if len(set(items)) < len(items):
         raise SweepError(f"--laplacian-heads {text!r} repeats a spec")
     return items
@@ -106,9 +107,19 @@ def _for_cell(overrides: list[str], cell: "Cell") -> list[str]:
     return [o.replace("{spec}", spec).replace("{seed}", str(cell.seed)) for o in overrides]
 
 
-def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, sets: list[str] | None = None,
-              dry_run: bool = False, task: str | None = None, nproc: int = 8, log=print, jobs: int = 1,
-              threads: int | None = None) -> dict[str, Any]:
+def run_sweep(
+    preset: str,
+    specs: list[str],
+    seeds: list[int],
+    out: str | Path,
+    sets: list[str] | None = None,
+    dry_run: bool = False,
+    task: str | None = None,
+    nproc: int = 8,
+    log=print,
+    jobs: int = 1,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """Run (or print, with ``dry_run``) every cell of the sweep; returns the sweep record.
 
     Args:
@@ -129,16 +140,39 @@ def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, 
     if record_file.exists():
         existing = json.loads(record_file.read_text())
         if {k: existing.get(k) for k in definition} != definition:
-            raise SweepError(f"{sweep_dir} holds a different sweep ({existing.get('preset')}, specs "
-                             f"{existing.get('specs')}, seeds {existing.get('seeds')}); allowed: the same definition "
-                             "to resume it, or another --out")
+            raise SweepError(
+                f"{sweep_dir} holds a different sweep ({existing.get('preset')}, specs "
+                f"{existing.get('specs')}, seeds {existing.get('seeds')}); allowed: the same definition "
+                "to resume it, or another --out"
+            )
     cells = sweep_cells(sweep_dir, specs, seeds)
     if dry_run:
         for cell in cells:
-            log(shlex.join(["torchrun", f"--nproc_per_node={nproc}", "-m", "lapheads", "train", task, "--preset",
-                            preset, "--laplacian-heads", cell.spec, "--seed", str(cell.seed), "--out",
-                            str(cell.run_dir), *_for_cell(overrides, cell)]))
-        return {**definition, "cells": {c.name: {"spec": c.spec, "seed": c.seed, "run_dir": str(c.run_dir)} for c in cells}}
+            log(
+                shlex.join(
+                    [
+                        "torchrun",
+                        f"--nproc_per_node={nproc}",
+                        "-m",
+                        "lapheads",
+                        "train",
+                        task,
+                        "--preset",
+                        preset,
+                        "--laplacian-heads",
+                        cell.spec,
+                        "--seed",
+                        str(cell.seed),
+                        "--out",
+                        str(cell.run_dir),
+                        *_for_cell(overrides, cell),
+                    ]
+                )
+            )
+        return {
+            **definition,
+            "cells": {c.name: {"spec": c.spec, "seed": c.seed, "run_dir": str(c.run_dir)} for c in cells},
+        }
     sweep_dir.mkdir(parents=True, exist_ok=True)
     record = {**definition, "cells": {}}
 
@@ -170,8 +204,18 @@ def run_sweep(preset: str, specs: list[str], seeds: list[int], out: str | Path, 
     return record
 
 
-def _run_parallel(cells: list[Any], sweep_dir: Path, task: str, preset: str, overrides: list[str],
-                  record: dict[str, Any], save, log, jobs: int, threads: int | None) -> None:
+def _run_parallel(
+    cells: list[Any],
+    sweep_dir: Path,
+    task: str,
+    preset: str,
+    overrides: list[str],
+    record: dict[str, Any],
+    save,
+    log,
+    jobs: int,
+    threads: int | None,
+) -> None:
     """Train ``cells`` as ``jobs`` concurrent ``lapheads train`` processes; this process alone writes sweep.json.
     Each cell's output goes to SWEEP_DIR/logs/<cell>.log; a failed cell is recorded and the others go on."""
     import os
@@ -187,16 +231,36 @@ def _run_parallel(cells: list[Any], sweep_dir: Path, task: str, preset: str, ove
         while queue and len(running) < jobs:
             cell = queue.pop(0)
             resume = RunDir(cell.run_dir).exists()
-            argv = [sys.executable, "-m", "lapheads", "train", task, "--preset", preset, "--laplacian-heads",
-                    cell.spec, "--seed", str(cell.seed), "--out", str(cell.run_dir), *_for_cell(overrides, cell),
-                    *(["--resume"] if resume else [])]
+            argv = [
+                sys.executable,
+                "-m",
+                "lapheads",
+                "train",
+                task,
+                "--preset",
+                preset,
+                "--laplacian-heads",
+                cell.spec,
+                "--seed",
+                str(cell.seed),
+                "--out",
+                str(cell.run_dir),
+                *_for_cell(overrides, cell),
+                *(["--resume"] if resume else []),
+            ]
             logs.mkdir(parents=True, exist_ok=True)
             handle = open(logs / f"{cell.name}.log", "a")
-            running[cell.name] = (cell, subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env), handle)
+            running[cell.name] = (
+                cell,
+                subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env),
+                handle,
+            )
             record["cells"][cell.name]["status"] = "running"
             save()
-            log(f"sweep: {cell.name} {'resuming' if resume else 'training'} into {cell.run_dir} "
-                f"({per_job} thread{'s' if per_job > 1 else ''}; log {logs / (cell.name + '.log')})")
+            log(
+                f"sweep: {cell.name} {'resuming' if resume else 'training'} into {cell.run_dir} "
+                f"({per_job} thread{'s' if per_job > 1 else ''}; log {logs / (cell.name + '.log')})"
+            )
         time.sleep(0.5)
         for name, (cell, proc, handle) in list(running.items()):
             if proc.poll() is None:

@@ -47,8 +47,12 @@ _LM_GEOMETRY = (
 _VISION_LAYERS = ("last block", "after the final norm")
 _VISION_FIGURES = ("anova", "collapse", "spectrum", "similarity", "mechanism")
 _MECHANISM = ("diffusion score, Laplacian heads", "diffusion score, ordinary heads")
-_VISION_OVER_TRAINING = ("within-sequence fraction", "components for 99%, pooled", "token cosine similarity",
-                         *_MECHANISM)
+_VISION_OVER_TRAINING = (
+    "within-sequence fraction",
+    "components for 99%, pooled",
+    "token cosine similarity",
+    *_MECHANISM,
+)
 
 
 def _load(reference: str) -> Any:
@@ -109,66 +113,98 @@ class Task:
 
     def analyze(self, run: Any, options: Any) -> dict[str, Any]:
         if self.analyzer is None:
-            raise InputError(f"{run.path} holds a {self.name!r} run; analyze supports: "
-                             f"{', '.join(t.name for t in TASKS.values() if t.analyzer)}")
+            raise InputError(
+                f"{run.path} holds a {self.name!r} run; analyze supports: "
+                f"{', '.join(t.name for t in TASKS.values() if t.analyzer)}"
+            )
         return _load(self.analyzer)(run, options)
 
 
-TASKS: dict[str, Task] = {task.name: task for task in (
-    Task(
-        name="classify", help="supervised image classification (ViT)",
-        config="lapheads.train.classify:ClassifyConfig", train="lapheads.train.classify:train_classify",
-        presets="lapheads.presets:CLASSIFY_PRESETS", check_model="lapheads.train.classify:check_model",
-        analyzer="lapheads.analyze:analyze_classify",
-        headline=(("test top-1 (%)", "metrics", ("eval_top1",)),),
-        geometry=_VISION_GEOMETRY, geometry_layers=_VISION_LAYERS, figures=_VISION_FIGURES,
-        over_training=_VISION_OVER_TRAINING, upgrade="lapheads.train.classify:recorded_model",
-    ),
-    Task(
-        name="lm", help="language-model pre-training (nanochat GPT)",
-        config="lapheads.train.lm:LMConfig", train="lapheads.train.lm:train_lm", presets="lapheads.presets:LM_PRESETS",
-        check_model="lapheads.train.lm:check_model", analyzer="lapheads.analyze:analyze_lm",
-        headline=(("validation bits per byte", "metrics", ("val_bpb",)),),
-        # at the LM head's input (after the final norm), where linguistic-collapse studies measure them
-        geometry=_LM_GEOMETRY, geometry_layers=("after the final norm",),
-        figures=("linguistic", "spectrum", "similarity", "mechanism"),
-        over_training=("CDNV, top-K next tokens", "components for 99%, pooled", "token cosine similarity",
-                       *_MECHANISM),
-        upgrade="lapheads.train.lm:recorded_model",
-    ),
-    Task(
-        name="dino", help="self-supervised DINO (ViT)",
-        config="lapheads.train.dino:DINOConfig", train="lapheads.train.dino:train_dino",
-        presets="lapheads.presets:DINO_PRESETS", check_model="lapheads.train.dino:check_model",
-        analyzer="lapheads.analyze:analyze_dino",
-        headline=(
-            ("k-NN top-1, k = 20 (%)", "eval_dino.json", ("knn", "20")),
-            ("k-NN top-1 at random init, k = 20 (%)", "eval_dino.json", ("knn_random_init", "20")),
-            ("linear probe top-1 (%)", "eval_dino.json", ("linear", "test_accuracy")),
-            ("segmentation mIoU (%)", "eval_dino.json", ("segmentation", "miou")),
-            ("PCA foreground IoU (%)", "eval_dino.json", ("pca_foreground_iou",)),
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (
+        Task(
+            name="classify",
+            help="supervised image classification (ViT)",
+            config="lapheads.train.classify:ClassifyConfig",
+            train="lapheads.train.classify:train_classify",
+            presets="lapheads.presets:CLASSIFY_PRESETS",
+            check_model="lapheads.train.classify:check_model",
+            analyzer="lapheads.analyze:analyze_classify",
+            headline=(("test top-1 (%)", "metrics", ("eval_top1",)),),
+            geometry=_VISION_GEOMETRY,
+            geometry_layers=_VISION_LAYERS,
+            figures=_VISION_FIGURES,
+            over_training=_VISION_OVER_TRAINING,
+            upgrade="lapheads.train.classify:recorded_model",
         ),
-        geometry=_VISION_GEOMETRY, geometry_layers=_VISION_LAYERS, figures=_VISION_FIGURES,
-        over_training=_VISION_OVER_TRAINING, upgrade="lapheads.train.dino:recorded_model",
-    ),
-    Task(
-        name="mid", help="LM mid-training on packed conversations (from an LM run or nanochat)",
-        config="lapheads.train.chat:MidConfig", train="lapheads.train.chat:train_mid",
-        presets="lapheads.presets:MID_PRESETS", from_run=True,
-        headline=(("validation loss (nats)", "metrics", ("val_loss",)),),
-    ),
-    Task(
-        name="sft", help="supervised fine-tuning on conversations, full or LoRA (from an LM/mid run or nanochat)",
-        config="lapheads.train.chat:SFTConfig", train="lapheads.train.chat:train_sft",
-        presets="lapheads.presets:SFT_PRESETS", from_run=True,
-        headline=(
-            ("validation loss (nats)", "metrics", ("val_loss",)),
-            ("held-out arith accuracy", "eval_chat.json", ("tasks", "arith", "accuracy")),
-            ("held-out letters accuracy", "eval_chat.json", ("tasks", "letters", "accuracy")),
-            ("ChatCORE", "eval_chat.json", ("chatcore",)),
+        Task(
+            name="lm",
+            help="language-model pre-training (nanochat GPT)",
+            config="lapheads.train.lm:LMConfig",
+            train="lapheads.train.lm:train_lm",
+            presets="lapheads.presets:LM_PRESETS",
+            check_model="lapheads.train.lm:check_model",
+            analyzer="lapheads.analyze:analyze_lm",
+            headline=(("validation bits per byte", "metrics", ("val_bpb",)),),
+            # at the LM head's input (after the final norm), where linguistic-collapse studies measure them
+            geometry=_LM_GEOMETRY,
+            geometry_layers=("after the final norm",),
+            figures=("linguistic", "spectrum", "similarity", "mechanism"),
+            over_training=(
+                "CDNV, top-K next tokens",
+                "components for 99%, pooled",
+                "token cosine similarity",
+                *_MECHANISM,
+            ),
+            upgrade="lapheads.train.lm:recorded_model",
         ),
-    ),
-)}
+        Task(
+            name="dino",
+            help="self-supervised DINO (ViT)",
+            config="lapheads.train.dino:DINOConfig",
+            train="lapheads.train.dino:train_dino",
+            presets="lapheads.presets:DINO_PRESETS",
+            check_model="lapheads.train.dino:check_model",
+            analyzer="lapheads.analyze:analyze_dino",
+            headline=(
+                ("k-NN top-1, k = 20 (%)", "eval_dino.json", ("knn", "20")),
+                ("k-NN top-1 at random init, k = 20 (%)", "eval_dino.json", ("knn_random_init", "20")),
+                ("linear probe top-1 (%)", "eval_dino.json", ("linear", "test_accuracy")),
+                ("segmentation mIoU (%)", "eval_dino.json", ("segmentation", "miou")),
+                ("PCA foreground IoU (%)", "eval_dino.json", ("pca_foreground_iou",)),
+            ),
+            geometry=_VISION_GEOMETRY,
+            geometry_layers=_VISION_LAYERS,
+            figures=_VISION_FIGURES,
+            over_training=_VISION_OVER_TRAINING,
+            upgrade="lapheads.train.dino:recorded_model",
+        ),
+        Task(
+            name="mid",
+            help="LM mid-training on packed conversations (from an LM run or nanochat)",
+            config="lapheads.train.chat:MidConfig",
+            train="lapheads.train.chat:train_mid",
+            presets="lapheads.presets:MID_PRESETS",
+            from_run=True,
+            headline=(("validation loss (nats)", "metrics", ("val_loss",)),),
+        ),
+        Task(
+            name="sft",
+            help="supervised fine-tuning on conversations, full or LoRA (from an LM/mid run or nanochat)",
+            config="lapheads.train.chat:SFTConfig",
+            train="lapheads.train.chat:train_sft",
+            presets="lapheads.presets:SFT_PRESETS",
+            from_run=True,
+            headline=(
+                ("validation loss (nats)", "metrics", ("val_loss",)),
+                ("held-out arith accuracy", "eval_chat.json", ("tasks", "arith", "accuracy")),
+                ("held-out letters accuracy", "eval_chat.json", ("tasks", "letters", "accuracy")),
+                ("ChatCORE", "eval_chat.json", ("chatcore",)),
+            ),
+        ),
+    )
+}
 
 
 def upgrade_run(run_dir: Any) -> list[str]:

@@ -8,8 +8,8 @@ Design choices:
 * **Optional packages, clear errors**: ``--log tensorboard`` needs ``tensorboard`` (``torch.utils.tensorboard``
   writes the events), ``--log wandb`` needs ``wandb``; a missing one is a one-line error before training starts.
 * **Resume rewrites, never duplicates**: the TensorBoard writer is opened with ``purge_step`` just after the
-  resumed step, so events a killed run logged after its last checkpoint are dropped, as the JSONL records are; W&B resumes the
-  run id stored in the run directory.
+  resumed step, so events a killed run logged after its last checkpoint are dropped, as the JSONL records are;
+  W&B resumes the run id stored in the run directory.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def parse_trackers(spec: str) -> list[str]:
     names = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in TRACKERS]
     if unknown:
-        raise InputError(f"--log {spec!r}; allowed: a comma list of {', '.join(TRACKERS)} (metrics.jsonl is always "
-                         "written)")
+        raise InputError(
+            f"--log {spec!r}; allowed: a comma list of {', '.join(TRACKERS)} (metrics.jsonl is always written)"
+        )
     return names
 
 
@@ -48,8 +49,11 @@ def check_trackers(spec: str) -> None:
 
 
 def _scalars(record: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in record.items()
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        k: float(v)
+        for k, v in record.items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 class Tracker:
@@ -61,10 +65,13 @@ class Tracker:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise InputError("--log tensorboard needs the tensorboard package; allowed: pip install "
-                                 "'lapheads[tensorboard]'") from None
+                raise InputError(
+                    "--log tensorboard needs the tensorboard package; allowed: pip install 'lapheads[tensorboard]'"
+                ) from None
             # records after the resumed checkpoint's step are logged again (metrics.jsonl drops them likewise)
-            self.writer = SummaryWriter(str(run_path / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+            self.writer = SummaryWriter(
+                str(run_path / "tensorboard"), purge_step=start_step + 1 if start_step else None
+            )
             if not start_step:
                 self.writer.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", 0)
         else:
@@ -75,8 +82,9 @@ class Tracker:
             id_file = run_path / "wandb_id.txt"
             run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
             id_file.write_text(run_id + "\n")
-            self.writer = wandb.init(project="lapheads", name=run_path.name, id=run_id, resume="allow",
-                                     dir=str(run_path), config=config)
+            self.writer = wandb.init(
+                project="lapheads", name=run_path.name, id=run_id, resume="allow", dir=str(run_path), config=config
+            )
 
     def log(self, record: dict[str, Any]) -> None:
         step, values = int(record.get("step", 0)), _scalars(record)

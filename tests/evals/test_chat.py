@@ -12,8 +12,12 @@ from tests.data.test_conversations import TOKENIZER
 from tests.test_chat import ScriptedModel
 
 CODE_TOKENIZER = type(TOKENIZER).char("abcdefghijklmnopqrstuvwxyz0123456789 ()+-:,=`\n#")
-HUMANEVAL = {"task_id": "t/0", "prompt": "def add(a, b):\n", "entry_point": "add",
-             "test": "def check(f):\n    assert f(1, 2) == 3 and f(-1, 1) == 0\n"}
+HUMANEVAL = {
+    "task_id": "t/0",
+    "prompt": "def add(a, b):\n",
+    "entry_point": "add",
+    "test": "def check(f):\n    assert f(1, 2) == 3 and f(-1, 1) == 0\n",
+}
 
 
 def _engine(reply: str, tokenizer=CODE_TOKENIZER) -> ChatEngine:
@@ -21,11 +25,14 @@ def _engine(reply: str, tokenizer=CODE_TOKENIZER) -> ChatEngine:
     return ChatEngine(ScriptedModel(script, tokenizer.vocab_size, sequence_len=512), tokenizer)
 
 
-@pytest.mark.parametrize("reply, passed", [
-    ("```python\ndef add(a, b):\n    return a + b\n```", 1.0),   # a fenced whole function
-    ("    return a + b\n", 1.0),                                 # a body completing the prompt
-    ("    return a - b\n", 0.0),
-])
+@pytest.mark.parametrize(
+    "reply, passed",
+    [
+        ("```python\ndef add(a, b):\n    return a + b\n```", 1.0),  # a fenced whole function
+        ("    return a + b\n", 1.0),  # a body completing the prompt
+        ("    return a - b\n", 0.0),
+    ],
+)
 def test_humaneval_runs_the_replys_code_against_the_tests(reply, passed):
     result = score_generative(_engine(reply), "humaneval", [HUMANEVAL], progress=False)
     assert result["pass@1"] == result["accuracy"] == passed and result["n"] == 1

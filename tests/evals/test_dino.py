@@ -15,7 +15,7 @@ def _scenes(b: int = 4, d: int = 16, h: int = 8, seed: int = 0) -> tuple[torch.T
     truth = torch.zeros(b, h, h, dtype=torch.bool)
     for i in range(b):
         top, left = torch.randint(1, 4, (2,), generator=g).tolist()
-        truth[i, top:top + 3, left:left + 4] = True
+        truth[i, top : top + 3, left : left + 4] = True
     grid += truth.unsqueeze(1) * torch.linspace(1, 2, d).view(1, d, 1, 1)
     return grid, truth
 

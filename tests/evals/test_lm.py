@@ -43,14 +43,17 @@ class AlwaysLetter(torch.nn.Module):
 
 def test_render_mc_is_nanochats_format():
     assert render_mc("Sky colour?", ["blue", "green"]) == (
-        "Multiple Choice question: Sky colour?\n- blue=A\n- green=B\n\nRespond only with the letter of the correct answer."
+        "Multiple Choice question: Sky colour?\n- blue=A\n- green=B\n\n"
+        "Respond only with the letter of the correct answer."
     )
 
 
 def test_multiple_choice_accuracy_counts_the_restricted_argmax():
-    arc = [{"question": "q1", "choices": {"text": ["x", "y", "z"], "label": ["A", "B", "C"]}, "answerKey": "B"},
-           {"question": "q2", "choices": {"text": ["x", "y"], "label": ["A", "B"]}, "answerKey": "B"},
-           {"question": "q3", "choices": {"text": ["x", "y", "z", "w"], "label": ["A", "B", "C", "D"]}, "answerKey": "C"}]
+    arc = [
+        {"question": "q1", "choices": {"text": ["x", "y", "z"], "label": ["A", "B", "C"]}, "answerKey": "B"},
+        {"question": "q2", "choices": {"text": ["x", "y"], "label": ["A", "B"]}, "answerKey": "B"},
+        {"question": "q3", "choices": {"text": ["x", "y", "z", "w"], "label": ["A", "B", "C", "D"]}, "answerKey": "C"},
+    ]
     out = score_multiple_choice(AlwaysLetter("B"), TOKENIZER, "arc_easy", arc, progress=False)
     assert out["accuracy"] == pytest.approx(2 / 3) and out["n"] == 3
     assert out["chance"] == pytest.approx((1 / 3 + 1 / 2 + 1 / 4) / 3)
@@ -58,17 +61,27 @@ def test_multiple_choice_accuracy_counts_the_restricted_argmax():
     assert score_multiple_choice(AlwaysLetter("B"), TOKENIZER, "mmlu", mmlu, progress=False)["accuracy"] == 0.5
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("She has 3 + 4 = 7 apples.\n#### 7", "7"), ("The answer is 1,000.", "1000"), ("#### -12", "-12"),
-    ("costs $2.50 in total", "2.5"), ("no digits here", None), ("#### 18.0", "18"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("She has 3 + 4 = 7 apples.\n#### 7", "7"),
+        ("The answer is 1,000.", "1000"),
+        ("#### -12", "-12"),
+        ("costs $2.50 in total", "2.5"),
+        ("no digits here", None),
+        ("#### 18.0", "18"),
+    ],
+)
 def test_extract_number(text, expected):
     assert extract_number(text) == expected
 
 
 def test_gsm8k_scores_the_final_answer():
-    rows = [{"question": "2+2?", "answer": "2+2=4\n#### 4"}, {"question": "10*100?", "answer": "#### 1,000"},
-            {"question": "7-9?", "answer": "#### -2"}]
+    rows = [
+        {"question": "2+2?", "answer": "2+2=4\n#### 4"},
+        {"question": "10*100?", "answer": "#### 1,000"},
+        {"question": "7-9?", "answer": "#### -2"},
+    ]
     completions = iter([" 2 and 2 make 4.\nQuestion: next", " It is 1000.", " #### 2"])
     out = score_gsm8k(None, TOKENIZER, rows, progress=False, generate=lambda *a, **k: [next(completions)])
     assert out == {"accuracy": pytest.approx(2 / 3), "n": 3}
@@ -84,22 +97,26 @@ def test_pass_at_k_matches_brute_force():
 
 
 HUMANEVAL = {
-    "task_id": "HumanEval/0", "entry_point": "add",
+    "task_id": "HumanEval/0",
+    "entry_point": "add",
     "prompt": 'def add(a, b):\n    """Return a + b."""\n',
     "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
 }
 
 
 def test_humaneval_runs_completions_and_computes_pass_at_k():
-    completions = [[
-        "    return a + b\n",                        # passes
-        "    return a - b\n",                        # fails
-        "    while True:\n        pass\n",            # loops forever: killed
-        "    open('/tmp/../etc/escape', 'w')\n    return a + b\n",  # writes outside its directory: refused
-        "    return a + b\n\ndef helper():\n    raise SystemExit(1)\n",  # cut at the stop sequence: passes
-    ]]
-    out = score_humaneval(None, None, [HUMANEVAL], num_samples=5, ks=(1, 2), timeout=1.5, progress=False,
-                          completions=completions)
+    completions = [
+        [
+            "    return a + b\n",  # passes
+            "    return a - b\n",  # fails
+            "    while True:\n        pass\n",  # loops forever: killed
+            "    open('/tmp/../etc/escape', 'w')\n    return a + b\n",  # writes outside its directory: refused
+            "    return a + b\n\ndef helper():\n    raise SystemExit(1)\n",  # cut at the stop sequence: passes
+        ]
+    ]
+    out = score_humaneval(
+        None, None, [HUMANEVAL], num_samples=5, ks=(1, 2), timeout=1.5, progress=False, completions=completions
+    )
     assert out["samples"] == {"passed": 2, "failed": 2, "timeout": 1}
     assert out["pass@1"] == pytest.approx(pass_at_k(5, 2, 1)) and out["pass@2"] == pytest.approx(pass_at_k(5, 2, 2))
     assert humaneval_program(HUMANEVAL, "    return a\n# trailing").endswith("check(add)\n")
@@ -113,8 +130,10 @@ def test_tasks_load_from_local_jsonl_and_parquet_in_the_hub_schema(tmp_path):
     (tmp_path / "gsm8k.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
     folder = tmp_path / "mmlu"
     folder.mkdir()
-    pq.write_table(pa.table({"question": ["q"], "subject": ["s"], "choices": [["a", "b", "c", "d"]], "answer": [2]}),
-                   folder / "test-00000-of-00001.parquet")
+    pq.write_table(
+        pa.table({"question": ["q"], "subject": ["s"], "choices": [["a", "b", "c", "d"]], "answer": [2]}),
+        folder / "test-00000-of-00001.parquet",
+    )
     assert load_task("gsm8k", tmp_path)[0]["answer"] == "#### 2"
     assert load_task("mmlu", tmp_path)[0]["choices"] == ["a", "b", "c", "d"]
     (tmp_path / "humaneval.jsonl").write_text(json.dumps({"task_id": "x", "prompt": "p"}) + "\n")

@@ -20,8 +20,13 @@ def test_knn_recovers_clusters_and_is_chance_on_noise():
     xt, yt = _clusters(seed=1)
     assert knn_accuracy(x, y, xt, yt, ks=(10, 20))[10] == 100.0
     gen = torch.Generator().manual_seed(2)
-    noise = knn_accuracy(torch.randn(400, 16, generator=gen), torch.randint(0, 4, (400,), generator=gen),
-                         torch.randn(400, 16, generator=gen), torch.randint(0, 4, (400,), generator=gen), ks=(20,))
+    noise = knn_accuracy(
+        torch.randn(400, 16, generator=gen),
+        torch.randint(0, 4, (400,), generator=gen),
+        torch.randn(400, 16, generator=gen),
+        torch.randint(0, 4, (400,), generator=gen),
+        ks=(20,),
+    )
     assert 10 < noise[20] < 40  # chance is 25%
 
 
@@ -56,5 +61,7 @@ def test_segmentation_probe_learns_a_linearly_separable_grid():
     masks = (torch.rand(40, 4, 4, generator=gen) > 0.5).long()
     tokens = torch.stack([masks.float() * 2 - 1, torch.randn(40, 4, 4, generator=gen)], 1)  # (N, 2, h, w)
     up = masks.repeat_interleave(2, 1).repeat_interleave(2, 2)  # masks at 8 x 8
-    out = segmentation_probe(tokens[:30], up[:30], tokens[30:], up[30:], num_classes=2, epochs=40, lr=0.05, batch_size=10)
+    out = segmentation_probe(
+        tokens[:30], up[:30], tokens[30:], up[30:], num_classes=2, epochs=40, lr=0.05, batch_size=10
+    )
     assert out["miou"] > 60

@@ -21,6 +21,7 @@ def simplex_etf(num_classes: int, dim: int, scale: float = 3.0, seed: int = 0) -
     assert dim >= num_classes
     eye = torch.eye(num_classes, dtype=torch.float64)
     frame = eye - 1 / num_classes
-    rotation, _ = torch.linalg.qr(torch.randn(dim, num_classes, dtype=torch.float64,
-                                              generator=torch.Generator().manual_seed(seed)))
+    rotation, _ = torch.linalg.qr(
+        torch.randn(dim, num_classes, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    )
     return scale * frame @ rotation.T

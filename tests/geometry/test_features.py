@@ -12,8 +12,9 @@ from lapheads.geometry import ResidualStream, layer_names, select_layers
 @pytest.fixture
 def vit():
     torch.manual_seed(0)
-    return lapheads.create_vit("vit_fmnist_patch4", laplacian_heads="0,1", depth=2, embed_dim=32, num_heads=2,
-                               patch_size=7).eval()
+    return lapheads.create_vit(
+        "vit_fmnist_patch4", laplacian_heads="0,1", depth=2, embed_dim=32, num_heads=2, patch_size=7
+    ).eval()
 
 
 def test_captured_tokens_are_the_blocks_inputs_and_outputs(vit):

@@ -11,10 +11,14 @@ from lapheads.geometry.mechanism import circuit_scores, ov_circuits
 
 def test_scores_of_plus_and_minus_identity_and_a_random_circuit():
     assert circuit_scores(-torch.eye(8), laplacian=True) == pytest.approx(
-        {"alignment": -1.0, "diffusion": 1.0, "size": 1.0, "laplacian": True})
-    assert circuit_scores(torch.eye(8), laplacian=True)["diffusion"] == pytest.approx(-1.0)  # a Laplacian head that sharpens
+        {"alignment": -1.0, "diffusion": 1.0, "size": 1.0, "laplacian": True}
+    )
+    assert circuit_scores(torch.eye(8), laplacian=True)["diffusion"] == pytest.approx(
+        -1.0
+    )  # a Laplacian head that sharpens
     assert circuit_scores(torch.eye(8) * 2, laplacian=False) == pytest.approx(
-        {"alignment": 1.0, "diffusion": 1.0, "size": 2.0, "laplacian": False})
+        {"alignment": 1.0, "diffusion": 1.0, "size": 2.0, "laplacian": False}
+    )
     random = circuit_scores(torch.randn(400, 400, generator=torch.Generator().manual_seed(0)), laplacian=False)
     assert abs(random["alignment"]) < 0.05
 
@@ -46,7 +50,7 @@ def test_ov_circuits_read_the_heads_of_a_vit_and_a_gpt():
     heads = ov_circuits(vit)[0]
     # each head's circuit is -I on its own 4 of the 8 dims: alignment -1/sqrt(2) after the norm's gain of 1
     assert [h["laplacian"] for h in heads] == [False, True]
-    assert heads[1]["diffusion"] == pytest.approx(0.5 ** 0.5) and heads[0]["diffusion"] == pytest.approx(-(0.5 ** 0.5))
+    assert heads[1]["diffusion"] == pytest.approx(0.5**0.5) and heads[0]["diffusion"] == pytest.approx(-(0.5**0.5))
     gpt = GPT(GPTConfig(depth=1, vocab_size=10, aspect_ratio=8, head_dim=4, laplacian_heads=1, n_kv_head=1))
     attn = gpt.blocks[0].attn  # 2 query heads share 1 kv head
     with torch.no_grad():
@@ -54,5 +58,5 @@ def test_ov_circuits_read_the_heads_of_a_vit_and_a_gpt():
         attn.c_proj.weight.copy_(torch.cat([torch.eye(8, 4), -torch.eye(8, 4)], dim=1))
     heads = ov_circuits(gpt)[0]
     # head 0's circuit is +I on the first 4 of 8 dims (alignment 4 / (2 sqrt 8) = 1/sqrt 2), head 1's is -I there
-    assert heads[0]["alignment"] == pytest.approx(0.5 ** 0.5) and heads[1]["alignment"] == pytest.approx(-(0.5 ** 0.5))
-    assert heads[1]["laplacian"] and heads[1]["diffusion"] == pytest.approx(0.5 ** 0.5)
+    assert heads[0]["alignment"] == pytest.approx(0.5**0.5) and heads[1]["alignment"] == pytest.approx(-(0.5**0.5))
+    assert heads[1]["laplacian"] and heads[1]["diffusion"] == pytest.approx(0.5**0.5)

@@ -11,8 +11,14 @@ from tests.geometry.conftest import random_splits
 
 @pytest.mark.parametrize(
     "eigenvalues, fraction, expected",
-    [([1.0, 0.0, 0.0], 0.99, 1), ([1.0, 1.0], 0.5, 1), ([1.0, 1.0], 0.99, 2), ([0.0, 0.0], 0.99, 0),
-     ([1.0, 3.0, 6.0], 0.9, 2), ([1.0] * 100, 0.99, 99)],
+    [
+        ([1.0, 0.0, 0.0], 0.99, 1),
+        ([1.0, 1.0], 0.5, 1),
+        ([1.0, 1.0], 0.99, 2),
+        ([0.0, 0.0], 0.99, 0),
+        ([1.0, 3.0, 6.0], 0.9, 2),
+        ([1.0] * 100, 0.99, 99),
+    ],
 )
 def test_components_for_hand_cases(eigenvalues, fraction, expected):
     assert int(components_for(torch.tensor(eigenvalues, dtype=torch.float64), fraction)) == expected

@@ -48,11 +48,11 @@ def test_loglikelihood_equals_a_direct_computation(harness_lm):
     for (context, continuation), (logprob, greedy) in zip(pairs, got):
         ids = tok.encode(context + continuation)
         ctx = tok.encode(context)
-        cont = ids[len(ctx):]
+        cont = ids[len(ctx) :]
         whole = [bos, *ids][-65:]  # the longest context keeps its last tokens
         assert logprob == pytest.approx(_direct(harness_lm.model, whole[:-1], cont), abs=1e-4)
         with torch.no_grad():
-            argmax = harness_lm.model(torch.tensor([whole[:-1]]))[0, -len(cont):].argmax(-1).tolist()
+            argmax = harness_lm.model(torch.tensor([whole[:-1]]))[0, -len(cont) :].argmax(-1).tolist()
         assert greedy == (argmax == cont)
 
 
@@ -65,34 +65,55 @@ def test_rolling_loglikelihood_is_the_sum_over_disjoint_windows(harness_lm):
     text = ("abcdefgh " * 20)[:128]  # exactly two windows of the model's 64 tokens
     seq = [bos, *tok.encode(text)]
     assert len(seq) == 129
-    expected = sum(_direct(harness_lm.model, seq[64 * c:64 * c + 64], seq[64 * c + 1:64 * c + 65]) for c in (0, 1))
+    expected = sum(_direct(harness_lm.model, seq[64 * c : 64 * c + 64], seq[64 * c + 1 : 64 * c + 65]) for c in (0, 1))
     assert harness_lm.loglikelihood_rolling([_request("loglikelihood_rolling", (text,))])[0] == pytest.approx(
-        expected, abs=1e-3)
+        expected, abs=1e-3
+    )
 
 
 def test_generate_until_is_greedy_and_stops_at_the_stop_strings(harness_lm):
     tok = harness_lm.lapheads_tokenizer
     prompt = "ROMEO:\n"
     ids = torch.tensor([tok.encode(prompt, bos=True)])
-    full = tok.decode(harness_lm.model.generate(ids, 20, temperature=0)[0, ids.shape[1]:].tolist())
+    full = tok.decode(harness_lm.model.generate(ids, 20, temperature=0)[0, ids.shape[1] :].tolist())
     got = harness_lm.generate_until([_request("generate_until", (prompt, {"until": [], "max_gen_toks": 20}))])[0]
     assert got == full
     stop = full[3:5]
     cut = harness_lm.generate_until([_request("generate_until", (prompt, {"until": [stop], "max_gen_toks": 20}))])[0]
-    assert cut == full[:full.find(stop)]
+    assert cut == full[: full.find(stop)]
 
 
 @pytest.mark.slow
 def test_the_shipped_tasks_run_offline_through_the_cli(lm_run, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    arc = [{"id": f"q{i}", "question": f"Which is {i}?", "choices": {"text": ["one", "two", "three"],
-            "label": ["A", "B", "C"]}, "answerKey": "ABC"[i % 3]} for i in range(5)]
+    arc = [
+        {
+            "id": f"q{i}",
+            "question": f"Which is {i}?",
+            "choices": {"text": ["one", "two", "three"], "label": ["A", "B", "C"]},
+            "answerKey": "ABC"[i % 3],
+        }
+        for i in range(5)
+    ]
     gsm = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(3)]
     (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arc))
     (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gsm))
-    code = main(["eval", "lm", str(lm_run), "--harness", "lapheads_arc_easy,lapheads_gsm8k", "--data-dir",
-                 str(tmp_path), "--max-examples", "4", "--device", "cpu"])
+    code = main(
+        [
+            "eval",
+            "lm",
+            str(lm_run),
+            "--harness",
+            "lapheads_arc_easy,lapheads_gsm8k",
+            "--data-dir",
+            str(tmp_path),
+            "--max-examples",
+            "4",
+            "--device",
+            "cpu",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     saved = json.loads((lm_run / "report" / "eval_harness.json").read_text())["results"]

@@ -57,8 +57,9 @@ def test_head_normalises_the_bottleneck_and_fixes_the_prototype_norm():
 
 
 def test_wrapper_runs_each_resolution_once_and_keeps_crop_order():
-    backbone = lapheads.create_vit("vit_fmnist_patch4", 1, num_classes=0, dynamic_img_size=True, depth=1,
-                                   embed_dim=32, num_heads=2)
+    backbone = lapheads.create_vit(
+        "vit_fmnist_patch4", 1, num_classes=0, dynamic_img_size=True, depth=1, embed_dim=32, num_heads=2
+    )
     calls = []
     backbone.register_forward_hook(lambda m, i, o: calls.append(i[0].shape))
     wrapper = MultiCropWrapper(backbone, torch.nn.Identity()).eval()

@@ -33,8 +33,12 @@ def test_d20_has_the_papers_parameter_count():
 
 def test_state_dict_uses_nanochat_names_and_no_mask_buffers():
     keys = set(GPT(GPTConfig(**TINY, laplacian_heads=2)).state_dict())
-    assert {"transformer.wte.weight", "transformer.h.0.attn.c_q.weight", "transformer.h.1.mlp.c_proj.weight",
-            "lm_head.weight"} <= keys
+    assert {
+        "transformer.wte.weight",
+        "transformer.h.0.attn.c_q.weight",
+        "transformer.h.1.mlp.c_proj.weight",
+        "lm_head.weight",
+    } <= keys
     assert not any("laplacian" in k or "cos" in k for k in keys)
 
 
@@ -53,11 +57,11 @@ def test_perturbing_future_tokens_changes_nothing_before(spec, kv):
     idx = torch.randint(0, 40, (3, 20))
     t = 11
     changed = idx.clone()
-    changed[:, t + 1:] = torch.randint(0, 40, (3, 20 - t - 1))
+    changed[:, t + 1 :] = torch.randint(0, 40, (3, 20 - t - 1))
     with torch.no_grad():
         a, b = model(idx), model(changed)
-    torch.testing.assert_close(a[:, :t + 1], b[:, :t + 1], rtol=0, atol=0)
-    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], rtol=0, atol=0)
+    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])
 
 
 @pytest.mark.parametrize("kv", [None, 2, 1])
@@ -67,7 +71,7 @@ def test_kv_cache_logits_equal_the_full_forward(kv):
     with torch.no_grad():
         full = model(idx)
         cache = model.new_kv_cache(2, 17)
-        parts = [model(idx[:, :9], kv_cache=cache)] + [model(idx[:, i:i + 1], kv_cache=cache) for i in range(9, 13)]
+        parts = [model(idx[:, :9], kv_cache=cache)] + [model(idx[:, i : i + 1], kv_cache=cache) for i in range(9, 13)]
         parts.append(model(idx[:, 13:], kv_cache=cache))
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-4)
 

@@ -41,7 +41,14 @@ def test_parameter_counts_of_both_families_on_the_meta_device():
 def test_the_family_sets_every_unset_option_and_an_explicit_option_wins():
     c = GPTConfig(arch="nanochat-2026")
     assert (c.use_ve, c.use_smear, c.window_pattern, c.qk_scale, c.rope_base, c.pad_vocab_size_to, c.init) == (
-        True, True, "SSSL", 1.2, 100000.0, 64, "nanochat-2026")
+        True,
+        True,
+        "SSSL",
+        1.2,
+        100000.0,
+        64,
+        "nanochat-2026",
+    )
     assert GPTConfig(arch="nanochat-2026", use_smear=False, window_pattern="l").window_pattern == "L"
     assert not GPTConfig(arch="nanochat-2026", use_smear=False).use_smear
     assert GPTConfig().rope_base == 10000.0 and not GPTConfig().use_ve
@@ -132,8 +139,9 @@ def test_laplacian_heads_use_the_value_after_the_value_embedding_mix():
         v = (gate.unsqueeze(-1) * ve.view(1, 5, 4, 16)).transpose(1, 2)
         q = torch.nn.functional.rms_norm(model_rotary(model, attn.c_q(x).view(1, 5, 4, 16), 5), (16,)) * 1.2
         k = torch.nn.functional.rms_norm(model_rotary(model, attn.c_k(x).view(1, 5, 4, 16), 5), (16,)) * 1.2
-        expected, _ = laplacian_attention_reference(q.transpose(1, 2), k.transpose(1, 2), v, 4, is_causal=True,
-                                                    return_attn=True)
+        expected, _ = laplacian_attention_reference(
+            q.transpose(1, 2), k.transpose(1, 2), v, 4, is_causal=True, return_attn=True
+        )
     assert out.abs().max() > 0.01
     torch.testing.assert_close(out, expected.transpose(1, 2).reshape(1, 5, 64), atol=1e-5, rtol=1e-5)
 
@@ -190,7 +198,7 @@ def test_kv_cache_decoding_equals_the_full_forward_with_every_option_on(arch):
         full = model(idx)
         cache = model.new_kv_cache(2, 20)
         pieces = [model(idx[:, :7], kv_cache=cache), model(idx[:, 7:11], kv_cache=cache)]  # prefill, then a chunk
-        pieces += [model(idx[:, t:t + 1], kv_cache=cache) for t in range(11, 20)]  # then token by token
+        pieces += [model(idx[:, t : t + 1], kv_cache=cache) for t in range(11, 20)]  # then token by token
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=2e-4, rtol=1e-4)
     out = model.generate(idx[:, :5], 6, temperature=0)
     with torch.no_grad():
@@ -226,14 +234,33 @@ def _write_nanochat(folder, model: GPT, model_config: dict, step: int = 1200, co
 
 def test_load_nanochat_2025_and_2026_key_sets_strictly(tmp_path):
     old = _random_weights(GPT(GPTConfig(**TINY)))
-    _write_nanochat(tmp_path / "d4-2025", old, {"sequence_len": 32, "vocab_size": 40, "n_layer": 4, "n_head": 4,
-                                                "n_kv_head": 4, "n_embd": 64})
+    _write_nanochat(
+        tmp_path / "d4-2025",
+        old,
+        {"sequence_len": 32, "vocab_size": 40, "n_layer": 4, "n_head": 4, "n_kv_head": 4, "n_embd": 64},
+    )
     new_config = GPTConfig(**dict(TINY, arch="nanochat-2026", laplacian_heads=[0, 1, 2, 0], window_pattern="SL"))
     new = _random_weights(GPT(new_config))
-    _write_nanochat(tmp_path / "d4-2026", new, {
-        "sequence_len": 32, "vocab_size": 40, "n_layer": 4, "n_head": 4, "n_kv_head": 4, "n_embd": 64,
-        "use_ve": True, "use_resid_lambdas": True, "use_x0": True, "use_smear": True, "use_backout": True,
-        "window_pattern": "SL", "laplacian_heads": [0, 1, 2, 0]}, compiled=True)
+    _write_nanochat(
+        tmp_path / "d4-2026",
+        new,
+        {
+            "sequence_len": 32,
+            "vocab_size": 40,
+            "n_layer": 4,
+            "n_head": 4,
+            "n_kv_head": 4,
+            "n_embd": 64,
+            "use_ve": True,
+            "use_resid_lambdas": True,
+            "use_x0": True,
+            "use_smear": True,
+            "use_backout": True,
+            "window_pattern": "SL",
+            "laplacian_heads": [0, 1, 2, 0],
+        },
+        compiled=True,
+    )
     idx = torch.randint(0, 40, (2, 12))
     for folder, reference in (("d4-2025", old), ("d4-2026", new)):
         model, meta = load_nanochat(tmp_path / folder)
@@ -264,11 +291,26 @@ def test_load_nanochat_refuses_code_missing_steps_and_mismatched_weights(tmp_pat
     with pytest.raises(CheckpointError, match="holds no nanochat checkpoint"):
         load_nanochat(tmp_path)
     good = tmp_path / "good"
-    _write_nanochat(good, GPT(GPTConfig(**TINY)), {"sequence_len": 32, "vocab_size": 40, "n_layer": 4, "n_head": 4,
-                                                   "n_kv_head": 4, "n_embd": 64})
+    _write_nanochat(
+        good,
+        GPT(GPTConfig(**TINY)),
+        {"sequence_len": 32, "vocab_size": 40, "n_layer": 4, "n_head": 4, "n_kv_head": 4, "n_embd": 64},
+    )
     with pytest.raises(CheckpointError, match="no step 5; allowed: 1200"):
         load_nanochat(good, step=5)
-    (good / "meta_001200.json").write_text(json.dumps({"model_config": {
-        "sequence_len": 32, "vocab_size": 40, "n_layer": 4, "n_head": 4, "n_kv_head": 4, "n_embd": 128}}))
+    (good / "meta_001200.json").write_text(
+        json.dumps(
+            {
+                "model_config": {
+                    "sequence_len": 32,
+                    "vocab_size": 40,
+                    "n_layer": 4,
+                    "n_head": 4,
+                    "n_kv_head": 4,
+                    "n_embd": 128,
+                }
+            }
+        )
+    )
     with pytest.raises(CheckpointError, match="does not match its own model_config"):
         load_nanochat(good)

@@ -98,8 +98,9 @@ def test_create_vit_on_meta_equals_direct_build(spec):
     _poison_buffers(meta)
     meta.to_empty(device="cpu")
     meta.load_state_dict(direct.state_dict(), strict=True)
-    assert [m.laplacian_mask.tolist() for m in meta.modules() if isinstance(m, LaplacianAttention)] == \
-        vit_laplacian_masks(direct)
+    assert [
+        m.laplacian_mask.tolist() for m in meta.modules() if isinstance(m, LaplacianAttention)
+    ] == vit_laplacian_masks(direct)
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(meta(x), direct(x), rtol=0, atol=0)
@@ -110,8 +111,15 @@ def test_create_vit_on_meta_equals_direct_build(spec):
 def test_dino_student_teacher_on_meta():
     from lapheads.train.dino import DINOConfig, build_student_teacher
 
-    cfg = DINOConfig(model="vit_fmnist_patch4", model_kwargs={"depth": 2, "embed_dim": 32, "num_heads": 4},
-                     img_size=28, laplacian_heads="1,3", out_dim=16, head_hidden_dim=16, head_bottleneck_dim=8)
+    cfg = DINOConfig(
+        model="vit_fmnist_patch4",
+        model_kwargs={"depth": 2, "embed_dim": 32, "num_heads": 4},
+        img_size=28,
+        laplacian_heads="1,3",
+        out_dim=16,
+        head_hidden_dim=16,
+        head_bottleneck_dim=8,
+    )
     with torch.device("meta"):
         student, teacher = build_student_teacher(cfg, in_chans=1)
     teacher.to_empty(device="cpu")

@@ -75,14 +75,16 @@ def test_conversion_inits_of_a_pretrained_timm_vit(tmp_path):
     x = torch.randn(3, 1, 28, 28)
     with torch.no_grad():
         reference = pretrained(x)
-        blend = create_vit("vit_fmnist_patch4", 2, pretrained_file=str(tmp_path / "vit.safetensors"),
-                           init="blend").eval()
+        blend = create_vit(
+            "vit_fmnist_patch4", 2, pretrained_file=str(tmp_path / "vit.safetensors"), init="blend"
+        ).eval()
         assert torch.equal(blend(x), reference)  # lambda = 0: exactly the pretrained function
         assert BlendSchedule(blend, 10)(10) == 1.0
         switch = create_vit("vit_fmnist_patch4", 2, pretrained_file=str(tmp_path / "vit.safetensors")).eval()
         torch.testing.assert_close(blend(x), switch(x))
-        flipped = create_vit("vit_fmnist_patch4", 2, pretrained_file=str(tmp_path / "vit.safetensors"),
-                             init="signflip").eval()
+        flipped = create_vit(
+            "vit_fmnist_patch4", 2, pretrained_file=str(tmp_path / "vit.safetensors"), init="signflip"
+        ).eval()
         # block 0 alone: (-W_O)(V - P V) = W_O P V - W_O V
         tokens = pretrained._pos_embed(pretrained.patch_embed(x))
         h = pretrained.blocks[0].norm1(tokens)
@@ -102,8 +104,14 @@ def test_conversion_inits_of_a_pretrained_timm_vit(tmp_path):
 # timm's own model tests
 
 
-NAMES = ["vit_fmnist_patch4", "vit_lite_7_patch4_32", "deit3_small_0L_patch16_192", "deit3_small_3L_patch16_224",
-         "deit3_base_5L_patch16_224", "deit3_large_2L_patch16_192"]
+NAMES = [
+    "vit_fmnist_patch4",
+    "vit_lite_7_patch4_32",
+    "deit3_small_0L_patch16_192",
+    "deit3_small_3L_patch16_224",
+    "deit3_base_5L_patch16_224",
+    "deit3_large_2L_patch16_192",
+]
 REFERENCE = "deit3_small_patch16_224"  # timm's own DeiT-III
 
 
@@ -113,13 +121,30 @@ def _timm_tests(cache: Path) -> Path:
     if (folder / "test_models.py").is_file():
         return folder
     cache.mkdir(parents=True, exist_ok=True)
-    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q",
-                              "-d", str(cache), f"timm=={timm.__version__}"], capture_output=True, text=True,
-                             timeout=300)
+    fetched = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-binary",
+            ":all:",
+            "--no-deps",
+            "-q",
+            "-d",
+            str(cache),
+            f"timm=={timm.__version__}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     sdist = cache / f"timm-{timm.__version__}.tar.gz"
     if fetched.returncode != 0 or not sdist.is_file():
-        pytest.skip(f"timm's test suite needs its sdist from PyPI (timm=={timm.__version__}); pip said: "
-                    f"{(fetched.stderr or fetched.stdout).strip().splitlines()[-1:]}")
+        pytest.skip(
+            f"timm's test suite needs its sdist from PyPI (timm=={timm.__version__}); pip said: "
+            f"{(fetched.stderr or fetched.stdout).strip().splitlines()[-1:]}"
+        )
     with tarfile.open(sdist) as archive:
         members = [m for m in archive.getmembers() if m.name.startswith(f"timm-{timm.__version__}/tests/")]
         archive.extractall(cache, members=members, filter="data")
@@ -133,13 +158,31 @@ def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_d
     if "import lapheads" not in conftest.read_text():
         conftest.write_text(conftest.read_text() + "\nimport lapheads  # noqa: F401 - lapheads' names join timm's\n")
     names = " or ".join([*NAMES, REFERENCE])
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-W", "ignore",
-                           "test_models.py", "-k", f"({names}) and not load_pretrained"],
-                          cwd=tests, capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore",
+            "test_models.py",
+            "-k",
+            f"({names}) and not load_pretrained",
+        ],
+        cwd=tests,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     outcomes = {}
-    for status, test, name in re.findall(r"^(PASSED|FAILED|SKIPPED|ERROR) test_models\.py::(\w+)\[\w+-([\w.]+)\]",
-                                         done.stdout, re.M):
+    for status, test, name in re.findall(
+        r"^(PASSED|FAILED|SKIPPED|ERROR) test_models\.py::(\w+)\[\w+-([\w.]+)\]", done.stdout, re.M
+    ):
         outcomes.setdefault(name, {})[test] = status
     reference = {t for t, s in outcomes.get(REFERENCE, {}).items() if s == "PASSED"}
     assert len(reference) >= 5, done.stdout[-3000:]

@@ -68,8 +68,14 @@ def test_bad_model_and_bad_specs():
         create_vit("resnet18")
 
 
-@pytest.mark.parametrize("name, heads, size", [("deit3_small_3L_patch16_224", 3, 224), ("deit3_base_9L_patch16_224", 9, 224),
-                                               ("deit3_large_2L_patch16_192", 2, 192)])
+@pytest.mark.parametrize(
+    "name, heads, size",
+    [
+        ("deit3_small_3L_patch16_224", 3, 224),
+        ("deit3_base_9L_patch16_224", 9, 224),
+        ("deit3_large_2L_patch16_192", 2, 192),
+    ],
+)
 def test_the_authors_model_names_build_with_their_resolution(name, heads, size):
     with torch.device("meta"):
         model = timm.create_model(name, depth=2)
@@ -80,8 +86,9 @@ def test_the_authors_model_names_build_with_their_resolution(name, heads, size):
 
 
 @pytest.mark.parametrize("name", ["vit_fmnist_patch4", "vit_lite_7_patch4_32", "deit3_small_1L_patch16_192"])
-@pytest.mark.parametrize("spec, expected", [(2, [[False, True, True]] * 3), ("0,3,1", [[False] * 3, [True] * 3,
-                                                                                       [False, False, True]])])
+@pytest.mark.parametrize(
+    "spec, expected", [(2, [[False, True, True]] * 3), ("0,3,1", [[False] * 3, [True] * 3, [False, False, True]])]
+)
 def test_timm_create_model_takes_a_head_spec_for_every_registered_name(name, spec, expected):
     model = timm.create_model(name, laplacian_heads=spec, depth=3, num_heads=3, embed_dim=48)
     assert vit_laplacian_masks(model) == expected

@@ -58,8 +58,20 @@ def test_resume_continues_the_same_trajectory(base_run, tmp_path, task):
     if task == "sft":
         cfg, train = tiny_sft(base_run, checkpoint_every=2), train_sft
     else:
-        cfg, train = MidConfig(base=str(base_run), data="arith", micro_batch=2, total_batch_size=1024,
-                               num_iterations=6, eval_every=3, checkpoint_every=2, device="cpu", amp=False), train_mid
+        cfg, train = (
+            MidConfig(
+                base=str(base_run),
+                data="arith",
+                micro_batch=2,
+                total_batch_size=1024,
+                num_iterations=6,
+                eval_every=3,
+                checkpoint_every=2,
+                device="cpu",
+                amp=False,
+            ),
+            train_mid,
+        )
     train(cfg, tmp_path / "straight")
     assert train(cfg, tmp_path / "killed", stop_at_step=4)["stopped"]
     train(cfg, tmp_path / "killed", resume=True)
@@ -96,18 +108,24 @@ def test_lora_starts_at_the_base_keeps_only_adapters_and_merges_exactly(base_run
     cfg = tiny_sft(base_run, lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, lora_lr=1e-2, lora_merge=True)
     _, base, tokenizer = load_gpt_run(base_run, "cpu")
     x = torch.tensor([tokenizer.encode("ROMEO: what is 2 + 3?", bos=True)])
-    adapted = apply_lora(load_gpt_run(base_run, "cpu")[1], cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
+    adapted = apply_lora(
+        load_gpt_run(base_run, "cpu")[1], cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets
+    )
     torch.testing.assert_close(adapted(x), base(x), rtol=0, atol=0)  # B = 0 at initialisation
 
     train_sft(cfg, tmp_path / "lora")
     run = tmp_path / "lora"
     adapters = load_file(str(run / "checkpoints" / "step-00000006" / "model.safetensors"))
     assert adapters and all("lora_A" in k or "lora_B" in k for k in adapters)
-    assert sum(v.numel() for v in adapters.values()) == json.loads((run / "config.json").read_text())["trainable_params"]
+    assert (
+        sum(v.numel() for v in adapters.values()) == json.loads((run / "config.json").read_text())["trainable_params"]
+    )
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
     assert (run / "adapter" / "adapter_config.json").is_file()
     # the adapted model (base + trained adapters) against the merged run's plain checkpoint
-    model = apply_lora(load_gpt_run(base_run, "cpu")[1], cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
+    model = apply_lora(
+        load_gpt_run(base_run, "cpu")[1], cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets
+    )
     LoraAdapters(model).load_state_dict(adapters)
     model.eval()
     with torch.no_grad():
@@ -122,8 +140,17 @@ def test_lora_starts_at_the_base_keeps_only_adapters_and_merges_exactly(base_run
 
 
 def test_mid_training_packs_conversations_and_trains_every_token(base_run, tmp_path):
-    cfg = MidConfig(base=str(base_run), data="arith,letters", micro_batch=4, total_batch_size=2048,
-                    num_iterations=3, eval_every=3, log_every=1, device="cpu", amp=False)
+    cfg = MidConfig(
+        base=str(base_run),
+        data="arith,letters",
+        micro_batch=4,
+        total_batch_size=2048,
+        num_iterations=3,
+        eval_every=3,
+        log_every=1,
+        device="cpu",
+        amp=False,
+    )
     train_mid(cfg, tmp_path / "mid")
     metrics = [json.loads(line) for line in (tmp_path / "mid" / "metrics.jsonl").read_text().splitlines()]
     assert [m["trained_tokens"] for m in metrics if "loss" in m] == [2048] * 3  # full windows, no mask
@@ -139,9 +166,26 @@ def test_ddp_two_ranks_match_one_rank(base_run, tmp_path):
     preset = tmp_path / "preset.json"
     preset.write_text(json.dumps(dataclasses.asdict(cfg)))
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lapheads",
-         "train", "sft", "--preset", str(preset), "--out", str(tmp_path / "two")],
-        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "lapheads",
+            "train",
+            "sft",
+            "--preset",
+            str(preset),
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     one = load_file(str(tmp_path / "one" / "checkpoints" / "step-00000002" / "model.safetensors"))
@@ -150,17 +194,23 @@ def test_ddp_two_ranks_match_one_rank(base_run, tmp_path):
         torch.testing.assert_close(two[key], one[key], rtol=1e-3, atol=2e-4)
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "--base '' --nanochat '': allowed: exactly one of them"),
-    (["--from", "{base}", "--laplacian-heads", "0"], "--laplacian-heads '0' differs from the base's heads"),
-    (["--from", "{base}", "--data", "wiki"], "conversation source 'wiki'; allowed: NAME or NAME*EPOCHS"),
-    (["--from", "{base}", "--lora-merge", "true"], "--lora-merge true needs --lora-rank > 0"),
-    (["--from", "{base}", "--lora-targets", "wq"], "--lora-targets 'wq'; allowed: a comma list of c_q"),
-    (["--from", "{base}", "--examples-per-step", "30"], "--examples-per-step 30 is not a multiple of micro_batch"),
-    (["--from", "{base}", "--sequence-len", "4096"], "--sequence-len 4096; allowed: at most the base's 256"),
-    (["--from", "{nowhere}"], "is not a run directory: no config.json"),
-    (["--preset", "nope", "--from", "{base}"], "unknown sft preset 'nope'; allowed: nanochat-sft, lora-sft, chat-cpu"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "--base '' --nanochat '': allowed: exactly one of them"),
+        (["--from", "{base}", "--laplacian-heads", "0"], "--laplacian-heads '0' differs from the base's heads"),
+        (["--from", "{base}", "--data", "wiki"], "conversation source 'wiki'; allowed: NAME or NAME*EPOCHS"),
+        (["--from", "{base}", "--lora-merge", "true"], "--lora-merge true needs --lora-rank > 0"),
+        (["--from", "{base}", "--lora-targets", "wq"], "--lora-targets 'wq'; allowed: a comma list of c_q"),
+        (["--from", "{base}", "--examples-per-step", "30"], "--examples-per-step 30 is not a multiple of micro_batch"),
+        (["--from", "{base}", "--sequence-len", "4096"], "--sequence-len 4096; allowed: at most the base's 256"),
+        (["--from", "{nowhere}"], "is not a run directory: no config.json"),
+        (
+            ["--preset", "nope", "--from", "{base}"],
+            "unknown sft preset 'nope'; allowed: nanochat-sft, lora-sft, chat-cpu",
+        ),
+    ],
+)
 def test_bad_sft_input_is_a_one_line_error(base_run, tmp_path, capsys, args, message):
     args = [a.format(base=base_run, nowhere=tmp_path / "nowhere") for a in args]
     preset = [] if "--preset" in args else ["--preset", "chat-cpu"]
@@ -171,11 +221,32 @@ def test_bad_sft_input_is_a_one_line_error(base_run, tmp_path, capsys, args, mes
 
 
 def test_eval_chat_scores_generated_and_hub_tasks_into_the_run(sft_run, tmp_path, capsys):
-    rows = [{"id": f"q{i}", "question": f"Which is {i}?", "choices": {"text": ["one", "two"], "label": ["A", "B"]},
-             "answerKey": "AB"[i % 2]} for i in range(4)]
+    rows = [
+        {
+            "id": f"q{i}",
+            "question": f"Which is {i}?",
+            "choices": {"text": ["one", "two"], "label": ["A", "B"]},
+            "answerKey": "AB"[i % 2],
+        }
+        for i in range(4)
+    ]
     (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert main(["eval", "chat", str(sft_run), "--tasks", "arith,arc_easy", "--data-dir", str(tmp_path),
-                 "--max-examples", "3"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "chat",
+                str(sft_run),
+                "--tasks",
+                "arith,arc_easy",
+                "--data-dir",
+                str(tmp_path),
+                "--max-examples",
+                "3",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["tasks"]["arith"]["n"] == 3 and summary["tasks"]["arc_easy"]["n"] == 3
@@ -190,9 +261,11 @@ def test_chat_answers_a_prompt_and_refuses_bad_input(sft_run, base_run, capsys):
     first = capsys.readouterr().out
     assert main(["chat", str(sft_run), "--prompt", "What is 2 + 3?", "--max-tokens", "8", "--temperature", "0"]) == 0
     assert capsys.readouterr().out == first and first.strip()  # greedy: the same reply
-    for args, message in ((["--prompt", " "], "--prompt is empty"),
-                          (["--prompt", "x" * 300], "the conversation has"),
-                          (["--top-k", "-1", "--prompt", "x"], "--top-k -1")):
+    for args, message in (
+        (["--prompt", " "], "--prompt is empty"),
+        (["--prompt", "x" * 300], "the conversation has"),
+        (["--top-k", "-1", "--prompt", "x"], "--top-k -1"),
+    ):
         assert main(["chat", str(sft_run), *args]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err
@@ -206,15 +279,35 @@ def test_an_sft_sweep_fine_tunes_each_arms_own_base_and_reports_chat_accuracy(te
 
     bases = tmp_path / "bases"
     for spec in ("0", "2"):
-        train_lm(tiny_lm(text_root, num_iterations=2, eval_every=2, sequence_len=256, micro_batch=4,
-                         laplacian_heads=spec), bases / f"L{spec}-s0")
+        train_lm(
+            tiny_lm(text_root, num_iterations=2, eval_every=2, sequence_len=256, micro_batch=4, laplacian_heads=spec),
+            bases / f"L{spec}-s0",
+        )
     preset = tmp_path / "sft.json"
     cfg = tiny_sft("", num_iterations=2, eval_every=2, eval_tasks="arith", eval_max_examples=2)
-    preset.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items()
-                                  if k not in ("laplacian_heads", "base")}))
+    preset.write_text(
+        json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("laplacian_heads", "base")})
+    )
     out = tmp_path / "sweep"
-    assert main(["sweep", str(preset), "--task", "sft", "--laplacian-heads", "0,2", "--seeds", "0,1", "--out",
-                 str(out), "--set", f"base={bases}/L{{spec}}-s0"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(preset),
+                "--task",
+                "sft",
+                "--laplacian-heads",
+                "0,2",
+                "--seeds",
+                "0,1",
+                "--out",
+                str(out),
+                "--set",
+                f"base={bases}/L{{spec}}-s0",
+            ]
+        )
+        == 0
+    )
     for spec in ("0", "2"):
         record = json.loads((out / f"L{spec}-s1" / "config.json").read_text())
         assert record["base_run"] == str((bases / f"L{spec}-s0").resolve()) and record["config"]["seed"] == 1
@@ -230,8 +323,16 @@ def test_lora_sft_from_a_nanochat_checkpoint_keeps_its_heads_and_loads_back(tmp_
     from tests.train.test_lm import _nanochat_base
 
     folder, reference = _nanochat_base(tmp_path / "base")
-    cfg = tiny_sft("", nanochat=str(folder), lora_rank=2, lora_alpha=4.0, lora_dropout=0.0, lora_lr=1e-2,
-                   sequence_len=128, val_data="")
+    cfg = tiny_sft(
+        "",
+        nanochat=str(folder),
+        lora_rank=2,
+        lora_alpha=4.0,
+        lora_dropout=0.0,
+        lora_lr=1e-2,
+        sequence_len=128,
+        val_data="",
+    )
     train_sft(cfg, tmp_path / "lora")
     record = json.loads((tmp_path / "lora" / "config.json").read_text())
     assert record["nanochat"] == str(folder) and record["nanochat_step"] == 50
@@ -241,6 +342,21 @@ def test_lora_sft_from_a_nanochat_checkpoint_keeps_its_heads_and_loads_back(tmp_
     base = load_nanochat(folder)[0]
     with torch.no_grad():
         assert (adapted(x) - base(x)).abs().max() > 1e-4 and adapted.laplacian_masks() == base.laplacian_masks()
-    assert main(["train", "sft", "--preset", "chat-cpu", "--nanochat", str(folder), "--laplacian-heads", "1",
-                 "--out", str(tmp_path / "bad")]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "sft",
+                "--preset",
+                "chat-cpu",
+                "--nanochat",
+                str(folder),
+                "--laplacian-heads",
+                "1",
+                "--out",
+                str(tmp_path / "bad"),
+            ]
+        )
+        == 2
+    )
     assert "--laplacian-heads '1' differs from the base's heads" in capsys.readouterr().err

@@ -89,9 +89,26 @@ def test_ddp_two_ranks_match_one_rank(tiny_config, tmp_path):
     preset.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items()}))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lapheads",
-         "train", "classify", "--preset", str(preset), "--out", str(tmp_path / "two")],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "lapheads",
+            "train",
+            "classify",
+            "--preset",
+            str(preset),
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     one, two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")

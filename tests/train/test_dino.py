@@ -42,7 +42,12 @@ def test_training_runs_and_resumes_on_the_same_trajectory(tiny_dino, tmp_path):
     student = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / "model.safetensors"))
     teacher = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / "teacher.safetensors"))
     assert not torch.equal(student["backbone.blocks.0.attn.qkv.weight"], teacher["backbone.blocks.0.attn.qkv.weight"])
-    assert load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / "dino_loss.safetensors"))["center"].abs().sum() > 0
+    assert (
+        load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / "dino_loss.safetensors"))["center"]
+        .abs()
+        .sum()
+        > 0
+    )
     metrics = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["teacher_momentum"] > metrics[0]["teacher_momentum"]  # cosine momentum towards 1
     record = json.loads((tmp_path / "straight" / "config.json").read_text())
@@ -74,7 +79,10 @@ def test_eval_dino_prints_probes_and_writes_pictures(tiny_dino, tmp_path, capsys
     "args, message",
     [
         (["--preset", "nope"], "unknown dino preset 'nope'; allowed: dino-vits16-imagenet, dino-fmnist-cpu"),
-        (["--preset", "dino-fmnist-cpu", "--dataset", "mnist"], "--dataset 'mnist': allowed: a string, one of fashion-mnist"),
+        (
+            ["--preset", "dino-fmnist-cpu", "--dataset", "mnist"],
+            "--dataset 'mnist': allowed: a string, one of fashion-mnist",
+        ),
         (["--preset", "dino-fmnist-cpu", "--laplacian-heads", "7"], "laplacian_heads"),
     ],
 )
@@ -105,9 +113,26 @@ def test_ddp_two_ranks_train_split_the_batch_and_save_every_ranks_rng(tiny_dino,
     preset = tmp_path / "preset.json"
     preset.write_text(json.dumps(dataclasses.asdict(cfg)))
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lapheads",
-         "train", "dino", "--preset", str(preset), "--out", str(tmp_path / "two")],
-        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "lapheads",
+            "train",
+            "dino",
+            "--preset",
+            str(preset),
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((tmp_path / "two" / "config.json").read_text())

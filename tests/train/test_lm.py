@@ -85,11 +85,22 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(text_
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--preset", "nope"], "unknown lm preset 'nope'; allowed: shakespeare-cpu, chat-cpu-base, nanochat-d20, nanochat-d12"),
-        (["--preset", "shakespeare-cpu", "--dataset", "wiki"], "--dataset 'wiki': allowed: a string, one of shakespeare, fineweb-edu"),
-        (["--preset", "shakespeare-cpu", "--tokenizer", "words"], "--tokenizer 'words': allowed: a string, one of char, bpe, gpt2"),
-        (["--preset", "shakespeare-cpu", "--total-batch-size", "1000"],
-         "--total-batch-size 1000 is not a multiple of micro_batch x sequence_len = 8192"),
+        (
+            ["--preset", "nope"],
+            "unknown lm preset 'nope'; allowed: shakespeare-cpu, chat-cpu-base, nanochat-d20, nanochat-d12",
+        ),
+        (
+            ["--preset", "shakespeare-cpu", "--dataset", "wiki"],
+            "--dataset 'wiki': allowed: a string, one of shakespeare, fineweb-edu",
+        ),
+        (
+            ["--preset", "shakespeare-cpu", "--tokenizer", "words"],
+            "--tokenizer 'words': allowed: a string, one of char, bpe, gpt2",
+        ),
+        (
+            ["--preset", "shakespeare-cpu", "--total-batch-size", "1000"],
+            "--total-batch-size 1000 is not a multiple of micro_batch x sequence_len = 8192",
+        ),
         (["--preset", "shakespeare-cpu", "--laplacian-heads", "9"], "laplacian_heads=9"),
     ],
 )
@@ -101,9 +112,15 @@ def test_bad_training_input_is_a_one_line_error(args, message, tmp_path, capsys,
 
 def test_eval_lm_scores_val_bpb_and_arc_from_local_files(trained_run, tmp_path, capsys):
     run, result = trained_run
-    rows = [{"id": f"q{i}", "question": f"Which is {i}?", "choices": {"text": ["one", "two", "three"],
-                                                                     "label": ["A", "B", "C"]},
-             "answerKey": "ABC"[i % 3]} for i in range(6)]
+    rows = [
+        {
+            "id": f"q{i}",
+            "question": f"Which is {i}?",
+            "choices": {"text": ["one", "two", "three"], "label": ["A", "B", "C"]},
+            "answerKey": "ABC"[i % 3],
+        }
+        for i in range(6)
+    ]
     (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["eval", "lm", str(run), "--tasks", "val_bpb,arc_easy", "--data-dir", str(tmp_path)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -116,7 +133,10 @@ def test_eval_lm_scores_val_bpb_and_arc_from_local_files(trained_run, tmp_path, 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--tasks", "squad"], "unknown task(s) squad; allowed: val_bpb, arc_easy, arc_challenge, mmlu, gsm8k, humaneval"),
+        (
+            ["--tasks", "squad"],
+            "unknown task(s) squad; allowed: val_bpb, arc_easy, arc_challenge, mmlu, gsm8k, humaneval",
+        ),
         (["--tasks", "mmlu", "--data-dir", "/nonexistent"], "task mmlu: no mmlu.jsonl / mmlu.parquet in /nonexistent"),
     ],
 )
@@ -163,9 +183,27 @@ def test_ddp_two_ranks_match_one_rank_and_resume_from_sharded_muon_state(text_ro
 
     def torchrun(*extra):
         done = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-             "lapheads", "train", "lm", "--preset", str(preset), "--out", str(tmp_path / "two"), *extra],
-            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "-m",
+                "lapheads",
+                "train",
+                "lm",
+                "--preset",
+                str(preset),
+                "--out",
+                str(tmp_path / "two"),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            timeout=300,
         )
         assert done.returncode == 0, done.stderr[-2000:]
 
@@ -196,10 +234,23 @@ def test_ddp_two_ranks_match_one_rank_and_resume_from_sharded_muon_state(text_ro
 
 
 def test_the_2026_family_trains_and_resumes_with_the_forks_optimizer_groups_and_schedules(text_root, tmp_path):
-    cfg = tiny_lm(text_root, arch="nanochat-2026", short_window=8, laplacian_heads="0,2", num_iterations=8,
-                  eval_every=4, warmup_steps=2, warmdown_ratio=0.5, final_lr_frac=0.05, muon_momentum_warmup=2,
-                  muon_momentum_end=0.97, muon_momentum_final=0.90, muon_weight_decay=0.1,
-                  muon_weight_decay_schedule="cosine", grad_clip=0.0)
+    cfg = tiny_lm(
+        text_root,
+        arch="nanochat-2026",
+        short_window=8,
+        laplacian_heads="0,2",
+        num_iterations=8,
+        eval_every=4,
+        warmup_steps=2,
+        warmdown_ratio=0.5,
+        final_lr_frac=0.05,
+        muon_momentum_warmup=2,
+        muon_momentum_end=0.97,
+        muon_momentum_final=0.90,
+        muon_weight_decay=0.1,
+        muon_weight_decay_schedule="cosine",
+        grad_clip=0.0,
+    )
     straight = train_lm(cfg, tmp_path / "straight")
     assert math.isfinite(straight["val_bpb"])
     record = json.loads((tmp_path / "straight" / "config.json").read_text())
@@ -252,8 +303,22 @@ def test_the_forks_scaling_rules_give_its_batch_steps_and_decay():
 
 def test_the_authors_lm_sweep_as_one_dry_run_per_depth(capsys, tmp_path):
     for depth in (12, 16, 20):
-        assert main(["sweep", f"nanochat-2026-d{depth}", "--laplacian-heads", "0,1,2,4", "--seeds", "1,2,3",
-                     "--out", str(tmp_path / f"d{depth}"), "--dry-run"]) == 0
+        assert (
+            main(
+                [
+                    "sweep",
+                    f"nanochat-2026-d{depth}",
+                    "--laplacian-heads",
+                    "0,1,2,4",
+                    "--seeds",
+                    "1,2,3",
+                    "--out",
+                    str(tmp_path / f"d{depth}"),
+                    "--dry-run",
+                ]
+            )
+            == 0
+        )
     commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("torchrun")]
     assert len(commands) == 36 and all("--preset nanochat-2026-d" in c for c in commands)
 
@@ -282,8 +347,15 @@ def _nanochat_base(tmp_path):
     (tmp_path / "tokenizer").mkdir(parents=True)
     (tmp_path / "tokenizer" / "tokenizer.pkl").write_bytes(pickle.dumps(encoding))
     torch.manual_seed(0)
-    config = GPTConfig(depth=2, vocab_size=encoding.n_vocab, sequence_len=128, aspect_ratio=32, head_dim=16,
-                       arch="nanochat-2026", laplacian_heads=[0, 2])
+    config = GPTConfig(
+        depth=2,
+        vocab_size=encoding.n_vocab,
+        sequence_len=128,
+        aspect_ratio=32,
+        head_dim=16,
+        arch="nanochat-2026",
+        laplacian_heads=[0, 2],
+    )
     model = GPT(config)
     with torch.no_grad():
         for p in model.parameters():
@@ -291,8 +363,16 @@ def _nanochat_base(tmp_path):
     folder = tmp_path / "base_checkpoints" / "d2"
     folder.mkdir(parents=True)
     torch.save(model.state_dict(), folder / "model_000050.pt")
-    model_config = {"sequence_len": 128, "vocab_size": encoding.n_vocab, "n_layer": 2, "n_head": 4, "n_kv_head": 4,
-                    "n_embd": 64, "window_pattern": "SSSL", "laplacian_heads": [0, 2]}
+    model_config = {
+        "sequence_len": 128,
+        "vocab_size": encoding.n_vocab,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_kv_head": 4,
+        "n_embd": 64,
+        "window_pattern": "SSSL",
+        "laplacian_heads": [0, 2],
+    }
     (folder / "meta_000050.json").write_text(json.dumps({"step": 50, "model_config": model_config}))
     return folder, model.eval()
 
@@ -300,15 +380,23 @@ def _nanochat_base(tmp_path):
 def test_eval_and_generate_take_a_nanochat_checkpoint(tmp_path, capsys, monkeypatch):
     folder, reference = _nanochat_base(tmp_path / "base")
     monkeypatch.chdir(tmp_path)
-    rows = [{"id": f"q{i}", "question": f"Which is {i}?", "choices": {"text": ["one", "two"], "label": ["A", "B"]},
-             "answerKey": "AB"[i % 2]} for i in range(4)]
+    rows = [
+        {
+            "id": f"q{i}",
+            "question": f"Which is {i}?",
+            "choices": {"text": ["one", "two"], "label": ["A", "B"]},
+            "answerKey": "AB"[i % 2],
+        }
+        for i in range(4)
+    ]
     (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["eval", "lm", "--nanochat", str(folder), "--tasks", "arc_easy", "--data-dir", str(tmp_path)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["arc_easy"]["n"] == 4
     assert (tmp_path / "runs" / "nanochat-d2-step50" / "eval_lm.json").is_file()
-    assert main(["generate", "--nanochat", str(folder), "--prompt", "the", "--max-tokens", "5", "--temperature",
-                 "0"]) == 0
+    assert (
+        main(["generate", "--nanochat", str(folder), "--prompt", "the", "--max-tokens", "5", "--temperature", "0"]) == 0
+    )
     out = capsys.readouterr().out
     from lapheads.data.tokenizers import Tokenizer
 
@@ -324,8 +412,22 @@ def test_eval_and_generate_take_a_nanochat_checkpoint(tmp_path, capsys, monkeypa
 def test_analyze_takes_a_nanochat_checkpoint(tmp_path, capsys, monkeypatch, text_root):
     folder, _ = _nanochat_base(tmp_path / "base")
     monkeypatch.chdir(tmp_path)
-    assert main(["analyze", "--nanochat", str(folder), "--data-root", str(text_root), "--max-tokens", "4096",
-                 "--top-k", "10"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                "--nanochat",
+                str(folder),
+                "--data-root",
+                str(text_root),
+                "--max-tokens",
+                "4096",
+                "--top-k",
+                "10",
+            ]
+        )
+        == 0
+    )
     report = tmp_path / "runs" / "nanochat-d2-step50" / "report"
     analysis = json.loads((report / "analysis.json").read_text())[0]
     assert analysis["task"] == "lm" and analysis["num_sequences"] == 4096 // 128

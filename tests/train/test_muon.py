@@ -47,8 +47,14 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             p.grad = g.clone()  # DDP's all-reduce leaves every rank with the same gradients
         opt.step()
     state = opt.state_dict()["state"]
-    torch.save({"params": [p.detach() for p in params], "state_keys": sorted(state),
-                "grads_kept": all(p.grad is not None for p in params)}, f"{out}/rank{rank}.pt")
+    torch.save(
+        {
+            "params": [p.detach() for p in params],
+            "state_keys": sorted(state),
+            "grads_kept": all(p.grad is not None for p in params),
+        },
+        f"{out}/rank{rank}.pt",
+    )
     dist.destroy_process_group()
 
 

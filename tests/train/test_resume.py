@@ -37,11 +37,20 @@ def test_the_readme_resume_line_after_kill_9_ends_bit_identical(tiny_config, tmp
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     straight = tmp_path / "straight"
     # The README's two lines, with a small preset: train with a head spec, then resume without repeating it.
-    subprocess.run([LAPHEADS, "train", "classify", "--preset", str(preset), "--laplacian-heads", "1", "--out",
-                    str(straight)], check=True, capture_output=True, env=env, timeout=600)
+    subprocess.run(
+        [LAPHEADS, "train", "classify", "--preset", str(preset), "--laplacian-heads", "1", "--out", str(straight)],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=600,
+    )
     crashed = tmp_path / "crashed"
-    proc = subprocess.Popen([LAPHEADS, "train", "classify", "--preset", str(preset), "--laplacian-heads", "1", "--out",
-                             str(crashed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [LAPHEADS, "train", "classify", "--preset", str(preset), "--laplacian-heads", "1", "--out", str(crashed)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     deadline = time.time() + 300
     while not (crashed / "checkpoints" / "latest").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.01)
@@ -50,8 +59,13 @@ def test_the_readme_resume_line_after_kill_9_ends_bit_identical(tiny_config, tmp
     killed_at = latest_checkpoint(RunDir(crashed)).name
     total = json.loads((crashed / "config.json").read_text())["steps"]
     assert int(killed_at.split("-")[1]) < total, "the run finished before it could be killed"
-    done = subprocess.run([LAPHEADS, "train", "classify", "--preset", str(preset), "--out", str(crashed), "--resume"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [LAPHEADS, "train", "classify", "--preset", str(preset), "--out", str(crashed), "--resume"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     a, b = _final_weights(straight), _final_weights(crashed)
     assert latest_checkpoint(RunDir(crashed)).name == f"step-{total:08d}"
@@ -64,14 +78,32 @@ def test_resume_refuses_a_changed_option_and_accepts_a_repeated_one(tiny_config,
     preset = tmp_path / "tiny.json"
     preset.write_text(json.dumps(dataclasses.asdict(dataclasses.replace(tiny_config, checkpoint_every=1))))
     out = str(tmp_path / "run")
-    assert main(["train", "classify", "--preset", str(preset), "--laplacian-heads", "2", "--out", out,
-                 "--epochs", "0.25"]) == 0
+    assert (
+        main(["train", "classify", "--preset", str(preset), "--laplacian-heads", "2", "--out", out, "--epochs", "0.25"])
+        == 0
+    )
     assert main(["train", "classify", "--out", out, "--resume", "--laplacian-heads", "1"]) == 2
     assert "--laplacian-heads '1' (run: '2')" in capsys.readouterr().err
     assert main(["train", "classify", "--out", out, "--resume", "--preset", "fmnist-cpu"]) == 2
     assert "differs from the run's" in capsys.readouterr().err
-    assert main(["train", "classify", "--out", out, "--resume", "--laplacian-heads", "2", "--epochs", "0.25",
-                 "--preset", str(preset)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "classify",
+                "--out",
+                out,
+                "--resume",
+                "--laplacian-heads",
+                "2",
+                "--epochs",
+                "0.25",
+                "--preset",
+                str(preset),
+            ]
+        )
+        == 0
+    )
 
 
 def test_resume_repairs_a_torn_log_line_and_a_half_written_checkpoint(tiny_config, tmp_path, capsys):
@@ -92,7 +124,9 @@ def test_resume_repairs_a_torn_log_line_and_a_half_written_checkpoint(tiny_confi
     assert not (run / "checkpoints" / ".tmp-step-00000006").exists()
     a, b = _final_weights(tmp_path / "full"), _final_weights(run)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["step"] for r in RunDir(run).read_metrics()] == [r["step"] for r in RunDir(tmp_path / "full").read_metrics()]
+    assert [r["step"] for r in RunDir(run).read_metrics()] == [
+        r["step"] for r in RunDir(tmp_path / "full").read_metrics()
+    ]
 
 
 def test_latest_never_points_outside_the_run(tiny_config, tmp_path):
@@ -125,11 +159,15 @@ def test_optimizer_overflow_stops_like_nan(text_root, tmp_path, monkeypatch):
     from tests.conftest import tiny_lm
 
     # Weights that overflow without an error: never saved over the last good checkpoint.
-    with pytest.raises(NonFiniteLossError, match=r"(weights are not finite after|non-finite loss nan at) step \d+.* is "
-                                                 "intact"):
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"(weights are not finite after|non-finite loss nan at) step \d+.* is "
+        "intact",
+    ):
         train_lm(tiny_lm(text_root, matrix_lr=1e38, checkpoint_every=1), tmp_path / "run")
     kept = load_file(str(latest_checkpoint(RunDir(tmp_path / "run")) / "model.safetensors"))
     assert all(bool(w.isfinite().all()) for w in kept.values())
+
     # An optimizer that raises an overflow: one line naming the step.
     def overflow(self, *args, **kwargs):
         raise RuntimeError("value cannot be converted to type float without overflow")
@@ -158,9 +196,28 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tiny_config, tmp_
 
 def _torchrun(args: list[str], out: Path, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             "-m", "lapheads", "train", "classify", *args, "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kwargs)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "lapheads",
+            "train",
+            "classify",
+            *args,
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        **kwargs,
+    )
 
 
 def _rank_pid(parent: int, rank: int) -> int | None:
@@ -195,7 +252,9 @@ def test_a_killed_rank_stops_the_job_in_one_line_and_resume_is_identical(tiny_co
     # runs Python); blocked inside a gloo wait it is ended by torchrun's SIGTERM, whose report names the dead rank.
     survivor = [line for line in err.splitlines() if line.startswith(("lapheads train: error:", "lapheads: error:"))]
     if survivor:
-        assert ("stopped by signal SIGTERM" in survivor[0] or "lost contact" in survivor[0]) and "--resume" in survivor[0]
+        assert ("stopped by signal SIGTERM" in survivor[0] or "lost contact" in survivor[0]) and "--resume" in survivor[
+            0
+        ]
     else:
         assert "Root Cause" in err and "exitcode  : -9" in err, err[-2000:]
     assert "[rank0]: Traceback" not in err and "[rank1]: Traceback" not in err

@@ -36,8 +36,12 @@ CHAT_TASKS = (*CATEGORICAL, *GENERATIVE)
 
 
 @torch.no_grad()
-def score_categorical(engine: ChatEngine, task: str, rows: list[dict[str, Any]], progress: bool = True,
-                      ) -> dict[str, Any]:
+def score_categorical(
+    engine: ChatEngine,
+    task: str,
+    rows: list[dict[str, Any]],
+    progress: bool = True,
+) -> dict[str, Any]:
     """Accuracy of the answer letter with the highest logit after ``<|assistant_start|>``."""
     model, tokenizer = engine.model, engine.tokenizer
     device = model.lm_head.weight.device
@@ -45,8 +49,10 @@ def score_categorical(engine: ChatEngine, task: str, rows: list[dict[str, Any]],
     for letter in LETTERS:
         ids = tokenizer.encode(letter)
         if len(ids) != 1:
-            raise DataError(f"the {tokenizer.kind} tokenizer writes the letter {letter} as {len(ids)} tokens; "
-                            "allowed: single-token letters")
+            raise DataError(
+                f"the {tokenizer.kind} tokenizer writes the letter {letter} as {len(ids)} tokens; "
+                "allowed: single-token letters"
+            )
         letter_ids.append(ids[0])
     correct, skipped, chance = 0, 0, 0.0
     for row in tqdm(rows, desc=task, disable=not progress, leave=False):
@@ -57,10 +63,14 @@ def score_categorical(engine: ChatEngine, task: str, rows: list[dict[str, Any]],
             skipped += 1
             continue
         logits = model(torch.tensor([prompt], device=device))[0, -1]
-        correct += int(logits[torch.tensor(letter_ids[:len(choices)], device=device)].argmax()) == answer
+        correct += int(logits[torch.tensor(letter_ids[: len(choices)], device=device)].argmax()) == answer
     scored = len(rows) - skipped
-    return {"accuracy": correct / max(scored, 1), "n": scored, "skipped_too_long": skipped,
-            "chance": chance / max(len(rows), 1)}
+    return {
+        "accuracy": correct / max(scored, 1),
+        "n": scored,
+        "skipped_too_long": skipped,
+        "chance": chance / max(len(rows), 1),
+    }
 
 
 def _code_of(reply: str) -> str:
@@ -68,8 +78,15 @@ def _code_of(reply: str) -> str:
     return fenced.group(1) if fenced else reply
 
 
-def score_generative(engine: ChatEngine, task: str, rows: list[dict[str, Any]], *, num_samples: int = 1,
-                     max_tokens: int = 256, progress: bool = True) -> dict[str, Any]:
+def score_generative(
+    engine: ChatEngine,
+    task: str,
+    rows: list[dict[str, Any]],
+    *,
+    num_samples: int = 1,
+    max_tokens: int = 256,
+    progress: bool = True,
+) -> dict[str, Any]:
     """GSM8K / arith / letters: final-number accuracy of greedy replies; HumanEval: pass@k of the replies' code."""
     from lapheads.sandbox import run_program
 
@@ -79,18 +96,29 @@ def score_generative(engine: ChatEngine, task: str, rows: list[dict[str, Any]], 
         temperature = 0.0 if num_samples == 1 else 0.8
         for i, row in enumerate(tqdm(rows, desc=task, disable=not progress, leave=False)):
             conversation = {"messages": [{"role": "user", "content": row["prompt"]}]}
-            replies = [engine.reply(conversation, max_tokens=max_tokens, temperature=temperature, top_k=50,
-                                    seed=i * num_samples + s) for s in range(num_samples)]
+            replies = [
+                engine.reply(
+                    conversation, max_tokens=max_tokens, temperature=temperature, top_k=50, seed=i * num_samples + s
+                )
+                for s in range(num_samples)
+            ]
             passed = 0
             for reply in replies:
                 code = _code_of(reply)
-                program = (humaneval_program({**row, "prompt": ""}, code) if f"def {row['entry_point']}" in code
-                           else humaneval_program(row, code))
+                program = (
+                    humaneval_program({**row, "prompt": ""}, code)
+                    if f"def {row['entry_point']}" in code
+                    else humaneval_program(row, code)
+                )
                 passed += run_program(program, timeout=10.0).passed
             for k in ks:
                 results[k].append(pass_at_k(num_samples, passed, k))
-        return {**{f"pass@{k}": sum(v) / max(len(v), 1) for k, v in results.items()}, "accuracy":
-                sum(results[1]) / max(len(rows), 1), "n": len(rows), "chance": 0.0}
+        return {
+            **{f"pass@{k}": sum(v) / max(len(v), 1) for k, v in results.items()},
+            "accuracy": sum(results[1]) / max(len(rows), 1),
+            "n": len(rows),
+            "chance": 0.0,
+        }
     correct, examples = 0, []
     for row in tqdm(rows, desc=task, disable=not progress, leave=False):
         reply = engine.reply(row["conversation"], max_tokens=max_tokens)
@@ -113,16 +141,26 @@ def _rows(task: str, data_dir: str | None, max_examples: int | None) -> list[dic
 
         rows = [{"conversation": c, "reference": ref} for c, ref in generated_items(task, "test")]
     elif task == "gsm8k":
-        rows = [{"conversation": gsm8k_conversation(r["question"], ""), "reference": extract_number(r["answer"])}
-                for r in load_task("gsm8k", data_dir)]
+        rows = [
+            {"conversation": gsm8k_conversation(r["question"], ""), "reference": extract_number(r["answer"])}
+            for r in load_task("gsm8k", data_dir)
+        ]
     else:
         rows = load_task(task, data_dir)
     return rows[:max_examples]
 
 
-def run_chat_evals(run_dir: str | Path, tasks: list[str], *, data_dir: str | None = None,
-                   max_examples: int | None = None, num_samples: int = 1, device: str = "auto",
-                   progress: bool = True, tools: bool = True) -> dict[str, Any]:
+def run_chat_evals(
+    run_dir: str | Path,
+    tasks: list[str],
+    *,
+    data_dir: str | None = None,
+    max_examples: int | None = None,
+    num_samples: int = 1,
+    device: str = "auto",
+    progress: bool = True,
+    tools: bool = True,
+) -> dict[str, Any]:
     """Evaluate a chat run's latest checkpoint on ``tasks``; writes RUN_DIR/report/eval_chat.json."""
     from lapheads.runs import RunDir, load_gpt_run
 

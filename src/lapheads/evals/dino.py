@@ -31,8 +31,15 @@ from tqdm.auto import tqdm
 from lapheads.evals.probes import knn_accuracy, linear_probe, segmentation_probe
 from lapheads.geometry.features import ResidualStream
 
-__all__ = ["EVAL_FILE", "attention_maps", "eval_dino", "foreground_iou", "load_dino_teacher", "pca_foreground",
-           "pca_pictures"]
+__all__ = [
+    "EVAL_FILE",
+    "attention_maps",
+    "eval_dino",
+    "foreground_iou",
+    "load_dino_teacher",
+    "pca_foreground",
+    "pca_pictures",
+]
 
 EVAL_FILE = "eval_dino.json"
 EVAL_VERSION = 2  # bump when the probes change, so cached eval_dino.json files are measured again
@@ -53,8 +60,9 @@ def _device(model: torch.nn.Module) -> torch.device:
 
 
 @torch.no_grad()
-def extract_features(backbone: torch.nn.Module, dataset, batch_size: int = 256, n_last: int = 4,
-                     desc: str = "features") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def extract_features(
+    backbone: torch.nn.Module, dataset, batch_size: int = 256, n_last: int = 4, desc: str = "features"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(final CLS (N, D), last-``n_last``-blocks CLS concatenated (N, n_last * D), labels (N,))."""
     depth = len(backbone.blocks)
     layers = [str(i) for i in range(max(1, depth - n_last + 1), depth + 1)]  # all blocks if fewer than n_last
@@ -70,8 +78,11 @@ def extract_features(backbone: torch.nn.Module, dataset, batch_size: int = 256, 
 @torch.no_grad()
 def patch_grid(backbone: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
     """Final patch tokens (after the last norm) as a (B, D, h, w) grid."""
-    tokens = backbone.forward_features(images.to(_device(backbone)))[:, backbone.num_prefix_tokens:]
-    h, w = images.shape[-2] // backbone.patch_embed.patch_size[0], images.shape[-1] // backbone.patch_embed.patch_size[1]
+    tokens = backbone.forward_features(images.to(_device(backbone)))[:, backbone.num_prefix_tokens :]
+    h, w = (
+        images.shape[-2] // backbone.patch_embed.patch_size[0],
+        images.shape[-1] // backbone.patch_embed.patch_size[1],
+    )
     return tokens.float().reshape(len(images), h, w, -1).permute(0, 3, 1, 2).cpu()
 
 
@@ -84,8 +95,11 @@ def attention_maps(backbone: torch.nn.Module, images: torch.Tensor) -> torch.Ten
         backbone.forward_features(images.to(_device(backbone)))
     last = backbone.blocks[-1]
     _, attn = last.attn.forward_with_attn(last.norm1(stream.tokens[before]))
-    h, w = images.shape[-2] // backbone.patch_embed.patch_size[0], images.shape[-1] // backbone.patch_embed.patch_size[1]
-    return attn[:, :, 0, backbone.num_prefix_tokens:].reshape(len(images), -1, h, w).float().cpu()
+    h, w = (
+        images.shape[-2] // backbone.patch_embed.patch_size[0],
+        images.shape[-1] // backbone.patch_embed.patch_size[1],
+    )
+    return attn[:, :, 0, backbone.num_prefix_tokens :].reshape(len(images), -1, h, w).float().cpu()
 
 
 def pca_foreground(grid: torch.Tensor) -> torch.Tensor:
@@ -133,12 +147,18 @@ def _segmentation_sets(cfg, ade20k: str | None, train_scenes: int, test_scenes: 
 
     if cfg.dataset == "fashion-mnist":
         train_items, test_items = load_fashion_mnist(cfg.data_root, "train"), load_fashion_mnist(cfg.data_root, "test")
-        return (CompositeScenes(train_items.images, train_items.targets, train_scenes, seed=0),
-                CompositeScenes(test_items.images, test_items.targets, test_scenes, seed=1), CompositeScenes.num_classes)
+        return (
+            CompositeScenes(train_items.images, train_items.targets, train_scenes, seed=0),
+            CompositeScenes(test_items.images, test_items.targets, test_scenes, seed=1),
+            CompositeScenes.num_classes,
+        )
     if ade20k:
         train, test = ADE20K(ade20k, "training", cfg.img_size), ADE20K(ade20k, "validation", cfg.img_size)
-        return (Subset(train, range(min(train_scenes, len(train)))), Subset(test, range(min(test_scenes, len(test)))),
-                ADE20K.num_classes)
+        return (
+            Subset(train, range(min(train_scenes, len(train)))),
+            Subset(test, range(min(test_scenes, len(test)))),
+            ADE20K.num_classes,
+        )
     return None
 
 
@@ -193,8 +213,9 @@ def _plot_pca(images: torch.Tensor, pictures: dict[str, torch.Tensor], path: Pat
     plt.close(fig)
 
 
-def _probe_run(cfg, backbone: torch.nn.Module, record: dict[str, Any], segmentation, options: dict[str, Any]
-               ) -> dict[str, Any]:
+def _probe_run(
+    cfg, backbone: torch.nn.Module, record: dict[str, Any], segmentation, options: dict[str, Any]
+) -> dict[str, Any]:
     """k-NN (trained and random-init), linear probe, segmentation probe and PCA foreground IoU of one teacher."""
     from lapheads.data.images import build_image_data
     from lapheads.data.segmentation import CompositeScenes
@@ -212,31 +233,47 @@ def _probe_run(cfg, backbone: torch.nn.Module, record: dict[str, Any], segmentat
     base_train, _, _ = extract_features(untrained, train, desc="random-init train")
     base_test, _, _ = extract_features(untrained, test, desc="random-init test")
     result: dict[str, Any] = {
-        "knn": {str(k): v for k, v in knn_accuracy(train_cls, train_y, test_cls, test_y,
-                                                   num_classes=data.num_classes).items()},
-        "knn_random_init": {str(k): v for k, v in knn_accuracy(base_train, train_y, base_test, test_y,
-                                                               num_classes=data.num_classes).items()},
-        "linear": linear_probe(train_last, train_y, test_last, test_y, data.num_classes,
-                               epochs=options["linear_epochs"]),
+        "knn": {
+            str(k): v
+            for k, v in knn_accuracy(train_cls, train_y, test_cls, test_y, num_classes=data.num_classes).items()
+        },
+        "knn_random_init": {
+            str(k): v
+            for k, v in knn_accuracy(base_train, train_y, base_test, test_y, num_classes=data.num_classes).items()
+        },
+        "linear": linear_probe(
+            train_last, train_y, test_last, test_y, data.num_classes, epochs=options["linear_epochs"]
+        ),
     }
     if segmentation is not None:
         seg_train_set, seg_test_set, seg_classes = segmentation
         train_grid, train_masks = _grids(backbone, seg_train_set, 128, "segmentation train")
         test_grid, test_masks = _grids(backbone, seg_test_set, 128, "segmentation test")
-        result["segmentation"] = segmentation_probe(train_grid, train_masks, test_grid, test_masks, seg_classes,
-                                                    epochs=options["seg_epochs"])
+        result["segmentation"] = segmentation_probe(
+            train_grid, train_masks, test_grid, test_masks, seg_classes, epochs=options["seg_epochs"]
+        )
         if isinstance(seg_test_set, CompositeScenes):  # label 0 = background here; in ADE20K it is "other"
             result["pca_foreground_iou"] = foreground_iou(pca_foreground(test_grid), test_masks)
     else:
-        result["segmentation"] = "skipped: no segmentation data (Fashion-MNIST runs use composite scenes; "\
-                                 "pass --ade20k ROOT for others)"
+        result["segmentation"] = (
+            "skipped: no segmentation data (Fashion-MNIST runs use composite scenes; pass --ade20k ROOT for others)"
+        )
     return result
 
 
 def eval_dino(
-    run_dirs: list[str | os.PathLike], out: str | os.PathLike | None = None, *, max_train: int | None = None,
-    max_test: int | None = None, seg_train: int = 2000, seg_test: int = 500, seg_epochs: int = 10,
-    linear_epochs: int = 20, ade20k: str | None = None, num_pictures: int = 6, device: str = "auto",
+    run_dirs: list[str | os.PathLike],
+    out: str | os.PathLike | None = None,
+    *,
+    max_train: int | None = None,
+    max_test: int | None = None,
+    seg_train: int = 2000,
+    seg_test: int = 500,
+    seg_epochs: int = 10,
+    linear_epochs: int = 20,
+    ade20k: str | None = None,
+    num_pictures: int = 6,
+    device: str = "auto",
     reuse: bool = False,
 ) -> dict[str, Any]:
     """Evaluate DINO runs: k-NN (k = 10, 20, 100, 200; T = 0.07) of the teacher and of the same architecture at
@@ -252,8 +289,16 @@ def eval_dino(
     from lapheads.data.images import build_image_data
     from lapheads.runs import RunDir, checkpoint_folder
 
-    options = {"version": EVAL_VERSION, "max_train": max_train, "max_test": max_test, "seg_train": seg_train,
-               "seg_test": seg_test, "seg_epochs": seg_epochs, "linear_epochs": linear_epochs, "ade20k": ade20k}
+    options = {
+        "version": EVAL_VERSION,
+        "max_train": max_train,
+        "max_test": max_test,
+        "seg_train": seg_train,
+        "seg_test": seg_test,
+        "seg_epochs": seg_epochs,
+        "linear_epochs": linear_epochs,
+        "ade20k": ade20k,
+    }
     results: dict[str, Any] = {}
     picture_images, pictures = None, []
     for run_dir in run_dirs:
@@ -278,14 +323,20 @@ def eval_dino(
             images = torch.stack([test[i][0] for i in range(min(num_pictures, len(test)))])
         laplacian = backbone.blocks[-1].attn.laplacian_head_list
         label = f"k={cfg.laplacian_heads}"
-        _plot_attention(attention_maps(backbone, images), images, laplacian,
-                        f"{label}: CLS attention P of the last block", report / "attention.png")
+        _plot_attention(
+            attention_maps(backbone, images),
+            images,
+            laplacian,
+            f"{label}: CLS attention P of the last block",
+            report / "attention.png",
+        )
         picture_images = images if picture_images is None else picture_images
         pictures.append((label, Path(run_dir).name, pca_pictures(patch_grid(backbone, picture_images))))
         results[str(run_dir)] = result
     out = Path(out) if out else Path(run_dirs[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
     named = len({label for label, _, _ in pictures}) < len(pictures)  # runs share a k (seeds): name every column
-    _plot_pca(picture_images, {f"{label} ({name})" if named else label: rgb for label, name, rgb in pictures},
-              out / "pca.png")
+    _plot_pca(
+        picture_images, {f"{label} ({name})" if named else label: rgb for label, name, rgb in pictures}, out / "pca.png"
+    )
     return results

@@ -66,8 +66,11 @@ HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 def _prompt_ids(tokenizer: Tokenizer, text: str, chat: bool) -> list[int]:
     if not chat:
         return tokenizer.encode(text, bos=True)
-    return ([tokenizer.bos_id, tokenizer.special_id("<|user_start|>")] + tokenizer.encode(text)
-            + [tokenizer.special_id("<|user_end|>"), tokenizer.special_id("<|assistant_start|>")])
+    return (
+        [tokenizer.bos_id, tokenizer.special_id("<|user_start|>")]
+        + tokenizer.encode(text)
+        + [tokenizer.special_id("<|user_end|>"), tokenizer.special_id("<|assistant_start|>")]
+    )
 
 
 def _answer_tokens(tokenizer: Tokenizer, letters: str) -> tuple[str, list[int]]:
@@ -95,27 +98,37 @@ def _last_logits(model: GPT, sequences: list[list[int]], device: torch.device) -
     """Logits at the last position of each sequence (right-padded batch; causal, so padding cannot leak)."""
     length = max(len(s) for s in sequences)
     if length > model.config.sequence_len:
-        raise InputError(f"a prompt of {length} tokens is longer than the model's sequence_len "
-                         f"{model.config.sequence_len}; allowed: --max-prompt-tokens to skip long items")
+        raise InputError(
+            f"a prompt of {length} tokens is longer than the model's sequence_len "
+            f"{model.config.sequence_len}; allowed: --max-prompt-tokens to skip long items"
+        )
     batch = torch.zeros(len(sequences), length, dtype=torch.long)
     for i, s in enumerate(sequences):
-        batch[i, :len(s)] = torch.tensor(s)
+        batch[i, : len(s)] = torch.tensor(s)
     logits = model(batch.to(device))
     last = torch.tensor([len(s) - 1 for s in sequences], device=device)
     return logits[torch.arange(len(sequences), device=device), last]
 
 
-def score_multiple_choice(model: GPT, tokenizer: Tokenizer, task: str, rows: list[dict[str, Any]], *,
-                          chat: bool = False, batch_size: int = 16, progress: bool = True) -> dict[str, Any]:
+def score_multiple_choice(
+    model: GPT,
+    tokenizer: Tokenizer,
+    task: str,
+    rows: list[dict[str, Any]],
+    *,
+    chat: bool = False,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Accuracy of the letter with the highest logit among the answer letters (ARC, MMLU)."""
     device = model.lm_head.weight.device
     items = [_mc_item(task, row) for row in rows]
     correct, skipped, predictions = 0, 0, []
     for start in tqdm(range(0, len(items), batch_size), desc=task, disable=not progress, leave=False):
-        chunk = items[start:start + batch_size]
+        chunk = items[start : start + batch_size]
         prompts, letter_ids = [], []
         for question, choices, _ in chunk:
-            suffix, ids = _answer_tokens(tokenizer, LETTERS[:len(choices)])
+            suffix, ids = _answer_tokens(tokenizer, LETTERS[: len(choices)])
             prompts.append(_prompt_ids(tokenizer, render_mc(question, choices) + ("" if chat else suffix), chat))
             letter_ids.append(ids)
         keep = [i for i, p in enumerate(prompts) if len(p) <= model.config.sequence_len]
@@ -128,8 +141,12 @@ def score_multiple_choice(model: GPT, tokenizer: Tokenizer, task: str, rows: lis
             predictions.append(choice)
             correct += choice == chunk[i][2]
     scored = len(items) - skipped
-    return {"accuracy": correct / max(scored, 1), "n": scored, "skipped_too_long": skipped,
-            "chance": sum(1 / len(c) for _, c, _ in items) / max(len(items), 1)}
+    return {
+        "accuracy": correct / max(scored, 1),
+        "n": scored,
+        "skipped_too_long": skipped,
+        "chance": sum(1 / len(c) for _, c, _ in items) / max(len(items), 1),
+    }
 
 
 def extract_number(text: str) -> str | None:
@@ -150,26 +167,47 @@ def extract_number(text: str) -> str | None:
     return str(int(value)) if value == int(value) else str(value)
 
 
-def _generate(model: GPT, tokenizer: Tokenizer, prompt_ids: list[int], max_new_tokens: int, *, num_samples: int = 1,
-              temperature: float = 0.0, seed: int = 0) -> list[str]:
+def _generate(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    *,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[str]:
     device = model.lm_head.weight.device
     room = model.config.sequence_len - len(prompt_ids)
     if room <= 0:
         return [""] * num_samples
     ids = torch.tensor([prompt_ids] * num_samples, device=device)
-    out = model.generate(ids, min(max_new_tokens, room), temperature=temperature, top_k=None if temperature == 0 else 50,
-                         generator=torch.Generator(device).manual_seed(seed), stop_token=tokenizer.bos_id)
+    out = model.generate(
+        ids,
+        min(max_new_tokens, room),
+        temperature=temperature,
+        top_k=None if temperature == 0 else 50,
+        generator=torch.Generator(device).manual_seed(seed),
+        stop_token=tokenizer.bos_id,
+    )
     texts = []
-    for row in out[:, len(prompt_ids):].tolist():
+    for row in out[:, len(prompt_ids) :].tolist():
         if tokenizer.bos_id in row:
-            row = row[:row.index(tokenizer.bos_id)]
+            row = row[: row.index(tokenizer.bos_id)]
         texts.append(tokenizer.decode(row))
     return texts
 
 
-def score_gsm8k(model: GPT, tokenizer: Tokenizer, rows: list[dict[str, Any]], *, chat: bool = False,
-                max_new_tokens: int = 256, progress: bool = True,
-                generate: Callable[..., list[str]] | None = None) -> dict[str, Any]:
+def score_gsm8k(
+    model: GPT,
+    tokenizer: Tokenizer,
+    rows: list[dict[str, Any]],
+    *,
+    chat: bool = False,
+    max_new_tokens: int = 256,
+    progress: bool = True,
+    generate: Callable[..., list[str]] | None = None,
+) -> dict[str, Any]:
     """Fraction of problems whose generated final number equals the reference's "#### N"."""
     generate = generate or _generate
     correct = 0
@@ -196,10 +234,19 @@ def humaneval_program(row: dict[str, Any], completion: str) -> str:
     return f"{row['prompt']}{completion[:cut]}\n\n{row['test']}\n\ncheck({row['entry_point']})\n"
 
 
-def score_humaneval(model: GPT | None, tokenizer: Tokenizer | None, rows: list[dict[str, Any]], *,
-                    num_samples: int = 1, ks: tuple[int, ...] = (1,), temperature: float | None = None,
-                    max_new_tokens: int = 256, timeout: float = 10.0, progress: bool = True,
-                    completions: list[list[str]] | None = None) -> dict[str, Any]:
+def score_humaneval(
+    model: GPT | None,
+    tokenizer: Tokenizer | None,
+    rows: list[dict[str, Any]],
+    *,
+    num_samples: int = 1,
+    ks: tuple[int, ...] = (1,),
+    temperature: float | None = None,
+    max_new_tokens: int = 256,
+    timeout: float = 10.0,
+    progress: bool = True,
+    completions: list[list[str]] | None = None,
+) -> dict[str, Any]:
     """pass@k over n = ``num_samples`` completions per problem (greedy when n = 1, else sampled at 0.8).
 
     ``completions`` (one list per row) skips generation, for scoring given solutions.
@@ -210,16 +257,22 @@ def score_humaneval(model: GPT | None, tokenizer: Tokenizer | None, rows: list[d
         if completions is not None:
             samples = completions[i]
         else:
-            samples = _generate(model, tokenizer, tokenizer.encode(row["prompt"], bos=True), max_new_tokens,
-                                num_samples=num_samples, temperature=temperature, seed=i)
+            samples = _generate(
+                model,
+                tokenizer,
+                tokenizer.encode(row["prompt"], bos=True),
+                max_new_tokens,
+                num_samples=num_samples,
+                temperature=temperature,
+                seed=i,
+            )
         outcomes = [run_program(humaneval_program(row, s), timeout=timeout) for s in samples]
         for outcome in outcomes:
             statuses[outcome.status] += 1
         passed = sum(o.passed for o in outcomes)
         for k in ks:
             results[k].append(pass_at_k(len(samples), passed, k))
-    return {**{f"pass@{k}": sum(v) / max(len(v), 1) for k, v in results.items()}, "n": len(rows),
-            "samples": statuses}
+    return {**{f"pass@{k}": sum(v) / max(len(v), 1) for k, v in results.items()}, "n": len(rows), "samples": statuses}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -227,8 +280,17 @@ def score_humaneval(model: GPT | None, tokenizer: Tokenizer | None, rows: list[d
 
 
 @torch.no_grad()
-def evaluate_bpb(model: GPT, tokens: np.ndarray, token_bytes: torch.Tensor, dist_: Distributed, *, seq_len: int,
-                 max_tokens: int, batch_size: int, amp: bool) -> float:
+def evaluate_bpb(
+    model: GPT,
+    tokens: np.ndarray,
+    token_bytes: torch.Tensor,
+    dist_: Distributed,
+    *,
+    seq_len: int,
+    max_tokens: int,
+    batch_size: int,
+    amp: bool,
+) -> float:
     """Bits per byte of ``model`` on the first ``max_tokens`` of ``tokens`` (targets with 0 bytes left out)."""
     was_training = model.training
     model.eval()
@@ -236,7 +298,7 @@ def evaluate_bpb(model: GPT, tokens: np.ndarray, token_bytes: torch.Tensor, dist
     token_bytes = token_bytes.to(dist_.device)
     windows = list(validation_windows(tokens, seq_len, max_tokens, dist_.rank, dist_.world_size))
     for start in range(0, len(windows), batch_size):
-        chunk = windows[start:start + batch_size]
+        chunk = windows[start : start + batch_size]
         x = torch.cat([w[0] for w in chunk]).to(dist_.device)
         y = torch.cat([w[1] for w in chunk]).to(dist_.device)
         with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=amp):
@@ -270,8 +332,14 @@ class LoadedLM:
     name: str
 
 
-def load_lm(run_dir: str | Path | None = None, *, nanochat: str | Path | None = None, step: int | None = None,
-            tokenizer_dir: str | Path | None = None, device: str = "auto") -> LoadedLM:
+def load_lm(
+    run_dir: str | Path | None = None,
+    *,
+    nanochat: str | Path | None = None,
+    step: int | None = None,
+    tokenizer_dir: str | Path | None = None,
+    device: str = "auto",
+) -> LoadedLM:
     """An LM run directory's latest checkpoint, or a nanochat checkpoint folder (``nanochat=``, ``step=``).
 
     A nanochat checkpoint's tokenizer is ``tokenizer_dir/tokenizer.pkl``, by default nanochat's own layout
@@ -286,8 +354,16 @@ def load_lm(run_dir: str | Path | None = None, *, nanochat: str | Path | None = 
         record, model, tokenizer = load_gpt_run(run_dir, device, step)
         config = record["config"]
         if record["task"] == "lm":
-            return LoadedLM(model, tokenizer, load_token_shards(run_dir), config["sequence_len"],
-                            config["eval_tokens"], config["micro_batch"], Path(run_dir) / "report", str(run_dir))
+            return LoadedLM(
+                model,
+                tokenizer,
+                load_token_shards(run_dir),
+                config["sequence_len"],
+                config["eval_tokens"],
+                config["micro_batch"],
+                Path(run_dir) / "report",
+                str(run_dir),
+            )
         # chat stages have no token shards of their own
         return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, Path(run_dir) / "report", str(run_dir))
     from lapheads.models.nanochat import load_nanochat
@@ -298,8 +374,10 @@ def load_lm(run_dir: str | Path | None = None, *, nanochat: str | Path | None = 
     tokenizer = Tokenizer.nanochat(tokenizer_dir)
     model, meta = load_nanochat(folder, step, _device(device))
     if tokenizer.vocab_size != model.config.vocab_size:
-        raise InputError(f"{tokenizer_dir} has {tokenizer.vocab_size} tokens but {folder} was trained with "
-                         f"{model.config.vocab_size}; allowed: the checkpoint's own tokenizer (--nanochat-tokenizer)")
+        raise InputError(
+            f"{tokenizer_dir} has {tokenizer.vocab_size} tokens but {folder} was trained with "
+            f"{model.config.vocab_size}; allowed: the checkpoint's own tokenizer (--nanochat-tokenizer)"
+        )
     name = f"nanochat-{folder.resolve().name}-step{meta['step']}"
     return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, Path("runs") / name, name)
 
@@ -325,16 +403,26 @@ def stream_text(lm: LoadedLM, prompt: str, max_tokens: int, temperature: float, 
             token = sample_token(logits, temperature, top_k, generator)
             new.append(int(token))
             full = tokenizer.decode(ids[1:] + new)
-            yield full[len(text):]
+            yield full[len(text) :]
             text = full
             if i + 1 < steps:
                 logits = model(token, kv_cache=cache)[:, -1]
 
 
-def run_evals(run_dir: str | Path | None, tasks: list[str], *, data_dir: str | None = None,
-              max_examples: int | None = None, num_samples: int = 1, chat: bool = False, device: str = "auto",
-              progress: bool = True, nanochat: str | Path | None = None, step: int | None = None,
-              tokenizer_dir: str | Path | None = None) -> dict[str, Any]:
+def run_evals(
+    run_dir: str | Path | None,
+    tasks: list[str],
+    *,
+    data_dir: str | None = None,
+    max_examples: int | None = None,
+    num_samples: int = 1,
+    chat: bool = False,
+    device: str = "auto",
+    progress: bool = True,
+    nanochat: str | Path | None = None,
+    step: int | None = None,
+    tokenizer_dir: str | Path | None = None,
+) -> dict[str, Any]:
     """Evaluate an LM run's latest checkpoint (or a nanochat checkpoint: ``nanochat=``) on ``tasks``; writes
     eval_lm.json into the source's report directory (see :func:`load_lm`)."""
     from lapheads.io import atomic_write_text
@@ -349,20 +437,32 @@ def run_evals(run_dir: str | Path | None, tasks: list[str], *, data_dir: str | N
     for task in tasks:
         if task == "val_bpb":
             if lm.shards is None:
-                raise DataError(f"val_bpb needs lapheads token shards of the model's own tokenizer, which {lm.name} "
-                                "does not have (a nanochat checkpoint, or a run copied without its data)")
+                raise DataError(
+                    f"val_bpb needs lapheads token shards of the model's own tokenizer, which {lm.name} "
+                    "does not have (a nanochat checkpoint, or a run copied without its data)"
+                )
             dist_ = Distributed(device=model.lm_head.weight.device)
-            results[task] = {"bpb": evaluate_bpb(model, lm.shards.val, tokenizer.token_bytes(), dist_,
-                                                 seq_len=lm.sequence_len, max_tokens=lm.eval_tokens,
-                                                 batch_size=lm.batch_size, amp=False)}
+            results[task] = {
+                "bpb": evaluate_bpb(
+                    model,
+                    lm.shards.val,
+                    tokenizer.token_bytes(),
+                    dist_,
+                    seq_len=lm.sequence_len,
+                    max_tokens=lm.eval_tokens,
+                    batch_size=lm.batch_size,
+                    amp=False,
+                )
+            }
         elif task in ("arc_easy", "arc_challenge", "mmlu"):
             results[task] = score_multiple_choice(model, tokenizer, task, rows[task], chat=chat, progress=progress)
         elif task == "gsm8k":
             results[task] = score_gsm8k(model, tokenizer, rows[task], chat=chat, progress=progress)
         else:
             ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
-            results[task] = score_humaneval(model, tokenizer, rows[task], num_samples=num_samples, ks=ks,
-                                            progress=progress)
+            results[task] = score_humaneval(
+                model, tokenizer, rows[task], num_samples=num_samples, ks=ks, progress=progress
+            )
     out = lm.report_dir / "eval_lm.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps({"tasks": results, "max_examples": max_examples, "chat": chat}, indent=1) + "\n")

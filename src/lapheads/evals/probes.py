@@ -24,9 +24,16 @@ __all__ = ["confusion_matrix", "knn_accuracy", "linear_probe", "mean_iou", "segm
 
 
 @torch.no_grad()
-def knn_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor, test_features: torch.Tensor,
-                 test_labels: torch.Tensor, ks: tuple[int, ...] = (10, 20, 100, 200), temperature: float = 0.07,
-                 num_classes: int | None = None, chunk: int = 1024) -> dict[int, float]:
+def knn_accuracy(
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    test_features: torch.Tensor,
+    test_labels: torch.Tensor,
+    ks: tuple[int, ...] = (10, 20, 100, 200),
+    temperature: float = 0.07,
+    num_classes: int | None = None,
+    chunk: int = 1024,
+) -> dict[int, float]:
     """Weighted k-NN top-1 accuracy (%) for each k in ``ks`` (k larger than the training set is clipped)."""
     train = F.normalize(train_features.float(), dim=1)
     test = F.normalize(test_features.float(), dim=1)
@@ -34,19 +41,28 @@ def knn_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor, test_
     k_max = min(max(ks), len(train))
     correct = {k: 0 for k in ks}
     for start in range(0, len(test), chunk):
-        sims, idx = (test[start:start + chunk] @ train.T).topk(k_max, dim=1)
+        sims, idx = (test[start : start + chunk] @ train.T).topk(k_max, dim=1)
         weights = (sims / temperature).exp()
         neighbours = F.one_hot(train_labels[idx], num_classes).float() * weights[..., None]  # (n, k, C)
-        truth = test_labels[start:start + chunk]
+        truth = test_labels[start : start + chunk]
         for k in ks:
-            votes = neighbours[:, :min(k, k_max)].sum(1)
+            votes = neighbours[:, : min(k, k_max)].sum(1)
             correct[k] += int((votes.argmax(1) == truth).sum())
     return {k: 100.0 * c / len(test) for k, c in correct.items()}
 
 
-def linear_probe(train_features: torch.Tensor, train_labels: torch.Tensor, test_features: torch.Tensor,
-                 test_labels: torch.Tensor, num_classes: int, lrs: tuple[float, ...] = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3),
-                 epochs: int = 20, batch_size: int = 256, val_fraction: float = 0.1, seed: int = 0) -> dict[str, object]:
+def linear_probe(
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    test_features: torch.Tensor,
+    test_labels: torch.Tensor,
+    num_classes: int,
+    lrs: tuple[float, ...] = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3),
+    epochs: int = 20,
+    batch_size: int = 256,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+) -> dict[str, object]:
     """Linear heads for every lr in ``lrs``, trained in one pass; the lr is chosen on held-out training data.
 
     Returns the chosen ``lr``, its ``val_accuracy`` and ``test_accuracy`` (%), and every lr's accuracies.
@@ -67,7 +83,7 @@ def linear_probe(train_features: torch.Tensor, train_labels: torch.Tensor, test_
     for _ in range(epochs):
         perm = torch.randperm(len(x_fit), generator=gen)
         for start in range(0, len(x_fit), batch_size):
-            idx = perm[start:start + batch_size]
+            idx = perm[start : start + batch_size]
             loss = sum(F.cross_entropy(head(x_fit[idx]), y_fit[idx]) for head in heads)
             optimizer.zero_grad()
             loss.backward()
@@ -81,11 +97,17 @@ def linear_probe(train_features: torch.Tensor, train_labels: torch.Tensor, test_
     x_val, y_val = train_features[val_idx], train_labels[val_idx]
     results = {lr: (accuracy(h, x_val, y_val), accuracy(h, test_features, test_labels)) for h, lr in zip(heads, lrs)}
     best = max(results, key=lambda lr: results[lr][0])
-    return {"lr": best, "val_accuracy": results[best][0], "test_accuracy": results[best][1],
-            "grid": {str(lr): {"val": v, "test": t} for lr, (v, t) in results.items()}}
+    return {
+        "lr": best,
+        "val_accuracy": results[best][0],
+        "test_accuracy": results[best][1],
+        "grid": {str(lr): {"val": v, "test": t} for lr, (v, t) in results.items()},
+    }
 
 
-def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int = 255) -> torch.Tensor:
+def confusion_matrix(
+    pred: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int = 255
+) -> torch.Tensor:
     """(C, C) counts, rows = ground truth, columns = prediction; pixels with ``ignore_index`` are left out."""
     keep = target != ignore_index
     index = target[keep].long() * num_classes + pred[keep].long()
@@ -99,8 +121,11 @@ def mean_iou(confusion: torch.Tensor) -> dict[str, object]:
     union = confusion.sum(0) + confusion.sum(1) - tp
     present = union > 0
     iou = torch.where(present, tp / union.clamp_min(1), torch.full_like(tp, float("nan")))
-    return {"miou": 100.0 * float(iou[present].mean()), "per_class": [None if math.isnan(v) else 100 * v for v in iou.tolist()],
-            "pixel_accuracy": 100.0 * float(tp.sum() / confusion.sum().clamp_min(1))}
+    return {
+        "miou": 100.0 * float(iou[present].mean()),
+        "per_class": [None if math.isnan(v) else 100 * v for v in iou.tolist()],
+        "pixel_accuracy": 100.0 * float(tp.sum() / confusion.sum().clamp_min(1)),
+    }
 
 
 class SegmentationHead(nn.Module):
@@ -115,9 +140,18 @@ class SegmentationHead(nn.Module):
         return F.interpolate(self.conv(self.bn(tokens)), size=size, mode="bilinear", align_corners=False)
 
 
-def segmentation_probe(train_tokens: torch.Tensor, train_masks: torch.Tensor, test_tokens: torch.Tensor,
-                       test_masks: torch.Tensor, num_classes: int, epochs: int = 10, lr: float = 1e-3,
-                       batch_size: int = 64, ignore_index: int = 255, seed: int = 0) -> dict[str, object]:
+def segmentation_probe(
+    train_tokens: torch.Tensor,
+    train_masks: torch.Tensor,
+    test_tokens: torch.Tensor,
+    test_masks: torch.Tensor,
+    num_classes: int,
+    epochs: int = 10,
+    lr: float = 1e-3,
+    batch_size: int = 64,
+    ignore_index: int = 255,
+    seed: int = 0,
+) -> dict[str, object]:
     """Train the segmentation head on frozen patch grids (N, D, h, w) -> masks (N, H, W); test mIoU."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -127,7 +161,7 @@ def segmentation_probe(train_tokens: torch.Tensor, train_masks: torch.Tensor, te
     for _ in range(epochs):
         perm = torch.randperm(len(train_tokens), generator=gen)
         for start in range(0, len(perm), batch_size):
-            idx = perm[start:start + batch_size]
+            idx = perm[start : start + batch_size]
             loss = F.cross_entropy(head(train_tokens[idx].float(), size), train_masks[idx], ignore_index=ignore_index)
             optimizer.zero_grad()
             loss.backward()
@@ -136,6 +170,8 @@ def segmentation_probe(train_tokens: torch.Tensor, train_masks: torch.Tensor, te
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.long)
     with torch.no_grad():
         for start in range(0, len(test_tokens), batch_size):
-            logits = head(test_tokens[start:start + batch_size].float(), tuple(test_masks.shape[-2:]))
-            confusion += confusion_matrix(logits.argmax(1), test_masks[start:start + batch_size], num_classes, ignore_index)
+            logits = head(test_tokens[start : start + batch_size].float(), tuple(test_masks.shape[-2:]))
+            confusion += confusion_matrix(
+                logits.argmax(1), test_masks[start : start + batch_size], num_classes, ignore_index
+            )
     return mean_iou(confusion)

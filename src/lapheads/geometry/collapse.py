@@ -90,8 +90,9 @@ def neural_collapse(
     counts = torch.bincount(index, minlength=len(classes)).to(torch.float64)
     means = torch.zeros(len(classes), x.shape[1], dtype=torch.float64).index_add_(0, index, x) / counts[:, None]
     within = x - means[index]
-    out = collapse_from_moments(means, x.mean(0), within.T @ within / len(x),
-                                None if classifier is None else classifier[classes])
+    out = collapse_from_moments(
+        means, x.mean(0), within.T @ within / len(x), None if classifier is None else classifier[classes]
+    )
     nearest = classes[nearest_centre(x, means)]
     out["ncc_accuracy"] = float((nearest == y).double().mean())
     if predictions is None and classifier is not None:

@@ -1,9 +1,9 @@
 """Capture the residual stream of a lapheads model, batch by batch, with forward hooks.
 
 Layers are named ``embed`` (the input of the first block: embeddings plus positions), ``1`` .. ``L`` (the output
-of each block) and ``norm`` (the output of the final norm), in that order. Any model with a ``blocks``
-list (ModuleList or Sequential) and a ``norm`` module works: timm Vision Transformers (so every ``create_vit`` model) and
-``lapheads.GPT``. Each forward pass overwrites the captured tensors, so a caller that consumes them per batch holds
+of each block) and ``norm`` (the output of the final norm), in that order. Any model with a ``blocks`` list
+(ModuleList or Sequential) and a ``norm`` module works: timm Vision Transformers (so every ``create_vit`` model)
+and ``lapheads.GPT``. Each forward pass overwrites the captured tensors, so a caller that consumes them per batch holds
 one batch of tokens at a time, never the whole dataset.
 """
 
@@ -37,8 +37,10 @@ def select_layers(model: torch.nn.Module, spec: str = "all") -> list[str]:
     chosen = [part.strip() for part in str(spec).split(",") if part.strip()]
     unknown = [name for name in chosen if name not in available]
     if unknown or not chosen:
-        raise InputError(f"unknown layers {', '.join(unknown) or repr(spec)}; allowed: all, or a comma list of "
-                         f"{', '.join(available)}")
+        raise InputError(
+            f"unknown layers {', '.join(unknown) or repr(spec)}; allowed: all, or a comma list of "
+            f"{', '.join(available)}"
+        )
     return [name for name in available if name in chosen]
 
 
@@ -69,8 +71,11 @@ class ResidualStream:
     def __enter__(self) -> "ResidualStream":
         blocks = _blocks(self.model)
         if "embed" in self.layers:
-            self._handles.append(blocks[0].register_forward_pre_hook(
-                lambda _m, inputs: self.tokens.__setitem__("embed", inputs[0].detach())))
+            self._handles.append(
+                blocks[0].register_forward_pre_hook(
+                    lambda _m, inputs: self.tokens.__setitem__("embed", inputs[0].detach())
+                )
+            )
         for i, block in enumerate(blocks):
             if str(i + 1) in self.layers:
                 self._handles.append(block.register_forward_hook(self._store(str(i + 1))))
@@ -78,8 +83,9 @@ class ResidualStream:
             self._handles.append(self.model.norm.register_forward_hook(self._store("norm")))
         head = getattr(self.model, "head", None)
         if self.head_input_wanted and isinstance(head, torch.nn.Module):
-            self._handles.append(head.register_forward_pre_hook(
-                lambda _m, inputs: setattr(self, "head_input", inputs[0].detach())))
+            self._handles.append(
+                head.register_forward_pre_hook(lambda _m, inputs: setattr(self, "head_input", inputs[0].detach()))
+            )
         return self
 
     def __exit__(self, *exc) -> None:

@@ -70,6 +70,9 @@ class LMLayerGeometry:
         return {
             "spectrum": self.spectrum.compute(),
             "similarity": self.similarity.compute(),
-            "linguistic": {"cdnv": cdnv["cdnv"], "num_classes": cdnv["num_classes"],
-                           "nc1": self.collapse.compute()["nc1"]},
+            "linguistic": {
+                "cdnv": cdnv["cdnv"],
+                "num_classes": cdnv["num_classes"],
+                "nc1": self.collapse.compute()["nc1"],
+            },
         }

@@ -33,25 +33,32 @@ def circuit_scores(circuit: torch.Tensor, laplacian: bool) -> dict[str, float]:
     c = circuit.shape[0]
     norm = float(circuit.norm())
     alignment = float(torch.trace(circuit)) / (norm * math.sqrt(c)) if norm > 0 else 0.0
-    return {"alignment": alignment, "diffusion": -alignment if laplacian else alignment, "size": norm / math.sqrt(c),
-            "laplacian": laplacian}
+    return {
+        "alignment": alignment,
+        "diffusion": -alignment if laplacian else alignment,
+        "size": norm / math.sqrt(c),
+        "laplacian": laplacian,
+    }
 
 
 def _vit_layers(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[bool], int]]:
-    """(W_V per head stacked, W_O, gamma, Laplacian flags, kv group size) of each timm block with a LaplacianAttention."""
+    """(W_V per head stacked, W_O, gamma, Laplacian flags, kv group size) of each timm block with a
+    LaplacianAttention."""
     layers = []
     for block in model.blocks:
         attn = block.attn
         heads, dim = attn.num_heads, attn.head_dim
         width = attn.qkv.weight.shape[0] // 3
-        w_v = attn.qkv.weight[2 * width:].view(heads, dim, -1)  # (H, D, C)
+        w_v = attn.qkv.weight[2 * width :].view(heads, dim, -1)  # (H, D, C)
         gamma = getattr(block.norm1, "weight", None)
         flags = attn.laplacian_head_list if hasattr(attn, "laplacian_head_list") else [False] * heads
         layers.append((w_v, attn.proj.weight, gamma, flags, 1))
     return layers
 
 
-def _gpt_layers(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[bool], int]]:
+def _gpt_layers(
+    model: torch.nn.Module,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[bool], int]]:
     layers = []
     for block in model.blocks:
         attn = block.attn
@@ -74,7 +81,7 @@ def ov_circuits(model: torch.nn.Module) -> list[list[dict[str, Any]]]:
         dim = w_v.shape[1]
         heads = []
         for h, laplacian in enumerate(flags):
-            circuit = w_o[:, h * dim:(h + 1) * dim].double() @ w_v[h // group].double()
+            circuit = w_o[:, h * dim : (h + 1) * dim].double() @ w_v[h // group].double()
             if gamma is not None:
                 circuit = circuit * gamma.double()[None, :]
             heads.append(circuit_scores(circuit, laplacian))

@@ -47,14 +47,27 @@ class LapheadsLM(TemplateLM):
         max_gen_toks: generation length when a task does not set it.
     """
 
-    def __init__(self, run_dir: str | None = None, nanochat: str | None = None, step: int | None = None,
-                 tokenizer_dir: str | None = None, device: str = "cpu", batch_size: int | str = 8,
-                 max_gen_toks: int = 256, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        run_dir: str | None = None,
+        nanochat: str | None = None,
+        step: int | None = None,
+        tokenizer_dir: str | None = None,
+        device: str = "cpu",
+        batch_size: int | str = 8,
+        max_gen_toks: int = 256,
+        **kwargs: Any,
+    ) -> None:
         super().__init__()
         from lapheads.evals.lm import load_lm
 
-        lm = load_lm(run_dir, nanochat=nanochat, step=None if step is None else int(step),
-                     tokenizer_dir=tokenizer_dir, device="cpu")
+        lm = load_lm(
+            run_dir,
+            nanochat=nanochat,
+            step=None if step is None else int(step),
+            tokenizer_dir=tokenizer_dir,
+            device="cpu",
+        )
         self.model, self.lapheads_tokenizer = lm.model.to(torch.device(device)).eval(), lm.tokenizer
         self._device = torch.device(device)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
@@ -78,15 +91,15 @@ class LapheadsLM(TemplateLM):
         """(input ids, target ids scored at the last len(targets) positions) -> (log-prob sum, greedy?)."""
         out = []
         for start in range(0, len(pairs), self.batch_size):
-            chunk = pairs[start:start + self.batch_size]
+            chunk = pairs[start : start + self.batch_size]
             length = max(len(ids) for ids, _ in chunk)
             batch = torch.full((len(chunk), length), self.eot_token_id, dtype=torch.long)
             for row, (ids, _) in enumerate(chunk):
-                batch[row, :len(ids)] = torch.tensor(ids)
+                batch[row, : len(ids)] = torch.tensor(ids)
             logprobs = F.log_softmax(self.model(batch.to(self.device)).float(), dim=-1)
             for row, (ids, targets) in enumerate(chunk):
                 n = len(targets)
-                positions = logprobs[row, len(ids) - n:len(ids)]
+                positions = logprobs[row, len(ids) - n : len(ids)]
                 wanted = torch.tensor(targets, device=self.device)
                 total = positions.gather(-1, wanted[:, None]).sum()
                 out.append((float(total), bool((positions.argmax(-1) == wanted).all())))
@@ -97,16 +110,18 @@ class LapheadsLM(TemplateLM):
         for _, context, continuation in requests:
             if not continuation:
                 raise InputError("lm-eval asked to score an empty continuation")
-            whole = [self.eot_token_id, *context, *continuation][-(self.max_length + 1):]
-            pairs.append((whole[:-1], continuation[-len(whole) + 1:]))
+            whole = [self.eot_token_id, *context, *continuation][-(self.max_length + 1) :]
+            pairs.append((whole[:-1], continuation[-len(whole) + 1 :]))
         return self._score(pairs)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         results = []
         for request in tqdm(requests, disable=disable_tqdm, desc="rolling loglikelihood"):
             tokens = self.tok_encode(request.args[0])
-            windows = [utils.make_disjoint_window(w) for w in utils.get_rolling_token_windows(
-                tokens, self.eot_token_id, self.max_length, 1)]
+            windows = [
+                utils.make_disjoint_window(w)
+                for w in utils.get_rolling_token_windows(tokens, self.eot_token_id, self.max_length, 1)
+            ]
             pairs = [(context + targets[:-1], targets) for context, targets in windows]  # context: BOS at first
             results.append(sum(score for score, _ in self._score(pairs)))
         return results
@@ -122,7 +137,7 @@ class LapheadsLM(TemplateLM):
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
             temperature = float(gen_kwargs.get("temperature", 0.0)) if gen_kwargs.get("do_sample") else 0.0
-            ids = [self.eot_token_id, *self.tok_encode(context)][-(self.max_length - 1):]
+            ids = [self.eot_token_id, *self.tok_encode(context)][-(self.max_length - 1) :]
             steps = min(max_new, self.max_length - len(ids))
             cache = self.model.new_kv_cache(1, len(ids) + steps)
             logits = self.model(torch.tensor([ids], device=self.device), kv_cache=cache)[:, -1]
@@ -155,10 +170,19 @@ def task_dir(data_dir: str | Path, out: str | Path) -> Path:
     return out
 
 
-def evaluate_harness(run_dir: str | None, tasks: list[str], *, data_dir: str | None = None,
-                     include_path: str | None = None, limit: int | None = None, device: str = "cpu",
-                     nanochat: str | None = None, step: int | None = None, tokenizer_dir: str | None = None,
-                     out: Path) -> dict[str, Any]:
+def evaluate_harness(
+    run_dir: str | None,
+    tasks: list[str],
+    *,
+    data_dir: str | None = None,
+    include_path: str | None = None,
+    limit: int | None = None,
+    device: str = "cpu",
+    nanochat: str | None = None,
+    step: int | None = None,
+    tokenizer_dir: str | None = None,
+    out: Path,
+) -> dict[str, Any]:
     """Run lm-eval's ``simple_evaluate`` on ``tasks`` (names of the harness, of ``include_path`` or, with
     ``data_dir``, the shipped ``lapheads_*`` tasks); returns its "results" and writes them into ``out``."""
     import json
@@ -177,11 +201,14 @@ def evaluate_harness(run_dir: str | None, tasks: list[str], *, data_dir: str | N
         unknown = [t for t in tasks if t not in manager.all_tasks]
         if unknown:
             shipped = ", ".join(f"lapheads_{t}" for t in HARNESS_TASKS)
-            raise InputError(f"unknown harness task(s) {', '.join(unknown)}; allowed: lm-eval's tasks, those of "
-                             f"--include-path, or with --data-dir holding <task>.jsonl: {shipped}")
+            raise InputError(
+                f"unknown harness task(s) {', '.join(unknown)}; allowed: lm-eval's tasks, those of "
+                f"--include-path, or with --data-dir holding <task>.jsonl: {shipped}"
+            )
         lm = LapheadsLM(run_dir, nanochat=nanochat, step=step, tokenizer_dir=tokenizer_dir, device=device)
-        result = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False,
-                                 bootstrap_iters=0)
+        result = simple_evaluate(
+            model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False, bootstrap_iters=0
+        )
     results = result["results"]
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps({"results": results, "limit": limit}, indent=1, default=str) + "\n")

@@ -26,14 +26,21 @@ __all__ = ["DINOHead", "DINOLoss", "MultiCropWrapper", "cosine_schedule", "updat
 
 class DINOHead(nn.Module):
     """Args:
-        in_dim: backbone output (CLS) dimension.
-        out_dim: number of prototypes K.
-        hidden_dim, bottleneck_dim: MLP sizes; nlayers: MLP depth (>= 1).
-        norm_last_layer: fix the prototypes' weight norm to 1 (DINO's default for ViTs).
+    in_dim: backbone output (CLS) dimension.
+    out_dim: number of prototypes K.
+    hidden_dim, bottleneck_dim: MLP sizes; nlayers: MLP depth (>= 1).
+    norm_last_layer: fix the prototypes' weight norm to 1 (DINO's default for ViTs).
     """
 
-    def __init__(self, in_dim: int, out_dim: int = 65536, hidden_dim: int = 2048, bottleneck_dim: int = 256,
-                 nlayers: int = 3, norm_last_layer: bool = True) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int = 65536,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+        nlayers: int = 3,
+        norm_last_layer: bool = True,
+    ) -> None:
         super().__init__()
         if nlayers == 1:
             self.mlp = nn.Linear(in_dim, bottleneck_dim)
@@ -76,14 +83,20 @@ class MultiCropWrapper(nn.Module):
 
 class DINOLoss(nn.Module):
     """Args:
-        out_dim: prototypes K.
-        num_crops: global + local crops per image (the student sees all; the teacher the first 2).
-        teacher_temps: per-epoch teacher temperatures (warm-up then constant).
-        student_temp: 0.1; center_momentum: 0.9.
+    out_dim: prototypes K.
+    num_crops: global + local crops per image (the student sees all; the teacher the first 2).
+    teacher_temps: per-epoch teacher temperatures (warm-up then constant).
+    student_temp: 0.1; center_momentum: 0.9.
     """
 
-    def __init__(self, out_dim: int, num_crops: int, teacher_temps: np.ndarray, student_temp: float = 0.1,
-                 center_momentum: float = 0.9) -> None:
+    def __init__(
+        self,
+        out_dim: int,
+        num_crops: int,
+        teacher_temps: np.ndarray,
+        student_temp: float = 0.1,
+        center_momentum: float = 0.9,
+    ) -> None:
         super().__init__()
         self.student_temp, self.center_momentum, self.num_crops = student_temp, center_momentum, num_crops
         self.teacher_temps = teacher_temps
@@ -114,8 +127,9 @@ class DINOLoss(nn.Module):
         self.center.mul_(self.center_momentum).add_(batch_center / count, alpha=1 - self.center_momentum)
 
 
-def cosine_schedule(base: float, final: float, epochs: int, iters_per_epoch: int, warmup_epochs: float = 0,
-                    start_warmup: float = 0.0) -> np.ndarray:
+def cosine_schedule(
+    base: float, final: float, epochs: int, iters_per_epoch: int, warmup_epochs: float = 0, start_warmup: float = 0.0
+) -> np.ndarray:
     """One value per iteration: linear warm-up from ``start_warmup`` to ``base``, then cosine to ``final``."""
     warmup_iters = int(round(warmup_epochs * iters_per_epoch))
     warmup = np.linspace(start_warmup, base, warmup_iters) if warmup_iters > 0 else np.array([])
@@ -133,7 +147,9 @@ def update_teacher(student: nn.Module, teacher: nn.Module, momentum: float) -> N
 
 def teacher_temperatures(warmup_temp: float, temp: float, warmup_epochs: int, epochs: int) -> np.ndarray:
     """DINO's per-epoch teacher temperature: linear from ``warmup_temp`` to ``temp``, then constant."""
-    return np.concatenate([np.linspace(warmup_temp, temp, warmup_epochs), np.ones(max(epochs - warmup_epochs, 0)) * temp])
+    return np.concatenate(
+        [np.linspace(warmup_temp, temp, warmup_epochs), np.ones(max(epochs - warmup_epochs, 0)) * temp]
+    )
 
 
 def cancel_last_layer_gradients(epoch: int, model: nn.Module, freeze_last_layer: int) -> None:
@@ -143,5 +159,3 @@ def cancel_last_layer_gradients(epoch: int, model: nn.Module, freeze_last_layer:
     for name, p in model.named_parameters():
         if "last_layer" in name:
             p.grad = None
-
-

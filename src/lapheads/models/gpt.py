@@ -52,12 +52,32 @@ __all__ = ["ARCHS", "GPT", "GPTConfig", "KVCache", "sample_token"]
 
 #: Architecture families: the value of every per-feature option that is left as None.
 ARCHS: dict[str, dict[str, Any]] = {
-    "nanochat-2025": dict(use_ve=False, use_resid_lambdas=False, use_x0=False, use_smear=False, use_backout=False,
-                          window_pattern="L", qk_scale=1.0, rope_base=10000.0, pad_vocab_size_to=1,
-                          init="nanochat-2025", round_width=False),
-    "nanochat-2026": dict(use_ve=True, use_resid_lambdas=True, use_x0=True, use_smear=True, use_backout=True,
-                          window_pattern="SSSL", qk_scale=1.2, rope_base=100000.0, pad_vocab_size_to=64,
-                          init="nanochat-2026", round_width=True),
+    "nanochat-2025": dict(
+        use_ve=False,
+        use_resid_lambdas=False,
+        use_x0=False,
+        use_smear=False,
+        use_backout=False,
+        window_pattern="L",
+        qk_scale=1.0,
+        rope_base=10000.0,
+        pad_vocab_size_to=1,
+        init="nanochat-2025",
+        round_width=False,
+    ),
+    "nanochat-2026": dict(
+        use_ve=True,
+        use_resid_lambdas=True,
+        use_x0=True,
+        use_smear=True,
+        use_backout=True,
+        window_pattern="SSSL",
+        qk_scale=1.2,
+        rope_base=100000.0,
+        pad_vocab_size_to=64,
+        init="nanochat-2026",
+        round_width=True,
+    ),
 }
 #: Feature widths of the fork's gates: the value-embedding gate and the smear gate read the first channels.
 VE_GATE_CHANNELS, SMEAR_GATE_CHANNELS = 12, 24
@@ -66,29 +86,29 @@ VE_GATE_CHANNELS, SMEAR_GATE_CHANNELS = 12, 24
 @dataclass
 class GPTConfig:
     """Args:
-        depth: number of blocks; also sets the width (``aspect_ratio`` x depth).
-        vocab_size: tokenizer vocabulary (65,536 for nanochat's BPE).
-        sequence_len: longest sequence the model takes (training and generation).
-        aspect_ratio: width per layer of depth (nanochat: 64).
-        head_dim: target head dimension (nanochat: 128).
-        n_kv_head: key/value heads (GQA/MQA); default = the number of query heads.
-        laplacian_heads: k trailing Laplacian heads per layer, "0,2,2,0" per layer, or masks.
-        softcap: logit soft cap (0 disables it).
-        arch: the architecture family, ``"nanochat-2025"`` or ``"nanochat-2026"`` (see ``ARCHS``).
-        use_ve: value embeddings mixed into v by a per-head gate in (0, 3), on alternating layers (last included).
-        use_resid_lambdas: a learned scale of the residual stream before each block.
-        use_x0: a learned share of the first (embedded) stream added back before each block.
-        use_smear: the previous token's embedding mixed into each token's by a learned gate.
-        use_backout: a learned share of the mid-depth stream subtracted before the final norm.
-        window_pattern: "L" (full causal context) / "S" (sliding window) per layer, tiled; the last layer is "L".
-        short_window: keys before a query that an "S" layer sees; None = the fork's rule, ceil(sequence_len / 4 to a
-            multiple of 128).
-        qk_scale: factor on queries and keys after the QK-norm (sharper attention).
-        rope_base: rotary base frequency.
-        pad_vocab_size_to: embedding and head rows rounded up to this multiple; logits are cropped to vocab_size.
-        init: the initialisation, ``"nanochat-2025"`` or ``"nanochat-2026"``.
-        width: the model width, overriding depth x aspect_ratio (e.g. a nanochat checkpoint's n_embd).
-        num_heads: the number of query heads, overriding the width rule.
+    depth: number of blocks; also sets the width (``aspect_ratio`` x depth).
+    vocab_size: tokenizer vocabulary (65,536 for nanochat's BPE).
+    sequence_len: longest sequence the model takes (training and generation).
+    aspect_ratio: width per layer of depth (nanochat: 64).
+    head_dim: target head dimension (nanochat: 128).
+    n_kv_head: key/value heads (GQA/MQA); default = the number of query heads.
+    laplacian_heads: k trailing Laplacian heads per layer, "0,2,2,0" per layer, or masks.
+    softcap: logit soft cap (0 disables it).
+    arch: the architecture family, ``"nanochat-2025"`` or ``"nanochat-2026"`` (see ``ARCHS``).
+    use_ve: value embeddings mixed into v by a per-head gate in (0, 3), on alternating layers (last included).
+    use_resid_lambdas: a learned scale of the residual stream before each block.
+    use_x0: a learned share of the first (embedded) stream added back before each block.
+    use_smear: the previous token's embedding mixed into each token's by a learned gate.
+    use_backout: a learned share of the mid-depth stream subtracted before the final norm.
+    window_pattern: "L" (full causal context) / "S" (sliding window) per layer, tiled; the last layer is "L".
+    short_window: keys before a query that an "S" layer sees; None = the fork's rule, ceil(sequence_len / 4 to a
+        multiple of 128).
+    qk_scale: factor on queries and keys after the QK-norm (sharper attention).
+    rope_base: rotary base frequency.
+    pad_vocab_size_to: embedding and head rows rounded up to this multiple; logits are cropped to vocab_size.
+    init: the initialisation, ``"nanochat-2025"`` or ``"nanochat-2026"``.
+    width: the model width, overriding depth x aspect_ratio (e.g. a nanochat checkpoint's n_embd).
+    num_heads: the number of query heads, overriding the width rule.
     """
 
     depth: int = 20
@@ -144,8 +164,7 @@ class GPTConfig:
     def window_sizes(self) -> list[int | None]:
         """Per layer: how many keys before a query an "S" layer sees, or None for full causal context ("L")."""
         short = self.short_window if self.short_window is not None else -(-self.sequence_len // 4 // 128) * 128
-        sizes = [short if self.window_pattern[i % len(self.window_pattern)] == "S" else None
-                 for i in range(self.depth)]
+        sizes = [short if self.window_pattern[i % len(self.window_pattern)] == "S" else None for i in range(self.depth)]
         sizes[-1] = None  # the last layer always sees the whole context
         return [None if w is not None and w >= self.sequence_len - 1 else w for w in sizes]
 
@@ -155,11 +174,15 @@ class GPTConfig:
 
     def validate(self) -> None:
         if self.depth < 1 or self.vocab_size < 2 or self.sequence_len < 1:
-            raise InputError(f"GPTConfig needs depth >= 1, vocab_size >= 2, sequence_len >= 1; got depth="
-                             f"{self.depth}, vocab_size={self.vocab_size}, sequence_len={self.sequence_len}")
+            raise InputError(
+                f"GPTConfig needs depth >= 1, vocab_size >= 2, sequence_len >= 1; got depth="
+                f"{self.depth}, vocab_size={self.vocab_size}, sequence_len={self.sequence_len}"
+            )
         if self.n_embd % self.n_head:
-            raise InputError(f"width {self.n_embd} (= depth x aspect_ratio) is not divisible into {self.n_head} heads "
-                             f"of about {self.head_dim}; allowed: a width that is a multiple of the head count")
+            raise InputError(
+                f"width {self.n_embd} (= depth x aspect_ratio) is not divisible into {self.n_head} heads "
+                f"of about {self.head_dim}; allowed: a width that is a multiple of the head count"
+            )
         kv = self.n_kv_head or self.n_head
         if self.n_head % kv:
             raise InputError(f"n_kv_head={kv} must divide the {self.n_head} query heads")
@@ -170,13 +193,16 @@ class GPTConfig:
         if self.init not in ("nanochat-2025", "nanochat-2026"):
             raise InputError(f"init={self.init!r}; allowed: nanochat-2025, nanochat-2026")
         if self.pad_vocab_size_to < 1 or self.qk_scale <= 0 or self.rope_base <= 1:
-            raise InputError(f"pad_vocab_size_to={self.pad_vocab_size_to}, qk_scale={self.qk_scale}, rope_base="
-                             f"{self.rope_base}; allowed: >= 1, > 0 and > 1")
+            raise InputError(
+                f"pad_vocab_size_to={self.pad_vocab_size_to}, qk_scale={self.qk_scale}, rope_base="
+                f"{self.rope_base}; allowed: >= 1, > 0 and > 1"
+            )
         gates = [(self.use_ve, VE_GATE_CHANNELS, "use_ve"), (self.use_smear, SMEAR_GATE_CHANNELS, "use_smear")]
         for on, channels, name in gates:
             if on and self.n_embd < channels:
-                raise InputError(f"{name} needs a width >= {channels} (its gate reads {channels} channels); got "
-                                 f"{self.n_embd}")
+                raise InputError(
+                    f"{name} needs a width >= {channels} (its gate reads {channels} channels); got {self.n_embd}"
+                )
 
     @classmethod
     def from_nanochat(cls, model_config: dict[str, Any], state_keys: set[str] | None = None) -> GPTConfig:
@@ -194,19 +220,24 @@ class GPTConfig:
         switches = ("use_ve", "use_resid_lambdas", "use_x0", "use_smear", "use_backout")
         markers = ("value_embeds.", "resid_lambdas", "x0_lambdas", "smear_", "backout_lambda")
         is_2026 = any(k in model_config for k in (*switches, "window_pattern")) or any(
-            key.startswith(markers) for key in (state_keys or ()))
+            key.startswith(markers) for key in (state_keys or ())
+        )
         spec = model_config.get("laplacian_heads", 0)
         options: dict[str, Any] = {}
         if is_2026:
             options = {k: bool(model_config.get(k, True)) for k in switches}
             options["window_pattern"] = model_config.get("window_pattern", "L")
         return cls(
-            depth=int(model_config["n_layer"]), vocab_size=int(model_config["vocab_size"]),
-            sequence_len=int(model_config["sequence_len"]), width=int(model_config["n_embd"]),
-            num_heads=int(model_config["n_head"]), n_kv_head=int(model_config.get("n_kv_head", model_config["n_head"])),
+            depth=int(model_config["n_layer"]),
+            vocab_size=int(model_config["vocab_size"]),
+            sequence_len=int(model_config["sequence_len"]),
+            width=int(model_config["n_embd"]),
+            num_heads=int(model_config["n_head"]),
+            n_kv_head=int(model_config.get("n_kv_head", model_config["n_head"])),
             head_dim=int(model_config["n_embd"]) // int(model_config["n_head"]),
             laplacian_heads=list(spec) if isinstance(spec, (list, tuple)) else int(spec),
-            arch="nanochat-2026" if is_2026 else "nanochat-2025", **options,
+            arch="nanochat-2026" if is_2026 else "nanochat-2025",
+            **options,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -241,8 +272,16 @@ class KVCache:
         device, dtype: where and in what precision keys and values are stored.
     """
 
-    def __init__(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, num_layers: int,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        num_layers: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         shape = (num_layers, 2, batch_size, num_kv_heads, max_len, head_dim)
         self.kv = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
@@ -254,8 +293,8 @@ class KVCache:
         end = self.pos + k.shape[2]
         if end > self.max_len:
             raise InputError(f"KV cache full: {end} tokens > its max_len {self.max_len}")
-        self.kv[layer, 0, :, :, self.pos:end] = k
-        self.kv[layer, 1, :, :, self.pos:end] = v
+        self.kv[layer, 0, :, :, self.pos : end] = k
+        self.kv[layer, 1, :, :, self.pos : end] = v
         if layer == self.kv.shape[0] - 1:  # the last layer moves the cache forward
             self.pos = end
         return self.kv[layer, 0, :, :, :end], self.kv[layer, 1, :, :, :end]
@@ -281,14 +320,21 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
         self.c_v = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         # the value-embedding gate (2026): one gate per key/value head from the first channels of the input
-        self.ve_gate = (nn.Linear(VE_GATE_CHANNELS, self.n_kv_head, bias=False)
-                        if config.has_value_embedding(layer_idx) else None)
+        self.ve_gate = (
+            nn.Linear(VE_GATE_CHANNELS, self.n_kv_head, bias=False) if config.has_value_embedding(layer_idx) else None
+        )
         # a non-persistent buffer (nanochat checkpoints load unchanged; the spec lives in the config) that
         # survives meta-device builds and to_empty (LaplacianHeadsMixin)
         self._init_laplacian_heads(self.n_head, laplacian_mask)
 
-    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache | None,
-                value_embedding: torch.Tensor | None = None, window_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCache | None,
+        value_embedding: torch.Tensor | None = None,
+        window_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
@@ -304,8 +350,9 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.insert(self.layer_idx, k, v)
         # T < S with a cache: the op aligns the mask bottom-right and uses the query's own value
-        y = laplacian_attention(q, k, v, laplacian_heads=self.laplacian_heads_for_op, attn_mask=window_mask,
-                                is_causal=window_mask is None)
+        y = laplacian_attention(
+            q, k, v, laplacian_heads=self.laplacian_heads_for_op, attn_mask=window_mask, is_causal=window_mask is None
+        )
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -325,8 +372,14 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer_idx, laplacian_mask)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache | None = None,
-                value_embedding: torch.Tensor | None = None, window_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCache | None = None,
+        value_embedding: torch.Tensor | None = None,
+        window_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         x = x + self.attn(rms_norm(x), cos_sin, kv_cache, value_embedding, window_mask)
         return x + self.mlp(rms_norm(x))
 
@@ -336,8 +389,9 @@ def _optional_parameter(enabled: bool, shape: tuple[int, ...]) -> nn.Parameter |
     return nn.Parameter(torch.empty(shape)) if enabled else None
 
 
-def sample_token(logits: torch.Tensor, temperature: float, top_k: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_token(
+    logits: torch.Tensor, temperature: float, top_k: int | None = None, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """One next token (B, 1) from logits (B, V): greedy at temperature 0, else sampled from the top-k (None/0: all)."""
     if temperature == 0:
         return logits.argmax(-1, keepdim=True)
@@ -357,15 +411,18 @@ class GPT(nn.Module):
         self.config = config
         masks = parse_laplacian_heads(config.laplacian_heads, num_heads=config.n_head, num_layers=config.depth)
         vocab, width = config.padded_vocab_size, config.n_embd
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(vocab, width),
-            "h": nn.ModuleList([Block(config, i, masks[i]) for i in range(config.depth)]),
-        })
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(vocab, width),
+                "h": nn.ModuleList([Block(config, i, masks[i]) for i in range(config.depth)]),
+            }
+        )
         self.norm = RMSNorm()
         self.lm_head = nn.Linear(width, vocab, bias=False)
         kv_width = (config.n_kv_head or config.n_head) * (width // config.n_head)
-        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(vocab, kv_width) for i in range(config.depth)
-                                           if config.has_value_embedding(i)})
+        self.value_embeds = nn.ModuleDict(
+            {str(i): nn.Embedding(vocab, kv_width) for i in range(config.depth) if config.has_value_embedding(i)}
+        )
         self.resid_lambdas = _optional_parameter(config.use_resid_lambdas, (config.depth,))
         self.x0_lambdas = _optional_parameter(config.use_x0, (config.depth,))
         self.smear_gate = nn.Linear(SMEAR_GATE_CHANNELS, 1, bias=False) if config.use_smear else None
@@ -384,8 +441,9 @@ class GPT(nn.Module):
     def laplacian_masks(self) -> list[list[bool]]:
         """Each layer's Laplacian head mask (from the config, so it works on the meta device too)."""
         with torch.device("cpu"):
-            masks = parse_laplacian_heads(self.config.laplacian_heads, num_heads=self.config.n_head,
-                                          num_layers=self.config.depth)
+            masks = parse_laplacian_heads(
+                self.config.laplacian_heads, num_heads=self.config.n_head, num_layers=self.config.depth
+            )
         return [mask.tolist() for mask in masks]
 
     def constructor_kwargs(self) -> dict[str, Any]:
@@ -394,7 +452,9 @@ class GPT(nn.Module):
 
     def _rotary(self, seq_len: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         head_dim = self.config.n_embd // self.config.n_head
-        inv_freq = 1.0 / self.config.rope_base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+        inv_freq = 1.0 / self.config.rope_base ** (
+            torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+        )
         angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=device), inv_freq)
         return angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
 
@@ -478,18 +538,20 @@ class GPT(nn.Module):
         loss_reduction: str = "mean",
     ) -> torch.Tensor:
         """Args:
-            idx: token ids (B, T).
-            targets: next-token ids (B, T), -1 = ignored; when given, returns the cross-entropy loss.
-            kv_cache: continue from the cache's position (generation); the new tokens are appended.
-            loss_reduction: "mean", "sum" or "none" (per token, for bits-per-byte and scoring).
+        idx: token ids (B, T).
+        targets: next-token ids (B, T), -1 = ignored; when given, returns the cross-entropy loss.
+        kv_cache: continue from the cache's position (generation); the new tokens are appended.
+        loss_reduction: "mean", "sum" or "none" (per token, for bits-per-byte and scoring).
         """
         B, T = idx.shape
         c = self.config
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > c.sequence_len:
-            raise InputError(f"sequence of {start + T} tokens is longer than the model's sequence_len "
-                             f"{c.sequence_len}; allowed: at most {c.sequence_len}")
-        cos_sin = self.cos[:, start:start + T].to(idx.device), self.sin[:, start:start + T].to(idx.device)
+            raise InputError(
+                f"sequence of {start + T} tokens is longer than the model's sequence_len "
+                f"{c.sequence_len}; allowed: at most {c.sequence_len}"
+            )
+        cos_sin = self.cos[:, start : start + T].to(idx.device), self.sin[:, start : start + T].to(idx.device)
         # one mask per distinct window, shared by every "S" layer of this forward
         masks = {w: sliding_window_mask(T, start + T, w, idx.device) for w in set(self.window_sizes) if w is not None}
         x = rms_norm(self.transformer["wte"](idx))
@@ -509,18 +571,26 @@ class GPT(nn.Module):
         if backout is not None:
             x = x - self.backout_lambda.to(x.dtype) * backout
         x = self.norm(x)
-        logits = self.lm_head(x)[..., :c.vocab_size].float()  # padded rows are never predicted
+        logits = self.lm_head(x)[..., : c.vocab_size].float()  # padded rows are never predicted
         if c.softcap:
             logits = c.softcap * torch.tanh(logits / c.softcap)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
-                               reduction=loss_reduction)
+        return F.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction
+        )
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         c = self.config
-        return KVCache(batch_size, c.n_kv_head or c.n_head, max_len or c.sequence_len, c.n_embd // c.n_head, c.depth,
-                       device=self.lm_head.weight.device, dtype=dtype or self.lm_head.weight.dtype)
+        return KVCache(
+            batch_size,
+            c.n_kv_head or c.n_head,
+            max_len or c.sequence_len,
+            c.n_embd // c.n_head,
+            c.depth,
+            device=self.lm_head.weight.device,
+            dtype=dtype or self.lm_head.weight.dtype,
+        )
 
     @torch.no_grad()
     def generate(
@@ -552,6 +622,7 @@ class GPT(nn.Module):
             logits = self(token, kv_cache=cache)[:, -1]
         generated = sum(t.shape[1] for t in out[1:])
         if generated < max_new_tokens:  # every row stopped early: pad with the stop token
-            out.append(torch.full((idx.shape[0], max_new_tokens - generated), stop_token, dtype=idx.dtype,
-                                  device=idx.device))
+            out.append(
+                torch.full((idx.shape[0], max_new_tokens - generated), stop_token, dtype=idx.dtype, device=idx.device)
+            )
         return torch.cat(out, dim=1)

@@ -32,8 +32,9 @@ def nanochat_steps(folder: str | Path) -> list[int]:
     """The steps with both a ``model_<step>.pt`` and a ``meta_<step>.json`` in ``folder``, ascending."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointError(f"{folder} is not a directory; allowed: a nanochat checkpoint folder (model_<step>.pt "
-                              "and meta_<step>.json)")
+        raise CheckpointError(
+            f"{folder} is not a directory; allowed: a nanochat checkpoint folder (model_<step>.pt and meta_<step>.json)"
+        )
     steps = []
     for path in folder.glob("model_*.pt"):
         match = re.fullmatch(r"model_(\d+)\.pt", path.name)
@@ -52,8 +53,9 @@ def _missing_scalars(config: GPTConfig) -> list[tuple[str, bool, tuple[int, ...]
     ]
 
 
-def load_nanochat(folder: str | Path, step: int | None = None, device: str | torch.device = "cpu",
-                  laplacian_heads: Any = None) -> tuple[GPT, dict[str, Any]]:
+def load_nanochat(
+    folder: str | Path, step: int | None = None, device: str | torch.device = "cpu", laplacian_heads: Any = None
+) -> tuple[GPT, dict[str, Any]]:
     """A nanochat checkpoint as lapheads' GPT, in eval mode; returns (model, the checkpoint's meta).
 
     Args:

@@ -93,8 +93,12 @@ def create_vit(
     set_laplacian_heads(model, laplacian_heads)
     for attn in (m for m in model.modules() if isinstance(m, LaplacianAttention)):
         width = attn.head_dim
-        init_heads(attn, attn.laplacian_mask, init,
-                   lambda head, a=attn, w=width: (a.proj.weight, slice(head * w, (head + 1) * w), 1))
+        init_heads(
+            attn,
+            attn.laplacian_mask,
+            init,
+            lambda head, a=attn, w=width: (a.proj.weight, slice(head * w, (head + 1) * w), 1),
+        )
     return model
 
 
@@ -115,19 +119,35 @@ def _default_cfg(input_size: tuple[int, int, int], num_classes: int, imagenet: b
 
     mean, std = (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD) if imagenet else ((0.5,) * input_size[0],) * 2
     # fixed_input_size: learned position embeddings for one grid, as timm's own ViT configs say
-    return dict(url="", num_classes=num_classes, input_size=input_size, mean=mean, std=std,
-                first_conv="patch_embed.proj", classifier="head", fixed_input_size=True)
+    return dict(
+        url="",
+        num_classes=num_classes,
+        input_size=input_size,
+        mean=mean,
+        std=std,
+        first_conv="patch_embed.proj",
+        classifier="head",
+        fixed_input_size=True,
+    )
 
 
 # timm's register_model reads the registering module's ``default_cfgs``; untrained names need one too.
-default_cfgs = generate_default_cfgs({
-    "vit_fmnist_patch4": _default_cfg((1, 28, 28), 10),
-    "vit_lite_7_patch4_32": _default_cfg((3, 32, 32), 10),
-    **{f"deit3_{size}_{k}L_patch16_192": _default_cfg((3, 192, 192), 1000, imagenet=True)
-       for size, heads in (("small", 6), ("base", 12), ("large", 16)) for k in range(heads + 1)},
-    **{f"deit3_{size}_{k}L_patch16_224": _default_cfg((3, 224, 224), 1000, imagenet=True)
-       for size, heads in (("small", 6), ("base", 12)) for k in range(heads + 1)},
-})
+default_cfgs = generate_default_cfgs(
+    {
+        "vit_fmnist_patch4": _default_cfg((1, 28, 28), 10),
+        "vit_lite_7_patch4_32": _default_cfg((3, 32, 32), 10),
+        **{
+            f"deit3_{size}_{k}L_patch16_192": _default_cfg((3, 192, 192), 1000, imagenet=True)
+            for size, heads in (("small", 6), ("base", 12), ("large", 16))
+            for k in range(heads + 1)
+        },
+        **{
+            f"deit3_{size}_{k}L_patch16_224": _default_cfg((3, 224, 224), 1000, imagenet=True)
+            for size, heads in (("small", 6), ("base", 12))
+            for k in range(heads + 1)
+        },
+    }
+)
 
 
 def _say_input_size(kwargs: dict[str, Any], channels: int) -> None:
@@ -137,8 +157,10 @@ def _say_input_size(kwargs: dict[str, Any], channels: int) -> None:
         return
     size = kwargs["img_size"]
     height, width = (size, size) if isinstance(size, int) else tuple(size)
-    kwargs["pretrained_cfg_overlay"] = {"input_size": (kwargs.get("in_chans", channels), height, width),
-                                        **(kwargs.get("pretrained_cfg_overlay") or {})}
+    kwargs["pretrained_cfg_overlay"] = {
+        "input_size": (kwargs.get("in_chans", channels), height, width),
+        **(kwargs.get("pretrained_cfg_overlay") or {}),
+    }
 
 
 def _small_vit(name: str, args: dict[str, Any], pretrained: bool, kwargs: dict[str, Any]) -> VisionTransformer:

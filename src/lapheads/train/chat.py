@@ -59,28 +59,31 @@ __all__ = ["MidConfig", "SFTConfig", "load_gpt_run", "merge_lora", "train_mid", 
 
 CHAT_TASKS = ("mid", "sft")
 LORA_TARGETS = "c_q,c_k,c_v,c_proj,c_fc"
-_SPEC_OR_BASE = Domain("empty (the base's heads) or " + HEAD_SPEC.allowed,
-                       lambda v: v == "" or HEAD_SPEC.test(v))
+_SPEC_OR_BASE = Domain("empty (the base's heads) or " + HEAD_SPEC.allowed, lambda v: v == "" or HEAD_SPEC.test(v))
 
 
 @dataclass
 class ChatTrainConfig(RunConfig):
     """Options shared by mid-training and SFT (``lapheads train mid|sft --key value``)."""
 
-    laplacian_heads: str = option("", "must equal the base's Laplacian heads (empty: take them from the base)",
-                                  _SPEC_OR_BASE)
+    laplacian_heads: str = option(
+        "", "must equal the base's Laplacian heads (empty: take them from the base)", _SPEC_OR_BASE
+    )
     base: str = option("", "the lapheads run directory (lm, mid or sft) to start from (or --nanochat)")
     nanochat: str = option("", "a nanochat checkpoint folder to start from instead of --base")
     nanochat_step: int | None = option(None, "--nanochat: the checkpoint step (default: the last)", NON_NEGATIVE)
     nanochat_tokenizer: str = option("", "--nanochat: the folder of tokenizer.pkl (default: nanochat's layout)")
-    data: str = option("smoltalk,mmlu_aux*3,gsm8k*4", "the conversation mixture, NAME[*EPOCHS],... (sources: "
-                       "smoltalk, mmlu_aux, gsm8k, identity, arith, letters)")
+    data: str = option(
+        "smoltalk,mmlu_aux*3,gsm8k*4",
+        "the conversation mixture, NAME[*EPOCHS],... (sources: smoltalk, mmlu_aux, gsm8k, identity, arith, letters)",
+    )
     val_data: str = option("", "conversations for the validation loss (e.g. arith_test); empty: none")
     data_dir: str = option("", "local <source>.jsonl/.parquet files in the hub's schema (empty: the hub)")
     sequence_len: int | None = option(None, "longest sequence (default: the base's)", POSITIVE)
     micro_batch: int = option(4, "sequences per forward pass per process", POSITIVE)
-    num_iterations: int = option(-1, "optimizer steps; -1 = one pass over the mixture",
-                                 Domain("-1 or > 0", lambda v: v == -1 or v > 0))
+    num_iterations: int = option(
+        -1, "optimizer steps; -1 = one pass over the mixture", Domain("-1 or > 0", lambda v: v == -1 or v > 0)
+    )
     embedding_lr: float = option(0.2, "AdamW learning rate of the embedding (scaled by (width/768)^-0.5)", POSITIVE)
     unembedding_lr: float = option(0.004, "AdamW learning rate of the LM head (scaled likewise)", POSITIVE)
     matrix_lr: float = option(0.02, "Muon learning rate of the block matrices", POSITIVE)
@@ -99,8 +102,9 @@ class ChatTrainConfig(RunConfig):
     lora_merge: bool = option(False, "after training, write RUN_DIR/merged: a plain run with the adapters merged")
     eval_every: int = option(100, "steps between validation losses and checkpoints", POSITIVE)
     eval_examples: int = option(200, "validation conversations per evaluation", POSITIVE)
-    eval_tasks: str = option("", "chat evals run after the last step into report/eval_chat.json (e.g. arith,letters;"
-                             " empty: none)")
+    eval_tasks: str = option(
+        "", "chat evals run after the last step into report/eval_chat.json (e.g. arith,letters; empty: none)"
+    )
     eval_max_examples: int | None = option(None, "--eval-tasks: the first N items per task", POSITIVE)
 
     # muon settings that build_optimizers reads; fixed here (no warm-up after pre-training)
@@ -109,8 +113,10 @@ class ChatTrainConfig(RunConfig):
 
     def check(self) -> None:
         if bool(self.base) == bool(self.nanochat):
-            raise ConfigError(f"--base {self.base!r} --nanochat {self.nanochat!r}: allowed: exactly one of them (a "
-                              "lapheads LM run directory or a nanochat checkpoint folder)")
+            raise ConfigError(
+                f"--base {self.base!r} --nanochat {self.nanochat!r}: allowed: exactly one of them (a "
+                "lapheads LM run directory or a nanochat checkpoint folder)"
+            )
         parse_mixture(self.data)
         if self.val_data:
             parse_mixture(self.val_data)
@@ -159,13 +165,16 @@ def _load_base(cfg: ChatTrainConfig, device: torch.device) -> tuple[GPT, Tokeniz
         from lapheads.models.nanochat import load_nanochat
 
         folder = Path(cfg.nanochat)
-        tokenizer_dir = Path(cfg.nanochat_tokenizer) if cfg.nanochat_tokenizer else (
-            folder.resolve().parent.parent / "tokenizer")
+        tokenizer_dir = (
+            Path(cfg.nanochat_tokenizer) if cfg.nanochat_tokenizer else (folder.resolve().parent.parent / "tokenizer")
+        )
         tokenizer = Tokenizer.nanochat(tokenizer_dir)
         model, meta = load_nanochat(folder, cfg.nanochat_step, device)
         if tokenizer.vocab_size != model.config.vocab_size:
-            raise InputError(f"{tokenizer_dir} has {tokenizer.vocab_size} tokens but {folder} was trained with "
-                             f"{model.config.vocab_size}; allowed: the checkpoint's own tokenizer (--nanochat-tokenizer)")
+            raise InputError(
+                f"{tokenizer_dir} has {tokenizer.vocab_size} tokens but {folder} was trained with "
+                f"{model.config.vocab_size}; allowed: the checkpoint's own tokenizer (--nanochat-tokenizer)"
+            )
         source = {"nanochat": str(folder), "nanochat_step": meta["step"]}
     else:
         record, model, tokenizer = load_gpt_run(cfg.base, str(device.type))
@@ -174,12 +183,16 @@ def _load_base(cfg: ChatTrainConfig, device: torch.device) -> tuple[GPT, Tokeniz
         from lapheads.attention import parse_laplacian_heads
 
         c = model.config
-        wanted = [m.tolist() if hasattr(m, "tolist") else list(m)
-                  for m in parse_laplacian_heads(cfg.laplacian_heads, c.n_head, c.depth)]
+        wanted = [
+            m.tolist() if hasattr(m, "tolist") else list(m)
+            for m in parse_laplacian_heads(cfg.laplacian_heads, c.n_head, c.depth)
+        ]
         if wanted != model.laplacian_masks():
-            raise ConfigError(f"--laplacian-heads {cfg.laplacian_heads!r} differs from the base's heads "
-                              f"{model.laplacian_masks()}; allowed: the base's spec, or leave it out (a base's "
-                              "heads cannot change during fine-tuning)")
+            raise ConfigError(
+                f"--laplacian-heads {cfg.laplacian_heads!r} differs from the base's heads "
+                f"{model.laplacian_masks()}; allowed: the base's spec, or leave it out (a base's "
+                "heads cannot change during fine-tuning)"
+            )
     return model.to(device).train(), tokenizer, source
 
 
@@ -187,14 +200,16 @@ def _load_base(cfg: ChatTrainConfig, device: torch.device) -> tuple[GPT, Tokeniz
 # Batches
 
 
-def sft_batch(rendered: list[tuple[list[int], list[int]]], pad_id: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sft_batch(
+    rendered: list[tuple[list[int], list[int]]], pad_id: int, max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets of whole conversations, right-padded to the longest (at most ``max_len`` inputs);
     targets are -1 (ignored) where the mask is 0 and on padding."""
     length = min(max(len(ids) for ids, _ in rendered) - 1, max_len)
     x = torch.full((len(rendered), length), pad_id, dtype=torch.long)
     y = torch.full((len(rendered), length), -1, dtype=torch.long)
     for row, (ids, mask) in enumerate(rendered):
-        ids, mask = ids[:length + 1], mask[:length + 1]
+        ids, mask = ids[: length + 1], mask[: length + 1]
         n = len(ids) - 1
         x[row, :n] = torch.tensor(ids[:-1])
         targets = torch.tensor(ids[1:])
@@ -213,8 +228,18 @@ class ConversationBatches:
         per_step: sequences (mid) or conversations (SFT) per optimizer step over all processes.
     """
 
-    def __init__(self, conversations: list[Conversation], tokenizer: Tokenizer, *, packed: bool, sequence_len: int,
-                 micro_batch: int, per_step: int, rank: int, world_size: int) -> None:
+    def __init__(
+        self,
+        conversations: list[Conversation],
+        tokenizer: Tokenizer,
+        *,
+        packed: bool,
+        sequence_len: int,
+        micro_batch: int,
+        per_step: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
         self.tokenizer, self.packed, self.sequence_len = tokenizer, packed, sequence_len
         self.micro_batch, self.rank, self.world_size = micro_batch, rank, world_size
         self.accum = per_step // (micro_batch * world_size)
@@ -224,7 +249,7 @@ class ConversationBatches:
             n = len(stream) // (sequence_len + 1)
             if n == 0:
                 raise InputError(f"the mixture has {len(stream)} tokens, fewer than one sequence of {sequence_len}")
-            self.windows = torch.tensor(stream[:n * (sequence_len + 1)]).view(n, sequence_len + 1)
+            self.windows = torch.tensor(stream[: n * (sequence_len + 1)]).view(n, sequence_len + 1)
         self.items = len(self.windows) if packed else len(self.rendered)
 
     @property
@@ -247,16 +272,22 @@ class ConversationBatches:
 
 
 @torch.no_grad()
-def conversation_loss(model: GPT, rendered: list[tuple[list[int], list[int]]], tokenizer: Tokenizer, dist_: Distributed,
-                      sequence_len: int, batch_size: int) -> float:
+def conversation_loss(
+    model: GPT,
+    rendered: list[tuple[list[int], list[int]]],
+    tokenizer: Tokenizer,
+    dist_: Distributed,
+    sequence_len: int,
+    batch_size: int,
+) -> float:
     """Mean loss (nats) over the trained tokens of ``rendered``, all ranks together."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=dist_.device)
     pad = tokenizer.special_id("<|assistant_end|>")
-    mine = rendered[dist_.rank::dist_.world_size]
+    mine = rendered[dist_.rank :: dist_.world_size]
     for start in range(0, len(mine), batch_size):
-        x, y = sft_batch(mine[start:start + batch_size], pad, sequence_len)
+        x, y = sft_batch(mine[start : start + batch_size], pad, sequence_len)
         nats = model(x.to(dist_.device), y.to(dist_.device), loss_reduction="sum")
         totals += torch.stack([nats.double(), (y >= 0).sum().double().to(dist_.device)])
     dist_.all_reduce_sum(totals)
@@ -291,8 +322,15 @@ def _lr_multiplier(step: int, total: int, warmdown_ratio: float) -> float:
     return (total - step) / max(warmdown, 1)
 
 
-def train_chat(task: str, cfg: ChatTrainConfig, run_dir: str | Path, *, resume: bool = False,
-               stop_at_step: int | None = None, preset: str | None = None) -> dict[str, Any]:
+def train_chat(
+    task: str,
+    cfg: ChatTrainConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    stop_at_step: int | None = None,
+    preset: str | None = None,
+) -> dict[str, Any]:
     """Mid-train (``task`` "mid") or SFT (``task`` "sft") into ``run_dir``; returns the final metrics."""
     validate_config(cfg)
     run = RunDir(run_dir)
@@ -305,53 +343,88 @@ def train_chat(task: str, cfg: ChatTrainConfig, run_dir: str | Path, *, resume: 
     try:
         tokenizer.special_id("<|assistant_start|>")
     except Exception:
-        raise InputError(f"{cfg.base or cfg.nanochat} has a tokenizer without chat tokens; allowed: a lapheads or "
-                         "nanochat tokenizer") from None
+        raise InputError(
+            f"{cfg.base or cfg.nanochat} has a tokenizer without chat tokens; allowed: a lapheads or nanochat tokenizer"
+        ) from None
     data_dir = cfg.data_dir or None
     conversations = conversation_mixture(cfg.data, data_dir, cfg.seed)
     packed = task == "mid"
     if packed:
         per_pass = cfg.micro_batch * sequence_len * dist_.world_size
         if cfg.total_batch_size % per_pass:
-            raise ConfigError(f"--total-batch-size {cfg.total_batch_size} is not a multiple of micro_batch x "
-                              f"sequence_len x world_size = {per_pass}; allowed: a multiple of {per_pass}")
+            raise ConfigError(
+                f"--total-batch-size {cfg.total_batch_size} is not a multiple of micro_batch x "
+                f"sequence_len x world_size = {per_pass}; allowed: a multiple of {per_pass}"
+            )
         per_step = cfg.total_batch_size // sequence_len
     else:
         per_pass = cfg.micro_batch * dist_.world_size
         if cfg.examples_per_step % per_pass:
-            raise ConfigError(f"--examples-per-step {cfg.examples_per_step} is not a multiple of micro_batch x "
-                              f"world_size = {per_pass}; allowed: a multiple of {per_pass}")
+            raise ConfigError(
+                f"--examples-per-step {cfg.examples_per_step} is not a multiple of micro_batch x "
+                f"world_size = {per_pass}; allowed: a multiple of {per_pass}"
+            )
         per_step = cfg.examples_per_step
-    batches = ConversationBatches(conversations, tokenizer, packed=packed, sequence_len=sequence_len,
-                                  micro_batch=cfg.micro_batch, per_step=per_step, rank=dist_.rank,
-                                  world_size=dist_.world_size)
-    val = [render_conversation(tokenizer, c, sequence_len + 1)
-           for c in conversation_mixture(cfg.val_data, data_dir, 0)[:cfg.eval_examples]] if cfg.val_data else []
+    batches = ConversationBatches(
+        conversations,
+        tokenizer,
+        packed=packed,
+        sequence_len=sequence_len,
+        micro_batch=cfg.micro_batch,
+        per_step=per_step,
+        rank=dist_.rank,
+        world_size=dist_.world_size,
+    )
+    val = (
+        [
+            render_conversation(tokenizer, c, sequence_len + 1)
+            for c in conversation_mixture(cfg.val_data, data_dir, 0)[: cfg.eval_examples]
+        ]
+        if cfg.val_data
+        else []
+    )
     total_steps = cfg.num_iterations if cfg.num_iterations > 0 else batches.steps_per_epoch
 
-    peft_model = (apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
-                  if cfg.lora_rank else None)
+    peft_model = (
+        apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets) if cfg.lora_rank else None
+    )
     trained = LoraAdapters(peft_model) if peft_model is not None else model
     optimizers = _optimizers(model, peft_model, cfg, dist_)
     start_step = start_or_resume(
-        run, task, dataclasses.asdict(cfg), dist_, trained, optimizers, resume=resume, config_type=type(cfg),
-        extra_record={"preset": preset, **source, "model": model_record("gpt", model.constructor_kwargs()), "laplacian_masks": model.laplacian_masks(),
-                      "vocab_size": tokenizer.vocab_size, "steps": total_steps, "conversations": len(conversations),
-                      "trainable_params": sum(p.numel() for p in trained.parameters()),
-                      "num_params": model.num_params()},
+        run,
+        task,
+        dataclasses.asdict(cfg),
+        dist_,
+        trained,
+        optimizers,
+        resume=resume,
+        config_type=type(cfg),
+        extra_record={
+            "preset": preset,
+            **source,
+            "model": model_record("gpt", model.constructor_kwargs()),
+            "laplacian_masks": model.laplacian_masks(),
+            "vocab_size": tokenizer.vocab_size,
+            "steps": total_steps,
+            "conversations": len(conversations),
+            "trainable_params": sum(p.numel() for p in trained.parameters()),
+            "num_params": model.num_params(),
+        },
     )
     if not resume and dist_.is_main:
         tokenizer.save(run.path / "tokenizer")
     train_model, forward_model = wrap_for_training(peft_model if peft_model is not None else model, dist_, cfg.compile)
     hint = "lower --lora-lr" if peft_model is not None else "lower --init-lr-frac"
-    progress = tqdm(total=total_steps, initial=start_step, disable=not dist_.is_main, desc=f"train {task}",
-                    dynamic_ncols=True)
+    progress = tqdm(
+        total=total_steps, initial=start_step, disable=not dist_.is_main, desc=f"train {task}", dynamic_ncols=True
+    )
 
     def evaluate(step: int) -> dict[str, float]:
         if not val:
             return {}
-        loss = conversation_loss(model if peft_model is None else peft_model, val, tokenizer, dist_, sequence_len,
-                                 cfg.micro_batch)
+        loss = conversation_loss(
+            model if peft_model is None else peft_model, val, tokenizer, dist_, sequence_len, cfg.micro_batch
+        )
         if dist_.is_main:
             run.log({"step": step, "val_loss": loss})
             progress.write(f"step {step}: val_loss {loss:.4f}")
@@ -370,7 +443,7 @@ def train_chat(task: str, cfg: ChatTrainConfig, run_dir: str | Path, *, resume: 
             x, y = x.to(dist_.device), y.to(dist_.device)
             tokens += int((y >= 0).sum())
             sync = a == len(micro_batches) - 1 or not dist_.enabled
-            with (contextlib.nullcontext() if sync else train_model.no_sync()):
+            with contextlib.nullcontext() if sync else train_model.no_sync():
                 with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=cfg.amp):
                     loss = forward_model(x, y)
                 (loss / len(micro_batches)).backward()
@@ -391,8 +464,15 @@ def train_chat(task: str, cfg: ChatTrainConfig, run_dir: str | Path, *, resume: 
             elapsed, tick = time.perf_counter() - tick, time.perf_counter()
             progress.set_postfix(loss=f"{mean_loss:.4f}", lrm=f"{multiplier:.2f}")
             if dist_.is_main:
-                run.log({"step": step, "loss": mean_loss, "lr_multiplier": multiplier, "trained_tokens": tokens,
-                         "seconds": elapsed})
+                run.log(
+                    {
+                        "step": step,
+                        "loss": mean_loss,
+                        "lr_multiplier": multiplier,
+                        "trained_tokens": tokens,
+                        "seconds": elapsed,
+                    }
+                )
         if step % cfg.eval_every == 0 or step == total_steps:
             last_eval = evaluate(step)
             save_checkpoint(run, step, dist_, trained, optimizers, {}, keep=cfg.keep_checkpoints)
@@ -408,8 +488,9 @@ def train_chat(task: str, cfg: ChatTrainConfig, run_dir: str | Path, *, resume: 
     if tasks and dist_.is_main and not done_before:  # nanochat's chat_sft ends with its chat evals too
         from lapheads.evals.chat import run_chat_evals
 
-        summary = run_chat_evals(run.path, tasks, data_dir=data_dir, max_examples=cfg.eval_max_examples,
-                                 device=cfg.device)
+        summary = run_chat_evals(
+            run.path, tasks, data_dir=data_dir, max_examples=cfg.eval_max_examples, device=cfg.device
+        )
         last_eval |= {f"{t}_accuracy": r["accuracy"] for t, r in summary["tasks"].items()}
         last_eval["chatcore"] = summary["chatcore"]
     return {"step": step, **last_eval}
@@ -427,8 +508,11 @@ def merge_lora(run_dir: str | Path, out: str | Path) -> Path:
         shutil.rmtree(out)
     merged = RunDir(out)
     config = dict(record["config"], lora_rank=0, lora_merge=False)
-    merged.write_config("sft", config, {k: v for k, v in record.items() if k not in ("task", "config")} | {
-        "merged_from": str(run.path.resolve())})
+    merged.write_config(
+        "sft",
+        config,
+        {k: v for k, v in record.items() if k not in ("task", "config")} | {"merged_from": str(run.path.resolve())},
+    )
     tokenizer.save(out / "tokenizer")
     step = int(json.loads((checkpoint_folder(run) / "state.json").read_text())["step"])
     save_checkpoint(merged, step, Distributed(), model, {}, {})

@@ -50,7 +50,8 @@ __all__ = ["ClassifyConfig", "evaluate_classifier", "train_classify"]
 
 @dataclass
 class ClassifyConfig(RunConfig):
-    """Every option of a classification run (``lapheads train classify --key value`` sets any of them); the shared run options come from RunConfig."""
+    """Every option of a classification run (``lapheads train classify --key value`` sets any of them); the shared
+    run options come from RunConfig."""
 
     # model
     model: str = option("vit_fmnist_patch4", "a timm VisionTransformer name (timm.list_models('*vit*'))")
@@ -58,7 +59,7 @@ class ClassifyConfig(RunConfig):
     img_size: int = option(28, "model input size in pixels (a multiple of the patch size)", POSITIVE)
     drop_path: float = option(0.0, "stochastic-depth rate", RATE)
     layer_scale: float | None = option(None, "LayerScale init value (DeiT-III: 1e-6); none = no LayerScale", POSITIVE)
-    model_kwargs: dict = option({}, "extra timm model arguments as JSON, e.g. {\"patch_size\": 7}")
+    model_kwargs: dict = option({}, 'extra timm model arguments as JSON, e.g. {"patch_size": 7}')
     # data
     dataset: str = option("fashion-mnist", "the image dataset", one_of(*DATASETS))
     data_root: str | None = option(None, "data folder (an existing directory; none: Fashion-MNIST's default places)")
@@ -96,16 +97,22 @@ class ClassifyConfig(RunConfig):
         if self.min_lr > self.lr:
             raise ConfigError(f"--min-lr {self.min_lr} is above --lr {self.lr}; allowed: min_lr <= lr")
         if self.micro_batch is not None and self.batch_size % self.micro_batch:
-            raise ConfigError(f"--micro-batch {self.micro_batch} does not divide --batch-size {self.batch_size}; "
-                              "allowed: a divisor of the batch size")
+            raise ConfigError(
+                f"--micro-batch {self.micro_batch} does not divide --batch-size {self.batch_size}; "
+                "allowed: a divisor of the batch size"
+            )
         if self.micro_batch is None and self.batch_size % self.accum_steps:
-            raise ConfigError(f"--accum-steps {self.accum_steps} does not divide --batch-size {self.batch_size}; "
-                              "allowed: a divisor of the batch size")
+            raise ConfigError(
+                f"--accum-steps {self.accum_steps} does not divide --batch-size {self.batch_size}; "
+                "allowed: a divisor of the batch size"
+            )
         from timm.optim import list_optimizers
 
         if self.optimizer.lower() not in list_optimizers():
-            raise ConfigError(f"--optimizer {self.optimizer!r}: allowed: a timm optimizer, e.g. adamw, lamb, sgd, "
-                              "lion (timm.optim.list_optimizers())")
+            raise ConfigError(
+                f"--optimizer {self.optimizer!r}: allowed: a timm optimizer, e.g. adamw, lamb, sgd, "
+                "lion (timm.optim.list_optimizers())"
+            )
 
 
 def _micro_batch(cfg: ClassifyConfig, world_size: int) -> tuple[int, int]:
@@ -136,9 +143,19 @@ def model_spec(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> dict[str
     patch = kwargs.get("patch_size") or _model_patch_size(cfg.model)
     if patch and cfg.img_size % patch:
         raise InputError(f"img_size={cfg.img_size} is not a multiple of the patch size {patch} of {cfg.model}")
-    return model_record("vit", {
-        "name": cfg.model, "laplacian_heads": cfg.laplacian_heads, "qk_norm": cfg.qk_norm, "num_classes": num_classes,
-        "in_chans": in_chans, "img_size": cfg.img_size, "drop_path_rate": cfg.drop_path, **kwargs})
+    return model_record(
+        "vit",
+        {
+            "name": cfg.model,
+            "laplacian_heads": cfg.laplacian_heads,
+            "qk_norm": cfg.qk_norm,
+            "num_classes": num_classes,
+            "in_chans": in_chans,
+            "img_size": cfg.img_size,
+            "drop_path_rate": cfg.drop_path,
+            **kwargs,
+        },
+    )
 
 
 def build_model(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> torch.nn.Module:
@@ -197,18 +214,30 @@ def evaluate_classifier(
             logits = model(images)
         logits = logits.float()
         top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        totals += torch.stack([
-            (top5[:, 0] == labels).sum(), (top5 == labels[:, None]).any(1).sum(),
-            F.cross_entropy(logits, labels, reduction="sum"), torch.tensor(len(labels), device=dist_.device),
-        ]).to(totals)
+        totals += torch.stack(
+            [
+                (top5[:, 0] == labels).sum(),
+                (top5 == labels[:, None]).any(1).sum(),
+                F.cross_entropy(logits, labels, reduction="sum"),
+                torch.tensor(len(labels), device=dist_.device),
+            ]
+        ).to(totals)
     dist_.all_reduce_sum(totals)
     model.train()
     n = max(totals[3].item(), 1)
-    return {"eval_top1": 100 * totals[0].item() / n, "eval_top5": 100 * totals[1].item() / n, "eval_loss": totals[2].item() / n}
+    return {
+        "eval_top1": 100 * totals[0].item() / n,
+        "eval_top5": 100 * totals[1].item() / n,
+        "eval_loss": totals[2].item() / n,
+    }
 
 
 def train_classify(
-    cfg: ClassifyConfig, run_dir: str | Path, *, resume: bool = False, stop_at_step: int | None = None,
+    cfg: ClassifyConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    stop_at_step: int | None = None,
     preset: str | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) a classification run into ``run_dir``; returns the final metrics.
@@ -228,10 +257,18 @@ def train_classify(
         torch.use_deterministic_algorithms(True)
     micro_batch, accum_steps = _micro_batch(cfg, dist_.world_size)
     data = build_image_data(
-        cfg.dataset, cfg.data_root, cfg.img_size, download=cfg.download, three_augment=cfg.three_augment,
-        color_jitter=cfg.color_jitter, hflip=cfg.hflip, augment=cfg.augment,
+        cfg.dataset,
+        cfg.data_root,
+        cfg.img_size,
+        download=cfg.download,
+        three_augment=cfg.three_augment,
+        color_jitter=cfg.color_jitter,
+        hflip=cfg.hflip,
+        augment=cfg.augment,
     )
-    train_set = data.train if cfg.train_subset is None else Subset(data.train, range(min(cfg.train_subset, len(data.train))))
+    train_set = (
+        data.train if cfg.train_subset is None else Subset(data.train, range(min(cfg.train_subset, len(data.train))))
+    )
     eval_set = data.eval if cfg.eval_subset is None else Subset(data.eval, range(min(cfg.eval_subset, len(data.eval))))
 
     seed_everything(cfg.seed)  # the same initial weights on every rank
@@ -248,25 +285,41 @@ def train_classify(
     total_steps = max(1, math.ceil(cfg.epochs * sampler.steps_per_epoch))
     warmup_steps = min(total_steps - 1, round(cfg.warmup_epochs * sampler.steps_per_epoch))
     scheduler = CosineLRScheduler(
-        optimizer, t_initial=total_steps, lr_min=cfg.min_lr, warmup_t=warmup_steps, warmup_lr_init=cfg.min_lr,
-        warmup_prefix=True, t_in_epochs=False,
+        optimizer,
+        t_initial=total_steps,
+        lr_min=cfg.min_lr,
+        warmup_t=warmup_steps,
+        warmup_lr_init=cfg.min_lr,
+        warmup_prefix=True,
+        t_in_epochs=False,
     )
     mixup = None
     if cfg.mixup or cfg.cutmix:
-        mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.smoothing,
-                      num_classes=data.num_classes)
+        mixup = Mixup(
+            mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.smoothing, num_classes=data.num_classes
+        )
     ema = ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay > 0 else None
     extra = {"ema": ema.module} if ema is not None else {}
     loss_fn = _loss_fn(cfg)
 
     start_step = start_or_resume(
-        run, "classify", dataclasses.asdict(cfg), dist_, model, optimizer, resume=resume, extra_models=extra,
+        run,
+        "classify",
+        dataclasses.asdict(cfg),
+        dist_,
+        model,
+        optimizer,
+        resume=resume,
+        extra_models=extra,
         config_type=ClassifyConfig,
         extra_record={
             "preset": preset,
-            "num_params": num_params, "laplacian_masks": vit_laplacian_masks(model), "num_classes": data.num_classes,
+            "num_params": num_params,
+            "laplacian_masks": vit_laplacian_masks(model),
+            "num_classes": data.num_classes,
             "model": model_spec(cfg, data.num_classes, data.in_chans),
-            "in_chans": data.in_chans, "steps": total_steps,
+            "in_chans": data.in_chans,
+            "steps": total_steps,
         },
     )
     train_model, forward_model = wrap_for_training(model, dist_, cfg.compile)
@@ -290,7 +343,7 @@ def train_classify(
             if mixup is not None:
                 images, labels = mixup(images, labels)
             sync = a == len(micro_batches) - 1 or not dist_.enabled
-            with (contextlib.nullcontext() if sync else train_model.no_sync()):
+            with contextlib.nullcontext() if sync else train_model.no_sync():
                 with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=cfg.amp):
                     loss = loss_fn(forward_model(images), labels)
                 (loss / len(micro_batches)).backward()
@@ -315,8 +368,15 @@ def train_classify(
             tick, seen = time.perf_counter(), 0
             progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", img_s=f"{rate:.0f}")
             if dist_.is_main:
-                run.log({"step": step, "epoch": step / sampler.steps_per_epoch, "loss": mean_loss, "lr": lr,
-                         "images_per_s": rate})
+                run.log(
+                    {
+                        "step": step,
+                        "epoch": step / sampler.steps_per_epoch,
+                        "loss": mean_loss,
+                        "lr": lr,
+                        "images_per_s": rate,
+                    }
+                )
         if step % steps_per_eval == 0 or step == total_steps:
             last_eval = evaluate_classifier(model, eval_set, dist_, micro_batch * 2, cfg.amp, cfg.num_workers)
             if ema is not None:
@@ -325,9 +385,21 @@ def train_classify(
             if dist_.is_main:
                 run.log({"step": step, "epoch": step / sampler.steps_per_epoch, **last_eval})
                 progress.write(f"step {step}: " + ", ".join(f"{k} {v:.2f}" for k, v in last_eval.items()))
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step % steps_per_eval == 0 or step == total_steps:
-            save_checkpoint(run, step, dist_, model, optimizer, {"epoch": step / sampler.steps_per_epoch}, extra,
-                            keep=cfg.keep_checkpoints)
+        if (
+            (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+            or step % steps_per_eval == 0
+            or step == total_steps
+        ):
+            save_checkpoint(
+                run,
+                step,
+                dist_,
+                model,
+                optimizer,
+                {"epoch": step / sampler.steps_per_epoch},
+                extra,
+                keep=cfg.keep_checkpoints,
+            )
     progress.close()
     return {"step": step, "num_params": num_params, **last_eval}
 
@@ -340,7 +412,8 @@ def evaluate_run(run_dir: Path, use_ema: bool = False) -> dict[str, Any]:
     dist_ = setup_distributed(cfg["device"])
     model = load_model(run, "ema" if use_ema else "model", device=dist_.device)
     data = build_image_data(cfg["dataset"], cfg["data_root"], cfg["img_size"])
-    eval_set = data.eval if cfg["eval_subset"] is None else Subset(data.eval, range(min(cfg["eval_subset"],
-                                                                                          len(data.eval))))
+    eval_set = (
+        data.eval if cfg["eval_subset"] is None else Subset(data.eval, range(min(cfg["eval_subset"], len(data.eval))))
+    )
     metrics = evaluate_classifier(model, eval_set, dist_, 256, cfg["amp"], cfg["num_workers"])
     return {"run_dir": str(run.path), "checkpoint": checkpoint_folder(run).name, **metrics}

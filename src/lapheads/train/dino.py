@@ -58,13 +58,13 @@ __all__ = ["DINOConfig", "build_backbone", "train_dino"]
 
 
 #: DINO's crop scales: [low, high] with 0 < low <= high <= 1
-SCALE_RANGE = Domain("[low, high] with 0 < low <= high <= 1",
-                     lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1)
+SCALE_RANGE = Domain("[low, high] with 0 < low <= high <= 1", lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1)
 
 
 @dataclass
 class DINOConfig(RunConfig):
-    """Every option of a DINO run (``lapheads train dino --key value`` sets any of them); the shared run options come from RunConfig."""
+    """Every option of a DINO run (``lapheads train dino --key value`` sets any of them); the shared run options
+    come from RunConfig."""
 
     # model
     model: str = option("vit_small_patch16_224", "a timm VisionTransformer name")
@@ -111,17 +111,27 @@ class DINOConfig(RunConfig):
         if self.min_lr > self.lr * self.batch_size / 256:
             raise ConfigError(f"--min-lr {self.min_lr} is above the scaled peak lr {self.lr * self.batch_size / 256}")
         if self.warmup_teacher_temp_epochs > self.epochs:
-            raise ConfigError(f"--warmup-teacher-temp-epochs {self.warmup_teacher_temp_epochs} > --epochs "
-                              f"{self.epochs}; allowed: at most the training length")
+            raise ConfigError(
+                f"--warmup-teacher-temp-epochs {self.warmup_teacher_temp_epochs} > --epochs "
+                f"{self.epochs}; allowed: at most the training length"
+            )
 
 
 def backbone_spec(cfg: DINOConfig, in_chans: int) -> dict[str, Any]:
     """The backbone's constructor arguments as config.json records them; the weight files hold it under
     ``backbone.`` (student: model.safetensors, teacher: teacher.safetensors)."""
-    kwargs = {"img_size": cfg.img_size, "in_chans": in_chans, "num_classes": 0, "dynamic_img_size": True,
-              **cfg.model_kwargs}
-    return model_record("vit", {"name": cfg.model, "laplacian_heads": cfg.laplacian_heads, "qk_norm": cfg.qk_norm,
-                                **kwargs}, prefix="backbone.")
+    kwargs = {
+        "img_size": cfg.img_size,
+        "in_chans": in_chans,
+        "num_classes": 0,
+        "dynamic_img_size": True,
+        **cfg.model_kwargs,
+    }
+    return model_record(
+        "vit",
+        {"name": cfg.model, "laplacian_heads": cfg.laplacian_heads, "qk_norm": cfg.qk_norm, **kwargs},
+        prefix="backbone.",
+    )
 
 
 def build_backbone(cfg: DINOConfig, in_chans: int) -> torch.nn.Module:
@@ -133,8 +143,9 @@ def recorded_model(record: dict[str, Any]) -> dict[str, Any]:
     """config.json's ``"model"`` for a run written before lapheads recorded it (``lapheads upgrade``)."""
     from lapheads.config import config_from_dict
 
-    return {"model": backbone_spec(config_from_dict(DINOConfig, record["config"], source="config.json"),
-                                   record["in_chans"])}
+    return {
+        "model": backbone_spec(config_from_dict(DINOConfig, record["config"], source="config.json"), record["in_chans"])
+    }
 
 
 def check_model(cfg: DINOConfig) -> None:
@@ -145,11 +156,20 @@ def check_model(cfg: DINOConfig) -> None:
     build_backbone(cfg, DATASETS.get(cfg.dataset, (3,))[0])
 
 
-def build_student_teacher(cfg: DINOConfig, in_chans: int, drop_path: bool = True) -> tuple[MultiCropWrapper, MultiCropWrapper]:
+def build_student_teacher(
+    cfg: DINOConfig, in_chans: int, drop_path: bool = True
+) -> tuple[MultiCropWrapper, MultiCropWrapper]:
     def wrapper(rate: float) -> MultiCropWrapper:
-        backbone = build_backbone(dataclasses.replace(cfg, model_kwargs={**cfg.model_kwargs, "drop_path_rate": rate}), in_chans)
-        head = DINOHead(backbone.num_features, cfg.out_dim, cfg.head_hidden_dim, cfg.head_bottleneck_dim,
-                        norm_last_layer=cfg.norm_last_layer)
+        backbone = build_backbone(
+            dataclasses.replace(cfg, model_kwargs={**cfg.model_kwargs, "drop_path_rate": rate}), in_chans
+        )
+        head = DINOHead(
+            backbone.num_features,
+            cfg.out_dim,
+            cfg.head_hidden_dim,
+            cfg.head_bottleneck_dim,
+            norm_last_layer=cfg.norm_last_layer,
+        )
         return MultiCropWrapper(backbone, head)
 
     student = wrapper(cfg.drop_path if drop_path else 0.0)
@@ -178,7 +198,11 @@ def _clip_per_parameter(model: torch.nn.Module, clip: float) -> None:
 
 
 def train_dino(
-    cfg: DINOConfig, run_dir: str | Path, *, resume: bool = False, stop_at_step: int | None = None,
+    cfg: DINOConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    stop_at_step: int | None = None,
     preset: str | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) a DINO run into ``run_dir``; returns the final metrics.
@@ -196,41 +220,66 @@ def train_dino(
     if cfg.batch_size % dist_.world_size:
         raise InputError(f"batch_size={cfg.batch_size} is not divisible by the {dist_.world_size} processes")
     chans, _, _, mean, std = DATASETS[cfg.dataset]
-    augment = MultiCropAugmentation(cfg.img_size, cfg.local_crop_size, cfg.local_crops, mean, std,
-                                    tuple(cfg.global_scale), tuple(cfg.local_scale))
+    augment = MultiCropAugmentation(
+        cfg.img_size, cfg.local_crop_size, cfg.local_crops, mean, std, tuple(cfg.global_scale), tuple(cfg.local_scale)
+    )
     data = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, download=cfg.download, train_transform=augment)
-    train_set = data.train if cfg.train_subset is None else torch.utils.data.Subset(
-        data.train, range(min(cfg.train_subset, len(data.train))))
+    train_set = (
+        data.train
+        if cfg.train_subset is None
+        else torch.utils.data.Subset(data.train, range(min(cfg.train_subset, len(data.train))))
+    )
 
     seed_everything(cfg.seed)  # the same initial weights on every rank
     student, teacher = build_student_teacher(cfg, data.in_chans)
     seed_everything(cfg.seed + dist_.rank)  # but independent augmentations per rank
     student.to(dist_.device)
     teacher.to(dist_.device)
-    sampler = GlobalBatchSampler(len(train_set), cfg.batch_size // dist_.world_size, 1, dist_.rank, dist_.world_size,
-                                 cfg.seed)
+    sampler = GlobalBatchSampler(
+        len(train_set), cfg.batch_size // dist_.world_size, 1, dist_.rank, dist_.world_size, cfg.seed
+    )
     per_epoch = sampler.steps_per_epoch
     total_steps = cfg.epochs * per_epoch
     lr_schedule = cosine_schedule(cfg.lr * cfg.batch_size / 256, cfg.min_lr, cfg.epochs, per_epoch, cfg.warmup_epochs)
     wd_schedule = cosine_schedule(cfg.weight_decay, cfg.weight_decay_end, cfg.epochs, per_epoch)
     momentum_schedule = cosine_schedule(cfg.momentum_teacher, 1.0, cfg.epochs, per_epoch)
-    loss_fn = DINOLoss(cfg.out_dim, 2 + cfg.local_crops,
-                       teacher_temperatures(cfg.warmup_teacher_temp, cfg.teacher_temp, cfg.warmup_teacher_temp_epochs,
-                                            cfg.epochs), cfg.student_temp, cfg.center_momentum).to(dist_.device)
+    loss_fn = DINOLoss(
+        cfg.out_dim,
+        2 + cfg.local_crops,
+        teacher_temperatures(cfg.warmup_teacher_temp, cfg.teacher_temp, cfg.warmup_teacher_temp_epochs, cfg.epochs),
+        cfg.student_temp,
+        cfg.center_momentum,
+    ).to(dist_.device)
     optimizer = torch.optim.AdamW(_param_groups(student))
     extra = {"teacher": teacher, "dino_loss": loss_fn}
     num_params = sum(p.numel() for p in student.backbone.parameters())
 
     start_step = start_or_resume(
-        run, "dino", dataclasses.asdict(cfg), dist_, student, optimizer, resume=resume, extra_models=extra,
+        run,
+        "dino",
+        dataclasses.asdict(cfg),
+        dist_,
+        student,
+        optimizer,
+        resume=resume,
+        extra_models=extra,
         config_type=DINOConfig,
-        extra_record={"preset": preset, "num_params": num_params, "laplacian_masks": vit_laplacian_masks(student.backbone),
-                      "in_chans": data.in_chans, "num_classes": data.num_classes, "steps": total_steps,
-                      "embed_dim": student.backbone.num_features, "model": backbone_spec(cfg, data.in_chans)},
+        extra_record={
+            "preset": preset,
+            "num_params": num_params,
+            "laplacian_masks": vit_laplacian_masks(student.backbone),
+            "in_chans": data.in_chans,
+            "num_classes": data.num_classes,
+            "steps": total_steps,
+            "embed_dim": student.backbone.num_features,
+            "model": backbone_spec(cfg, data.in_chans),
+        },
     )
     _, forward_model = wrap_for_training(student, dist_, cfg.compile)
     steps_per_checkpoint = max(1, round(cfg.checkpoint_every_epochs * per_epoch))
-    progress = tqdm(total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train dino", dynamic_ncols=True)
+    progress = tqdm(
+        total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train dino", dynamic_ncols=True
+    )
     batches = sampler.step_batches(start_step)
     tick, seen, mean_loss = time.perf_counter(), 0, math.nan
     student.train()
@@ -271,11 +320,24 @@ def train_dino(
             tick, seen = time.perf_counter(), 0
             progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr_schedule[step - 1]:.2e}", img_s=f"{rate:.0f}")
             if dist_.is_main:
-                run.log({"step": step, "epoch": step / per_epoch, "loss": mean_loss, "lr": float(lr_schedule[step - 1]),
-                         "weight_decay": float(wd_schedule[step - 1]), "teacher_momentum": float(momentum_schedule[step - 1]),
-                         "images_per_s": rate})
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step % steps_per_checkpoint == 0 or step == total_steps:
-            save_checkpoint(run, step, dist_, student, optimizer, {"epoch": step / per_epoch}, extra,
-                            keep=cfg.keep_checkpoints)
+                run.log(
+                    {
+                        "step": step,
+                        "epoch": step / per_epoch,
+                        "loss": mean_loss,
+                        "lr": float(lr_schedule[step - 1]),
+                        "weight_decay": float(wd_schedule[step - 1]),
+                        "teacher_momentum": float(momentum_schedule[step - 1]),
+                        "images_per_s": rate,
+                    }
+                )
+        if (
+            (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+            or step % steps_per_checkpoint == 0
+            or step == total_steps
+        ):
+            save_checkpoint(
+                run, step, dist_, student, optimizer, {"epoch": step / per_epoch}, extra, keep=cfg.keep_checkpoints
+            )
     progress.close()
     return {"step": step, "num_params": num_params, "loss": mean_loss}

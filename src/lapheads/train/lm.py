@@ -75,7 +75,8 @@ __all__ = ["LMConfig", "build_gpt", "prepare_lm_data", "train_lm"]
 
 @dataclass
 class LMConfig(RunConfig):
-    """Every option of a language-model run (``lapheads train lm --key value`` sets any of them); the shared run options come from RunConfig."""
+    """Every option of a language-model run (``lapheads train lm --key value`` sets any of them); the shared run
+    options come from RunConfig."""
 
     # data and tokenizer
     dataset: str = option("shakespeare", "the text corpus", one_of(*TEXT_DATASETS))
@@ -92,35 +93,39 @@ class LMConfig(RunConfig):
     n_kv_head: int | None = option(None, "key/value heads (GQA); none = as many as query heads", POSITIVE)
     sequence_len: int = option(256, "tokens per training sequence", POSITIVE)
     softcap: float = option(15.0, "logit soft cap (0: off)", NON_NEGATIVE)
-    arch: str = option("nanochat-2025", "architecture family; every option below left unset follows it",
-                       one_of(*ARCHS))
+    arch: str = option("nanochat-2025", "architecture family; every option below left unset follows it", one_of(*ARCHS))
     use_ve: bool | None = option(None, "value embeddings with a per-head gate on alternating layers")
     use_resid_lambdas: bool | None = option(None, "a learned residual scale before each block")
     use_x0: bool | None = option(None, "a learned share of the embedding re-injected before each block")
     use_smear: bool | None = option(None, "the previous token's embedding mixed in by a learned gate")
     use_backout: bool | None = option(None, "a learned share of the mid-depth stream subtracted before the head")
-    window_pattern: str | None = option(None, "S (sliding window) / L (full) per layer, tiled; the last layer is L",
-                                        Domain("letters S and L, e.g. SSSL", lambda v: bool(re.fullmatch("[SLsl]+", v))))
-    short_window: int | None = option(None, "keys before a query an S layer sees (none: sequence_len / 4, to 128s)",
-                                      POSITIVE)
+    window_pattern: str | None = option(
+        None,
+        "S (sliding window) / L (full) per layer, tiled; the last layer is L",
+        Domain("letters S and L, e.g. SSSL", lambda v: bool(re.fullmatch("[SLsl]+", v))),
+    )
+    short_window: int | None = option(
+        None, "keys before a query an S layer sees (none: sequence_len / 4, to 128s)", POSITIVE
+    )
     qk_scale: float | None = option(None, "factor on q and k after the QK-norm", POSITIVE)
     rope_base: float | None = option(None, "rotary base frequency", greater(1))
     pad_vocab_size_to: int | None = option(None, "round the embedding rows up to a multiple of this", POSITIVE)
     # optimisation
     total_batch_size: int = option(8192, "tokens per optimizer step, over all processes", POSITIVE)
     micro_batch: int = option(32, "sequences per forward pass per process", POSITIVE)
-    num_iterations: int = option(-1, "optimizer steps; -1 = from --target-param-data-ratio",
-                                 Domain("-1 or > 0", lambda v: v == -1 or v > 0))
-    target_param_data_ratio: float = option(20.0, "training tokens per parameter when --num-iterations is -1",
-                                            POSITIVE)
+    num_iterations: int = option(
+        -1, "optimizer steps; -1 = from --target-param-data-ratio", Domain("-1 or > 0", lambda v: v == -1 or v > 0)
+    )
+    target_param_data_ratio: float = option(20.0, "training tokens per parameter when --num-iterations is -1", POSITIVE)
     embedding_lr: float = option(0.2, "AdamW learning rate of the embedding (scaled by (width/768)^-0.5)", POSITIVE)
     unembedding_lr: float = option(0.004, "AdamW learning rate of the LM head (scaled likewise)", POSITIVE)
     matrix_lr: float = option(0.02, "Muon learning rate of the block matrices", POSITIVE)
     scalar_lr: float = option(0.5, "AdamW learning rate of the x0 lambdas (residual lambdas: x 0.01)", POSITIVE)
     weight_decay: float = option(0.0, "AdamW weight decay", NON_NEGATIVE)
     muon_weight_decay: float = option(0.0, "Muon decoupled weight decay of the block matrices", NON_NEGATIVE)
-    muon_weight_decay_schedule: str = option("constant", "constant, or cosine from muon_weight_decay to 0",
-                                             one_of("constant", "cosine"))
+    muon_weight_decay_schedule: str = option(
+        "constant", "constant, or cosine from muon_weight_decay to 0", one_of("constant", "cosine")
+    )
     adam_beta1: float = option(0.8, "AdamW beta1", RATE)
     adam_beta2: float = option(0.95, "AdamW beta2", RATE)
     warmup_ratio: float = option(0.0, "fraction of the steps in linear warm-up", FRACTION)
@@ -130,8 +135,9 @@ class LMConfig(RunConfig):
     muon_momentum_start: float = option(0.85, "Muon momentum at step 0", RATE)
     muon_momentum_end: float = option(0.95, "Muon momentum after the warm-up", RATE)
     muon_momentum_warmup: int = option(300, "steps to move Muon's momentum from start to end", NON_NEGATIVE)
-    muon_momentum_final: float | None = option(None, "Muon momentum reached at the end of the warm-down (none: "
-                                               "stays at end)", RATE)
+    muon_momentum_final: float | None = option(
+        None, "Muon momentum reached at the end of the warm-down (none: stays at end)", RATE
+    )
     grad_clip: float = option(1.0, "gradient-norm clip (0: off)", NON_NEGATIVE)
     # runtime
     eval_every: int = option(250, "steps between validation bpb, samples and checkpoints", POSITIVE)
@@ -146,18 +152,38 @@ class LMConfig(RunConfig):
         if Path(self.data_root).is_file():
             raise ConfigError(f"--data-root {self.data_root!r} is a file; allowed: a directory (created if missing)")
         if self.warmup_ratio + self.warmdown_ratio > 1:
-            raise ConfigError(f"--warmup-ratio {self.warmup_ratio} + --warmdown-ratio {self.warmdown_ratio} > 1; "
-                              "allowed: a sum <= 1")
+            raise ConfigError(
+                f"--warmup-ratio {self.warmup_ratio} + --warmdown-ratio {self.warmdown_ratio} > 1; allowed: a sum <= 1"
+            )
         per_pass = self.micro_batch * self.sequence_len
         if self.total_batch_size % per_pass:
-            raise ConfigError(f"--total-batch-size {self.total_batch_size} is not a multiple of micro_batch x "
-                              f"sequence_len = {per_pass}; allowed: a multiple of {per_pass}")
+            raise ConfigError(
+                f"--total-batch-size {self.total_batch_size} is not a multiple of micro_batch x "
+                f"sequence_len = {per_pass}; allowed: a multiple of {per_pass}"
+            )
 
 
 #: LMConfig fields that are GPTConfig fields of the same name and meaning
-MODEL_FIELDS = ("depth", "sequence_len", "aspect_ratio", "head_dim", "n_kv_head", "laplacian_heads", "softcap", "arch",
-                "use_ve", "use_resid_lambdas", "use_x0", "use_smear", "use_backout", "window_pattern", "short_window",
-                "qk_scale", "rope_base", "pad_vocab_size_to")
+MODEL_FIELDS = (
+    "depth",
+    "sequence_len",
+    "aspect_ratio",
+    "head_dim",
+    "n_kv_head",
+    "laplacian_heads",
+    "softcap",
+    "arch",
+    "use_ve",
+    "use_resid_lambdas",
+    "use_x0",
+    "use_smear",
+    "use_backout",
+    "window_pattern",
+    "short_window",
+    "qk_scale",
+    "rope_base",
+    "pad_vocab_size_to",
+)
 
 
 def gpt_config(cfg: LMConfig, vocab_size: int) -> GPTConfig:
@@ -234,23 +260,34 @@ def build_optimizers(model: GPT, cfg: LMConfig, dist_: Distributed | None = None
     residual lambdas (scalar LR x 0.01), x0 lambdas (scalar LR, beta1 0.96) and the smear/backout scalars (0.2).
     Under DDP, Muon's work is split across the ranks (``ShardedMuon``: each orthogonalises its share)."""
     scale = (model.config.n_embd / 768) ** -0.5
-    groups = [dict(params=list(model.lm_head.parameters()), lr=cfg.unembedding_lr * scale),
-              dict(params=list(model.transformer["wte"].parameters()), lr=cfg.embedding_lr * scale)]
+    groups = [
+        dict(params=list(model.lm_head.parameters()), lr=cfg.unembedding_lr * scale),
+        dict(params=list(model.transformer["wte"].parameters()), lr=cfg.embedding_lr * scale),
+    ]
     if len(model.value_embeds):
         groups.append(dict(params=list(model.value_embeds.parameters()), lr=cfg.embedding_lr * scale * 0.5))
     if model.resid_lambdas is not None:
         groups.append(dict(params=[model.resid_lambdas], lr=cfg.scalar_lr * 0.01, weight_decay=0.0))
     if model.x0_lambdas is not None:
         groups.append(dict(params=[model.x0_lambdas], lr=cfg.scalar_lr, betas=(0.96, 0.95), weight_decay=0.0))
-    gates = [p for p in (getattr(model.smear_gate, "weight", None), model.smear_lambda, model.backout_lambda)
-             if p is not None]
+    gates = [
+        p
+        for p in (getattr(model.smear_gate, "weight", None), model.smear_lambda, model.backout_lambda)
+        if p is not None
+    ]
     if gates:
         groups.append(dict(params=gates, lr=0.2, weight_decay=0.0))
     adamw = torch.optim.AdamW(groups, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-10, weight_decay=cfg.weight_decay)
     dist_ = dist_ or Distributed()
-    muon = ShardedMuon(list(model.blocks.parameters()), rank=dist_.rank, world_size=dist_.world_size,
-                       lr=cfg.matrix_lr, momentum=cfg.muon_momentum_end, nesterov=True,
-                       weight_decay=cfg.muon_weight_decay)
+    muon = ShardedMuon(
+        list(model.blocks.parameters()),
+        rank=dist_.rank,
+        world_size=dist_.world_size,
+        lr=cfg.matrix_lr,
+        momentum=cfg.muon_momentum_end,
+        nesterov=True,
+        weight_decay=cfg.muon_weight_decay,
+    )
     for opt in (adamw, muon):
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]
@@ -273,7 +310,12 @@ def muon_momentum(step: int, cfg: LMConfig, total: int | None = None) -> float:
     frac = min(step / max(cfg.muon_momentum_warmup, 1), 1.0)
     momentum = (1 - frac) * cfg.muon_momentum_start + frac * cfg.muon_momentum_end
     warmdown = round(cfg.warmdown_ratio * total) if total else 0
-    if cfg.muon_momentum_final is not None and warmdown and step >= total - warmdown and step >= cfg.muon_momentum_warmup:
+    if (
+        cfg.muon_momentum_final is not None
+        and warmdown
+        and step >= total - warmdown
+        and step >= cfg.muon_momentum_warmup
+    ):
         progress = (step - (total - warmdown)) / warmdown
         momentum = (1 - progress) * cfg.muon_momentum_end + progress * cfg.muon_momentum_final
     return momentum
@@ -286,15 +328,28 @@ def muon_weight_decay(step: int, total: int, cfg: LMConfig) -> float:
 
 
 @torch.no_grad()
-def sample(model: GPT, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
-           seed: int, device: torch.device) -> str:
+def sample(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    seed: int,
+    device: torch.device,
+) -> str:
     """One continuation of ``prompt`` (after BOS), decoded."""
     was_training = model.training
     model.eval()
     ids = torch.tensor([tokenizer.encode(prompt, bos=True)], device=device)
     room = model.config.sequence_len - ids.shape[1]
-    out = model.generate(ids, max(0, min(max_new_tokens, room)), temperature=temperature, top_k=top_k,
-                         generator=torch.Generator(device).manual_seed(seed))
+    out = model.generate(
+        ids,
+        max(0, min(max_new_tokens, room)),
+        temperature=temperature,
+        top_k=top_k,
+        generator=torch.Generator(device).manual_seed(seed),
+    )
     model.train(was_training)
     return tokenizer.decode(out[0, 1:].tolist())
 
@@ -302,13 +357,19 @@ def sample(model: GPT, tokenizer: Tokenizer, prompt: str, max_new_tokens: int, t
 def _accum_steps(cfg: LMConfig, world_size: int) -> int:
     per_pass = cfg.micro_batch * cfg.sequence_len * world_size
     if cfg.total_batch_size % per_pass:
-        raise InputError(f"total_batch_size={cfg.total_batch_size} tokens is not a multiple of micro_batch x "
-                         f"sequence_len x world_size = {per_pass}; allowed: a multiple of {per_pass}")
+        raise InputError(
+            f"total_batch_size={cfg.total_batch_size} tokens is not a multiple of micro_batch x "
+            f"sequence_len x world_size = {per_pass}; allowed: a multiple of {per_pass}"
+        )
     return cfg.total_batch_size // per_pass
 
 
 def train_lm(
-    cfg: LMConfig, run_dir: str | Path, *, resume: bool = False, stop_at_step: int | None = None,
+    cfg: LMConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    stop_at_step: int | None = None,
     preset: str | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) a language-model run into ``run_dir``; returns the final metrics.
@@ -334,21 +395,38 @@ def train_lm(
     seed_everything(cfg.seed)
     model = build_gpt(cfg, tokenizer.vocab_size).to(dist_.device)
     num_params = model.num_params()
-    batches = TokenBatches(shards.train, cfg.sequence_len, cfg.micro_batch, accum_steps, dist_.rank,
-                           dist_.world_size, cfg.seed)
-    total_steps = cfg.num_iterations if cfg.num_iterations > 0 else max(
-        1, round(cfg.target_param_data_ratio * num_params / cfg.total_batch_size))
+    batches = TokenBatches(
+        shards.train, cfg.sequence_len, cfg.micro_batch, accum_steps, dist_.rank, dist_.world_size, cfg.seed
+    )
+    total_steps = (
+        cfg.num_iterations
+        if cfg.num_iterations > 0
+        else max(1, round(cfg.target_param_data_ratio * num_params / cfg.total_batch_size))
+    )
     optimizers = build_optimizers(model, cfg, dist_)
 
     start_step = start_or_resume(
-        run, "lm", dataclasses.asdict(cfg), dist_, model, optimizers, resume=resume, logs=("metrics.jsonl", "samples.jsonl"),
+        run,
+        "lm",
+        dataclasses.asdict(cfg),
+        dist_,
+        model,
+        optimizers,
+        resume=resume,
+        logs=("metrics.jsonl", "samples.jsonl"),
         config_type=LMConfig,
         extra_record={
             "preset": preset,
-            "num_params": num_params, "laplacian_masks": model.laplacian_masks(), "vocab_size": tokenizer.vocab_size,
-            "n_embd": model.config.n_embd, "n_head": model.config.n_head, "steps": total_steps,
-            "model": model_record("gpt", model.constructor_kwargs()), "tokens": str(tokens_dir(cfg)),
-            "accum_steps": accum_steps, "train_tokens": len(shards.train),
+            "num_params": num_params,
+            "laplacian_masks": model.laplacian_masks(),
+            "vocab_size": tokenizer.vocab_size,
+            "n_embd": model.config.n_embd,
+            "n_head": model.config.n_head,
+            "steps": total_steps,
+            "model": model_record("gpt", model.constructor_kwargs()),
+            "tokens": str(tokens_dir(cfg)),
+            "accum_steps": accum_steps,
+            "train_tokens": len(shards.train),
         },
     )
     if not resume and dist_.is_main:
@@ -356,18 +434,36 @@ def train_lm(
     train_model, forward_model = wrap_for_training(model, dist_, cfg.compile)
 
     def evaluate(step: int) -> dict[str, float]:
-        bpb = evaluate_bpb(model, shards.val, token_bytes, dist_, seq_len=cfg.sequence_len,
-                           max_tokens=cfg.eval_tokens, batch_size=cfg.micro_batch, amp=cfg.amp)
+        bpb = evaluate_bpb(
+            model,
+            shards.val,
+            token_bytes,
+            dist_,
+            seq_len=cfg.sequence_len,
+            max_tokens=cfg.eval_tokens,
+            batch_size=cfg.micro_batch,
+            amp=cfg.amp,
+        )
         if dist_.is_main:
             run.log({"step": step, "val_bpb": bpb})
-            text = sample(model, tokenizer, cfg.sample_prompt, cfg.sample_tokens, cfg.sample_temperature,
-                          cfg.sample_top_k, cfg.seed + step, dist_.device)
+            text = sample(
+                model,
+                tokenizer,
+                cfg.sample_prompt,
+                cfg.sample_tokens,
+                cfg.sample_temperature,
+                cfg.sample_top_k,
+                cfg.seed + step,
+                dist_.device,
+            )
             with open(run.path / "samples.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "prompt": cfg.sample_prompt, "text": text}) + "\n")
             progress.write(f"step {step}: val_bpb {bpb:.4f}\n--- sample ---\n{text}\n--------------")
         return {"val_bpb": bpb}
 
-    progress = tqdm(total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train lm", dynamic_ncols=True)
+    progress = tqdm(
+        total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train lm", dynamic_ncols=True
+    )
     last_eval: dict[str, float] = {}
     tick, seen = time.perf_counter(), 0
     model.train()
@@ -381,7 +477,7 @@ def train_lm(
         for a, (x, y) in enumerate(micro_batches):
             x, y = x.to(dist_.device, non_blocking=True), y.to(dist_.device, non_blocking=True)
             sync = a == len(micro_batches) - 1 or not dist_.enabled
-            with (contextlib.nullcontext() if sync else train_model.no_sync()):
+            with contextlib.nullcontext() if sync else train_model.no_sync():
                 with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=cfg.amp):
                     loss = forward_model(x, y)
                 (loss / len(micro_batches)).backward()
@@ -409,12 +505,24 @@ def train_lm(
             tick, seen = time.perf_counter(), 0
             progress.set_postfix(loss=f"{mean_loss:.4f}", lrm=f"{multiplier:.2f}", tok_s=f"{rate:.0f}")
             if dist_.is_main:
-                run.log({"step": step, "loss": mean_loss, "lr_multiplier": multiplier, "tokens_per_s": rate,
-                         "tokens": step * cfg.total_batch_size})
+                run.log(
+                    {
+                        "step": step,
+                        "loss": mean_loss,
+                        "lr_multiplier": multiplier,
+                        "tokens_per_s": rate,
+                        "tokens": step * cfg.total_batch_size,
+                    }
+                )
         if step % cfg.eval_every == 0 or step == total_steps:
             last_eval = evaluate(step)
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step % cfg.eval_every == 0 or step == total_steps:
-            save_checkpoint(run, step, dist_, model, optimizers, {"tokens": step * cfg.total_batch_size},
-                            keep=cfg.keep_checkpoints)
+        if (
+            (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+            or step % cfg.eval_every == 0
+            or step == total_steps
+        ):
+            save_checkpoint(
+                run, step, dist_, model, optimizers, {"tokens": step * cfg.total_batch_size}, keep=cfg.keep_checkpoints
+            )
     progress.close()
     return {"step": step, "num_params": num_params, **last_eval}

@@ -63,8 +63,9 @@ __all__ = [
 
 
 #: ``--laplacian-heads`` in a config: k, or one k per layer ("0,2,2,0"); checked against the model when it is built
-HEAD_SPEC = Domain("k or a comma list of per-layer k, e.g. 3 or 0,2,2,0",
-                   lambda v: bool(re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", v)))
+HEAD_SPEC = Domain(
+    "k or a comma list of per-layer k, e.g. 3 or 0,2,2,0", lambda v: bool(re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", v))
+)
 
 
 @dataclass
@@ -73,18 +74,21 @@ class RunConfig:
 
     description: str = option("", "what this recipe is (free text, shown in reports)")
     laplacian_heads: str = option("0", "Laplacian heads: k trailing heads per layer, or one k per layer", HEAD_SPEC)
-    seed: int = option(0, "seed of the weights and the data order (arms with the same seed are paired)",
-                       NON_NEGATIVE)
+    seed: int = option(0, "seed of the weights and the data order (arms with the same seed are paired)", NON_NEGATIVE)
     device: str = option("auto", "where to train (auto = cuda when available)", one_of("auto", "cpu", "cuda"))
     amp: bool = option(True, "bf16 autocast")
     compile: bool = option(False, "torch.compile the model")
     log_every: int = option(10, "steps between metrics.jsonl records", POSITIVE)
     checkpoint_every: int = option(0, "steps between extra checkpoints (0: only at evals and the end)", NON_NEGATIVE)
-    keep_checkpoints: int = option(2, "newest checkpoints kept (0: all, e.g. for geometry over training)",
-                                   NON_NEGATIVE)
-    log: str = option("", "mirror metrics.jsonl to trackers: tensorboard and/or wandb, comma list (empty: none)",
-                      Domain("empty or a comma list of tensorboard, wandb",
-                             lambda v: all(t.strip() in ("tensorboard", "wandb") for t in v.split(",") if t.strip())))
+    keep_checkpoints: int = option(2, "newest checkpoints kept (0: all, e.g. for geometry over training)", NON_NEGATIVE)
+    log: str = option(
+        "",
+        "mirror metrics.jsonl to trackers: tensorboard and/or wandb, comma list (empty: none)",
+        Domain(
+            "empty or a comma list of tensorboard, wandb",
+            lambda v: all(t.strip() in ("tensorboard", "wandb") for t in v.split(",") if t.strip()),
+        ),
+    )
 
 
 #: fields a --resume may change: they do not touch the trajectory (where metrics are mirrored)
@@ -114,8 +118,10 @@ def check_finite_loss(mean_loss: float, step: int, run: RunDir, hint: str, progr
         return
     if progress is not None:
         progress.close()
-    raise NonFiniteLossError(f"non-finite loss {mean_loss} at step {step + 1}; stopped before the optimizer step; "
-                             f"{_kept_checkpoint(run)} ({hint})")
+    raise NonFiniteLossError(
+        f"non-finite loss {mean_loss} at step {step + 1}; stopped before the optimizer step; "
+        f"{_kept_checkpoint(run)} ({hint})"
+    )
 
 
 def optimizer_step(optimizers: list[torch.optim.Optimizer], step: int, run: RunDir, hint: str, progress=None) -> None:
@@ -129,8 +135,10 @@ def optimizer_step(optimizers: list[torch.optim.Optimizer], step: int, run: RunD
                 raise
             if progress is not None:
                 progress.close()
-            raise NonFiniteLossError(f"numeric overflow in the {type(opt).__name__} step at step {step + 1} "
-                                     f"({str(err).splitlines()[0][:80]}); {_kept_checkpoint(run)} ({hint})") from None
+            raise NonFiniteLossError(
+                f"numeric overflow in the {type(opt).__name__} step at step {step + 1} "
+                f"({str(err).splitlines()[0][:80]}); {_kept_checkpoint(run)} ({hint})"
+            ) from None
 
 
 def seed_everything(seed: int) -> None:
@@ -225,8 +233,9 @@ def start_or_resume(
         saved = run.read_config().get("config", {})
         # a field added to lapheads after the run was written counts as unchanged while it has its default value
         defaults = defaults_of(config_type) if config_type is not None else {}
-        changed = sorted(k for k in config
-                         if k not in RESUME_FREE and saved.get(k, defaults.get(k, _MISSING)) != config[k])
+        changed = sorted(
+            k for k in config if k not in RESUME_FREE and saved.get(k, defaults.get(k, _MISSING)) != config[k]
+        )
         if changed:
             raise ConfigError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
         if dist_.is_main:
@@ -241,8 +250,9 @@ def start_or_resume(
     elif dist_.is_main:
         if run.config_file.exists():
             if latest_checkpoint(run) is not None:
-                raise ConfigError(f"{run.path} already holds a run; use --resume to continue it or choose another "
-                                  "--out")
+                raise ConfigError(
+                    f"{run.path} already holds a run; use --resume to continue it or choose another --out"
+                )
             notice(f"{run.path} holds a run that never wrote a checkpoint; starting it over")
             for name in logs:
                 (run.path / name).unlink(missing_ok=True)
@@ -265,13 +275,17 @@ def defaults_of(config_type: type) -> dict[str, Any]:
     return dataclasses.asdict(config_type())
 
 
-def wrap_for_training(model: torch.nn.Module, dist_: Distributed, compile_model: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
+def wrap_for_training(
+    model: torch.nn.Module, dist_: Distributed, compile_model: bool
+) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(the DDP-wrapped model, for no_sync; the module to call: compiled when asked)."""
     train_model: torch.nn.Module = model
     if dist_.enabled:
         from torch.nn.parallel import DistributedDataParallel
 
-        train_model = DistributedDataParallel(model, device_ids=[dist_.local_rank] if dist_.device.type == "cuda" else None)
+        train_model = DistributedDataParallel(
+            model, device_ids=[dist_.local_rank] if dist_.device.type == "cuda" else None
+        )
     return train_model, (torch.compile(train_model) if compile_model else train_model)
 
 
@@ -361,8 +375,10 @@ def save_checkpoint(
     tmp = run.checkpoints / f".tmp-step-{step:08d}"
     # Weights that overflowed without a NaN loss yet must not replace the last good checkpoint.
     if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):  # one host sync
-        raise NonFiniteLossError(f"the weights are not finite after step {step}; not saving them; "
-                                 f"{_kept_checkpoint(run)} (lower the learning rates)")
+        raise NonFiniteLossError(
+            f"the weights are not finite after step {step}; not saving them; "
+            f"{_kept_checkpoint(run)} (lower the learning rates)"
+        )
     try:
         if dist_.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -388,9 +404,11 @@ def save_checkpoint(
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
     except (OSError, SafetensorError) as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"cannot write the step-{step} checkpoint into {run.checkpoints} "
-                              f"({str(err).splitlines()[0][:100]}); free disk space or make it writable, then "
-                              f"--resume; {_kept_checkpoint(run)}") from None
+        raise CheckpointError(
+            f"cannot write the step-{step} checkpoint into {run.checkpoints} "
+            f"({str(err).splitlines()[0][:100]}); free disk space or make it writable, then "
+            f"--resume; {_kept_checkpoint(run)}"
+        ) from None
     dist_.barrier()
     if dist_.is_main:
         shutil.rmtree(final, ignore_errors=True)
