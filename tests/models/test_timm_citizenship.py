@@ -194,3 +194,38 @@ def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_d
         passed = {t for t, s in ran.items() if s == "PASSED"}
         assert expected <= passed, f"{name}: {sorted(expected - passed)} fail\n{done.stdout[-3000:]}"
         assert not [t for t, s in ran.items() if s in ("FAILED", "ERROR")], f"{name}: {ran}"
+
+
+OLDEST_TIMM = "1.0.23"  # pyproject's floor: timm.layers.Attention with attn_dim
+
+
+@pytest.mark.slow
+def test_the_module_parity_tests_pass_at_the_oldest_supported_timm(tmp_path):
+    """tests/test_attention.py's timm parity tests, run against the floor of pyproject's timm range (its wheel from
+    PyPI, cached in the venv, placed ahead of the installed timm)."""
+    import zipfile
+
+    cache = Path(sys.prefix) / "share" / "lapheads-timm-floor"
+    site = cache / f"timm-{OLDEST_TIMM}"
+    if not (site / "timm" / "__init__.py").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", str(cache),
+             f"timm=={OLDEST_TIMM}"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        wheels = sorted(cache.glob(f"timm-{OLDEST_TIMM}-*.whl"))
+        if fetched.returncode != 0 or not wheels:
+            pytest.skip(f"needs timm=={OLDEST_TIMM}'s wheel from PyPI; pip said: {fetched.stderr.strip()[-200:]}")
+        with zipfile.ZipFile(wheels[0]) as archive:
+            archive.extractall(site)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    version = subprocess.run([sys.executable, "-c", "import timm; print(timm.__version__)"], env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert version.stdout.strip() == OLDEST_TIMM, version.stderr[-1000:]
+    tests = Path(__file__).parents[1] / "test_attention.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests), "-k", "module or timm"],
+        env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:]

@@ -202,3 +202,11 @@ def test_cli_bad_input_is_one_line(argv, message, tmp_path, capsys, monkeypatch,
         assert re.search(message, err), err
     else:
         assert "--data-root '/does/not/exist' does not exist; allowed: an existing directory" in err
+
+
+def test_the_cosine_reaches_min_lr_at_the_last_step(tiny_config, tmp_path):
+    cfg = dataclasses.replace(tiny_config, warmup_epochs=0.25, lr=3e-3, min_lr=1e-5)
+    train_classify(cfg, tmp_path / "run")
+    rates = [r["lr"] for r in RunDir(tmp_path / "run").read_metrics() if "lr" in r]
+    assert max(rates) == pytest.approx(3e-3, rel=0.05)  # the peak right after warm-up
+    assert rates[-1] == pytest.approx(1e-5)  # after the last step: the end of the cosine, not part-way down it

@@ -87,7 +87,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(text_
     [
         (
             ["--preset", "nope"],
-            "unknown lm preset 'nope'; allowed: shakespeare-cpu, chat-cpu-base, nanochat-d20, nanochat-d12",
+            "unknown lm preset 'nope'; allowed: shakespeare-cpu, shakespeare-long-cpu, chat-cpu-base, nanochat-d20",
         ),
         (
             ["--preset", "shakespeare-cpu", "--dataset", "wiki"],

@@ -173,7 +173,7 @@ def test_optimizer_overflow_stops_like_nan(text_root, tmp_path, monkeypatch):
         raise RuntimeError("value cannot be converted to type float without overflow")
 
     monkeypatch.setattr(torch.optim.Muon, "step", overflow)
-    with pytest.raises(NonFiniteLossError, match="numeric overflow in the Muon step at step 1 .*no checkpoint"):
+    with pytest.raises(NonFiniteLossError, match="numeric overflow in the ShardedMuon step at step 1 .*no checkpoint"):
         train_lm(tiny_lm(text_root), tmp_path / "run2")
 
 

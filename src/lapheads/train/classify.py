@@ -286,7 +286,7 @@ def train_classify(
     warmup_steps = min(total_steps - 1, round(cfg.warmup_epochs * sampler.steps_per_epoch))
     scheduler = CosineLRScheduler(
         optimizer,
-        t_initial=total_steps,
+        t_initial=total_steps - warmup_steps,  # with warmup_prefix the cosine starts after warm-up and ends at the end
         lr_min=cfg.min_lr,
         warmup_t=warmup_steps,
         warmup_lr_init=cfg.min_lr,
