@@ -46,16 +46,15 @@ def fmnist_root(tmp_path_factory) -> Path:
 TINY_VIT = {"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 7}
 
 
-@pytest.fixture
-def tiny_config(fmnist_root):
+def tiny_classify(root, **changes):
     """A classification config that trains a 2-layer ViT on the generated data in seconds, deterministically."""
     from lapheads.train.classify import ClassifyConfig
 
-    return ClassifyConfig(
+    base = ClassifyConfig(
         model="vit_fmnist_patch4",
         model_kwargs=dict(TINY_VIT),
         laplacian_heads="1",
-        data_root=str(fmnist_root),
+        data_root=str(root),
         batch_size=32,
         epochs=0.5,
         lr=3e-3,
@@ -66,6 +65,12 @@ def tiny_config(fmnist_root):
         log_every=1,
         device="cpu",
     )
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.fixture
+def tiny_config(fmnist_root):
+    return tiny_classify(fmnist_root)
 
 
 @pytest.fixture(scope="session")

@@ -13,31 +13,12 @@ from lapheads.runs import RunDir, SweepError, load_gpt_run, load_model, load_swe
 from lapheads.train.classify import build_model, train_classify
 from lapheads.train.dino import build_backbone, train_dino
 from lapheads.train.lm import train_lm
-from tests.conftest import tiny_lm
+from tests.conftest import tiny_classify, tiny_lm
 
 
 @pytest.fixture(scope="module")
 def classify_run(fmnist_root, tmp_path_factory):
-    from lapheads.train.classify import ClassifyConfig
-    from tests.conftest import TINY_VIT
-
-    cfg = ClassifyConfig(
-        model="vit_fmnist_patch4",
-        model_kwargs=dict(TINY_VIT),
-        laplacian_heads="1",
-        data_root=str(fmnist_root),
-        batch_size=32,
-        epochs=0.25,
-        lr=3e-3,
-        warmup_epochs=0.0,
-        amp=False,
-        augment=False,
-        eval_every_epochs=0.25,
-        log_every=1,
-        device="cpu",
-        ema_decay=0.9,
-        layer_scale=1e-6,
-    )
+    cfg = tiny_classify(fmnist_root, epochs=0.25, ema_decay=0.9, layer_scale=1e-6)
     run = tmp_path_factory.mktemp("runs") / "classify"
     train_classify(cfg, run)
     return run, cfg

@@ -149,25 +149,7 @@ def run_sweep(
     if dry_run:
         for cell in cells:
             log(
-                shlex.join(
-                    [
-                        "torchrun",
-                        f"--nproc_per_node={nproc}",
-                        "-m",
-                        "lapheads",
-                        "train",
-                        task,
-                        "--preset",
-                        preset,
-                        "--laplacian-heads",
-                        cell.spec,
-                        "--seed",
-                        str(cell.seed),
-                        "--out",
-                        str(cell.run_dir),
-                        *_for_cell(overrides, cell),
-                    ]
-                )
+                shlex.join(["torchrun", f"--nproc_per_node={nproc}", "-m", *_train_argv(task, preset, cell, overrides)])
             )
         return {
             **definition,
@@ -234,18 +216,7 @@ def _run_parallel(
             argv = [
                 sys.executable,
                 "-m",
-                "lapheads",
-                "train",
-                task,
-                "--preset",
-                preset,
-                "--laplacian-heads",
-                cell.spec,
-                "--seed",
-                str(cell.seed),
-                "--out",
-                str(cell.run_dir),
-                *_for_cell(overrides, cell),
+                *_train_argv(task, preset, cell, overrides),
                 *(["--resume"] if resume else []),
             ]
             logs.mkdir(parents=True, exist_ok=True)
@@ -275,6 +246,13 @@ def _run_parallel(
             log(f"sweep: {name} {'done' if done else 'FAILED'}")
     if failed:
         raise SweepError(f"{len(failed)} cell(s) failed: {'; '.join(failed)}; rerun the same command to retry them")
+
+
+def _train_argv(task: str, preset: str, cell: Cell, overrides: list[str]) -> list[str]:
+    """``lapheads train ...`` for one cell (after ``python -m`` or ``torchrun ... -m``)."""
+    seed = ["--seed", str(cell.seed)]
+    return ["lapheads", "train", task, "--preset", preset, "--laplacian-heads", cell.spec, *seed,
+            "--out", str(cell.run_dir), *_for_cell(overrides, cell)]  # fmt: skip
 
 
 def _train(task: str):
