@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -21,6 +23,7 @@ from lapheads.errors import CheckpointError
 __all__ = [
     "NUMPY_ARRAY_GLOBALS",
     "atomic_write_text",
+    "exclusive",
     "load_safetensors",
     "load_tensor_file",
     "restricted_unpickle",
@@ -125,3 +128,19 @@ def load_tensor_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}; allowed: a state dict")
     return state
+
+
+@contextlib.contextmanager
+def exclusive(lock_file: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_file`` (created if needed) for the block: processes that prepare the same
+    data at the same time (sweep cells, torchrun ranks) take turns, and the later ones find it ready."""
+    import fcntl
+
+    lock_file = Path(lock_file)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -434,3 +434,18 @@ def test_analyze_takes_a_nanochat_checkpoint(tmp_path, capsys, monkeypatch, text
     assert math.isfinite(analysis["next_token_loss"]) and "norm" in analysis["per_layer"]
     assert "| CDNV, top-K next tokens |" in (report / "summary.md").read_text()
     assert main(["analyze", "--nanochat", str(folder), str(tmp_path)]) == 2
+
+
+def _prepare(root: str) -> int:
+    from lapheads.train.lm import prepare_lm_data
+
+    return len(prepare_lm_data(tiny_lm(root))[1].train)
+
+
+def test_cells_started_together_prepare_the_tokens_once(tmp_path):
+    import multiprocessing
+
+    # two sweep cells on a fresh data root: without the lock one removed the other's half-written file
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        counts = pool.map(_prepare, [str(tmp_path)] * 2)
+    assert counts[0] == counts[1] > 1_000_000

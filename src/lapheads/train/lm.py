@@ -57,6 +57,7 @@ from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_toke
 from lapheads.distributed import Distributed, setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.lm import evaluate_bpb
+from lapheads.io import exclusive
 from lapheads.models.gpt import ARCHS, GPT, GPTConfig
 from lapheads.runs import RunDir, model_record
 from lapheads.train.muon import ShardedMuon
@@ -241,16 +242,17 @@ def prepare_lm_data(cfg: LMConfig) -> tuple[Tokenizer, TokenShards]:
     if cfg.tokenizer not in KINDS:
         raise InputError(f"unknown tokenizer {cfg.tokenizer!r}; allowed: {', '.join(KINDS)}")
     folder = tokens_dir(cfg)
-    try:
-        tokenizer = load_tokenizer(folder / "tokenizer")
-    except TokenizerError:
-        if cfg.tokenizer == "gpt2":
-            tokenizer = Tokenizer.gpt2()
-        elif cfg.tokenizer == "char":
-            tokenizer = Tokenizer.char("".join(_training_texts(cfg, cfg.tokenizer_train_chars)))
-        else:
-            tokenizer = train_bpe(_training_texts(cfg, cfg.tokenizer_train_chars), cfg.tokenizer_vocab)
-    prepare_tokens(cfg.dataset, tokenizer, folder, cfg.data_root, cfg.max_shards, cfg.download_shards)
+    with exclusive(folder.parent / f".{folder.name}.lock"):  # sweep cells started together prepare it once
+        try:
+            tokenizer = load_tokenizer(folder / "tokenizer")
+        except TokenizerError:
+            if cfg.tokenizer == "gpt2":
+                tokenizer = Tokenizer.gpt2()
+            elif cfg.tokenizer == "char":
+                tokenizer = Tokenizer.char("".join(_training_texts(cfg, cfg.tokenizer_train_chars)))
+            else:
+                tokenizer = train_bpe(_training_texts(cfg, cfg.tokenizer_train_chars), cfg.tokenizer_vocab)
+        prepare_tokens(cfg.dataset, tokenizer, folder, cfg.data_root, cfg.max_shards, cfg.download_shards)
     return tokenizer, TokenShards.open(folder)
 
 
