@@ -36,6 +36,7 @@ from lapheads.geometry.features import ResidualStream, select_layers
 from lapheads.geometry.layers import LayerGeometry, LMLayerGeometry
 from lapheads.geometry.linguistic import top_k_classes
 from lapheads.geometry.mechanism import ov_circuits
+from lapheads.plots import panel_grid
 from lapheads.runs import RunDir, checkpoint_folder, checkpoint_steps, load_model
 from lapheads.tasks import get_task
 
@@ -307,11 +308,6 @@ def analyze_over_training(
     against step: RUN_DIR/report/over_training.{json,png} (or ``out``); each step's analysis is cached."""
     import dataclasses
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     options = options or AnalyzeOptions()
     run = RunDir(run_dir)
     steps = checkpoint_steps(run)
@@ -334,18 +330,14 @@ def analyze_over_training(
     (out / "over_training.json").write_text(
         json.dumps({"steps": steps, "layer": _summary_layer(analyses[-1]), "series": series}, indent=1) + "\n"
     )
-    cols = len(series)
-    fig, axes = plt.subplots(1, cols, figsize=(3.6 * cols, 3.0), dpi=110, squeeze=False)
-    for ax, (title, values) in zip(axes.flat, series.items()):
-        ax.plot(steps, values, marker="o", markersize=3)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"{run.path.name}: {_summary_layer(analyses[-1])} layer over training", fontsize=9)
-    fig.tight_layout()
     path = out / "over_training.png"
-    fig.savefig(path)
-    plt.close(fig)
+    title = f"{run.path.name}: {_summary_layer(analyses[-1])} layer over training"
+    with panel_grid(path, len(series), cols=len(series), size=(3.6, 3.0), title=title) as axes:
+        for ax, (name, values) in zip(axes, series.items()):
+            ax.plot(steps, values, marker="o", markersize=3)
+            ax.set_title(name, fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+            ax.grid(alpha=0.3)
     return path
 
 
@@ -398,55 +390,34 @@ def _value(layer: dict[str, Any], group: str, key: str) -> float:
 
 def plot_analyses(analyses: list[dict[str, Any]], out: Path) -> list[Path]:
     """One PNG per metric group: each metric against layer, one line per run; spectrum.png adds the spectra."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
     labels = _labels(analyses)
     paths = []
     for name in get_task(_task(analyses)).figures:
         panels = PLOTS[name]
         extra = 1 if name == "spectrum" else 0
-        cols = min(3, len(panels) + extra)
-        rows = math.ceil((len(panels) + extra) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), dpi=110, squeeze=False)
-        for ax, (group, key, title, log) in zip(axes.flat, panels):
-            for label, analysis in zip(labels, analyses):
-                layers = analysis["layers"]
-                ax.plot(
-                    range(len(layers)),
-                    [_value(analysis["per_layer"][n], group, key) for n in layers],
-                    marker="o",
-                    markersize=3,
-                    label=label,
-                )
-                ax.set_xticks(range(len(layers)), layers, fontsize=7)
-            ax.set_title(title, fontsize=9)
-            ax.set_xlabel("layer", fontsize=8)
-            if log:
-                ax.set_yscale("log")
-            ax.grid(alpha=0.3)
-        if extra:
-            ax = axes.flat[len(panels)]
-            for label, analysis in zip(labels, analyses):
-                last = _last_block(analysis)
-                ax.semilogy(
-                    range(1, len(analysis["per_layer"][last]["spectrum"]["eigenvalues"]) + 1),
-                    analysis["per_layer"][last]["spectrum"]["eigenvalues"],
-                    label=f"{label} (layer {last})",
-                )
-            ax.set_title("normalised eigenvalues, last block", fontsize=9)
-            ax.set_xlabel("component", fontsize=8)
-            ax.grid(alpha=0.3)
-        for ax in list(axes.flat)[len(panels) + extra :]:
-            ax.axis("off")
-        axes.flat[0].legend(fontsize=7)
-        fig.tight_layout()
         path = out / f"{name}.png"
-        fig.savefig(path)
-        plt.close(fig)
+        with panel_grid(path, len(panels) + extra) as axes:
+            for ax, (group, key, title, log) in zip(axes, panels):
+                for label, analysis in zip(labels, analyses):
+                    layers = analysis["layers"]
+                    values = [_value(analysis["per_layer"][n], group, key) for n in layers]
+                    ax.plot(range(len(layers)), values, marker="o", markersize=3, label=label)
+                    ax.set_xticks(range(len(layers)), layers, fontsize=7)
+                ax.set_title(title, fontsize=9)
+                ax.set_xlabel("layer", fontsize=8)
+                if log:
+                    ax.set_yscale("log")
+                ax.grid(alpha=0.3)
+            if extra:
+                ax = axes[len(panels)]
+                for label, analysis in zip(labels, analyses):
+                    eigenvalues = analysis["per_layer"][_last_block(analysis)]["spectrum"]["eigenvalues"]
+                    ax.semilogy(range(1, len(eigenvalues) + 1), eigenvalues,
+                                label=f"{label} (layer {_last_block(analysis)})")  # fmt: skip
+                ax.set_title("normalised eigenvalues, last block", fontsize=9)
+                ax.set_xlabel("component", fontsize=8)
+                ax.grid(alpha=0.3)
+            axes[0].legend(fontsize=7)
         paths.append(path)
     return paths
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from lapheads.analyze import analyze_runs
 from lapheads.data.images import fetch_fashion_mnist, find_fashion_mnist
+from lapheads.plots import panel_grid
 from lapheads.presets import resolve_classify_config
 from lapheads.runs import RunDir
 from lapheads.train.classify import train_classify
@@ -23,29 +24,21 @@ __all__ = ["plot_runs", "run_demo", "write_report"]
 
 def plot_runs(runs: dict[str, RunDir], out: Path) -> list[Path]:
     """Loss and test-accuracy curves of several runs, one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     paths = []
     for key, ylabel, name in (
         ("loss", "training loss", "loss.png"),
         ("eval_top1", "test top-1 accuracy (%)", "accuracy.png"),
     ):
-        fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
-        for label, run in runs.items():
-            points = [(r["epoch"], r[key]) for r in run.read_metrics() if key in r]
-            if points:
-                xs, ys = zip(*points)
-                ax.plot(xs, ys, marker="o" if key.startswith("eval") else None, label=label)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / name)
-        plt.close(fig)
+        with panel_grid(out / name, 1, size=(5, 3.5), dpi=120) as (ax,):
+            for label, run in runs.items():
+                points = [(r["epoch"], r[key]) for r in run.read_metrics() if key in r]
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, marker="o" if key.startswith("eval") else None, label=label)
+            ax.set_xlabel("epoch")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend()
         paths.append(out / name)
     return paths
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from lapheads.plots import panel_grid
 from lapheads.runs import RunDir, SweepError, load_sweep
 from lapheads.tasks import Metric, get_task
 
@@ -238,30 +239,19 @@ def _spec_axis(specs: list[str]) -> tuple[list[float], list[str]]:
 
 
 def _plot(panels: dict[str, dict[str, dict[str, Any]]], specs: list[str], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     xs, labels = _spec_axis(specs)
-    cols = min(3, len(panels))
-    rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), dpi=110, squeeze=False)
-    for ax, (title, stats) in zip(axes.flat, panels.items()):
-        means = [stats[s]["mean"] for s in specs]
-        stds = [0.0 if math.isnan(stats[s]["std"]) else stats[s]["std"] for s in specs]
-        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=4)
-        for x, s in zip(xs, specs):
-            ax.scatter([x] * len(stats[s]["values"]), list(stats[s]["values"].values()), s=10, alpha=0.5, color="gray")
-        ax.set_xticks(xs, labels)
-        ax.set_xlabel("Laplacian heads per layer")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with panel_grid(path, len(panels)) as axes:
+        for ax, (title, stats) in zip(axes, panels.items()):
+            means = [stats[s]["mean"] for s in specs]
+            stds = [0.0 if math.isnan(stats[s]["std"]) else stats[s]["std"] for s in specs]
+            ax.errorbar(xs, means, yerr=stds, marker="o", capsize=4)
+            for x, s in zip(xs, specs):
+                seeds = list(stats[s]["values"].values())
+                ax.scatter([x] * len(seeds), seeds, s=10, alpha=0.5, color="gray")
+            ax.set_xticks(xs, labels)
+            ax.set_xlabel("Laplacian heads per layer")
+            ax.set_title(title, fontsize=9)
+            ax.grid(alpha=0.3)
     return path
 
 

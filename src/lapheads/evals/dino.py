@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from lapheads.evals.probes import knn_accuracy, linear_probe, segmentation_probe
 from lapheads.geometry.features import ResidualStream
+from lapheads.plots import panel_grid
 
 __all__ = [
     "EVAL_FILE",
@@ -171,46 +172,31 @@ def _grids(backbone: torch.nn.Module, dataset, batch_size: int, desc: str) -> tu
 
 
 def _plot_attention(maps: torch.Tensor, images: torch.Tensor, laplacian: list[bool], title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows, heads = maps.shape[0], maps.shape[1]
-    fig, axes = plt.subplots(rows, heads + 1, figsize=(1.6 * (heads + 1), 1.6 * rows), dpi=110, squeeze=False)
-    for r in range(rows):
-        axes[r, 0].imshow(images[r].permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray")
-        for hd in range(heads):
-            axes[r, hd + 1].imshow(maps[r, hd].numpy(), cmap="inferno")
-            if r == 0:
-                axes[r, hd + 1].set_title(f"head {hd}" + (" (Laplacian)" if laplacian[hd] else ""), fontsize=7)
-    for ax in axes.flat:
-        ax.axis("off")
-    fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with panel_grid(path, rows * (heads + 1), cols=heads + 1, size=(1.6, 1.6), title=title) as axes:
+        for r in range(rows):
+            row = axes[r * (heads + 1) : (r + 1) * (heads + 1)]
+            row[0].imshow(images[r].permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray")
+            for hd in range(heads):
+                row[hd + 1].imshow(maps[r, hd].numpy(), cmap="inferno")
+                if r == 0:
+                    row[hd + 1].set_title(f"head {hd}" + (" (Laplacian)" if laplacian[hd] else ""), fontsize=7)
+        for ax in axes:
+            ax.axis("off")
 
 
 def _plot_pca(images: torch.Tensor, pictures: dict[str, torch.Tensor], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows, cols = len(images), 1 + len(pictures)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.8 * cols, 1.8 * rows), dpi=110, squeeze=False)
-    for r in range(rows):
-        axes[r, 0].imshow(images[r].permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray")
-        for c, (label, rgb) in enumerate(pictures.items(), start=1):
-            axes[r, c].imshow(rgb[r].numpy(), interpolation="nearest")
-            if r == 0:
-                axes[r, c].set_title(label, fontsize=8)
-    for ax in axes.flat:
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with panel_grid(path, rows * cols, cols=cols, size=(1.8, 1.8)) as axes:
+        for r in range(rows):
+            row = axes[r * cols : (r + 1) * cols]
+            row[0].imshow(images[r].permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray")
+            for c, (label, rgb) in enumerate(pictures.items(), start=1):
+                row[c].imshow(rgb[r].numpy(), interpolation="nearest")
+                if r == 0:
+                    row[c].set_title(label, fontsize=8)
+        for ax in axes:
+            ax.axis("off")
 
 
 def _probe_run(
