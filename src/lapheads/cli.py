@@ -105,33 +105,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             )
         print(json.dumps(results))
         return 0
-    if args.task == "lm" and args.nanochat:
-        if args.run_dirs:
-            raise UserError("eval lm takes a RUN_DIR or --nanochat DIR, not both")
-        if args.harness:
-            return _harness(args, None)
-        from lapheads.evals.lm import run_evals
-
-        tasks = [t.strip() for t in (args.tasks or "val_bpb").split(",") if t.strip()]
-        results = run_evals(
-            None,
-            tasks,
-            data_dir=args.data_dir,
-            max_examples=args.max_examples,
-            num_samples=args.num_samples,
-            chat=args.chat,
-            device=args.device,
-            nanochat=args.nanochat,
-            step=args.step,
-            tokenizer_dir=args.nanochat_tokenizer,
-        )
-        print(json.dumps({"nanochat": args.nanochat, **results}))
-        return 0
-    if len(args.run_dirs) != 1:
-        raise UserError(f"eval {args.task} takes one RUN_DIR; got {len(args.run_dirs)}")
-    args.run_dir = args.run_dirs[0]
+    if args.task == "lm" and args.nanochat and args.run_dirs:
+        raise UserError("eval lm takes a RUN_DIR or --nanochat DIR, not both")
+    run_dir = None
+    if not (args.task == "lm" and args.nanochat):
+        if len(args.run_dirs) != 1:
+            raise UserError(f"eval {args.task} takes one RUN_DIR; got {len(args.run_dirs)}")
+        args.run_dir = run_dir = args.run_dirs[0]
     if args.task == "lm" and args.harness:
-        return _harness(args, args.run_dir)
+        return _harness(args, run_dir)
     if args.task == "chat":
         from lapheads.evals.chat import run_chat_evals
 
@@ -154,18 +136,22 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from lapheads.evals.lm import run_evals
 
         tasks = [t.strip() for t in (args.tasks or "val_bpb").split(",") if t.strip()]
+        source = {"nanochat": args.nanochat} if args.nanochat else {"run_dir": run_dir}
         results = run_evals(
-            args.run_dir,
+            run_dir,
             tasks,
             data_dir=args.data_dir,
             max_examples=args.max_examples,
             num_samples=args.num_samples,
             chat=args.chat,
             device=args.device,
+            nanochat=args.nanochat,
+            step=args.step,
+            tokenizer_dir=args.nanochat_tokenizer,
         )
-        print(json.dumps({"run_dir": args.run_dir, **results}))
+        print(json.dumps({**source, **results}))
         return 0
-    from lapheads.train.classify import evaluate_run
+    from lapheads.evals.classify import evaluate_run
 
     print(json.dumps(evaluate_run(Path(args.run_dir), use_ema=args.ema)))
     return 0

@@ -18,9 +18,10 @@ from safetensors.torch import load_file
 import lapheads.train.classify as classify
 from lapheads.cli import main
 from lapheads.errors import CheckpointError
+from lapheads.evals.classify import evaluate_run
 from lapheads.io import load_safetensors
 from lapheads.runs import RunDir
-from lapheads.train.classify import evaluate_run, train_classify
+from lapheads.train.classify import train_classify
 from lapheads.train.runtime import NonFiniteLossError
 
 
