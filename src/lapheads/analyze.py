@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from lapheads.distributed import resolve_device
 from lapheads.errors import InputError
 from lapheads.geometry.collapse import neural_collapse
 from lapheads.geometry.features import ResidualStream, select_layers
@@ -192,12 +193,6 @@ def analyze_nanochat(
     return [analysis], write_summary([analysis], out, plot_analyses([analysis], out))
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def _eval_images(cfg):
     """The evaluation split a classify / dino run was measured on (its --eval-subset, if any)."""
     from lapheads.data.images import build_image_data
@@ -214,7 +209,7 @@ def _labelled_geometry(
 
     With ``classifier`` the model's predictions feed NC4 and the classifier's input gets its own NC entry.
     """
-    device = _device(options.device)
+    device = resolve_device(options.device)
     model.to(device)
     layers = select_layers(model, options.layers)
     tokens_per_seq = model.patch_embed.num_patches + model.num_prefix_tokens

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from lapheads.errors import InputError, LapheadsError
 
-__all__ = ["Distributed", "StoppedError", "peer_failures", "setup_distributed"]
+__all__ = ["Distributed", "StoppedError", "peer_failures", "resolve_device", "setup_distributed"]
 
 
 class StoppedError(LapheadsError, RuntimeError):
@@ -93,10 +93,17 @@ def peer_failures() -> Iterator[None]:
         ) from None
 
 
+def resolve_device(device: str | torch.device) -> torch.device:
+    """ "auto" -> cuda when available, else cpu; anything else as torch reads it (a single-process reader's device)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 def setup_distributed(device: str = "auto") -> Distributed:
     """Join the torchrun process group if launched by torchrun; pick the device ("auto", "cpu", "cuda")."""
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(device).type
     if device not in ("cpu", "cuda"):
         raise InputError(f"device={device!r}; allowed: auto, cpu, cuda")
     if device == "cuda" and not torch.cuda.is_available():

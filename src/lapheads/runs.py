@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 import lapheads
+from lapheads.distributed import resolve_device
 from lapheads.errors import CheckpointError, InputError, LapheadsError
 from lapheads.io import atomic_write_text, load_safetensors, state_dict_mismatch
 
@@ -307,12 +308,6 @@ def _record_of(run: RunDir, record: dict[str, Any]) -> dict[str, Any]:
     return model
 
 
-def _device(device: str | torch.device) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def load_model(
     run_dir: str | os.PathLike | RunDir,
     weights: str = "model",
@@ -349,10 +344,10 @@ def load_model(
             base, config["lora_rank"], config["lora_alpha"], config["lora_dropout"], config["lora_targets"]
         )
         load_weights(LoraAdapters(peft_model), file)
-        return peft_model.merge_and_unload().to(_device(device)).eval()
+        return peft_model.merge_and_unload().to(resolve_device(device)).eval()
     model = build_model(spec)
     load_weights(model, file, spec.get("prefix", ""))
-    return model.to(_device(device)).eval()
+    return model.to(resolve_device(device)).eval()
 
 
 def _load_source(record: dict[str, Any], device: str | torch.device) -> torch.nn.Module:
@@ -360,7 +355,7 @@ def _load_source(record: dict[str, Any], device: str | torch.device) -> torch.nn
     if record.get("nanochat"):
         from lapheads.models.nanochat import load_nanochat
 
-        return load_nanochat(record["nanochat"], record["nanochat_step"], _device(device))[0]
+        return load_nanochat(record["nanochat"], record["nanochat_step"], resolve_device(device))[0]
     return load_model(record["base_run"], device=device)
 
 

@@ -15,7 +15,7 @@ Design choices:
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from lapheads.errors import InputError
@@ -95,7 +95,7 @@ class Task:
     geometry: tuple[tuple[str, tuple[str, ...]], ...] = ()
     geometry_layers: tuple[str, ...] = ()
     figures: tuple[str, ...] = ()
-    over_training: tuple[str, ...] = field(default=())
+    over_training: tuple[str, ...] = ()
     upgrade: str | None = None
 
     def config_type(self) -> type:

@@ -34,7 +34,7 @@ from lapheads.data.benchmarks import HUB_DATASETS, LETTERS, load_task, render_mc
 from lapheads.data.images import DataError
 from lapheads.data.text import validation_windows
 from lapheads.data.tokenizers import Tokenizer
-from lapheads.distributed import Distributed
+from lapheads.distributed import Distributed, resolve_device
 from lapheads.errors import InputError
 from lapheads.models.gpt import GPT
 from lapheads.sandbox import run_program
@@ -367,12 +367,11 @@ def load_lm(
         # chat stages have no token shards of their own
         return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, Path(run_dir) / "report", str(run_dir))
     from lapheads.models.nanochat import load_nanochat
-    from lapheads.runs import _device
 
     folder = Path(nanochat)
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else folder.resolve().parent.parent / "tokenizer"
     tokenizer = Tokenizer.nanochat(tokenizer_dir)
-    model, meta = load_nanochat(folder, step, _device(device))
+    model, meta = load_nanochat(folder, step, resolve_device(device))
     if tokenizer.vocab_size != model.config.vocab_size:
         raise InputError(
             f"{tokenizer_dir} has {tokenizer.vocab_size} tokens but {folder} was trained with "
