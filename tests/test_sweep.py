@@ -11,7 +11,7 @@ from scipy import stats
 
 from lapheads import sweep as sweep_module
 from lapheads.cli import main
-from lapheads.report import add_verdicts, holm, paired_test, summarize, verdict, welch_t_test
+from lapheads.report import add_verdicts, gap_over_training, holm, paired_test, summarize, verdict, welch_t_test
 
 
 @pytest.fixture
@@ -67,6 +67,9 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
     saved = json.loads((out / "report" / "stats.json").read_text())
     assert saved["metrics"]["test top-1 (%)"]["1"]["n"] == 2 and "paired" in saved["metrics"]["test top-1 (%)"]["1"]
     assert (out / "report" / "metric.png").stat().st_size > 5000 and (out / "report" / "geometry.png").exists()
+    report = (out / "report" / "report.md").read_text()
+    assert "test top-1 (%), paired gap over training" in report and (out / "report" / "gap.png").exists()
+    assert saved["over_training"]["test top-1 (%)"]["1"][-1]["n_pairs"] == 2
 
 
 @pytest.mark.slow
@@ -261,3 +264,33 @@ def test_report_restates_a_stats_json_with_todays_statistics(tmp_path, capsys):
     assert "| within-sequence fraction (last block) | 3 |" in out
     (tmp_path / "bad.json").write_text("[]")
     assert main(["report", str(tmp_path / "bad.json")]) == 2
+
+
+def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step(tmp_path):
+    # val bpb at steps 100 and 200; seed 2 of spec 2 stopped before step 200 (a cell still running is not "done",
+    # but a done cell may have skipped an evaluation); step 50 is logged by the baseline only
+    values = {
+        ("0", 0): {50: 3.0, 100: 2.50, 200: 2.20},
+        ("0", 1): {100: 2.52, 200: 2.21},
+        ("0", 2): {100: 2.47, 200: 2.19},
+        ("2", 0): {100: 2.60, 200: 2.23},
+        ("2", 1): {100: 2.58, 200: 2.22},
+        ("2", 2): {100: 2.55},
+    }
+    cells = {}
+    for (spec, seed), by_step in values.items():
+        run_dir = tmp_path / f"L{spec}-s{seed}"
+        run_dir.mkdir()
+        lines = [json.dumps({"step": step, "loss": 1.0}) for step in by_step]  # training records are skipped
+        lines += [json.dumps({"step": step, "val_bpb": v}) for step, v in by_step.items()]
+        (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        cells[run_dir.name] = {"spec": spec, "seed": seed, "run_dir": str(run_dir), "status": "done"}
+    record = {"specs": ["0", "2"], "cells": cells}
+    gaps = gap_over_training(record, ("validation bits per byte", "metrics", ("val_bpb",)))
+    first, last = gaps["2"]
+    assert [first["step"], last["step"]] == [100, 200] and [first["n_pairs"], last["n_pairs"]] == [3, 2]
+    diff = np.array([0.10, 0.06, 0.08])
+    low, high = stats.t.interval(0.95, 2, loc=diff.mean(), scale=stats.sem(diff))
+    assert first["mean_difference"] == pytest.approx(0.08) and first["ci_low"] == pytest.approx(low)
+    assert first["ci_high"] == pytest.approx(high) and last["mean_difference"] == pytest.approx(0.02)
+    assert gap_over_training(record, ("k-NN", "eval_dino.json", ("knn", "20"))) == {}  # logged once, no series

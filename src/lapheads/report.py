@@ -15,6 +15,9 @@ Design choices:
   **not detected (MDE x)** otherwise, **no claim** for metrics the paper makes none about.
 * **Geometry against k**: ``lapheads analyze`` on every cell (cached per run), the last block's metrics, the same
   statistics.
+* **The gap over training**: a headline metric logged at every evaluation (validation bpb, test top-1) is also
+  compared seed by seed at each evaluated step (mean paired difference and its t-based 95% interval), so a gap
+  that closes or opens with training shows, and a short run is not mistaken for a converged one.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from lapheads.tasks import Metric, get_task
 __all__ = [
     "CLAIMS",
     "collect",
+    "gap_over_training",
     "holm",
     "load_sweep",
     "paired_test",
@@ -162,6 +166,78 @@ def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float
         if value is not None:
             values[cell["spec"]][cell["seed"]] = value
     return values
+
+
+def gap_over_training(record: dict[str, Any], metric: Metric, baseline: str = "0") -> dict[str, list[dict]]:
+    """{spec: [paired_test of spec - baseline at one step, with "step"], ...} for a metric logged in metrics.jsonl
+    at every evaluation; a step is listed where at least one seed has both arms."""
+    _, source, path = metric
+    if source != "metrics":
+        return {}
+    series: dict[str, dict[int, dict[int, float]]] = {spec: {} for spec in record["specs"]}  # spec -> step -> seed
+    for cell in _done_cells(record):
+        for entry in RunDir(cell["run_dir"]).read_metrics():
+            if path[0] in entry and "step" in entry:
+                series[cell["spec"]].setdefault(int(entry["step"]), {})[cell["seed"]] = float(entry[path[0]])
+    if baseline not in series:
+        return {}
+    gaps = {}
+    for spec, by_step in series.items():
+        if spec == baseline:
+            continue
+        rows = []
+        for step in sorted(set(by_step) & set(series[baseline])):
+            test = paired_test(by_step[step], series[baseline][step])
+            if test["n_pairs"]:
+                rows.append({"step": step, **test})
+        if rows:
+            gaps[spec] = rows
+    return gaps
+
+
+def _gap_lines(label: str, gaps: dict[str, list[dict]]) -> list[str]:
+    """Markdown: one row per evaluated step, one column per spec: mean paired difference [95% CI] (pairs)."""
+    specs = list(gaps)
+    steps = sorted({row["step"] for rows in gaps.values() for row in rows})
+    at = {(spec, row["step"]): row for spec, rows in gaps.items() for row in rows}
+    lines = [
+        "",
+        f"{label}, paired gap over training (spec - 0 at each evaluation; mean [95% CI] (pairs)):",
+        "",
+        "| step | " + " | ".join(f"{spec} - 0" for spec in specs) + " |",
+        "|---|" + "---|" * len(specs),
+    ]
+    for step in steps:
+        cells = []
+        for spec in specs:
+            row = at.get((spec, step))
+            if row is None:
+                cells.append("")
+            elif math.isnan(row["ci_low"]):
+                cells.append(f"{row['mean_difference']:+.3g} ({row['n_pairs']})")
+            else:
+                cells.append(
+                    f"{row['mean_difference']:+.3g} [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}] ({row['n_pairs']})"
+                )
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _plot_gaps(gaps_by_metric: dict[str, dict[str, list[dict]]], path: Path) -> Path:
+    with panel_grid(path, len(gaps_by_metric), cols=2, size=(5.0, 3.4)) as axes:
+        for ax, (label, gaps) in zip(axes, gaps_by_metric.items()):
+            for spec, rows in gaps.items():
+                steps = [r["step"] for r in rows]
+                (line,) = ax.plot(steps, [r["mean_difference"] for r in rows], marker="o", label=f"{spec} - 0")
+                low, high = [r["ci_low"] for r in rows], [r["ci_high"] for r in rows]
+                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.axhline(0.0, color="black", linewidth=0.8)
+            ax.set_xlabel("step")
+            ax.set_ylabel("paired difference (95% CI)")
+            ax.set_title(f"{label}: gap over training", fontsize=9)
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+    return path
 
 
 def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[str, dict[str, Any]]:
@@ -307,7 +383,8 @@ def restate(stats_file: str | Path) -> str:
 def write_report(
     sweep_dir: str | Path, metric: str | None = None, geometry: bool = True, max_tokens: int = 262_144
 ) -> Path:
-    """Write SWEEP_DIR/report/{report.md, stats.json, metric.png, geometry.png (, pca.png)}; returns report.md.
+    """Write SWEEP_DIR/report/{report.md, stats.json, metric.png, gap.png, geometry.png (, pca.png)}; returns
+    report.md.
 
     Args:
         metric: a key of metrics.jsonl to report instead of the task's headline metrics.
@@ -349,13 +426,20 @@ def write_report(
     lines += [_row(label, s, stats[s]) for label, stats in {**headline, **geometry_stats}.items() for s in specs]
     _plot(headline, specs, out / "metric.png")
     lines += ["", "![metric](metric.png)"]
+    gaps = {m[0]: g for m in metrics if (g := gap_over_training(record, m))}
+    for label, by_spec in gaps.items():
+        lines += _gap_lines(label, by_spec)
+    if gaps:
+        _plot_gaps(gaps, out / "gap.png")
+        lines += ["", "![gap over training](gap.png)"]
     if geometry_stats:
         _plot(geometry_stats, specs, out / "geometry.png")
         lines += ["![geometry](geometry.png)"]
     if pictures:
         lines += ["", "PCA pictures of the teachers' patch tokens (columns: cells, seed-major):", "", "![pca](pca.png)"]
     (out / "stats.json").write_text(
-        json.dumps({"metrics": headline, "geometry": geometry_stats}, indent=1, default=str) + "\n"
+        json.dumps({"metrics": headline, "geometry": geometry_stats, "over_training": gaps}, indent=1, default=str)
+        + "\n"
     )
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
