@@ -166,6 +166,45 @@ def test_gradcheck(spec, hkv):
     assert torch.autograd.gradcheck(lambda a, b, c: laplacian_attention(a, b, c, spec, is_causal=True), (q, k, v))
 
 
+def _grads(fn, inputs, spec, grad_out, **kwargs):
+    leaves = [x.clone().requires_grad_(needs) for x, needs in inputs]
+    out = fn(*leaves, spec, **kwargs)
+    out.backward(grad_out, retain_graph=True)
+    first = [None if x.grad is None else x.grad.clone() for x in leaves]
+    out.backward(grad_out)  # retain_graph: a second backward through the same graph accumulates the same again
+    return out, first, [None if x.grad is None else x.grad - g for x, g in zip(leaves, first)]
+
+
+@pytest.mark.parametrize("spec", [1, H - 1, [True, False, True, False], [False, True, True, False]], ids=str)
+@pytest.mark.parametrize(
+    "case", ["plain", "causal", "kv-cache", "mask", "frozen-kv", "dropout-all"], ids=lambda case: case
+)
+def test_training_gradients_of_the_fused_op_equal_the_reference(spec, case):
+    """Partial specs take the one-node SDPA + combine path in training (its backward fixes SDPA's gradients in
+    place); q, k, v and every input's gradient equal the textbook path's, also with a second backward."""
+    t = 3 if case == "kv-cache" else T
+    q, k, v = qkv(t=t, s=T)
+    kwargs = {
+        "plain": {},
+        "causal": {"is_causal": True},
+        "kv-cache": {"is_causal": True},
+        "mask": {"attn_mask": torch.rand(B, 1, T, T, generator=torch.Generator().manual_seed(1)) > 0.3},
+        "frozen-kv": {},
+        "dropout-all": {"dropout_p": 1.0},  # drop(P) = 0: deterministic, and the math kernel's backward
+    }[case]
+    needs = (True, case != "frozen-kv", case != "frozen-kv")
+    inputs = list(zip((q, k, v), needs))
+    grad_out = torch.randn(B, H, t, D, dtype=q.dtype, generator=torch.Generator().manual_seed(2))
+    out, first, second = _grads(laplacian_attention, inputs, spec, grad_out, **kwargs)
+    assert "LaplacianSDPA" in type(out.grad_fn).__name__
+    ref_out, ref_first, ref_second = _grads(laplacian_attention_reference, inputs, spec, grad_out, **kwargs)
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    for ours, theirs in zip(first + second, ref_first + ref_second):
+        assert (ours is None) == (theirs is None)
+        if ours is not None:
+            torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
+
+
 def test_op_errors_name_the_problem():
     q, k, v = qkv()
     with pytest.raises(HeadSpecError, match="laplacian_heads=5 is out of range; allowed: 0 to 4"):

@@ -6,9 +6,15 @@ V - P V instead of P V (Zhang & Papyan, arXiv 2602.09297). Design choices:
 * **One fused SDPA call for all heads.** ``laplacian_attention`` computes y = SDPA(q, k, v) for every head with
   ``F.scaled_dot_product_attention`` and then, in one elementwise pass, turns the Laplacian heads' y into v - y.
   No T x T tensor exists on this path and there is no Python loop over heads.
-* **A custom autograd.Function for the combine step.** The simple ``torch.where`` / ``torch.cat`` forms allocate
-  and read y two or three times in forward and backward; ``_LaplacianCombine`` multiplies by a per-head sign and
-  adds the masked value in forward, and returns ``g * sign`` / ``g * mask`` in backward (benchmarks/attention.py).
+* **One autograd.Function around SDPA and the combine, in training.** ``_LaplacianSDPA`` runs SDPA on its own
+  small graph and writes the output head block by head block (ordinary heads copied, Laplacian heads v - y). Its
+  backward hands the incoming gradient to SDPA's backward *unchanged* and then fixes the Laplacian heads in place:
+  SDPA's backward is linear in the output gradient, per head, so negating a Laplacian head's dq, dk and dv equals
+  feeding it -g; dv then gains g at the query's own position. No sign-flipped copy of g, no (B, H, T, D) gradient
+  of zeros for the ordinary heads' identity term, no extra accumulation pass (benchmarks/attention.py). Where that
+  does not apply (GQA groups, a blend, the "last_allowed" identity, a mask that needs a gradient, inference)
+  ``_LaplacianCombine`` multiplies by a per-head sign and adds the masked value; under torch.compile the combine
+  is one expression Inductor fuses.
 * **The identity uses the query's own position.** With a KV cache (T < S) the T queries are the last T positions
   of the S keys, so the identity term is v[..., S - T:, :]; a causal mask is aligned the same way (bottom right).
 * **GQA/MQA.** v is broadcast from its Hkv heads to the H query heads inside the combine, never copied.
@@ -196,15 +202,7 @@ class _LaplacianCombine(torch.autograd.Function):
         ctx.save_for_backward(sign, lap)
         if runs is None:
             return torch.mul(y, sign).addcmul_(v, lap)
-        # y's own layout: SDPA on a packed qkv projection returns (B, T, H, D) strides, so the caller's
-        # transpose(1, 2).reshape(B, T, H * D) before the output projection stays a free view
-        out = torch.empty_like(y)
-        for start, stop, is_laplacian in runs:
-            if is_laplacian:
-                torch.sub(v[:, start:stop], y[:, start:stop], out=out[:, start:stop])
-            else:
-                out[:, start:stop].copy_(y[:, start:stop])
-        return out
+        return _combine_runs(y, v, runs)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
@@ -216,6 +214,58 @@ class _LaplacianCombine(torch.autograd.Function):
             if grad_v.shape[2] > 1:  # GQA: sum over the G query heads that share each kv head
                 grad_v = grad_v.sum(2, keepdim=True)
         return grad_y, grad_v, None, None, None
+
+
+def _combine_runs(y: Tensor, v_self: Tensor, runs: tuple[tuple[int, int, bool], ...]) -> Tensor:
+    """Ordinary heads' y copied, Laplacian heads' v_self - y, one block of consecutive heads at a time (dim 1)."""
+    # y's own layout: SDPA on a packed qkv projection returns (B, T, H, D) strides, so the caller's
+    # transpose(1, 2).reshape(B, T, H * D) before the output projection stays a free view
+    out = torch.empty_like(y)
+    for start, stop, is_laplacian in runs:
+        if is_laplacian:
+            torch.sub(v_self[:, start:stop], y[:, start:stop], out=out[:, start:stop])
+        else:
+            out[:, start:stop].copy_(y[:, start:stop])
+    return out
+
+
+class _LaplacianSDPA(torch.autograd.Function):
+    """SDPA and the combine as one autograd node, for H == Hkv and heads known as blocks (``runs``).
+
+    Forward runs SDPA on detached inputs inside its own small graph (SDPA saves what it always saves) and writes
+    the output block by block. Backward: dq, dk, dv = SDPA's backward of g itself; on each Laplacian block they
+    are negated in place (the backward is linear in g, head by head) and dv gains g at each query's own position,
+    the last T of the S keys. Gradients equal those of ``v_self - y`` through ordinary autograd.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, sdpa: dict, runs: tuple) -> Tensor:  # type: ignore[override]
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_(x.requires_grad) for x in (q, k, v)]
+            y = F.scaled_dot_product_attention(*leaves, **sdpa)
+        ctx.graph, ctx.leaves, ctx.runs = y, leaves, runs
+        return _combine_runs(y.detach(), _identity_values(v, q.shape[-2]), runs)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        wanted = [leaf for leaf in ctx.leaves if leaf.requires_grad]
+        # retain_graph: a caller's retain_graph=True may run this backward again; the small graph dies with ctx
+        found = iter(torch.autograd.grad(ctx.graph, wanted, grad, retain_graph=True, create_graph=grad.requires_grad))
+        grads = [next(found) if leaf.requires_grad else None for leaf in ctx.leaves]
+        t, s = grad.shape[-2], ctx.leaves[2].shape[-2]
+        for start, stop, is_laplacian in ctx.runs:
+            if not is_laplacian:
+                continue
+            for g in grads[:2]:
+                if g is not None:
+                    g[:, start:stop].neg_()
+            if grads[2] is not None:
+                dv, g_block = grads[2][:, start:stop], grad[:, start:stop]
+                if t == s:  # one pass: dv = g - dv
+                    torch.sub(g_block, dv, out=dv)
+                else:  # KV cache: only the last T key positions are the queries' own
+                    dv.neg_()[..., s - t :, :].add_(g_block)
+        return (*grads, None, None)
 
 
 def _head_runs(mask: Tensor) -> tuple[tuple[int, int, bool], ...]:
@@ -344,6 +394,19 @@ def laplacian_attention(
         if attn_mask is not None:
             raise InputError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
         attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
+    if (
+        runs is not None
+        and len(runs) > 1  # every head Laplacian: v_self - y below is already the cheapest form
+        and h == hkv
+        and blend is None
+        and identity == "aligned"
+        and not compiling
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
+        and not (attn_mask is not None and attn_mask.requires_grad)
+    ):
+        sdpa = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+        return _LaplacianSDPA.apply(q, k, v, sdpa, runs)
     k_attn, v_attn, gqa = k, v, bool(h != hkv)  # a plain bool: SDPA refuses a symbolic one under dynamic shapes
     if gqa and attn_mask is not None and q.is_cuda:
         # CUDA SDPA with enable_gqa and a mask falls back to the math kernel; expanded k/v keep the fused kernels
