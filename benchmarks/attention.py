@@ -88,8 +88,11 @@ def bench_op(
     return {"batch": batch, "forms": result}
 
 
-def bench_vit_step(device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 64) -> dict[str, float]:
-    """A whole ViT training step (6 layers, 192 dim, 3 heads, patch 4, 32 px) with 0, 1 and 3 Laplacian heads."""
+def bench_vit_step(
+    device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 64, compile_model: bool = False
+) -> dict[str, float]:
+    """A whole ViT training step (6 layers, 192 dim, 3 heads, patch 4, 32 px) with 0, 1 and 3 Laplacian heads
+    (each model ``torch.compile``-d when ``compile_model``)."""
     steps = {}
     for n_lap in (0, 1, 3):
         torch.manual_seed(0)
@@ -107,6 +110,8 @@ def bench_vit_step(device: torch.device, dtype: torch.dtype, repeats: int, batch
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         images = torch.randn(batch, 3, 32, 32, device=device)
         labels = torch.randint(0, 10, (batch,), device=device)
+        if compile_model:
+            model = torch.compile(model)
 
         def run(model: torch.nn.Module = model, optimizer: torch.optim.Optimizer = optimizer) -> None:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
@@ -122,11 +127,16 @@ def bench_vit_step(device: torch.device, dtype: torch.dtype, repeats: int, batch
 
 
 def bench_gpt_step(
-    device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 16, arch: str = "nanochat-2025"
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int,
+    batch: int = 16,
+    arch: str = "nanochat-2025",
+    compile_model: bool = False,
 ) -> dict[str, float]:
     """A whole GPT training step (shakespeare-cpu size: depth 4, 256 dim, 4 heads of 64, T = 256, Muon + AdamW as
     in training) with 0, 2 and 4 Laplacian heads per layer, in the ``arch`` family (2026: sliding windows of 128
-    in the S layers, value embeddings, smear, ...)."""
+    in the S layers, value embeddings, smear, ...); each model ``torch.compile``-d when ``compile_model``."""
     from lapheads.models.gpt import GPT, GPTConfig
     from lapheads.train.lm import LMConfig, build_optimizers
 
@@ -146,6 +156,8 @@ def bench_gpt_step(
         ).to(device)
         optimizers = build_optimizers(model, LMConfig(arch=arch))
         tokens = torch.randint(0, 320, (batch, 257), device=device)
+        if compile_model:
+            model = torch.compile(model)
 
         def run(model: torch.nn.Module = model, optimizers: dict = optimizers) -> None:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
@@ -215,7 +227,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--skip-vit", action="store_true")
     parser.add_argument("--skip-gpt", action="store_true")
     parser.add_argument("--gpt-arch", default="nanochat-2025", choices=["nanochat-2025", "nanochat-2026"])
-    parser.add_argument("--compile", action="store_true", help="the op table with torch.compile on sdpa and lapheads")
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile on sdpa and lapheads in the op table, and on each model"
+    )
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     op_results = {}
@@ -223,11 +237,12 @@ def main(argv: list[str] | None = None) -> str:
         repeats = max(3, round(REPEATS.get(t, 10) * args.repeats_scale))
         op_results[t] = bench_op(t, args.laplacian_heads, device, dtype, repeats, compile_forms=args.compile)
         print(f"T={t}: " + ", ".join(f"{n} {r['ratio']:.3f}x" for n, r in op_results[t]["forms"].items()), flush=True)
-    vit = None if args.skip_vit else bench_vit_step(device, dtype, max(3, round(20 * args.repeats_scale)))
+    vit_repeats, gpt_repeats = max(3, round(20 * args.repeats_scale)), max(3, round(15 * args.repeats_scale))
+    vit = None if args.skip_vit else bench_vit_step(device, dtype, vit_repeats, compile_model=args.compile)
     gpt = (
         None
         if args.skip_gpt
-        else bench_gpt_step(device, dtype, max(3, round(15 * args.repeats_scale)), arch=args.gpt_arch)
+        else bench_gpt_step(device, dtype, gpt_repeats, arch=args.gpt_arch, compile_model=args.compile)
     )
     header = (
         f"{machine_summary(device)}; {args.dtype}; {HEADS} heads x {HEAD_DIM} dims, "

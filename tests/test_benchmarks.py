@@ -127,3 +127,13 @@ def test_the_sharded_muon_benchmark_runs_and_halves_the_state():
     }
     assert sum(rows["sharded"]) == rows["plain"][0] == rows["plain"][1]  # each rank: its share of the state
     assert "sharded / plain" in done.stdout
+
+
+@pytest.mark.slow
+def test_cpu_attention_benchmark_writes_the_op_and_whole_step_tables():
+    table = _load("attention").main(["--seq-lens", "16", "--repeats-scale", "0.01"])
+    row = next(line for line in table.splitlines() if line.startswith("| 16 |"))
+    ratios = [float(cell) for cell in row.split("|")[3:8]]  # sdpa, lapheads, where, cat, naive
+    assert ratios[0] == 1.0 and all(r > 0 for r in ratios)
+    for name in ("vit 0/3 Laplacian", "vit 1/3 Laplacian", "vit 3/3 Laplacian", "gpt 2/4 Laplacian"):
+        assert f"| {name} |" in table
