@@ -205,6 +205,16 @@ def test_training_gradients_of_the_fused_op_equal_the_reference(spec, case):
             torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
 
 
+def test_the_training_path_frees_what_it_saved_after_backward():
+    """As any autograd node: after a backward without retain_graph its saved tensors (and SDPA's inner graph) are
+    gone even while the caller still holds the output, so a held loss does not keep a step's attention alive."""
+    q, k, v = (x.requires_grad_() for x in qkv())
+    out = laplacian_attention(q, k, v, 1)
+    out.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out.sum().backward()
+
+
 def test_op_errors_name_the_problem():
     q, k, v = qkv()
     with pytest.raises(HeadSpecError, match="laplacian_heads=5 is out of range; allowed: 0 to 4"):

@@ -243,16 +243,20 @@ class _LaplacianSDPA(torch.autograd.Function):
         with torch.enable_grad():
             leaves = [x.detach().requires_grad_(x.requires_grad) for x in (q, k, v)]
             y = F.scaled_dot_product_attention(*leaves, **sdpa)
-        ctx.graph, ctx.leaves, ctx.runs = y, leaves, runs
+        # saved, not set on ctx: autograd frees saved tensors (and with y, SDPA's small graph) after a backward
+        # without retain_graph, even while the caller still holds the output
+        ctx.save_for_backward(y, *leaves)
+        ctx.runs = runs
         return _combine_runs(y.detach(), _identity_values(v, q.shape[-2]), runs)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        wanted = [leaf for leaf in ctx.leaves if leaf.requires_grad]
-        # retain_graph: a caller's retain_graph=True may run this backward again; the small graph dies with ctx
-        found = iter(torch.autograd.grad(ctx.graph, wanted, grad, retain_graph=True, create_graph=grad.requires_grad))
-        grads = [next(found) if leaf.requires_grad else None for leaf in ctx.leaves]
-        t, s = grad.shape[-2], ctx.leaves[2].shape[-2]
+        y, *leaves = ctx.saved_tensors
+        wanted = [leaf for leaf in leaves if leaf.requires_grad]
+        # retain_graph: a caller's retain_graph=True runs this again; otherwise the small graph goes with ctx's tensors
+        found = iter(torch.autograd.grad(y, wanted, grad, retain_graph=True, create_graph=torch.is_grad_enabled()))
+        grads = [next(found) if leaf.requires_grad else None for leaf in leaves]
+        t, s = grad.shape[-2], leaves[2].shape[-2]
         for start, stop, is_laplacian in ctx.runs:
             if not is_laplacian:
                 continue
