@@ -392,3 +392,21 @@ def test_blend_moves_from_plain_attention_to_the_laplacian():
     )
     torch.testing.assert_close(half[:, 2:], 0.3 * v[:, 2:] + 0.4 * plain[:, 2:], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(half[:, :2], plain[:, :2])
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_gives_the_same_gradients(reentrant):
+    """timm's set_grad_checkpointing / torch.utils.checkpoint recompute the op in backward; the one-node training
+    path must give the gradients of the plain run."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    attn = LaplacianAttention(32, num_heads=4, laplacian_heads=[False, True, False, True])
+    x = torch.randn(2, 9, 32, requires_grad=True)
+    checkpoint(attn, x, use_reentrant=reentrant).square().sum().backward()
+    recomputed = [x.grad.clone()] + [p.grad.clone() for p in attn.parameters()]
+    x.grad = None
+    attn.zero_grad()
+    attn(x).square().sum().backward()
+    for ours, plain in zip(recomputed, [x.grad] + [p.grad for p in attn.parameters()]):
+        torch.testing.assert_close(ours, plain, rtol=0, atol=0)
