@@ -3,6 +3,8 @@
 Forms compared side by side in one process (ratios = median time / median time of plain SDPA in the same run):
 
 * ``sdpa``      plain ``F.scaled_dot_product_attention`` (no Laplacian head): the floor.
+* ``copy``      plain SDPA, then one fresh copy of its output: the least any combine costs that must write a new
+                output (SDPA keeps its own output for its backward, so the combine cannot overwrite it).
 * ``lapheads``  ``lapheads.laplacian_attention``: fused SDPA + one sign-flip pass (a custom autograd.Function).
 * ``where``     fused SDPA then ``torch.where(mask, v - y, y)``: the simplest mask form.
 * ``cat``       fused SDPA then ``torch.cat([y_A, v_L - y_L])``: the authors' form (copies y).
@@ -48,6 +50,7 @@ def attention_forms(n_lap: int) -> dict[str, Callable[..., torch.Tensor]]:
     mask = torch.arange(HEADS) >= HEADS - n_lap
     return {
         "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+        "copy": lambda q, k, v: F.scaled_dot_product_attention(q, k, v).clone(),
         "lapheads": lambda q, k, v: laplacian_attention(q, k, v, n_lap),
         "where": lambda q, k, v: _where_form(q, k, v, mask.to(q.device)),
         "cat": lambda q, k, v: _cat_form(q, k, v, n_lap),

@@ -149,6 +149,8 @@ def test_geometry_and_diffusion_over_training(tiny_config, tmp_path, capsys):
     diffusion = saved["series"]["diffusion score, Laplacian heads"]
     assert len(diffusion) == 4 and all(-1 <= d <= 1 for d in diffusion)
     assert saved["series"]["diffusion score, Laplacian heads"] != saved["series"]["diffusion score, ordinary heads"]
+    per_block = saved["per_block"]["diffusion score, Laplacian heads"]  # every block, the summary layer's included
+    assert sorted(per_block) == ["1", "2"] and per_block["2"] == diffusion
     assert (tmp_path / "run" / "report" / "over_training.png").stat().st_size > 5000
     assert (tmp_path / "run" / "report" / "analysis-step-4.json").is_file()
     assert main(["analyze", str(tmp_path / "run"), str(tmp_path / "run"), "--over-training"]) == 2

@@ -320,20 +320,48 @@ def analyze_over_training(
             except (KeyError, TypeError):
                 values.append(math.nan)
         series[title] = values
+    per_block = _mechanism_per_block(analyses)
     out = Path(out) if out is not None else run.path / "report"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "over_training.json").write_text(
-        json.dumps({"steps": steps, "layer": _summary_layer(analyses[-1]), "series": series}, indent=1) + "\n"
-    )
+    record = {"steps": steps, "layer": _summary_layer(analyses[-1]), "series": series, "per_block": per_block}
+    (out / "over_training.json").write_text(json.dumps(record, indent=1) + "\n")
     path = out / "over_training.png"
-    title = f"{run.path.name}: {_summary_layer(analyses[-1])} layer over training"
-    with panel_grid(path, len(series), cols=len(series), size=(3.6, 3.0), title=title) as axes:
+    title = f"{run.path.name}: {_summary_layer(analyses[-1])} layer over training; diffusion scores per block"
+    panels = len(series) + len(per_block)
+    with panel_grid(path, panels, cols=min(panels, 4), size=(3.6, 3.0), title=title) as axes:
         for ax, (name, values) in zip(axes, series.items()):
             ax.plot(steps, values, marker="o", markersize=3)
             ax.set_title(name, fontsize=9)
+        for ax, (name, blocks) in zip(axes[len(series) :], per_block.items()):
+            for block, values in blocks.items():
+                ax.plot(steps, values, marker="o", markersize=3, label=f"block {block}")
+            ax.axhline(0.0, color="black", linewidth=0.8)
+            ax.set_title(f"{name}, per block", fontsize=9)
+            ax.legend(fontsize=7)
+        for ax in axes:
             ax.set_xlabel("step", fontsize=8)
             ax.grid(alpha=0.3)
     return path
+
+
+def _mechanism_per_block(analyses: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """{"diffusion score, Laplacian heads" / "... ordinary heads": {block: [mean score at each step]}} for the
+    blocks that have heads of that kind (a per-layer schedule leaves some blocks without Laplacian heads)."""
+    kinds = {
+        "diffusion score, Laplacian heads": "laplacian_diffusion",
+        "diffusion score, ordinary heads": "ordinary_diffusion",
+    }
+    blocks = [name for name in analyses[-1]["per_layer"] if name.isdigit()]
+    out: dict[str, dict[str, list[float]]] = {}
+    for title, key in kinds.items():
+        by_block = {}
+        for block in blocks:
+            values = [(a["per_layer"].get(block, {}).get("mechanism") or {}).get(key) for a in analyses]
+            if any(v is not None for v in values):
+                by_block[block] = [math.nan if v is None else float(v) for v in values]
+        if by_block:
+            out[title] = by_block
+    return out
 
 
 def _labels(analyses: list[dict[str, Any]]) -> list[str]:
