@@ -146,11 +146,27 @@ def test_geometry_and_diffusion_over_training(tiny_config, tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "run"), "--over-training", "--max-tokens", "1700"]) == 0
     saved = json.loads((tmp_path / "run" / "report" / "over_training.json").read_text())
     assert saved["steps"] == [2, 4, 6, 8] and saved["layer"] == "2"
-    diffusion = saved["series"]["diffusion score, Laplacian heads"]
-    assert len(diffusion) == 4 and all(-1 <= d <= 1 for d in diffusion)
-    assert saved["series"]["diffusion score, Laplacian heads"] != saved["series"]["diffusion score, ordinary heads"]
-    per_block = saved["per_block"]["diffusion score, Laplacian heads"]  # every block, the summary layer's included
-    assert sorted(per_block) == ["1", "2"] and per_block["2"] == diffusion
+    assert len(saved["series"]["within-sequence fraction"]) == 4
+    laplacian, ordinary = (saved["per_block"][f"diffusion score, {kind} heads"] for kind in ("Laplacian", "ordinary"))
+    assert sorted(laplacian) == sorted(ordinary) == ["1", "2"]  # every block, not only the summary layer
+    assert all(len(v) == 4 and all(-1 <= d <= 1 for d in v) for v in laplacian.values())
+    assert laplacian["2"] != ordinary["2"]
     assert (tmp_path / "run" / "report" / "over_training.png").stat().st_size > 5000
     assert (tmp_path / "run" / "report" / "analysis-step-4.json").is_file()
     assert main(["analyze", str(tmp_path / "run"), str(tmp_path / "run"), "--over-training"]) == 2
+
+
+def test_language_model_over_training_has_diffusion_scores_for_every_block(text_root, tmp_path):
+    """An LM's summary layer is after the final norm, which has no heads: the diffusion scores are per block."""
+    from lapheads.train.lm import train_lm
+    from tests.conftest import tiny_lm
+
+    cfg = tiny_lm(text_root, num_iterations=6, eval_every=6, checkpoint_every=3, keep_checkpoints=0)
+    train_lm(cfg, tmp_path / "lm")
+    assert main(["analyze", str(tmp_path / "lm"), "--over-training", "--max-tokens", "4096", "--top-k", "20"]) == 0
+    saved = json.loads((tmp_path / "lm" / "report" / "over_training.json").read_text())
+    assert saved["steps"] == [3, 6] and saved["layer"] == "norm"
+    assert all(math.isfinite(v) for v in saved["series"]["CDNV, top-K next tokens"])
+    for kind in ("Laplacian", "ordinary"):  # 2 of 4 heads Laplacian in both blocks
+        blocks = saved["per_block"][f"diffusion score, {kind} heads"]
+        assert sorted(blocks) == ["1", "2"] and all(math.isfinite(v) for vs in blocks.values() for v in vs)

@@ -46,12 +46,10 @@ _LM_GEOMETRY = (
 )
 _VISION_LAYERS = ("last block", "after the final norm")
 _VISION_FIGURES = ("anova", "collapse", "spectrum", "similarity", "mechanism")
-_MECHANISM = ("diffusion score, Laplacian heads", "diffusion score, ordinary heads")
 _VISION_OVER_TRAINING = (
     "within-sequence fraction",
     "components for 99%, pooled",
     "token cosine similarity",
-    *_MECHANISM,
 )
 
 
@@ -78,7 +76,8 @@ class Task:
         geometry: (label, path into a layer's analysis) rows of the report.
         geometry_layers: the layers whose geometry the report states.
         figures: ``lapheads analyze``'s per-layer figures for this task.
-        over_training: the summary rows ``analyze --over-training`` plots against step.
+        over_training: the summary rows ``analyze --over-training`` plots against step (at the summary layer; the
+            heads' diffusion scores are plotted for every block beside them).
         upgrade: ``module:function(record)`` -> the config.json entries a run written by an older lapheads lacks
             (``lapheads upgrade``); None = nothing to add.
     """
@@ -155,7 +154,6 @@ TASKS: dict[str, Task] = {
                 "CDNV, top-K next tokens",
                 "components for 99%, pooled",
                 "token cosine similarity",
-                *_MECHANISM,
             ),
             upgrade="lapheads.train.lm:recorded_model",
         ),
