@@ -328,7 +328,7 @@ def analyze_over_training(
     path = out / "over_training.png"
     title = f"{run.path.name}: {_summary_layer(analyses[-1])} layer over training; diffusion scores per block"
     panels = len(series) + len(per_block)
-    with panel_grid(path, panels, cols=min(panels, 4), size=(3.6, 3.0), title=title) as axes:
+    with panel_grid(path, panels, cols=3, size=(3.6, 3.0), title=title) as axes:
         for ax, (name, values) in zip(axes, series.items()):
             ax.plot(steps, values, marker="o", markersize=3)
             ax.set_title(name, fontsize=9)
