@@ -11,7 +11,16 @@ from scipy import stats
 
 from lapheads import sweep as sweep_module
 from lapheads.cli import main
-from lapheads.report import add_verdicts, gap_over_training, holm, paired_test, summarize, verdict, welch_t_test
+from lapheads.report import (
+    add_verdicts,
+    diffusion_against_zero,
+    gap_over_training,
+    holm,
+    paired_test,
+    summarize,
+    verdict,
+    welch_t_test,
+)
 
 
 @pytest.fixture
@@ -70,6 +79,9 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
     report = (out / "report" / "report.md").read_text()
     assert "test top-1 (%), paired gap over training" in report and (out / "report" / "gap.png").exists()
     assert saved["over_training"]["test top-1 (%)"]["1"][-1]["n_pairs"] == 2
+    laplacian = saved["mechanism"]["diffusion score, Laplacian heads (mean over blocks)"]
+    assert list(laplacian) == ["1"] and laplacian["1"]["n"] == 2  # k = 0 has no Laplacian head to score
+    assert "| diffusion score, Laplacian heads (block 2) | 1 | 2 |" in report
 
 
 @pytest.mark.slow
@@ -294,3 +306,22 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step(t
     assert first["mean_difference"] == pytest.approx(0.08) and first["ci_low"] == pytest.approx(low)
     assert first["ci_high"] == pytest.approx(high) and last["mean_difference"] == pytest.approx(0.02)
     assert gap_over_training(record, ("k-NN", "eval_dino.json", ("knn", "20"))) == {}  # logged once, no series
+
+
+def test_diffusion_scores_are_tested_against_zero_with_holm_across_the_section():
+    scores = {
+        "diffusion score, ordinary heads (mean over blocks)": {"0": {0: -0.08, 1: -0.07, 2: -0.09}},
+        "diffusion score, Laplacian heads (mean over blocks)": {"0": {}, "2": {0: 0.12, 1: 0.15, 2: 0.10}},
+        "diffusion score, Laplacian heads (block 1)": {"0": {}, "2": {0: 0.01, 1: -0.02, 2: 0.02}},
+    }
+    family = diffusion_against_zero(scores)
+    assert list(family)[-1].startswith("diffusion score, ordinary")  # Laplacian rows first
+    mean = family["diffusion score, Laplacian heads (mean over blocks)"]["2"]
+    expected = stats.ttest_1samp([0.12, 0.15, 0.10], 0.0)
+    assert mean["paired"]["p"] == pytest.approx(expected.pvalue) and mean["mean"] == pytest.approx(0.37 / 3)
+    raw = [expected.pvalue, stats.ttest_1samp([0.01, -0.02, 0.02], 0.0).pvalue]
+    assert mean["p_holm"] == pytest.approx(holm({"a": raw[0], "b": raw[1]})["a"])
+    assert mean["verdict"] == ("held" if mean["p_holm"] < 0.05 else f"not detected (MDE {mean['paired']['mde']:.3g})")
+    assert family["diffusion score, Laplacian heads (block 1)"]["2"]["verdict"].startswith("not detected")
+    assert family["diffusion score, ordinary heads (mean over blocks)"]["0"]["verdict"] == "no claim"
+    assert "0" not in family["diffusion score, Laplacian heads (mean over blocks)"]

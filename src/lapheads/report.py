@@ -15,6 +15,10 @@ Design choices:
   **not detected (MDE x)** otherwise, **no claim** for metrics the paper makes none about.
 * **Geometry against k**: ``lapheads analyze`` on every cell (cached per run), the last block's metrics, the same
   statistics.
+* **The heat-diffusion mechanism**: each head's output-value circuit score (``geometry.mechanism``: positive =
+  the head moves tokens toward their attention-weighted neighbours) read from every cell's analysis, per spec, for
+  the Laplacian and the ordinary heads, averaged over blocks and per block; tested against 0 over seeds (one-sample
+  t-test, Holm across the section per spec). The paper's reading predicts Laplacian heads diffuse (score > 0).
 * **The gap over training**: a headline metric logged at every evaluation (validation bpb, test top-1) is also
   compared seed by seed at each evaluated step (mean paired difference and its t-based 95% interval), so a gap
   that closes or opens with training shows, and a short run is not mistaken for a converged one.
@@ -36,6 +40,7 @@ from lapheads.tasks import Metric, get_task
 __all__ = [
     "CLAIMS",
     "collect",
+    "diffusion_against_zero",
     "gap_over_training",
     "holm",
     "load_sweep",
@@ -68,6 +73,7 @@ CLAIMS: dict[str, int] = {
     "CDNV, next-token classes": -1,
     "NC1, next-token classes": -1,
     "ChatCORE": +1,
+    "diffusion score, Laplacian heads": +1,  # the heat-diffusion reading: a Laplacian head smooths
 }
 ALPHA, POWER = 0.05, 0.80
 
@@ -283,20 +289,27 @@ def _claim(label: str) -> int | None:
     """The paper's direction for a row label, whatever layer the row was measured at."""
     for where in _LAYER_WORDS:
         label = label.removesuffix(f" ({where})")
-    return CLAIMS.get(label)
+    if label in CLAIMS:
+        return CLAIMS[label]
+    return CLAIMS.get(label.rsplit(" (", 1)[0])  # "diffusion score, Laplacian heads (block 3)" and the like
 
 
-def _geometry_values(record: dict[str, Any], max_tokens: int) -> dict[str, dict[str, dict[int, float]]]:
+Values = dict[str, dict[str, dict[int, float]]]  # row label -> spec -> seed -> value
+
+
+def _geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, Values]:
+    """(geometry rows, mechanism rows) from every finished cell's analysis (``lapheads analyze``, cached)."""
     from lapheads.analyze import AnalyzeOptions, analyze_run
 
     options = AnalyzeOptions(max_tokens=max_tokens)
     task = get_task(record["task"])
     metrics, where = task.geometry, task.geometry_layers
-    out: dict[str, dict[str, dict[int, float]]] = {
-        f"{label} ({w})": {s: {} for s in record["specs"]} for w in where for label, _ in metrics
-    }
+    out: Values = {f"{label} ({w})": {s: {} for s in record["specs"]} for w in where for label, _ in metrics}
+    mechanism: Values = {}
     for cell in _done_cells(record):
         analysis = analyze_run(cell["run_dir"], options)
+        for label, value in _diffusion_scores(analysis).items():
+            mechanism.setdefault(label, {s: {} for s in record["specs"]})[cell["spec"]][cell["seed"]] = value
         layers = {"last block": [n for n in analysis["layers"] if n.isdigit()][-1], "after the final norm": "norm"}
         for w in where:
             for label, path in metrics:
@@ -305,7 +318,46 @@ def _geometry_values(record: dict[str, Any], max_tokens: int) -> dict[str, dict[
                     value = value.get(key) if isinstance(value, dict) else None
                 if value is not None:
                     out[f"{label} ({w})"][cell["spec"]][cell["seed"]] = float(value)
-    return out
+    return out, mechanism
+
+
+def _diffusion_scores(analysis: dict[str, Any]) -> dict[str, float]:
+    """Mean diffusion score of a run's Laplacian and of its ordinary heads over every analysed block, and the
+    Laplacian heads' per block; a kind absent from the run (k = 0: no Laplacian head) gives no row."""
+    rows: dict[str, float] = {}
+    for kind, key in (("Laplacian", "laplacian_diffusion"), ("ordinary", "ordinary_diffusion")):
+        heads = [
+            h["diffusion"]
+            for layer in analysis["per_layer"].values()
+            for h in (layer.get("mechanism") or {}).get("heads", [])
+            if h["laplacian"] == (kind == "Laplacian")
+        ]
+        if heads:
+            rows[f"diffusion score, {kind} heads (mean over blocks)"] = float(np.mean(heads))
+        if kind == "Laplacian":
+            for block, layer in analysis["per_layer"].items():
+                value = (layer.get("mechanism") or {}).get(key)
+                if value is not None:
+                    rows[f"diffusion score, Laplacian heads (block {block})"] = float(value)
+    return rows
+
+
+def diffusion_against_zero(mechanism: Values) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each row's specs tested against 0 (a one-sample t-test = the paired test against a zero arm)."""
+    family: dict[str, dict[str, dict[str, Any]]] = {}
+    for label, by_spec in sorted(mechanism.items(), key=lambda item: "ordinary" in item[0]):  # Laplacian rows first
+        rows = {}
+        for spec, by_seed in by_spec.items():
+            if by_seed:
+                rows[spec] = summarize({"zero": dict.fromkeys(by_seed, 0.0), spec: by_seed}, baseline="zero")[spec]
+        family[label] = rows
+    for spec in {spec for rows in family.values() for spec in rows}:
+        raw = {label: rows[spec]["paired"]["p"] for label, rows in family.items() if spec in rows}
+        for label, p_holm in holm(raw).items():
+            row = family[label][spec]
+            row["p_holm"] = p_holm
+            row["verdict"] = verdict(row["paired"]["mean_difference"], p_holm, row["paired"]["mde"], _claim(label))
+    return family
 
 
 def _spec_axis(specs: list[str]) -> tuple[list[float], list[str]]:
@@ -345,6 +397,22 @@ def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
         ]
     else:
         cells += ["(baseline)", "", "", ""]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _mechanism_row(label: str, spec: str, row: dict[str, Any]) -> str:
+    pair = row["paired"]
+    interval = "" if math.isnan(pair["ci_low"]) else f"[{pair['ci_low']:+.3g}, {pair['ci_high']:+.3g}]"
+    cells = [
+        label,
+        spec,
+        str(row["n"]),
+        f"{row['mean']:+.3g} ± {row['std']:.2g}",
+        interval,
+        f"{pair['p']:.3g} / {row['p_holm']:.3g}",
+        f"{pair['mde']:.3g}",
+        row["verdict"],
+    ]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -420,8 +488,11 @@ def write_report(
         *TABLE_HEADER,
     ]
     geometry_stats: dict[str, Any] = {}
+    mechanism_stats: dict[str, Any] = {}
     if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
-        geometry_stats = {name: summarize(by_spec) for name, by_spec in _geometry_values(record, max_tokens).items()}
+        geometry_values, mechanism_values = _geometry_values(record, max_tokens)
+        geometry_stats = {name: summarize(by_spec) for name, by_spec in geometry_values.items()}
+        mechanism_stats = diffusion_against_zero(mechanism_values)
     add_verdicts({**headline, **geometry_stats})
     lines += [_row(label, s, stats[s]) for label, stats in {**headline, **geometry_stats}.items() for s in specs]
     _plot(headline, specs, out / "metric.png")
@@ -435,10 +506,28 @@ def write_report(
     if geometry_stats:
         _plot(geometry_stats, specs, out / "geometry.png")
         lines += ["![geometry](geometry.png)"]
+    if mechanism_stats:
+        lines += [
+            "",
+            "Heat-diffusion mechanism: each head's output-value circuit W_O W_V diag(gamma) against the identity "
+            "(`lapheads.geometry.mechanism`; > 0: the head moves tokens toward their attention-weighted neighbours, "
+            "< 0: away), mean over seeds, tested against 0 (one-sample t-test, Holm across these rows per spec). "
+            "The heat-diffusion reading predicts Laplacian heads > 0.",
+            "",
+            "| quantity | Laplacian heads | n | mean ± std | 95% CI | p raw / Holm | MDE | verdict |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            _mechanism_row(label, spec, row) for label, rows in mechanism_stats.items() for spec, row in rows.items()
+        ]
     if pictures:
         lines += ["", "PCA pictures of the teachers' patch tokens (columns: cells, seed-major):", "", "![pca](pca.png)"]
     (out / "stats.json").write_text(
-        json.dumps({"metrics": headline, "geometry": geometry_stats, "over_training": gaps}, indent=1, default=str)
+        json.dumps(
+            {"metrics": headline, "geometry": geometry_stats, "mechanism": mechanism_stats, "over_training": gaps},
+            indent=1,
+            default=str,
+        )
         + "\n"
     )
     path = out / "report.md"
