@@ -267,9 +267,13 @@ def test_report_restates_a_stats_json_with_todays_statistics(tmp_path, capsys):
             }
         },
     }
+    saved["mechanism"] = {
+        "diffusion score, Laplacian heads (mean over blocks)": {"3": {"values": {"0": 0.1, "1": 0.2}}}
+    }
     (tmp_path / "stats.json").write_text(json.dumps(saved))
     assert main(["report", str(tmp_path / "stats.json")]) == 0
     out = capsys.readouterr().out
+    assert "| diffusion score, Laplacian heads (mean over blocks) | 3 | 2 | +0.15 ± 0.071 |" in out
     diff = np.array([2.0, 2.1, 1.9])
     low, high = stats.t.interval(0.95, 2, loc=diff.mean(), scale=stats.sem(diff))
     assert f"| test top-1 (%) | 3 | 3 | 82.5 ± 0.56 | +2 [{low:+.3g}, {high:+.3g}] |" in out

@@ -416,6 +416,10 @@ def _mechanism_row(label: str, spec: str, row: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+MECHANISM_HEADER = [
+    "| quantity | Laplacian heads | n | mean ± std | 95% CI | p raw / Holm | MDE | verdict |",
+    "|---|---|---|---|---|---|---|---|",
+]
 TABLE_HEADER = [
     "| metric | Laplacian heads | n | mean ± std | difference vs 0 [95% CI] | p raw / Holm | MDE | verdict |",
     "|---|---|---|---|---|---|---|---|",
@@ -434,18 +438,20 @@ def restate(stats_file: str | Path) -> str:
             (label if label.endswith(")") else f"{label} (last block)", rows)
             for label, rows in saved.get("geometry", {}).items()
         ]
-        family = {
-            label: summarize(
-                {spec: {int(seed): float(v) for seed, v in row["values"].items()} for spec, row in rows.items()}
-            )
-            for label, rows in groups
-        }
+
+        def values(rows: dict[str, Any]) -> dict[str, dict[int, float]]:
+            return {spec: {int(seed): float(v) for seed, v in row["values"].items()} for spec, row in rows.items()}
+
+        family = {label: summarize(values(rows)) for label, rows in groups}
+        mechanism = diffusion_against_zero({label: values(rows) for label, rows in saved.get("mechanism", {}).items()})
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
         raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None
     add_verdicts(family)
-    return "\n".join(
-        [*TABLE_HEADER, *[_row(label, spec, stats[spec]) for label, stats in family.items() for spec in stats]]
-    )
+    lines = [*TABLE_HEADER, *[_row(label, spec, stats[spec]) for label, stats in family.items() for spec in stats]]
+    if mechanism:
+        lines += ["", *MECHANISM_HEADER]
+        lines += [_mechanism_row(label, spec, row) for label, rows in mechanism.items() for spec, row in rows.items()]
+    return "\n".join(lines)
 
 
 def write_report(
@@ -514,8 +520,7 @@ def write_report(
             "< 0: away), mean over seeds, tested against 0 (one-sample t-test, Holm across these rows per spec). "
             "The heat-diffusion reading predicts Laplacian heads > 0.",
             "",
-            "| quantity | Laplacian heads | n | mean ± std | 95% CI | p raw / Holm | MDE | verdict |",
-            "|---|---|---|---|---|---|---|---|",
+            *MECHANISM_HEADER,
         ]
         lines += [
             _mechanism_row(label, spec, row) for label, rows in mechanism_stats.items() for spec, row in rows.items()
