@@ -410,3 +410,16 @@ def test_activation_checkpointing_gives_the_same_gradients(reentrant):
     attn(x).square().sum().backward()
     for ours, plain in zip(recomputed, [x.grad] + [p.grad for p in attn.parameters()]):
         torch.testing.assert_close(ours, plain, rtol=0, atol=0)
+
+
+def test_saved_tensor_hooks_that_copy_what_is_saved_give_the_same_gradients():
+    """Activation offloading (``torch.autograd.graph.saved_tensors_hooks`` / ``save_on_cpu`` on a GPU) hands backward
+    copies of what forward saved; the one-node training path must still give the textbook gradients."""
+    inputs = [(x, True) for x in qkv()]
+    grad_out = torch.randn(B, H, T, D, dtype=torch.float64)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.detach().clone(), lambda t: t):
+        out, grads, _ = _grads(laplacian_attention, inputs, [True, False, False, True], grad_out)
+    _, expected, _ = _grads(laplacian_attention_reference, inputs, [True, False, False, True], grad_out)
+    assert "LaplacianSDPA" in type(out.grad_fn).__name__
+    for ours, theirs in zip(grads, expected):
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
