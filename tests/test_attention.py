@@ -175,15 +175,28 @@ def _grads(fn, inputs, spec, grad_out, **kwargs):
     return out, first, [None if x.grad is None else x.grad - g for x, g in zip(leaves, first)]
 
 
-@pytest.mark.parametrize("spec", [1, H - 1, [True, False, True, False], [False, True, True, False]], ids=str)
+@pytest.mark.parametrize(
+    "spec, hkv",
+    [
+        (1, H),
+        (H - 1, H),
+        ([True, False, True, False], H),
+        ([False, True, True, False], H),
+        (2, 2),  # GQA, the last kv group Laplacian
+        ([True, True, False, False], 2),
+        (1, 2),  # GQA with a group of both kinds: the general combine
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize(
     "case", ["plain", "causal", "kv-cache", "mask", "frozen-kv", "dropout-all"], ids=lambda case: case
 )
-def test_training_gradients_of_the_fused_op_equal_the_reference(spec, case):
-    """Partial specs take the one-node SDPA + combine path in training (its backward fixes SDPA's gradients in
-    place); q, k, v and every input's gradient equal the textbook path's, also with a second backward."""
+def test_training_gradients_of_the_fused_op_equal_the_reference(spec, hkv, case):
+    """Partial specs whose blocks do not split a kv group take the one-node SDPA + combine path in training (its
+    backward fixes SDPA's gradients in place); q, k, v and every input's gradient equal the textbook path's, also
+    with a second backward."""
     t = 3 if case == "kv-cache" else T
-    q, k, v = qkv(t=t, s=T)
+    q, k, v = qkv(hkv=hkv, t=t, s=T)
     kwargs = {
         "plain": {},
         "causal": {"is_causal": True},
@@ -196,7 +209,10 @@ def test_training_gradients_of_the_fused_op_equal_the_reference(spec, case):
     inputs = list(zip((q, k, v), needs))
     grad_out = torch.randn(B, H, t, D, dtype=q.dtype, generator=torch.Generator().manual_seed(2))
     out, first, second = _grads(laplacian_attention, inputs, spec, grad_out, **kwargs)
-    assert "LaplacianSDPA" in type(out.grad_fn).__name__
+    one_node = all(
+        start % (H // hkv) == 0 for start in range(H) if start == 0 or as_mask(spec)[start] != as_mask(spec)[start - 1]
+    )
+    assert ("LaplacianSDPA" in type(out.grad_fn).__name__) == one_node
     ref_out, ref_first, ref_second = _grads(laplacian_attention_reference, inputs, spec, grad_out, **kwargs)
     torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
     for ours, theirs in zip(first + second, ref_first + ref_second):

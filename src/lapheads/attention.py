@@ -12,7 +12,7 @@ V - P V instead of P V (Zhang & Papyan, arXiv 2602.09297). Design choices:
   SDPA's backward is linear in the output gradient, per head, so negating a Laplacian head's dq, dk and dv equals
   feeding it -g; dv then gains g at the query's own position. No sign-flipped copy of g, no (B, H, T, D) gradient
   of zeros for the ordinary heads' identity term, no extra accumulation pass (benchmarks/attention.py). Where that
-  does not apply (GQA groups, a blend, the "last_allowed" identity, a mask that needs a gradient, inference)
+  does not apply (a GQA group mixing the two kinds, a blend, the "last_allowed" identity, a mask that needs a gradient, inference)
   ``_LaplacianCombine`` multiplies by a per-head sign and adds the masked value; under torch.compile the combine
   is one expression Inductor fuses.
 * **The identity uses the query's own position.** With a KV cache (T < S) the T queries are the last T positions
@@ -202,7 +202,7 @@ class _LaplacianCombine(torch.autograd.Function):
         ctx.save_for_backward(sign, lap)
         if runs is None:
             return torch.mul(y, sign).addcmul_(v, lap)
-        return _combine_runs(y, v, runs)
+        return _combine_runs(y.flatten(1, 2), v.squeeze(2), runs).view(y.shape)  # G == 1 here
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
@@ -216,38 +216,52 @@ class _LaplacianCombine(torch.autograd.Function):
         return grad_y, grad_v, None, None, None
 
 
-def _combine_runs(y: Tensor, v_self: Tensor, runs: tuple[tuple[int, int, bool], ...]) -> Tensor:
-    """Ordinary heads' y copied, Laplacian heads' v_self - y, one block of consecutive heads at a time (dim 1)."""
+def _combine_runs(y: Tensor, v_self: Tensor, runs: tuple[tuple[int, int, bool], ...], group: int = 1) -> Tensor:
+    """Ordinary heads' y copied, Laplacian heads' v_self - y, one block of consecutive heads at a time.
+
+    y is (B, H, T, D) and v_self (B, Hkv, T, D) with H = Hkv * group; every run starts and ends on a group boundary
+    (GQA: the query heads that share a kv head are of one kind), so v_self broadcasts over each group, uncopied.
+    """
+    b, h, t, d = y.shape
     # y's own layout: SDPA on a packed qkv projection returns (B, T, H, D) strides, so the caller's
     # transpose(1, 2).reshape(B, T, H * D) before the output projection stays a free view
     out = torch.empty_like(y)
+    y_groups, out_groups = y.view(b, h // group, group, t, d), out.view(b, h // group, group, t, d)
+    v_groups = v_self.unsqueeze(2)
     for start, stop, is_laplacian in runs:
+        kv = slice(start // group, stop // group)
         if is_laplacian:
-            torch.sub(v_self[:, start:stop], y[:, start:stop], out=out[:, start:stop])
+            torch.sub(v_groups[:, kv], y_groups[:, kv], out=out_groups[:, kv])
         else:
-            out[:, start:stop].copy_(y[:, start:stop])
+            out_groups[:, kv].copy_(y_groups[:, kv])
     return out
 
 
 class _LaplacianSDPA(torch.autograd.Function):
-    """SDPA and the combine as one autograd node, for H == Hkv and heads known as blocks (``runs``).
+    """SDPA and the combine as one autograd node, for heads known as blocks (``runs``) that do not split a kv group.
 
     Forward runs SDPA on detached inputs inside its own small graph (SDPA saves what it always saves) and writes
     the output block by block. Backward: dq, dk, dv = SDPA's backward of g itself; on each Laplacian block they
-    are negated in place (the backward is linear in g, head by head) and dv gains g at each query's own position,
-    the last T of the S keys. Gradients equal those of ``v_self - y`` through ordinary autograd.
+    are negated in place (the backward is linear in g, head by head; under GQA every query head of a kv group is
+    Laplacian, so the kv head's summed gradient flips as a whole) and dv gains g (summed over the group) at each
+    query's own position, the last T of the S keys. Gradients equal those of ``v_self - y`` through autograd.
     """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, sdpa: dict, runs: tuple) -> Tensor:  # type: ignore[override]
+        group = q.shape[1] // k.shape[1]
         with torch.enable_grad():
             leaves = [x.detach().requires_grad_(x.requires_grad) for x in (q, k, v)]
-            y = F.scaled_dot_product_attention(*leaves, **sdpa)
+            q_attn, k_attn, v_attn = leaves
+            gqa = group > 1
+            if gqa and sdpa["attn_mask"] is not None and q.is_cuda:  # as laplacian_attention: keep fused kernels
+                k_attn, v_attn, gqa = k_attn.repeat_interleave(group, 1), v_attn.repeat_interleave(group, 1), False
+            y = F.scaled_dot_product_attention(q_attn, k_attn, v_attn, enable_gqa=gqa, **sdpa)
         # saved, not set on ctx: autograd frees saved tensors (and with y, SDPA's small graph) after a backward
         # without retain_graph, even while the caller still holds the output
         ctx.save_for_backward(y, *leaves)
-        ctx.runs = runs
-        return _combine_runs(y.detach(), _identity_values(v, q.shape[-2]), runs)
+        ctx.runs, ctx.group = runs, group
+        return _combine_runs(y.detach(), _identity_values(v, q.shape[-2]), runs, group)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
@@ -256,20 +270,25 @@ class _LaplacianSDPA(torch.autograd.Function):
         # retain_graph: a caller's retain_graph=True runs this again; otherwise the small graph goes with ctx's tensors
         found = iter(torch.autograd.grad(y, wanted, grad, retain_graph=True, create_graph=torch.is_grad_enabled()))
         grads = [next(found) if leaf.requires_grad else None for leaf in leaves]
-        t, s = grad.shape[-2], leaves[2].shape[-2]
+        t, s, group = grad.shape[-2], leaves[2].shape[-2], ctx.group
+        dq, dk, dv = grads
         for start, stop, is_laplacian in ctx.runs:
             if not is_laplacian:
                 continue
-            for g in grads[:2]:
-                if g is not None:
-                    g[:, start:stop].neg_()
-            if grads[2] is not None:
-                dv, g_block = grads[2][:, start:stop], grad[:, start:stop]
+            kv = slice(start // group, stop // group)
+            if dq is not None:
+                dq[:, start:stop].neg_()
+            if dk is not None:
+                dk[:, kv].neg_()
+            if dv is not None:
+                g_block = grad[:, start:stop]
+                if group > 1:  # the group's query heads all read their kv head's value
+                    g_block = g_block.unflatten(1, (-1, group)).sum(2)
                 if t == s:  # one pass: dv = g - dv
-                    torch.sub(g_block, dv, out=dv)
+                    torch.sub(g_block, dv[:, kv], out=dv[:, kv])
                 else:  # KV cache: only the last T key positions are the queries' own
-                    dv.neg_()[..., s - t :, :].add_(g_block)
-        return (*grads, None, None)
+                    dv[:, kv].neg_()[..., s - t :, :].add_(g_block)
+        return dq, dk, dv, None, None
 
 
 def _head_runs(mask: Tensor) -> tuple[tuple[int, int, bool], ...]:
@@ -401,7 +420,7 @@ def laplacian_attention(
     if (
         runs is not None
         and len(runs) > 1  # every head Laplacian: v_self - y below is already the cheapest form
-        and h == hkv
+        and all(start % (h // hkv) == 0 for start, _, _ in runs)  # GQA: no kv group mixes the two kinds
         and blend is None
         and identity == "aligned"
         and not compiling
