@@ -12,9 +12,9 @@ V - P V instead of P V (Zhang & Papyan, arXiv 2602.09297). Design choices:
   SDPA's backward is linear in the output gradient, per head, so negating a Laplacian head's dq, dk and dv equals
   feeding it -g; dv then gains g at the query's own position. No sign-flipped copy of g, no (B, H, T, D) gradient
   of zeros for the ordinary heads' identity term, no extra accumulation pass (benchmarks/attention.py). Where that
-  does not apply (a GQA group mixing the two kinds, a blend, the "last_allowed" identity, a mask that needs a gradient, inference)
-  ``_LaplacianCombine`` multiplies by a per-head sign and adds the masked value; under torch.compile the combine
-  is one expression Inductor fuses.
+  does not apply (a GQA group mixing the two kinds, a blend, the "last_allowed" identity, a mask that needs a
+  gradient, inference) ``_LaplacianCombine`` multiplies by a per-head sign and adds the masked value; under
+  torch.compile the combine is one expression Inductor fuses.
 * **The identity uses the query's own position.** With a KV cache (T < S) the T queries are the last T positions
   of the S keys, so the identity term is v[..., S - T:, :]; a causal mask is aligned the same way (bottom right).
 * **GQA/MQA.** v is broadcast from its Hkv heads to the H query heads inside the combine, never copied.
@@ -252,11 +252,7 @@ class _LaplacianSDPA(torch.autograd.Function):
         group = q.shape[1] // k.shape[1]
         with torch.enable_grad():
             leaves = [x.detach().requires_grad_(x.requires_grad) for x in (q, k, v)]
-            q_attn, k_attn, v_attn = leaves
-            gqa = group > 1
-            if gqa and sdpa["attn_mask"] is not None and q.is_cuda:  # as laplacian_attention: keep fused kernels
-                k_attn, v_attn, gqa = k_attn.repeat_interleave(group, 1), v_attn.repeat_interleave(group, 1), False
-            y = F.scaled_dot_product_attention(q_attn, k_attn, v_attn, enable_gqa=gqa, **sdpa)
+            y = _sdpa(*leaves, **sdpa)
         # saved, not set on ctx: autograd frees saved tensors (and with y, SDPA's small graph) after a backward
         # without retain_graph, even while the caller still holds the output
         ctx.save_for_backward(y, *leaves)
@@ -430,13 +426,7 @@ def laplacian_attention(
     ):
         sdpa = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
         return _LaplacianSDPA.apply(q, k, v, sdpa, runs)
-    k_attn, v_attn, gqa = k, v, bool(h != hkv)  # a plain bool: SDPA refuses a symbolic one under dynamic shapes
-    if gqa and attn_mask is not None and q.is_cuda:
-        # CUDA SDPA with enable_gqa and a mask falls back to the math kernel; expanded k/v keep the fused kernels
-        k_attn, v_attn, gqa = k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1), False
-    y = F.scaled_dot_product_attention(
-        q, k_attn, v_attn, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa
-    )
+    y = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     if lap_mask is None:
         return y  # no Laplacian head: exactly plain SDPA, nothing extra
     v_self = _identity_values(v, t) if identity == "aligned" else _last_allowed_values(v, attn_mask, h)
@@ -453,6 +443,20 @@ def laplacian_attention(
     if compiling:  # one expression Inductor fuses into its neighbours; no out= views, no graph break
         return (y * sign + v_self * lap).view(b, h, t, d)
     return _LaplacianCombine.apply(y, v_self, sign, lap, runs if g == 1 else None).view(b, h, t, d)
+
+
+def _sdpa(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, scale: float | None
+) -> Tensor:
+    """``F.scaled_dot_product_attention`` for H query heads over Hkv key/value heads."""
+    h, hkv = q.shape[1], k.shape[1]
+    gqa = bool(h != hkv)  # a plain bool: SDPA refuses a symbolic one under dynamic shapes
+    if gqa and attn_mask is not None and q.is_cuda:
+        # CUDA SDPA with enable_gqa and a mask falls back to the math kernel; expanded k/v keep the fused kernels
+        k, v, gqa = k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1), False
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa
+    )
 
 
 def _resolve_heads(
