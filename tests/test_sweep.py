@@ -16,6 +16,7 @@ from lapheads.report import (
     diffusion_against_zero,
     gap_over_training,
     holm,
+    late_change,
     paired_test,
     summarize,
     verdict,
@@ -26,7 +27,7 @@ from lapheads.report import (
 @pytest.fixture
 def tiny_preset(tiny_config, tmp_path):
     path = tmp_path / "tiny.json"
-    cfg = dataclasses.replace(tiny_config, epochs=0.25, eval_every_epochs=0.25, log_every=4)
+    cfg = dataclasses.replace(tiny_config, epochs=0.25, eval_every_epochs=0.125, log_every=4)  # two evaluations
     path.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k != "laplacian_heads"}))
     return path
 
@@ -79,6 +80,8 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
     report = (out / "report" / "report.md").read_text()
     assert "test top-1 (%), paired gap over training" in report and (out / "report" / "gap.png").exists()
     assert saved["over_training"]["test top-1 (%)"]["1"][-1]["n_pairs"] == 2
+    assert "test top-1 (%), change over the last quarter of training" in report
+    assert saved["late_change"]["test top-1 (%)"]["0"]["n_pairs"] == 2
     laplacian = saved["mechanism"]["diffusion score, Laplacian heads (mean over blocks)"]
     assert list(laplacian) == ["1"] and laplacian["1"]["n"] == 2  # k = 0 has no Laplacian head to score
     assert "| diffusion score, Laplacian heads (block 2) | 1 | 2 |" in report
@@ -310,6 +313,15 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step(t
     assert first["mean_difference"] == pytest.approx(0.08) and first["ci_low"] == pytest.approx(low)
     assert first["ci_high"] == pytest.approx(high) and last["mean_difference"] == pytest.approx(0.02)
     assert gap_over_training(record, ("k-NN", "eval_dino.json", ("knn", "20"))) == {}  # logged once, no series
+    # still improving? the last quarter of 200 steps starts at step 150: no evaluation there but the last, so the
+    # change is measured from the evaluation before it (step 100); bpb: lower is better
+    changes = late_change(record, ("validation bits per byte", "metrics", ("val_bpb",)))
+    assert changes["0"]["from_step"] == 100 and changes["0"]["to_step"] == 200 and changes["0"]["n_pairs"] == 3
+    assert changes["0"]["mean_difference"] == pytest.approx((-0.30 - 0.31 - 0.28) / 3)
+    assert changes["2"]["n_pairs"] == 2 and changes["2"]["still_improving"] and changes["0"]["still_improving"]
+    flat = {"specs": ["0"], "cells": {name: c for name, c in cells.items() if c["spec"] == "0"}}
+    flat_values = late_change(flat, ("test top-1 (%)", "metrics", ("val_bpb",)))  # higher is better: falling is not
+    assert not flat_values["0"]["still_improving"]
 
 
 def test_diffusion_scores_are_tested_against_zero_with_holm_across_the_section():

@@ -21,7 +21,8 @@ Design choices:
   t-test, Holm across the section per spec). The paper's reading predicts Laplacian heads diffuse (score > 0).
 * **The gap over training**: a headline metric logged at every evaluation (validation bpb, test top-1) is also
   compared seed by seed at each evaluated step (mean paired difference and its t-based 95% interval), so a gap
-  that closes or opens with training shows, and a short run is not mistaken for a converged one.
+  that closes or opens with training shows; and each arm's change over the last quarter of training says whether
+  it was still improving, so a short run is not mistaken for a converged one.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "diffusion_against_zero",
     "gap_over_training",
     "holm",
+    "late_change",
     "load_sweep",
     "paired_test",
     "restate",
@@ -174,17 +176,62 @@ def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float
     return values
 
 
-def gap_over_training(record: dict[str, Any], metric: Metric, baseline: str = "0") -> dict[str, list[dict]]:
-    """{spec: [paired_test of spec - baseline at one step, with "step"], ...} for a metric logged in metrics.jsonl
-    at every evaluation; a step is listed where at least one seed has both arms."""
+def _series(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, dict[int, float]]]:
+    """{spec: {step: {seed: value}}} of a metric logged in metrics.jsonl at every evaluation ({} for others)."""
     _, source, path = metric
     if source != "metrics":
         return {}
-    series: dict[str, dict[int, dict[int, float]]] = {spec: {} for spec in record["specs"]}  # spec -> step -> seed
+    series: dict[str, dict[int, dict[int, float]]] = {spec: {} for spec in record["specs"]}
     for cell in _done_cells(record):
         for entry in RunDir(cell["run_dir"]).read_metrics():
             if path[0] in entry and "step" in entry:
                 series[cell["spec"]].setdefault(int(entry["step"]), {})[cell["seed"]] = float(entry[path[0]])
+    return series
+
+
+def late_change(record: dict[str, Any], metric: Metric, fraction: float = 0.25) -> dict[str, dict[str, Any]]:
+    """Is the metric still moving at the end? Per spec, each seed's change over the last ``fraction`` of training
+    (last evaluation minus the first evaluation at or after (1 - fraction) of the last step), its mean over seeds,
+    t-based 95% interval, and "still improving" when that interval excludes 0 in the metric's better direction."""
+    better = CLAIMS.get(metric[0], +1)
+    out = {}
+    for spec, by_step in _series(record, metric).items():
+        steps = sorted(by_step)
+        if len(steps) < 2:
+            continue
+        start = next(step for step in steps if step >= (1 - fraction) * steps[-1])
+        start = start if start != steps[-1] else steps[-2]
+        change = {
+            seed: by_step[steps[-1]][seed] - v for seed, v in by_step[start].items() if seed in by_step[steps[-1]]
+        }
+        test = paired_test(change, dict.fromkeys(change, 0.0))
+        improving = not math.isnan(test["ci_low"]) and (test["ci_low"] > 0 if better > 0 else test["ci_high"] < 0)
+        out[spec] = {"from_step": start, "to_step": steps[-1], **test, "still_improving": improving}
+    return out
+
+
+def _late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        f"{label}, change over the last quarter of training (each seed's last evaluation minus its evaluation at "
+        "the quarter's start; mean [95% CI] over seeds): a model still improving there is not converged.",
+        "",
+        "| Laplacian heads | steps | change [95% CI] | seeds | still improving |",
+        "|---|---|---|---|---|",
+    ]
+    for spec, row in changes.items():
+        interval = "" if math.isnan(row["ci_low"]) else f" [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
+        lines.append(
+            f"| {spec} | {row['from_step']} -> {row['to_step']} | {row['mean_difference']:+.3g}{interval} | "
+            f"{row['n_pairs']} | {'yes' if row['still_improving'] else 'no'} |"
+        )
+    return lines
+
+
+def gap_over_training(record: dict[str, Any], metric: Metric, baseline: str = "0") -> dict[str, list[dict]]:
+    """{spec: [paired_test of spec - baseline at one step, with "step"], ...} for a metric logged in metrics.jsonl
+    at every evaluation; a step is listed where at least one seed has both arms."""
+    series = _series(record, metric)
     if baseline not in series:
         return {}
     gaps = {}
@@ -504,6 +551,9 @@ def write_report(
     _plot(headline, specs, out / "metric.png")
     lines += ["", "![metric](metric.png)"]
     gaps = {m[0]: g for m in metrics if (g := gap_over_training(record, m))}
+    changes = {m[0]: c for m in metrics if (c := late_change(record, m))}
+    for label, by_spec in changes.items():
+        lines += _late_change_lines(label, by_spec)
     for label, by_spec in gaps.items():
         lines += _gap_lines(label, by_spec)
     if gaps:
@@ -529,7 +579,13 @@ def write_report(
         lines += ["", "PCA pictures of the teachers' patch tokens (columns: cells, seed-major):", "", "![pca](pca.png)"]
     (out / "stats.json").write_text(
         json.dumps(
-            {"metrics": headline, "geometry": geometry_stats, "mechanism": mechanism_stats, "over_training": gaps},
+            {
+                "metrics": headline,
+                "geometry": geometry_stats,
+                "mechanism": mechanism_stats,
+                "over_training": gaps,
+                "late_change": changes,
+            },
             indent=1,
             default=str,
         )
