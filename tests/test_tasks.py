@@ -45,3 +45,15 @@ def test_check_model_fails_in_one_line_for_a_spec_that_does_not_fit():
         task.check(cfg)
     with pytest.raises(InputError, match="task 'vision'; allowed: classify, lm, dino, mid, sft"):
         get_task("vision")
+
+
+def test_every_loss_like_headline_metric_is_known_to_improve_by_falling():
+    """report's "still improving" reads a metric's better direction from LOWER_IS_BETTER: a new task's loss must be
+    listed there, or its falling loss would read as getting worse."""
+    from lapheads.report import LOWER_IS_BETTER
+    from lapheads.tasks import TASKS
+
+    for task in TASKS.values():
+        for label, _, _ in task.headline:
+            if any(word in label for word in ("loss", "bits per byte", "perplexity")):
+                assert label in LOWER_IS_BETTER, (task.name, label)

@@ -77,6 +77,8 @@ CLAIMS: dict[str, int] = {
     "ChatCORE": +1,
     "diffusion score, Laplacian heads": +1,  # the heat-diffusion reading: a Laplacian head smooths
 }
+#: Headline metrics where a fall is an improvement (the rest improve by rising).
+LOWER_IS_BETTER = frozenset({"validation bits per byte", "validation loss (nats)"})
 ALPHA, POWER = 0.05, 0.80
 
 
@@ -193,7 +195,7 @@ def late_change(record: dict[str, Any], metric: Metric, fraction: float = 0.25) 
     """Is the metric still moving at the end? Per spec, each seed's change over the last ``fraction`` of training
     (last evaluation minus the first evaluation at or after (1 - fraction) of the last step), its mean over seeds,
     t-based 95% interval, and "still improving" when that interval excludes 0 in the metric's better direction."""
-    better = CLAIMS.get(metric[0], +1)
+    better = -1 if metric[0] in LOWER_IS_BETTER else +1
     out = {}
     for spec, by_step in _series(record, metric).items():
         steps = sorted(by_step)
