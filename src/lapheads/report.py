@@ -206,6 +206,8 @@ def late_change(record: dict[str, Any], metric: Metric, fraction: float = 0.25) 
         change = {
             seed: by_step[steps[-1]][seed] - v for seed, v in by_step[start].items() if seed in by_step[steps[-1]]
         }
+        if not change:
+            continue
         test = paired_test(change, dict.fromkeys(change, 0.0))
         improving = not math.isnan(test["ci_low"]) and (test["ci_low"] > 0 if better > 0 else test["ci_high"] < 0)
         out[spec] = {"from_step": start, "to_step": steps[-1], **test, "still_improving": improving}
