@@ -309,28 +309,19 @@ LM_PRESETS: dict[str, LMConfig] = {
         eval_every=175,
         keep_checkpoints=0,
     ),
-    "chat-cpu-base": LMConfig(
+    "chat-cpu-base": dataclasses.replace(
+        _SHAKESPEARE_CPU,
         description=(
             "The base model of the chat-cpu pipeline: a byte-level BPE (2,048 tokens) GPT on the complete "
             "Shakespeare, depth 4 (256 dim, 4 heads of 64), sequence 256, batch 8,192 tokens, 400 steps (~3.3M "
             "tokens), nanochat's optimizers; then lapheads train sft --preset chat-cpu --from RUN_DIR"
         ),
-        dataset="shakespeare",
         tokenizer="bpe",
         tokenizer_vocab=2048,
         tokenizer_train_chars=20_000_000,
-        depth=4,
-        aspect_ratio=64,
-        head_dim=64,
-        sequence_len=256,
-        total_batch_size=8192,
-        micro_batch=32,
         num_iterations=400,
         eval_every=100,
-        eval_tokens=65_536,
-        sample_prompt="ROMEO:\n",
         sample_tokens=64,
-        log_every=10,
     ),
     "nanochat-d20": _NANOCHAT_D20,
     "nanochat-d12": dataclasses.replace(
