@@ -458,13 +458,14 @@ def _last_block(analysis: dict[str, Any]) -> str:
 
 
 _SHARED_ROWS = [
+    # heads live in blocks: an LM's summary layer (after the final norm) has none, so these read the last block
     (
-        "diffusion score, Laplacian heads",
-        lambda a, layer: _value(a["per_layer"][layer], "mechanism", "laplacian_diffusion"),
+        "diffusion score, Laplacian heads (last block)",
+        lambda a, layer: _value(a["per_layer"][_last_block(a)], "mechanism", "laplacian_diffusion"),
     ),
     (
-        "diffusion score, ordinary heads",
-        lambda a, layer: _value(a["per_layer"][layer], "mechanism", "ordinary_diffusion"),
+        "diffusion score, ordinary heads (last block)",
+        lambda a, layer: _value(a["per_layer"][_last_block(a)], "mechanism", "ordinary_diffusion"),
     ),
     ("components for 99%, pooled", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components"]),
     ("components for 99%, per sequence", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components_per_seq"]),
