@@ -199,15 +199,27 @@ def test_bad_sweep_input_is_a_one_line_error(args, message, capsys, tmp_path):
     assert message in err and "\n" not in err
 
 
-def test_a_directory_holding_a_different_sweep_is_refused(tmp_path, capsys):
-    (tmp_path / "s").mkdir()
-    (tmp_path / "s" / "sweep.json").write_text(
-        json.dumps(
-            {"preset": "fmnist-cpu", "task": "classify", "specs": ["0"], "seeds": [0], "overrides": [], "cells": {}}
-        )
-    )
-    assert main(["sweep", "fmnist-cpu", "--laplacian-heads", "0,3", "--seeds", "0", "--out", str(tmp_path / "s")]) == 2
-    assert "holds a different sweep" in capsys.readouterr().err
+def test_a_sweep_extends_with_more_specs_or_seeds_and_refuses_another_experiment(tmp_path, capsys):
+    out = tmp_path / "s"
+    out.mkdir()
+    recorded = {"preset": "fmnist-cpu", "task": "classify", "specs": ["0", "3"], "seeds": [0, 1], "overrides": []}
+    (out / "sweep.json").write_text(json.dumps({**recorded, "cells": {}}))
+
+    def sweep(specs: str, seeds: str, *extra: str) -> int:
+        args = ["sweep", "fmnist-cpu", "--laplacian-heads", specs, "--seeds", seeds, "--out", str(out), "--dry-run"]
+        return main([*args, *extra])
+
+    assert sweep("0,3", "0,1") == 0 and "extending" not in capsys.readouterr().out  # the same sweep: resume
+    assert sweep("0,3,1", "0,1,2") == 0  # a new arm and a third seed for every arm
+    printed = capsys.readouterr().out
+    assert "extending" in printed and "specs 1, seeds 2" in printed and printed.count("torchrun") == 9
+    for refused in [("0", "0,1"), ("0,3", "0"), ("0,3", "0,1", "--set", "lr=0.003")]:
+        assert sweep(*refused) == 2  # fewer arms, fewer seeds, another recipe
+        err = capsys.readouterr().err
+        assert "holds a different sweep" in err and "or more of them" in err and "\n" not in err.strip()
+    assert main(["sweep", "fmnist-10k-cpu", "--laplacian-heads", "0,3", "--seeds", "0,1", "--out", str(out)]) == 2
+    assert "holds a different sweep (fmnist-cpu" in capsys.readouterr().err
+    assert json.loads((out / "sweep.json").read_text()) == {**recorded, "cells": {}}  # nothing rewritten
     assert main(["report", str(tmp_path / "empty")]) == 2
     assert "holds no sweep (sweep.json missing)" in capsys.readouterr().err
 

@@ -84,6 +84,28 @@ def sweep_cells(sweep_dir: Path, specs: list[str], seeds: list[int]) -> list[Cel
     return [Cell(spec, seed, sweep_dir / cell_name(spec, seed)) for seed in seeds for spec in specs]
 
 
+def _extension(existing: dict[str, Any], definition: dict[str, Any], sweep_dir: Path) -> str:
+    """What ``definition`` adds to the sweep recorded in ``sweep_dir`` ("" when it is the same sweep).
+
+    The same preset, task and overrides with the same or more specs and seeds resumes or extends the sweep (a
+    third seed for every arm, a new arm against the same baseline); anything else is another experiment.
+    """
+    same_recipe = all(existing.get(key) == definition[key] for key in ("preset", "task", "overrides"))
+    old_specs, old_seeds = existing.get("specs") or [], existing.get("seeds") or []
+    grows = set(old_specs) <= set(definition["specs"]) and set(old_seeds) <= set(definition["seeds"])
+    if not (same_recipe and grows):
+        raise SweepError(
+            f"{sweep_dir} holds a different sweep ({existing.get('preset')}, overrides {existing.get('overrides')}, "
+            f"specs {old_specs}, seeds {old_seeds}); allowed: the same preset and overrides with these specs and "
+            "seeds or more of them (to resume or extend it), or another --out"
+        )
+    new_specs = [spec for spec in definition["specs"] if spec not in old_specs]
+    new_seeds = [seed for seed in definition["seeds"] if seed not in old_seeds]
+    return ", ".join(
+        f"{what} {','.join(map(str, items))}" for what, items in (("specs", new_specs), ("seeds", new_seeds)) if items
+    )
+
+
 def _finished(run_dir: Path) -> bool:
     """A cell is finished when its latest checkpoint is at the run's last step."""
     return RunDir(run_dir).finished()
@@ -138,13 +160,9 @@ def run_sweep(
     definition = {"preset": preset, "task": task, "specs": specs, "seeds": seeds, "overrides": overrides}
     record_file = sweep_dir / SWEEP_FILE
     if record_file.exists():
-        existing = json.loads(record_file.read_text())
-        if {k: existing.get(k) for k in definition} != definition:
-            raise SweepError(
-                f"{sweep_dir} holds a different sweep ({existing.get('preset')}, specs "
-                f"{existing.get('specs')}, seeds {existing.get('seeds')}); allowed: the same definition "
-                "to resume it, or another --out"
-            )
+        added = _extension(json.loads(record_file.read_text()), definition, sweep_dir)
+        if added:
+            log(f"sweep: extending {sweep_dir} with {added}")
     cells = sweep_cells(sweep_dir, specs, seeds)
     if dry_run:
         for cell in cells:
