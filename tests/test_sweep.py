@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from scipy import stats
 from lapheads import sweep as sweep_module
 from lapheads.cli import main
 from lapheads.report import (
+    _row,
     add_verdicts,
     diffusion_against_zero,
     gap_over_training,
@@ -253,6 +255,17 @@ def test_holm_and_the_verdict_rule():
     assert adjusted["b"] == pytest.approx(0.06) and np.isnan(adjusted["d"])  # monotone: max with the step before
     assert verdict(+1.2, 0.01, 0.5, +1) == "held" and verdict(-1.2, 0.01, 0.5, +1) == "opposite"
     assert verdict(+0.3, 0.30, 1.57, +1) == "not detected (MDE 1.57)" and verdict(1.0, 0.01, 0.5, None) == "no claim"
+    assert verdict(+0.3, math.nan, math.nan, +1) == "not tested (fewer than 2 seeds)"
+
+
+def test_a_sweep_with_one_pair_so_far_reports_it_untested_without_nan():
+    family = {"test top-1 (%)": summarize({"0": {0: 80.0, 1: 81.0}, "3": {0: 82.0}})}
+    add_verdicts(family)
+    row = _row("test top-1 (%)", "3", family["test top-1 (%)"]["3"])
+    assert "nan" not in row and "+2 (1 pair)" in row and "not tested" in row
+    unpaired = {"test top-1 (%)": summarize({"0": {0: 80.0, 1: 81.0}, "3": {2: 82.0, 3: 84.0}})}
+    add_verdicts(unpaired)  # arms on different seeds: Welch on the difference of the means
+    assert "| +2.5 (Welch) |" in _row("test top-1 (%)", "3", unpaired["test top-1 (%)"]["3"])
     family = {
         "test top-1 (%)": summarize({"0": {0: 80.0, 1: 81.0, 2: 80.5}, "3": {0: 82.0, 1: 83.1, 2: 82.4}}),
         "token cosine similarity (last block)": summarize(
@@ -333,7 +346,9 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step(t
     assert changes["2"]["n_pairs"] == 2 and changes["2"]["still_improving"] and changes["0"]["still_improving"]
     flat = {"specs": ["0"], "cells": {name: c for name, c in cells.items() if c["spec"] == "0"}}
     flat_values = late_change(flat, ("test top-1 (%)", "metrics", ("val_bpb",)))  # higher is better: falling is not
-    assert not flat_values["0"]["still_improving"]
+    assert flat_values["0"]["still_improving"] is False
+    one_seed = {"specs": ["0"], "cells": {name: c for name, c in cells.items() if c["spec"] == "0" and c["seed"] == 0}}
+    assert late_change(one_seed, ("validation bits per byte", "metrics", ("val_bpb",)))["0"]["still_improving"] is None
 
 
 def test_diffusion_scores_are_tested_against_zero_with_holm_across_the_section():

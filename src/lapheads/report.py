@@ -147,7 +147,18 @@ def verdict(difference: float, p_holm: float, mde: float, direction: int | None)
         return "no claim"
     if not math.isnan(p_holm) and p_holm < ALPHA:
         return "held" if difference * direction > 0 else "opposite"
-    return f"not detected (MDE {mde:.3g})" if not math.isnan(mde) else "not detected"
+    if not math.isnan(mde):
+        return f"not detected (MDE {mde:.3g})"
+    return "not detected" if not math.isnan(p_holm) else "not tested (fewer than 2 seeds)"
+
+
+def _fmt(x: float, spec: str) -> str:
+    """A number for a table cell; an undefined one (a statistic of fewer than 2 seeds) as a dash, not "nan"."""
+    return "–" if math.isnan(x) else format(x, spec)
+
+
+def _mean_std(row: dict[str, Any], spec: str) -> str:
+    return format(row["mean"], spec) + ("" if math.isnan(row["std"]) else f" ± {row['std']:.2g}")
 
 
 def _final(run_dir: Path, metric: Metric) -> float | None:
@@ -209,9 +220,14 @@ def late_change(record: dict[str, Any], metric: Metric, fraction: float = 0.25) 
         if not change:
             continue
         test = paired_test(change, dict.fromkeys(change, 0.0))
-        improving = not math.isnan(test["ci_low"]) and (test["ci_low"] > 0 if better > 0 else test["ci_high"] < 0)
+        improving = (  # None: one seed, no interval to decide it
+            None if math.isnan(test["ci_low"]) else (test["ci_low"] > 0 if better > 0 else test["ci_high"] < 0)
+        )
         out[spec] = {"from_step": start, "to_step": steps[-1], **test, "still_improving": improving}
     return out
+
+
+_YES_NO = {True: "yes", False: "no"}
 
 
 def _late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[str]:
@@ -227,7 +243,7 @@ def _late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[s
         interval = "" if math.isnan(row["ci_low"]) else f" [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
         lines.append(
             f"| {spec} | {row['from_step']} -> {row['to_step']} | {row['mean_difference']:+.3g}{interval} | "
-            f"{row['n_pairs']} | {'yes' if row['still_improving'] else 'no'} |"
+            f"{row['n_pairs']} | {_YES_NO.get(row['still_improving'], 'untested (1 seed)')} |"
         )
     return lines
 
@@ -312,6 +328,7 @@ def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[
         if spec != baseline and baseline in values:
             row["paired"] = paired_test(by_seed, values[baseline])
             row["welch"] = welch_t_test(xs, list(values[baseline].values()))
+            row["baseline_mean"] = float(np.mean(list(values[baseline].values())))
             row["test"] = "paired" if row["paired"]["n_pairs"] >= 2 else "welch"
         out[spec] = row
     return out
@@ -435,15 +452,22 @@ def _plot(panels: dict[str, dict[str, dict[str, Any]]], specs: list[str], path: 
 
 
 def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
-    cells = [label, spec, str(stats["n"]), f"{stats['mean']:.4g} ± {stats['std']:.2g}"]
+    cells = [label, spec, str(stats["n"]), _mean_std(stats, ".4g")]
     if "test" in stats:
         pair = stats["paired"]
         test = stats[stats["test"]]
-        interval = f" [{pair['ci_low']:+.3g}, {pair['ci_high']:+.3g}]" if stats["test"] == "paired" else " (Welch)"
+        if stats["test"] == "paired":
+            difference = f"{pair['mean_difference']:+.4g} [{pair['ci_low']:+.3g}, {pair['ci_high']:+.3g}]"
+        elif not math.isnan(test["p"]):  # arms on different seeds: the difference of their means
+            difference = f"{stats['mean'] - stats['baseline_mean']:+.4g} (Welch)"
+        elif pair["n_pairs"]:  # one pair so far: its difference, untested
+            difference = f"{pair['mean_difference']:+.4g} (1 pair)"
+        else:
+            difference = f"{stats['mean'] - stats['baseline_mean']:+.4g} (unpaired)"
         cells += [
-            f"{pair['mean_difference']:+.4g}{interval}",
-            f"{test['p']:.3g} / {stats.get('p_holm', math.nan):.3g}",
-            f"{pair['mde']:.3g}",
+            difference,
+            f"{_fmt(test['p'], '.3g')} / {_fmt(stats.get('p_holm', math.nan), '.3g')}",
+            _fmt(pair["mde"], ".3g"),
             stats.get("verdict", ""),
         ]
     else:
@@ -458,10 +482,10 @@ def _mechanism_row(label: str, spec: str, row: dict[str, Any]) -> str:
         label,
         spec,
         str(row["n"]),
-        f"{row['mean']:+.3g} ± {row['std']:.2g}",
+        _mean_std(row, "+.3g"),
         interval,
-        f"{pair['p']:.3g} / {row['p_holm']:.3g}",
-        f"{pair['mde']:.3g}",
+        f"{_fmt(pair['p'], '.3g')} / {_fmt(row['p_holm'], '.3g')}",
+        _fmt(pair["mde"], ".3g"),
         row["verdict"],
     ]
     return "| " + " | ".join(cells) + " |"
