@@ -20,6 +20,7 @@ from lapheads.report import (
     holm,
     late_change,
     paired_test,
+    settled_from,
     summarize,
     verdict,
     welch_t_test,
@@ -87,6 +88,13 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
     laplacian = saved["mechanism"]["diffusion score, Laplacian heads (mean over blocks)"]
     assert list(laplacian) == ["1"] and laplacian["1"]["n"] == 2  # k = 0 has no Laplacian head to score
     assert "| diffusion score, Laplacian heads (block 2) | 1 | 2 |" in report
+    # when do the heads turn diffusive: every kept checkpoint of every cell, read from the weights
+    emergence = saved["mechanism_over_training"]
+    kept = sorted(int(p.name[5:]) for p in (out / "L1-s0" / "checkpoints").glob("step-*"))
+    assert [row["step"] for row in emergence["diffusion score, Laplacian heads"]["1"]] == kept
+    assert all(row["n_pairs"] == 2 for row in emergence["diffusion score, ordinary heads"]["0"])
+    assert "diffusion score, Laplacian heads (mean over blocks) at every kept checkpoint" in report
+    assert (out / "report" / "mechanism.png").stat().st_size > 5000
 
 
 @pytest.mark.slow
@@ -349,6 +357,16 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step(t
     assert flat_values["0"]["still_improving"] is False
     one_seed = {"specs": ["0"], "cells": {name: c for name, c in cells.items() if c["spec"] == "0" and c["seed"] == 0}}
     assert late_change(one_seed, ("validation bits per byte", "metrics", ("val_bpb",)))["0"]["still_improving"] is None
+
+
+def test_heads_settle_on_a_side_of_zero_from_the_first_step_after_which_every_interval_lies_there():
+    def rows(lows, width=0.05):
+        return [{"step": 100 * (i + 1), "ci_low": low, "ci_high": low + width} for i, low in enumerate(lows)]
+
+    assert settled_from(rows([-0.1, 0.2, -0.01, 0.1, 0.3])) == (1, 400)  # the interval at step 300 holds 0
+    assert settled_from(rows([0.1, 0.2])) == (1, 100) and settled_from(rows([0.1, -0.02])) is None
+    assert settled_from(rows([0.1, -0.2, -0.3])) == (-1, 200)  # sharpening from step 200 on
+    assert settled_from(rows([0.1, math.nan])) is None  # one seed at the end: no interval, nothing claimed
 
 
 def test_diffusion_scores_are_tested_against_zero_with_holm_across_the_section():

@@ -267,7 +267,7 @@ def analyze_dino(run: RunDir, options: AnalyzeOptions) -> dict[str, Any]:
     if options.ema:
         raise InputError("--ema: a DINO run's teacher already is the EMA model; analyze uses it")
     cfg = run.settings()
-    backbone = load_model(run, "teacher", options.step, options.device)
+    backbone = load_model(run, get_task("dino").analyzed_weights, options.step, options.device)
     return {
         "task": "dino",
         "checkpoint": checkpoint_folder(run, options.step).name,

@@ -19,6 +19,8 @@ Design choices:
   the head moves tokens toward their attention-weighted neighbours) read from every cell's analysis, per spec, for
   the Laplacian and the ordinary heads, averaged over blocks and per block; tested against 0 over seeds (one-sample
   t-test, Holm across the section per spec). The paper's reading predicts Laplacian heads diffuse (score > 0).
+  When they turn diffusive: the same scores at every checkpoint the cells kept (read from the weights, no data),
+  tested against 0 step by step, and the step from which on every interval lies on one side of 0.
 * **The gap over training**: a headline metric logged at every evaluation (validation bpb, test top-1) is also
   compared seed by seed at each evaluated step (mean paired difference and its t-based 95% interval), so a gap
   that closes or opens with training shows; and each arm's change over the last quarter of training says whether
@@ -30,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -268,18 +270,12 @@ def gap_over_training(record: dict[str, Any], metric: Metric, baseline: str = "0
     return gaps
 
 
-def _gap_lines(label: str, gaps: dict[str, list[dict]]) -> list[str]:
-    """Markdown: one row per evaluated step, one column per spec: mean paired difference [95% CI] (pairs)."""
-    specs = list(gaps)
-    steps = sorted({row["step"] for rows in gaps.values() for row in rows})
-    at = {(spec, row["step"]): row for spec, rows in gaps.items() for row in rows}
-    lines = [
-        "",
-        f"{label}, paired gap over training (spec - 0 at each evaluation; mean [95% CI] (pairs)):",
-        "",
-        "| step | " + " | ".join(f"{spec} - 0" for spec in specs) + " |",
-        "|---|" + "---|" * len(specs),
-    ]
+def _step_lines(intro: str, rows_by_spec: dict[str, list[dict]], column: Callable[[str], str]) -> list[str]:
+    """Markdown: one row per step, one column per spec: mean [95% CI] (pairs) of ``paired_test`` rows."""
+    specs = list(rows_by_spec)
+    steps = sorted({row["step"] for rows in rows_by_spec.values() for row in rows})
+    at = {(spec, row["step"]): row for spec, rows in rows_by_spec.items() for row in rows}
+    lines = ["", intro, "", "| step | " + " | ".join(map(column, specs)) + " |", "|---|" + "---|" * len(specs)]
     for step in steps:
         cells = []
         for spec in specs:
@@ -296,21 +292,87 @@ def _gap_lines(label: str, gaps: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
-def _plot_gaps(gaps_by_metric: dict[str, dict[str, list[dict]]], path: Path) -> Path:
-    with panel_grid(path, len(gaps_by_metric), cols=2, size=(5.0, 3.4)) as axes:
-        for ax, (label, gaps) in zip(axes, gaps_by_metric.items()):
-            for spec, rows in gaps.items():
+def _gap_lines(label: str, gaps: dict[str, list[dict]]) -> list[str]:
+    intro = f"{label}, paired gap over training (spec - 0 at each evaluation; mean [95% CI] (pairs)):"
+    return _step_lines(intro, gaps, lambda spec: f"{spec} - 0")
+
+
+def _spec_order(spec: str) -> tuple[int, int, str]:
+    """k values in numeric order, then per-layer specs as written."""
+    return (0, int(spec), "") if spec.isdigit() else (1, 0, spec)
+
+
+def _plot_steps(
+    panels: dict[str, dict[str, list[dict]]], path: Path, ylabel: str, legend: Callable[[str], str]
+) -> Path:
+    """One panel per entry: each spec's ``paired_test`` rows against step, the mean with its 95% interval."""
+    specs = sorted({spec for rows_by_spec in panels.values() for spec in rows_by_spec}, key=_spec_order)
+    color = {spec: f"C{i}" for i, spec in enumerate(specs)}  # one colour per spec in every panel
+    with panel_grid(path, len(panels), cols=2, size=(5.0, 3.4)) as axes:
+        for ax, (title, rows_by_spec) in zip(axes, panels.items()):
+            for spec, rows in rows_by_spec.items():
                 steps = [r["step"] for r in rows]
-                (line,) = ax.plot(steps, [r["mean_difference"] for r in rows], marker="o", label=f"{spec} - 0")
+                means = [r["mean_difference"] for r in rows]
+                ax.plot(steps, means, marker="o", color=color[spec], label=legend(spec))
                 low, high = [r["ci_low"] for r in rows], [r["ci_high"] for r in rows]
-                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+                ax.fill_between(steps, low, high, color=color[spec], alpha=0.2, linewidth=0)
             ax.axhline(0.0, color="black", linewidth=0.8)
             ax.set_xlabel("step")
-            ax.set_ylabel("paired difference (95% CI)")
-            ax.set_title(f"{label}: gap over training", fontsize=9)
+            ax.set_ylabel(ylabel)
+            ax.set_title(title, fontsize=9)
             ax.legend(fontsize=8)
             ax.grid(alpha=0.3)
     return path
+
+
+def mechanism_over_training(record: dict[str, Any]) -> dict[str, dict[str, list[dict]]]:
+    """When do heads turn diffusive? {"diffusion score, Laplacian heads" / "... ordinary heads": {spec: [the
+    seeds' mean score over blocks at one step, tested against 0 (``paired_test`` against a zero arm), with
+    "step"], ...}} at every checkpoint the finished cells kept. Read from the weights alone (no data), so each
+    kept step costs one model load."""
+    from lapheads.geometry.mechanism import ov_circuits
+    from lapheads.runs import checkpoint_steps, load_model
+
+    weights = get_task(record["task"]).analyzed_weights
+    scores: dict[str, dict[str, dict[int, dict[int, float]]]] = {}
+    for cell in _done_cells(record):
+        run = RunDir(cell["run_dir"])
+        for step in checkpoint_steps(run):
+            heads = [head for block in ov_circuits(load_model(run, weights, step)) for head in block]
+            for kind, laplacian in (("Laplacian", True), ("ordinary", False)):
+                kind_scores = [head["diffusion"] for head in heads if head["laplacian"] == laplacian]
+                if kind_scores:
+                    by_step = scores.setdefault(f"diffusion score, {kind} heads", {}).setdefault(cell["spec"], {})
+                    by_step.setdefault(step, {})[cell["seed"]] = float(np.mean(kind_scores))
+
+    def against_zero(by_seed: dict[int, float]) -> dict[str, Any]:
+        return paired_test(by_seed, dict.fromkeys(by_seed, 0.0))
+
+    return {
+        label: {
+            spec: [{"step": step, **against_zero(by_seed)} for step, by_seed in sorted(by_step.items())]
+            for spec, by_step in scores[label].items()
+        }
+        for label in sorted(scores, key=lambda label: "ordinary" in label)  # Laplacian heads first
+    }
+
+
+def _settled_text(rows: list[dict]) -> str:
+    settled = settled_from(rows)
+    if settled is None:
+        return "one seed so far, untested" if rows[-1]["n_pairs"] < 2 else "its interval includes 0 at the last step"
+    sign, step = settled
+    return f"{'diffusive (above 0)' if sign > 0 else 'sharpening (below 0)'} from step {step} on"
+
+
+def settled_from(rows: list[dict]) -> tuple[int, int] | None:
+    """(side, step): the first step from which on every step's 95% interval lies on one side of 0 (+1 above,
+    -1 below), that side being the last step's; None when the last step's interval includes 0 (or is undefined)."""
+    settled = None
+    for row in rows:
+        side = 0 if math.isnan(row["ci_low"]) else (1 if row["ci_low"] > 0 else -1 if row["ci_high"] < 0 else 0)
+        settled = None if side == 0 else settled if settled is not None and settled[0] == side else (side, row["step"])
+    return settled
 
 
 def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[str, dict[str, Any]]:
@@ -585,7 +647,8 @@ def write_report(
     for label, by_spec in gaps.items():
         lines += _gap_lines(label, by_spec)
     if gaps:
-        _plot_gaps(gaps, out / "gap.png")
+        titles = {f"{label}: gap over training": by_spec for label, by_spec in gaps.items()}
+        _plot_steps(titles, out / "gap.png", "paired difference (95% CI)", lambda spec: f"{spec} - 0")
         lines += ["", "![gap over training](gap.png)"]
     if geometry_stats:
         _plot(geometry_stats, specs, out / "geometry.png")
@@ -603,6 +666,17 @@ def write_report(
         lines += [
             _mechanism_row(label, spec, row) for label, rows in mechanism_stats.items() for spec, row in rows.items()
         ]
+    emergence: dict[str, Any] = {}
+    if mechanism_stats:
+        emergence = mechanism_over_training(record)
+        for label, by_spec in emergence.items():
+            intro = (
+                f"{label} (mean over blocks) at every kept checkpoint, mean over seeds [95% CI] (seeds); "
+                + "; ".join(f"k = {spec}: {_settled_text(rows)}" for spec, rows in by_spec.items())
+            )
+            lines += _step_lines(intro, by_spec, lambda spec: f"k = {spec}")
+        _plot_steps(emergence, out / "mechanism.png", "mean diffusion score (95% CI)", lambda spec: f"k = {spec}")
+        lines += ["", "![diffusion scores over training](mechanism.png)"]
     if pictures:
         lines += ["", "PCA pictures of the teachers' patch tokens (columns: cells, seed-major):", "", "![pca](pca.png)"]
     (out / "stats.json").write_text(
@@ -613,6 +687,7 @@ def write_report(
                 "mechanism": mechanism_stats,
                 "over_training": gaps,
                 "late_change": changes,
+                "mechanism_over_training": emergence,
             },
             indent=1,
             default=str,

@@ -72,6 +72,8 @@ class Task:
             line before a sweep starts); None = nothing to check before the run.
         from_run: the task starts from another run or a nanochat checkpoint (``--from`` / ``--nanochat``).
         analyzer: ``module:function(run, options)`` for ``lapheads analyze``; None = not supported.
+        analyzed_weights: the weights of a checkpoint that ``analyze`` and ``report`` read ("model", or DINO's
+            "teacher").
         headline: the metrics ``lapheads report`` compares first.
         geometry: (label, path into a layer's analysis) rows of the report.
         geometry_layers: the layers whose geometry the report states.
@@ -90,6 +92,7 @@ class Task:
     check_model: str | None = None
     from_run: bool = False
     analyzer: str | None = None
+    analyzed_weights: str = "model"
     headline: tuple[Metric, ...] = ()
     geometry: tuple[tuple[str, tuple[str, ...]], ...] = ()
     geometry_layers: tuple[str, ...] = ()
@@ -165,6 +168,7 @@ TASKS: dict[str, Task] = {
             presets="lapheads.presets:DINO_PRESETS",
             check_model="lapheads.train.dino:check_model",
             analyzer="lapheads.analyze:analyze_dino",
+            analyzed_weights="teacher",
             headline=(
                 ("k-NN top-1, k = 20 (%)", "eval_dino.json", ("knn", "20")),
                 ("k-NN top-1 at random init, k = 20 (%)", "eval_dino.json", ("knn_random_init", "20")),
