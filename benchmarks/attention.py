@@ -11,7 +11,9 @@ Forms compared side by side in one process (ratios = median time / median time o
 * ``naive``     ``lapheads.laplacian_attention_reference``: materialise P, multiply by (I - P) explicitly.
 
 Then whole training steps (forward, backward, optimizer step) of a timm ViT built with ``LaplacianAttention`` (0, 1
-and 3 of 3 heads Laplacian) and of ``lapheads.GPT`` (0, 2 and 4 of 4 heads Laplacian).
+and 3 of 3 heads Laplacian) and of ``lapheads.GPT`` (0, 2 and 4 of 4 heads Laplacian); their ratios are medians of
+round-by-round ratios to k = 0 with a distribution-free 95% interval (``lapheads.bench.interleaved_ratios``), so a
+bar of a percent is judged by its interval, not by one number.
 
     python benchmarks/attention.py                      # full table (a few minutes on 2 CPU cores)
     python benchmarks/attention.py --seq-lens 256 1024 --repeats-scale 0.3   # quicker
@@ -21,6 +23,7 @@ and 3 of 3 heads Laplacian) and of ``lapheads.GPT`` (0, 2 and 4 of 4 heads Lapla
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 import torch
@@ -28,7 +31,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 
 from lapheads import LaplacianAttention, laplacian_attention, laplacian_attention_reference
-from lapheads.bench import machine_summary, peak_memory_mib, time_interleaved
+from lapheads.bench import interleaved_ratios, machine_summary, peak_memory_mib, time_interleaved
 
 HEADS, HEAD_DIM = 6, 64  # ViT-S attention: 6 heads of 64
 TOKENS_PER_BATCH = 4096  # batch = 4096 // T, so every T does comparable work per call and T = 4096 still fits
@@ -124,9 +127,7 @@ def bench_vit_step(
             optimizer.zero_grad(set_to_none=True)
 
         steps[f"vit {n_lap}/3 Laplacian"] = run
-    times = time_interleaved(steps, repeats, device=device)
-    base = times["vit 0/3 Laplacian"]
-    return {name: {"seconds": t, "ratio": t / base} for name, t in times.items()}
+    return interleaved_ratios(steps, "vit 0/3 Laplacian", repeats, device=device)
 
 
 def bench_gpt_step(
@@ -171,9 +172,15 @@ def bench_gpt_step(
             model.zero_grad(set_to_none=True)
 
         steps[f"gpt {n_lap}/4 Laplacian"] = run
-    times = time_interleaved(steps, repeats, device=device)
-    base = times["gpt 0/4 Laplacian"]
-    return {name: {"seconds": t, "ratio": t / base} for name, t in times.items()}
+    return interleaved_ratios(steps, "gpt 0/4 Laplacian", repeats, device=device)
+
+
+STEP_HEADER = ["| model | ms/step | ratio, median of rounds [95% CI] |", "|---|---|---|"]
+
+
+def _step_row(name: str, r: dict[str, float]) -> str:
+    interval = "" if math.isnan(r["ratio_low"]) else f" [{r['ratio_low']:.3f}, {r['ratio_high']:.3f}]"
+    return f"| {name} | {r['seconds'] * 1e3:.1f} | {r['ratio']:.3f}{interval} |"
 
 
 def markdown(
@@ -204,19 +211,17 @@ def markdown(
             "",
             "Whole ViT training step (forward, backward, AdamW):",
             "",
-            "| model | ms/step | ratio |",
-            "|---|---|---|",
+            *STEP_HEADER,
         ]
-        lines += [f"| {name} | {r['seconds'] * 1e3:.1f} | {r['ratio']:.3f} |" for name, r in vit.items()]
+        lines += [_step_row(name, r) for name, r in vit.items()]
     if gpt:
         lines += [
             "",
             f"Whole GPT training step (forward, backward, Muon + AdamW), {gpt_arch}:",
             "",
-            "| model | ms/step | ratio |",
-            "|---|---|---|",
+            *STEP_HEADER,
         ]
-        lines += [f"| {name} | {r['seconds'] * 1e3:.1f} | {r['ratio']:.3f} |" for name, r in gpt.items()]
+        lines += [_step_row(name, r) for name, r in gpt.items()]
     return "\n".join(lines)
 
 
@@ -240,7 +245,7 @@ def main(argv: list[str] | None = None) -> str:
         repeats = max(3, round(REPEATS.get(t, 10) * args.repeats_scale))
         op_results[t] = bench_op(t, args.laplacian_heads, device, dtype, repeats, compile_forms=args.compile)
         print(f"T={t}: " + ", ".join(f"{n} {r['ratio']:.3f}x" for n, r in op_results[t]["forms"].items()), flush=True)
-    vit_repeats, gpt_repeats = max(3, round(20 * args.repeats_scale)), max(3, round(15 * args.repeats_scale))
+    vit_repeats = gpt_repeats = max(3, round(20 * args.repeats_scale))  # 20 rounds: a 95% interval from 6th to 15th
     vit = None if args.skip_vit else bench_vit_step(device, dtype, vit_repeats, compile_model=args.compile)
     gpt = (
         None

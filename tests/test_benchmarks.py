@@ -137,3 +137,4 @@ def test_cpu_attention_benchmark_writes_the_op_and_whole_step_tables():
     assert ratios[0] == 1.0 and all(r > 0 for r in ratios)
     for name in ("vit 0/3 Laplacian", "vit 1/3 Laplacian", "vit 3/3 Laplacian", "gpt 2/4 Laplacian"):
         assert f"| {name} |" in table
+    assert "| model | ms/step | ratio, median of rounds [95% CI] |" in table

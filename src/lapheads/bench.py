@@ -2,13 +2,16 @@
 
 Speed claims in this project are ratios measured in one process, one run: every round calls each candidate once in
 a fresh random order, and we report medians, so slow drifts of the machine (thermal, another process) hit all
-candidates alike.
+candidates alike. ``interleaved_ratios`` goes one step further for small differences: it divides the candidates'
+times round by round and states the median of those ratios with a distribution-free 95% interval, so a bar like
+"<= 1.01x" is met only when the interval says so.
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import math
 import platform
 import random
 import statistics
@@ -17,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["machine_summary", "peak_memory_mib", "time_interleaved"]
+__all__ = ["interleaved_ratios", "machine_summary", "median_interval", "peak_memory_mib", "time_interleaved"]
 
 
 def _sync(device: torch.device) -> None:
@@ -42,7 +45,14 @@ def time_interleaved(
         device: where the work runs; CUDA work is synchronised before each clock read.
         seed: seed of the shuffling, for a repeatable order.
     """
-    device = torch.device(device)
+    samples = _interleaved_samples(candidates, repeats, warmup, torch.device(device), seed)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _interleaved_samples(
+    candidates: dict[str, Callable[[], object]], repeats: int, warmup: int, device: torch.device, seed: int
+) -> dict[str, list[float]]:
+    """Wall seconds of every timed round, per candidate (round r of each list is the same round)."""
     rng = random.Random(seed)
     samples: dict[str, list[float]] = {name: [] for name in candidates}
     for round_ in range(warmup + repeats):
@@ -55,7 +65,50 @@ def time_interleaved(
             _sync(device)
             if round_ >= warmup:
                 samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(median, low, high): the sample median and a distribution-free interval for the population median from order
+    statistics ([x_(j), x_(n-j+1)] with the largest j whose binomial coverage is >= ``confidence``); low and high
+    are NaN below 6 values, where no such interval exists at 95%."""
+    from scipy.stats import binom
+
+    xs, n = sorted(values), len(values)
+    median = statistics.median(xs) if xs else math.nan
+    j = int(binom.ppf((1 - confidence) / 2, n, 0.5)) if n else 0  # P(Bin(n, 1/2) <= j - 1) <= (1 - confidence) / 2
+    if j >= 1 and binom.cdf(j - 1, n, 0.5) > (1 - confidence) / 2:
+        j -= 1
+    if j < 1:
+        return float(median), math.nan, math.nan
+    return float(median), float(xs[j - 1]), float(xs[n - j])
+
+
+def interleaved_ratios(
+    candidates: dict[str, Callable[[], object]],
+    baseline: str,
+    repeats: int,
+    *,
+    warmup: int = 2,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> dict[str, dict[str, float]]:
+    """Each candidate's median seconds and its time relative to ``baseline`` paired round by round.
+
+    Returns per candidate ``seconds`` (median), ``ratio`` (median over rounds of its time / the baseline's time in
+    the same round) and ``ratio_low`` / ``ratio_high`` (the distribution-free 95% interval of that median,
+    :func:`median_interval`). A round's two calls run back to back, so a slow phase of the machine divides out.
+
+    Args:
+        candidates: name -> zero-argument callable doing one unit of work; ``baseline`` must be one of them.
+        repeats: timed rounds (>= 6 for an interval; 20 or more for a tight one).
+    """
+    samples = _interleaved_samples(candidates, repeats, warmup, torch.device(device), seed)
+    out = {}
+    for name, times in samples.items():
+        ratio, low, high = median_interval([t / b for t, b in zip(times, samples[baseline])])
+        out[name] = {"seconds": statistics.median(times), "ratio": ratio, "ratio_low": low, "ratio_high": high}
+    return out
 
 
 def _release_free_memory() -> None:
