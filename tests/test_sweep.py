@@ -98,6 +98,24 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
 
 
 @pytest.mark.slow
+def test_a_per_layer_schedule_sweep_reports_each_schedule_against_k_0(tiny_preset, tmp_path, capsys):
+    """The depth study's shape (Laplacian heads only early, only late), extended by a seed afterwards."""
+    out = tmp_path / "depth"
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0;2,0;0,2", "--out", str(out)]
+    assert main([*args, "--seeds", "0"]) == 0 and main([*args, "--seeds", "0,1"]) == 0  # a second seed added
+    assert sorted(p.name for p in out.glob("L*")) == ["L0-s0", "L0-s1", "L0_2-s0", "L0_2-s1", "L2_0-s0", "L2_0-s1"]
+    assert main(["report", str(out)]) == 0
+    saved = json.loads((out / "report" / "stats.json").read_text())
+    assert {spec: row["n"] for spec, row in saved["metrics"]["test top-1 (%)"].items()} == {"0": 2, "2,0": 2, "0,2": 2}
+    assert saved["mechanism"]["diffusion score, Laplacian heads (block 1)"].keys() == {"2,0"}  # early heads only
+    assert saved["mechanism"]["diffusion score, Laplacian heads (block 2)"].keys() == {"0,2"}
+    assert set(saved["mechanism_over_training"]["diffusion score, Laplacian heads"]) == {"2,0", "0,2"}
+    report = (out / "report" / "report.md").read_text()
+    assert "| test top-1 (%) | 2,0 | 2 |" in report and "k = 0,2:" in report
+    assert (out / "report" / "metric.png").exists() and (out / "report" / "mechanism.png").exists()
+
+
+@pytest.mark.slow
 def test_parallel_jobs_train_every_cell_in_its_own_process_and_record_failures(tiny_preset, tmp_path, capsys):
     out = tmp_path / "sweep"
     args = [
