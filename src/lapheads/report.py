@@ -371,7 +371,10 @@ def settled_from(rows: list[dict]) -> tuple[int, int] | None:
     settled = None
     for row in rows:
         side = 0 if math.isnan(row["ci_low"]) else (1 if row["ci_low"] > 0 else -1 if row["ci_high"] < 0 else 0)
-        settled = None if side == 0 else settled if settled is not None and settled[0] == side else (side, row["step"])
+        if side == 0:  # the interval holds 0 (or there is none): whatever came before does not count
+            settled = None
+        elif settled is None or settled[0] != side:
+            settled = (side, row["step"])
     return settled
 
 
