@@ -292,6 +292,9 @@ def test_a_sweep_with_one_pair_so_far_reports_it_untested_without_nan():
     unpaired = {"test top-1 (%)": summarize({"0": {0: 80.0, 1: 81.0}, "3": {2: 82.0, 3: 84.0}})}
     add_verdicts(unpaired)  # arms on different seeds: Welch on the difference of the means
     assert "| +2.5 (Welch) |" in _row("test top-1 (%)", "3", unpaired["test top-1 (%)"]["3"])
+    no_baseline = {"test top-1 (%)": summarize({"0": {}, "3": {0: 82.0, 1: 84.0}})}  # quietly: no mean of nothing
+    add_verdicts(no_baseline)
+    assert "| – (k = 0 has no value) |" in _row("test top-1 (%)", "3", no_baseline["test top-1 (%)"]["3"])
     family = {
         "test top-1 (%)": summarize({"0": {0: 80.0, 1: 81.0, 2: 80.5}, "3": {0: 82.0, 1: 83.1, 2: 82.4}}),
         "token cosine similarity (last block)": summarize(

@@ -393,7 +393,8 @@ def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[
         if spec != baseline and baseline in values:
             row["paired"] = paired_test(by_seed, values[baseline])
             row["welch"] = welch_t_test(xs, list(values[baseline].values()))
-            row["baseline_mean"] = float(np.mean(list(values[baseline].values())))
+            baseline_values = list(values[baseline].values())
+            row["baseline_mean"] = float(np.mean(baseline_values)) if baseline_values else math.nan
             row["test"] = "paired" if row["paired"]["n_pairs"] >= 2 else "welch"
         out[spec] = row
     return out
@@ -527,6 +528,8 @@ def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
             difference = f"{stats['mean'] - stats['baseline_mean']:+.4g} (Welch)"
         elif pair["n_pairs"]:  # one pair so far: its difference, untested
             difference = f"{pair['mean_difference']:+.4g} (1 pair)"
+        elif math.isnan(stats["baseline_mean"]):
+            difference = "– (k = 0 has no value)"
         else:
             difference = f"{stats['mean'] - stats['baseline_mean']:+.4g} (unpaired)"
         cells += [
