@@ -40,6 +40,25 @@ def test_tiny_vit_learns_and_evaluates(tiny_config, tmp_path):
     assert again["eval_top1"] == pytest.approx(result["eval_top1"])
 
 
+def test_fit_subset_scores_the_training_images_without_augmentation(tiny_config, tmp_path):
+    cfg = dataclasses.replace(tiny_config, augment=True, train_subset=96, fit_subset=1000, epochs=2.0, eval_every_epochs=1.0)
+    result = train_classify(cfg, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    assert [r["step"] for r in run.read_metrics() if "fit_top1" in r] == [3, 6]  # with every evaluation
+    from torch.utils.data import Subset
+
+    from lapheads.data.images import build_image_data
+    from lapheads.distributed import setup_distributed
+    from lapheads.evals.classify import evaluate_classifier
+    from lapheads.runs import load_model
+
+    clean = build_image_data("fashion-mnist", cfg.data_root, 28, augment=False).train
+    first = Subset(clean, range(96))  # capped at the training subset, the images the model trained on
+    again = evaluate_classifier(load_model(run), first, setup_distributed("cpu"), 64, amp=False)
+    assert result["fit_top1"] == pytest.approx(again["eval_top1"]) and result["fit_loss"] == pytest.approx(again["eval_loss"])
+    assert "fit_top5" not in result
+
+
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     return load_file(str(run_dir / "checkpoints" / latest / "model.safetensors"))

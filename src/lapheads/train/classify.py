@@ -66,6 +66,12 @@ class ClassifyConfig(RunConfig):
     download: bool = option(False, "let torchvision download the dataset into --data-root (needs the network)")
     train_subset: int | None = option(None, "train on the first N training images", POSITIVE)
     eval_subset: int | None = option(None, "evaluate on the first N test images", POSITIVE)
+    fit_subset: int | None = option(
+        None,
+        "also evaluate on the first N training images without augmentation, logged as fit_top1 / fit_loss: "
+        "how well the model fits its training set (underfit when fit_top1 is near eval_top1)",
+        POSITIVE,
+    )
     augment: bool = option(True, "random training transforms (crop, flip)")
     three_augment: bool = option(False, "DeiT-III's 3-Augment (ImageFolder data)")
     color_jitter: float = option(0.0, "colour-jitter strength (ImageFolder data)", NON_NEGATIVE)
@@ -194,6 +200,14 @@ def _loss_fn(cfg: ClassifyConfig):
     return torch.nn.CrossEntropyLoss()
 
 
+def _fit_set(cfg: ClassifyConfig, train_size: int):
+    """The first ``fit_subset`` training images (of the training subset) with the evaluation transform, or None."""
+    if cfg.fit_subset is None:
+        return None
+    clean = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False).train
+    return Subset(clean, range(min(cfg.fit_subset, train_size)))
+
+
 def _collate(dataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     items = [dataset[i] for i in indices]
     return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
@@ -237,6 +251,7 @@ def train_classify(
         data.train if cfg.train_subset is None else Subset(data.train, range(min(cfg.train_subset, len(data.train))))
     )
     eval_set = data.eval if cfg.eval_subset is None else Subset(data.eval, range(min(cfg.eval_subset, len(data.eval))))
+    fit_set = _fit_set(cfg, len(train_set))
 
     seed_everything(cfg.seed)  # the same initial weights on every rank
     model = build_model(cfg, data.num_classes, data.in_chans).to(dist_.device)
@@ -349,6 +364,9 @@ def train_classify(
             if ema is not None:
                 ema_eval = evaluate_classifier(ema.module, eval_set, dist_, micro_batch * 2, cfg.amp, cfg.num_workers)
                 last_eval.update({f"ema_{k}": v for k, v in ema_eval.items()})
+            if fit_set is not None:
+                fit = evaluate_classifier(model, fit_set, dist_, micro_batch * 2, cfg.amp, cfg.num_workers)
+                last_eval.update({k.replace("eval_", "fit_"): v for k, v in fit.items() if k != "eval_top5"})
             if dist_.is_main:
                 run.log({"step": step, "epoch": step / sampler.steps_per_epoch, **last_eval})
                 progress.write(f"step {step}: " + ", ".join(f"{k} {v:.2f}" for k, v in last_eval.items()))
