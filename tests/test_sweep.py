@@ -16,6 +16,7 @@ from lapheads.report import (
     _row,
     add_verdicts,
     diffusion_against_zero,
+    fit_against_test,
     gap_over_training,
     holm,
     late_change,
@@ -50,6 +51,8 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
         str(out),
         "--set",
         "lr=0.003",
+        "--set",
+        "fit_subset=64",
     ]
     real_train = sweep_module._train("classify")
     calls = []
@@ -85,6 +88,7 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
     assert saved["over_training"]["test top-1 (%)"]["1"][-1]["n_pairs"] == 2
     assert "test top-1 (%), change over the last quarter of training" in report
     assert saved["late_change"]["test top-1 (%)"]["0"]["n_pairs"] == 2
+    assert "Fit: final top-1 on the first training images" in report and saved["fit"]["1"]["n_pairs"] == 2
     laplacian = saved["mechanism"]["diffusion score, Laplacian heads (mean over blocks)"]
     assert list(laplacian) == ["1"] and laplacian["1"]["n"] == 2  # k = 0 has no Laplacian head to score
     assert "| diffusion score, Laplacian heads (block 2) | 1 | 2 |" in report
@@ -378,6 +382,25 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step(t
     assert flat_values["0"]["still_improving"] is False
     one_seed = {"specs": ["0"], "cells": {name: c for name, c in cells.items() if c["spec"] == "0" and c["seed"] == 0}}
     assert late_change(one_seed, ("validation bits per byte", "metrics", ("val_bpb",)))["0"]["still_improving"] is None
+
+
+def test_fit_against_test_pairs_each_cells_training_and_test_top1(tmp_path):
+    finals = {("0", 0): (85.0, 83.0), ("0", 1): (86.0, 83.5), ("0", 2): (84.5, 83.2), ("3", 0): (99.0, 84.0)}
+    cells = {}
+    for (spec, seed), (fit, test) in finals.items():
+        run_dir = tmp_path / f"L{spec}-s{seed}"
+        run_dir.mkdir()
+        lines = [{"step": 10, "eval_top1": 50.0, "fit_top1": 40.0}, {"step": 20, "eval_top1": test, "fit_top1": fit}]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        cells[run_dir.name] = {"spec": spec, "seed": seed, "run_dir": str(run_dir), "status": "done"}
+    rows = fit_against_test({"specs": ["0", "3"], "cells": cells})
+    diff = np.array([2.0, 2.5, 1.3])  # the last evaluation of each cell
+    low, high = stats.t.interval(0.95, 2, loc=diff.mean(), scale=stats.sem(diff))
+    assert rows["0"]["fit_top1"] == pytest.approx(85.1667, abs=1e-4) and rows["0"]["n_pairs"] == 3
+    assert rows["0"]["mean_difference"] == pytest.approx(diff.mean()) and rows["0"]["ci_low"] == pytest.approx(low)
+    assert rows["0"]["ci_high"] == pytest.approx(high)
+    assert rows["3"]["mean_difference"] == pytest.approx(15.0) and math.isnan(rows["3"]["ci_low"])  # one seed
+    assert fit_against_test({"specs": ["0"], "cells": {}}) == {}  # cells without --fit-subset: no section
 
 
 def test_heads_settle_on_a_side_of_zero_from_the_first_step_after_which_every_interval_lies_there():

@@ -24,7 +24,9 @@ Design choices:
 * **The gap over training**: a headline metric logged at every evaluation (validation bpb, test top-1) is also
   compared seed by seed at each evaluated step (mean paired difference and its t-based 95% interval), so a gap
   that closes or opens with training shows; and each arm's change over the last quarter of training says whether
-  it was still improving, so a short run is not mistaken for a converged one.
+  it was still improving, so a short run is not mistaken for a converged one. Classification cells trained with
+  ``--fit-subset`` also get their final top-1 on training images without augmentation beside the test top-1: a
+  model that scores about as well on the images it trained on as on the test set is underfit.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ __all__ = [
     "CLAIMS",
     "collect",
     "diffusion_against_zero",
+    "fit_against_test",
     "gap_over_training",
     "holm",
     "late_change",
@@ -247,6 +250,38 @@ def _late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[s
             f"| {spec} | {row['from_step']} -> {row['to_step']} | {row['mean_difference']:+.3g}{interval} | "
             f"{row['n_pairs']} | {_YES_NO.get(row['still_improving'], 'untested (1 seed)')} |"
         )
+    return lines
+
+
+_FIT, _TEST = ("fit_top1", "metrics", ("fit_top1",)), ("eval_top1", "metrics", ("eval_top1",))
+
+
+def fit_against_test(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per spec, the final top-1 on training images without augmentation (``--fit-subset``) and on the test set,
+    and their paired difference over seeds (fit - test; near 0: the model does not even fit its training data).
+    {} when no finished cell logged a fit score."""
+    fit, test = collect(record, _FIT), collect(record, _TEST)
+    out = {}
+    for spec, by_seed in fit.items():
+        if by_seed:
+            mean = float(np.mean(list(by_seed.values())))
+            out[spec] = {"fit_top1": mean, **paired_test(by_seed, test[spec])}
+    return out
+
+
+def _fit_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        "Fit: final top-1 on the first training images without augmentation (`--fit-subset`) against the test "
+        "top-1, paired within each cell, mean [95% CI] over seeds. A fit score near the test score means the model "
+        "has not fitted its training data: underfit, where a regularising bias has little to act on.",
+        "",
+        "| Laplacian heads | fit top-1 (%) | fit - test [95% CI] | seeds |",
+        "|---|---|---|---|",
+    ]
+    for spec, row in rows.items():
+        interval = "" if math.isnan(row["ci_low"]) else f" [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
+        lines.append(f"| {spec} | {row['fit_top1']:.2f} | {row['mean_difference']:+.3g}{interval} | {row['n_pairs']} |")
     return lines
 
 
@@ -650,6 +685,9 @@ def write_report(
     changes = {m[0]: c for m in metrics if (c := late_change(record, m))}
     for label, by_spec in changes.items():
         lines += _late_change_lines(label, by_spec)
+    fit = fit_against_test(record) if metric is None else {}
+    if fit:
+        lines += _fit_lines(fit)
     for label, by_spec in gaps.items():
         lines += _gap_lines(label, by_spec)
     if gaps:
@@ -693,6 +731,7 @@ def write_report(
                 "mechanism": mechanism_stats,
                 "over_training": gaps,
                 "late_change": changes,
+                "fit": fit,
                 "mechanism_over_training": emergence,
             },
             indent=1,

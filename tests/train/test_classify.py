@@ -41,7 +41,9 @@ def test_tiny_vit_learns_and_evaluates(tiny_config, tmp_path):
 
 
 def test_fit_subset_scores_the_training_images_without_augmentation(tiny_config, tmp_path):
-    cfg = dataclasses.replace(tiny_config, augment=True, train_subset=96, fit_subset=1000, epochs=2.0, eval_every_epochs=1.0)
+    cfg = dataclasses.replace(
+        tiny_config, augment=True, train_subset=96, fit_subset=1000, epochs=2.0, eval_every_epochs=1.0
+    )
     result = train_classify(cfg, tmp_path / "run")
     run = RunDir(tmp_path / "run")
     assert [r["step"] for r in run.read_metrics() if "fit_top1" in r] == [3, 6]  # with every evaluation
@@ -55,7 +57,9 @@ def test_fit_subset_scores_the_training_images_without_augmentation(tiny_config,
     clean = build_image_data("fashion-mnist", cfg.data_root, 28, augment=False).train
     first = Subset(clean, range(96))  # capped at the training subset, the images the model trained on
     again = evaluate_classifier(load_model(run), first, setup_distributed("cpu"), 64, amp=False)
-    assert result["fit_top1"] == pytest.approx(again["eval_top1"]) and result["fit_loss"] == pytest.approx(again["eval_loss"])
+    assert result["fit_top1"] == pytest.approx(again["eval_top1"]) and result["fit_loss"] == pytest.approx(
+        again["eval_loss"]
+    )
     assert "fit_top5" not in result
 
 
