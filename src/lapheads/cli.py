@@ -153,7 +153,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return 0
     from lapheads.evals.classify import evaluate_run
 
-    print(json.dumps(evaluate_run(Path(args.run_dir), use_ema=args.ema)))
+    print(json.dumps(evaluate_run(Path(args.run_dir), use_ema=args.ema, fit_subset=args.fit_subset)))
     return 0
 
 
@@ -552,6 +552,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("task", choices=["classify", "lm", "dino", "chat"])
     evaluate.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="one run (dino: one or more, compared)")
     evaluate.add_argument("--ema", action="store_true", help="classify: evaluate the EMA weights")
+    evaluate.add_argument(
+        "--fit-subset",
+        type=int,
+        default=None,
+        metavar="N",
+        help="classify: also score the first N training images without augmentation (fit_top1, fit_loss)",
+    )
     evaluate.add_argument(
         "--tasks",
         default=None,

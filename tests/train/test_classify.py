@@ -14,13 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.utils.data import Subset
 
 import lapheads.train.classify as classify
 from lapheads.cli import main
-from lapheads.errors import CheckpointError
-from lapheads.evals.classify import evaluate_run
+from lapheads.data.images import build_image_data
+from lapheads.distributed import setup_distributed
+from lapheads.errors import CheckpointError, InputError
+from lapheads.evals.classify import evaluate_classifier, evaluate_run
 from lapheads.io import load_safetensors
-from lapheads.runs import RunDir
+from lapheads.runs import RunDir, load_model
 from lapheads.train.classify import train_classify
 from lapheads.train.runtime import NonFiniteLossError
 
@@ -47,20 +50,14 @@ def test_fit_subset_scores_the_training_images_without_augmentation(tiny_config,
     result = train_classify(cfg, tmp_path / "run")
     run = RunDir(tmp_path / "run")
     assert [r["step"] for r in run.read_metrics() if "fit_top1" in r] == [3, 6]  # with every evaluation
-    from torch.utils.data import Subset
-
-    from lapheads.data.images import build_image_data
-    from lapheads.distributed import setup_distributed
-    from lapheads.evals.classify import evaluate_classifier
-    from lapheads.runs import load_model
-
+    again = evaluate_run(tmp_path / "run", fit_subset=1000)  # capped at the 96 images the model trained on
     clean = build_image_data("fashion-mnist", cfg.data_root, 28, augment=False).train
-    first = Subset(clean, range(96))  # capped at the training subset, the images the model trained on
-    again = evaluate_classifier(load_model(run), first, setup_distributed("cpu"), 64, amp=False)
-    assert result["fit_top1"] == pytest.approx(again["eval_top1"]) and result["fit_loss"] == pytest.approx(
-        again["eval_loss"]
-    )
-    assert "fit_top5" not in result
+    by_hand = evaluate_classifier(load_model(run), Subset(clean, range(96)), setup_distributed("cpu"), 64, amp=False)
+    assert result["fit_top1"] == pytest.approx(again["fit_top1"]) == pytest.approx(by_hand["eval_top1"])
+    assert result["fit_loss"] == pytest.approx(by_hand["eval_loss"]) and "fit_top5" not in result
+    assert again["eval_top1"] == pytest.approx(result["eval_top1"])
+    with pytest.raises(InputError, match="--fit-subset 0; allowed: a positive number"):
+        evaluate_run(tmp_path / "run", fit_subset=0)
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -1,5 +1,9 @@
 """Classification evaluation: top-1 / top-5 / cross-entropy of a model on a split (summed across torchrun ranks), and
-``lapheads eval classify RUN_DIR`` on a run's latest checkpoint (rebuilt by ``lapheads.runs.load_model``)."""
+``lapheads eval classify RUN_DIR`` on a run's latest checkpoint (rebuilt by ``lapheads.runs.load_model``).
+
+The fit score is the same evaluation on the run's own training images with the evaluation transform (no
+augmentation): next to the test score it says whether a model is underfit (fit about equal to test) or has fitted
+its training data (fit well above test)."""
 
 from __future__ import annotations
 
@@ -12,9 +16,10 @@ from torch.utils.data import DataLoader, Subset
 
 from lapheads.data.images import build_image_data
 from lapheads.distributed import Distributed, setup_distributed
+from lapheads.errors import InputError
 from lapheads.runs import RunDir, checkpoint_folder, load_model
 
-__all__ = ["evaluate_classifier", "evaluate_run"]
+__all__ = ["evaluate_classifier", "evaluate_fit", "evaluate_run", "fit_images"]
 
 
 @torch.no_grad()
@@ -50,8 +55,25 @@ def evaluate_classifier(
     }
 
 
-def evaluate_run(run_dir: Path, use_ema: bool = False) -> dict[str, Any]:
-    """Evaluate the latest checkpoint of a classification run directory on its eval split."""
+def fit_images(dataset: str, data_root: str | None, img_size: int, n: int, train_subset: int | None) -> Subset:
+    """The first ``n`` images of a run's training set (capped at its ``train_subset``) with the eval transform."""
+    clean = build_image_data(dataset, data_root, img_size, augment=False).train
+    return Subset(clean, range(min(n, train_subset or len(clean), len(clean))))
+
+
+def evaluate_fit(
+    model: torch.nn.Module, images: Subset, dist_: Distributed, batch_size: int, amp: bool, num_workers: int = 0
+) -> dict[str, float]:
+    """fit_top1 / fit_loss: ``evaluate_classifier`` on training images (``fit_images``)."""
+    scores = evaluate_classifier(model, images, dist_, batch_size, amp, num_workers)
+    return {"fit_top1": scores["eval_top1"], "fit_loss": scores["eval_loss"]}
+
+
+def evaluate_run(run_dir: Path, use_ema: bool = False, fit_subset: int | None = None) -> dict[str, Any]:
+    """Evaluate the latest checkpoint of a classification run directory on its eval split (and, with
+    ``fit_subset``, on that many of its training images without augmentation)."""
+    if fit_subset is not None and fit_subset < 1:
+        raise InputError(f"--fit-subset {fit_subset}; allowed: a positive number of training images")
     run = RunDir(run_dir)
     run.task("classify")
     cfg = run.read_config()["config"]
@@ -62,4 +84,7 @@ def evaluate_run(run_dir: Path, use_ema: bool = False) -> dict[str, Any]:
         data.eval if cfg["eval_subset"] is None else Subset(data.eval, range(min(cfg["eval_subset"], len(data.eval))))
     )
     metrics = evaluate_classifier(model, eval_set, dist_, 256, cfg["amp"], cfg["num_workers"])
+    if fit_subset:
+        images = fit_images(cfg["dataset"], cfg["data_root"], cfg["img_size"], fit_subset, cfg["train_subset"])
+        metrics.update(evaluate_fit(model, images, dist_, 256, cfg["amp"], cfg["num_workers"]))
     return {"run_dir": str(run.path), "checkpoint": checkpoint_folder(run).name, **metrics}

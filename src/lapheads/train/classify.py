@@ -30,7 +30,7 @@ from lapheads.config import NON_NEGATIVE, POSITIVE, RATE, ConfigError, one_of, o
 from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.distributed import setup_distributed
 from lapheads.errors import InputError
-from lapheads.evals.classify import evaluate_classifier
+from lapheads.evals.classify import evaluate_classifier, evaluate_fit, fit_images
 from lapheads.models.vit import vit_laplacian_masks
 from lapheads.runs import RunDir, model_record
 from lapheads.runs import build_model as build_from_record
@@ -200,14 +200,6 @@ def _loss_fn(cfg: ClassifyConfig):
     return torch.nn.CrossEntropyLoss()
 
 
-def _fit_set(cfg: ClassifyConfig, train_size: int):
-    """The first ``fit_subset`` training images (of the training subset) with the evaluation transform, or None."""
-    if cfg.fit_subset is None:
-        return None
-    clean = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False).train
-    return Subset(clean, range(min(cfg.fit_subset, train_size)))
-
-
 def _collate(dataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     items = [dataset[i] for i in indices]
     return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
@@ -251,7 +243,11 @@ def train_classify(
         data.train if cfg.train_subset is None else Subset(data.train, range(min(cfg.train_subset, len(data.train))))
     )
     eval_set = data.eval if cfg.eval_subset is None else Subset(data.eval, range(min(cfg.eval_subset, len(data.eval))))
-    fit_set = _fit_set(cfg, len(train_set))
+    fit_set = (
+        None
+        if cfg.fit_subset is None
+        else fit_images(cfg.dataset, cfg.data_root, cfg.img_size, cfg.fit_subset, cfg.train_subset)
+    )
 
     seed_everything(cfg.seed)  # the same initial weights on every rank
     model = build_model(cfg, data.num_classes, data.in_chans).to(dist_.device)
@@ -365,8 +361,7 @@ def train_classify(
                 ema_eval = evaluate_classifier(ema.module, eval_set, dist_, micro_batch * 2, cfg.amp, cfg.num_workers)
                 last_eval.update({f"ema_{k}": v for k, v in ema_eval.items()})
             if fit_set is not None:
-                fit = evaluate_classifier(model, fit_set, dist_, micro_batch * 2, cfg.amp, cfg.num_workers)
-                last_eval.update({k.replace("eval_", "fit_"): v for k, v in fit.items() if k != "eval_top5"})
+                last_eval.update(evaluate_fit(model, fit_set, dist_, micro_batch * 2, cfg.amp, cfg.num_workers))
             if dist_.is_main:
                 run.log({"step": step, "epoch": step / sampler.steps_per_epoch, **last_eval})
                 progress.write(f"step {step}: " + ", ".join(f"{k} {v:.2f}" for k, v in last_eval.items()))
