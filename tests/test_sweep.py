@@ -400,6 +400,7 @@ def test_fit_against_test_pairs_each_cells_training_and_test_top1(tmp_path):
     assert rows["0"]["mean_difference"] == pytest.approx(diff.mean()) and rows["0"]["ci_low"] == pytest.approx(low)
     assert rows["0"]["ci_high"] == pytest.approx(high)
     assert rows["3"]["mean_difference"] == pytest.approx(15.0) and math.isnan(rows["3"]["ci_low"])  # one seed
+    assert rows["3"]["against_k0"]["mean_difference"] == pytest.approx(14.0) and rows["0"]["against_k0"] is None
     assert fit_against_test({"specs": ["0"], "cells": {}}) == {}  # cells without --fit-subset: no section
 
 

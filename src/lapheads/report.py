@@ -258,14 +258,16 @@ _FIT, _TEST = ("fit_top1", "metrics", ("fit_top1",)), ("eval_top1", "metrics", (
 
 def fit_against_test(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per spec, the final top-1 on training images without augmentation (``--fit-subset``) and on the test set,
-    and their paired difference over seeds (fit - test; near 0: the model does not even fit its training data).
+    their paired difference over seeds (fit - test; near 0: the model does not even fit its training data), and
+    under "against_k0" the fit score's paired difference from k = 0 (a regularising bias lowers it).
     {} when no finished cell logged a fit score."""
     fit, test = collect(record, _FIT), collect(record, _TEST)
     out = {}
     for spec, by_seed in fit.items():
         if by_seed:
             mean = float(np.mean(list(by_seed.values())))
-            out[spec] = {"fit_top1": mean, **paired_test(by_seed, test[spec])}
+            against = paired_test(by_seed, fit["0"]) if spec != "0" and fit.get("0") else None
+            out[spec] = {"fit_top1": mean, **paired_test(by_seed, test[spec]), "against_k0": against}
     return out
 
 
@@ -276,12 +278,21 @@ def _fit_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
         "top-1, paired within each cell, mean [95% CI] over seeds. A fit score near the test score means the model "
         "has not fitted its training data: underfit, where a regularising bias has little to act on.",
         "",
-        "| Laplacian heads | fit top-1 (%) | fit - test [95% CI] | seeds |",
-        "|---|---|---|---|",
+        "| Laplacian heads | fit top-1 (%) | fit - test [95% CI] | fit - fit at k = 0 [95% CI] | seeds |",
+        "|---|---|---|---|---|",
     ]
-    for spec, row in rows.items():
+
+    def difference(row: dict[str, Any] | None) -> str:
+        if row is None:
+            return "–"
         interval = "" if math.isnan(row["ci_low"]) else f" [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
-        lines.append(f"| {spec} | {row['fit_top1']:.2f} | {row['mean_difference']:+.3g}{interval} | {row['n_pairs']} |")
+        return f"{row['mean_difference']:+.3g}{interval}"
+
+    for spec, row in rows.items():
+        lines.append(
+            f"| {spec} | {row['fit_top1']:.2f} | {difference(row)} | {difference(row['against_k0'])} | "
+            f"{row['n_pairs']} |"
+        )
     return lines
 
 
