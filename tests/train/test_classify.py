@@ -88,6 +88,8 @@ def test_resume_refuses_a_changed_config(tiny_config, tmp_path):
         train_classify(dataclasses.replace(tiny_config, lr=1.0), tmp_path / "run", resume=True)
     with pytest.raises(ValueError, match="already holds a run; use --resume"):
         train_classify(tiny_config, tmp_path / "run")
+    reworded = dataclasses.replace(tiny_config, description="a preset whose wording changed since the run began")
+    assert train_classify(reworded, tmp_path / "run", resume=True)["step"] == 8  # wording is not the recipe
 
 
 def test_a_run_killed_before_its_first_checkpoint_can_start_over_or_resume(tiny_config, tmp_path, capsys):

@@ -91,8 +91,8 @@ class RunConfig:
     )
 
 
-#: fields a --resume may change: they do not touch the trajectory (where metrics are mirrored)
-RESUME_FREE = ("log",)
+#: fields a --resume may change: they do not touch the trajectory (where metrics are mirrored; a preset's wording)
+RESUME_FREE = ("log", "description")
 
 
 class NonFiniteLossError(LapheadsError, RuntimeError):
