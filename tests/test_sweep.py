@@ -119,6 +119,19 @@ def test_a_per_layer_schedule_sweep_reports_each_schedule_against_k_0(tiny_prese
     assert (out / "report" / "metric.png").exists() and (out / "report" / "mechanism.png").exists()
 
 
+def test_one_job_trains_in_this_process_with_the_threads_asked_for(tiny_preset, tmp_path, monkeypatch):
+    import torch
+
+    seen = []
+    monkeypatch.setattr(
+        sweep_module, "_train", lambda task: lambda cfg, run_dir, resume: seen.append(torch.get_num_threads())
+    )
+    before = torch.get_num_threads()
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0", "--seeds", "0,1"]
+    assert main([*args, "--out", str(tmp_path / "a"), "--threads", "1"]) == 0
+    assert seen == [1, 1] and torch.get_num_threads() == before  # capped while the cells train, then restored
+
+
 @pytest.mark.slow
 def test_parallel_jobs_train_every_cell_in_its_own_process_and_record_failures(tiny_preset, tmp_path, capsys):
     out = tmp_path / "sweep"

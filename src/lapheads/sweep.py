@@ -192,15 +192,23 @@ def run_sweep(
     if jobs > 1:
         _run_parallel(todo, sweep_dir, task, preset, overrides, record, save, log, jobs, threads)
         return record
-    for cell in todo:
-        record["cells"][cell.name]["status"] = "running"
-        save()
-        resume = RunDir(cell.run_dir).exists()
-        log(f"sweep: {cell.name} {'resuming' if resume else 'training'} into {cell.run_dir}")
-        cfg = resolve_config(task, preset, cell.spec, [*_for_cell(overrides, cell), "--seed", str(cell.seed)])
-        _train(task)(cfg, cell.run_dir, resume=resume)
-        record["cells"][cell.name]["status"] = "done"
-        save()
+    import torch
+
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)  # cells train in this process: --threads caps it as it caps each job
+    try:
+        for cell in todo:
+            record["cells"][cell.name]["status"] = "running"
+            save()
+            resume = RunDir(cell.run_dir).exists()
+            log(f"sweep: {cell.name} {'resuming' if resume else 'training'} into {cell.run_dir}")
+            cfg = resolve_config(task, preset, cell.spec, [*_for_cell(overrides, cell), "--seed", str(cell.seed)])
+            _train(task)(cfg, cell.run_dir, resume=resume)
+            record["cells"][cell.name]["status"] = "done"
+            save()
+    finally:
+        torch.set_num_threads(previous)
     return record
 
 
