@@ -331,10 +331,11 @@ LM_PRESETS: dict[str, LMConfig] = {
     "shakespeare-long-cpu": dataclasses.replace(
         _SHAKESPEARE_CPU,
         description=(
-            "shakespeare-cpu trained to convergence for the k-effect study (issue 18): the same GPT, data and "
+            "shakespeare-cpu trained longer for the k-effect study (issue 18): the same GPT, data and "
             "optimizers, 1,400 steps (~11.5M tokens, ~2 passes over the training plays), warm-down over the last "
             "20%, validation every 175 steps, every checkpoint kept (geometry and head diffusion over training): "
-            "~43 min a run with two runs in parallel at 1 thread each on 2 CPU cores"
+            "~43 min a run with two runs in parallel at 1 thread each on 2 CPU cores; validation bpb still falls at "
+            "the end (not converged)"
         ),
         num_iterations=1400,
         eval_every=175,
