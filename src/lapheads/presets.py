@@ -60,6 +60,37 @@ _DEIT3_AUTHORS = ClassifyConfig(
     log_every=50,
 )
 
+_FMNIST_10K = ClassifyConfig(
+    description=(
+        "The authors' DeiT-III recipe shrunk to 2 CPU cores, in the data-limited regime where their CIFAR gains "
+        "live: the fmnist-cpu ViT (6 layers, 192 dim, 3 heads, patch 7) with LayerScale 1e-6, no_embed_class, "
+        "QK-norm and drop-path 0.1; the first 10,000 Fashion-MNIST training images for 40 epochs (3,120 steps "
+        "of 128), pad-crop augmentation, Mixup 0.8, CutMix 1.0, label smoothing 0.1, BCE; AdamW lr 1.5e-3, "
+        "wd 0.05, 5 warm-up epochs, cosine; the full test set every 5 epochs; bf16. Underfit at this length "
+        "(84.3 top-1 on its own training images, 83.5 on the test set): see fmnist-10k-converged-cpu"
+    ),
+    model="vit_fmnist_patch4",
+    model_kwargs={"patch_size": 7, "no_embed_class": True},
+    img_size=28,
+    dataset="fashion-mnist",
+    layer_scale=1e-6,
+    drop_path=0.1,
+    augment=True,
+    hflip=False,
+    mixup=0.8,
+    cutmix=1.0,
+    smoothing=0.1,
+    bce=True,
+    train_subset=10_000,
+    epochs=40.0,
+    batch_size=128,
+    lr=1.5e-3,
+    warmup_epochs=5.0,
+    weight_decay=0.05,
+    eval_every_epochs=5.0,
+    log_every=20,
+)
+
 CLASSIFY_PRESETS: dict[str, ClassifyConfig] = {
     "fmnist-cpu": ClassifyConfig(
         description=(
@@ -81,37 +112,9 @@ CLASSIFY_PRESETS: dict[str, ClassifyConfig] = {
         eval_every_epochs=0.5,
         log_every=20,
     ),
-    "fmnist-10k-cpu": ClassifyConfig(
-        description=(
-            "The authors' DeiT-III recipe shrunk to 2 CPU cores, in the data-limited regime where their CIFAR gains "
-            "live: the fmnist-cpu ViT (6 layers, 192 dim, 3 heads, patch 7) with LayerScale 1e-6, no_embed_class, "
-            "QK-norm and drop-path 0.1; the first 10,000 Fashion-MNIST training images for 40 epochs (3,120 steps "
-            "of 128), pad-crop augmentation, Mixup 0.8, CutMix 1.0, label smoothing 0.1, BCE; AdamW lr 1.5e-3, "
-            "wd 0.05, 5 warm-up epochs, cosine; the full test set every 5 epochs; bf16. Underfit at this length "
-            "(84.3 top-1 on its own training images, 83.5 on the test set): see fmnist-10k-converged-cpu"
-        ),
-        model="vit_fmnist_patch4",
-        model_kwargs={"patch_size": 7, "no_embed_class": True},
-        img_size=28,
-        dataset="fashion-mnist",
-        layer_scale=1e-6,
-        drop_path=0.1,
-        augment=True,
-        hflip=False,
-        mixup=0.8,
-        cutmix=1.0,
-        smoothing=0.1,
-        bce=True,
-        train_subset=10_000,
-        epochs=40.0,
-        batch_size=128,
-        lr=1.5e-3,
-        warmup_epochs=5.0,
-        weight_decay=0.05,
-        eval_every_epochs=5.0,
-        log_every=20,
-    ),
-    "fmnist-10k-converged-cpu": ClassifyConfig(
+    "fmnist-10k-cpu": _FMNIST_10K,
+    "fmnist-10k-converged-cpu": dataclasses.replace(
+        _FMNIST_10K,
         description=(
             "fmnist-10k-cpu without the regularisers that keep a 2-core budget underfit (Mixup, CutMix and crop "
             "augmentation: after 40 epochs that recipe scores 84.3 on its own training images, 83.5 on the test "
@@ -121,25 +124,13 @@ CLASSIFY_PRESETS: dict[str, ClassifyConfig] = {
             "test top-1 is flat from about epoch 12 (84.9 at the end; 60 epochs: 85.3); the test set and the fit "
             "score every 3 epochs; about 17 minutes a run at one thread; bf16"
         ),
-        model="vit_fmnist_patch4",
-        model_kwargs={"patch_size": 7, "no_embed_class": True},
-        img_size=28,
-        dataset="fashion-mnist",
-        layer_scale=1e-6,
-        drop_path=0.1,
+        mixup=0.0,
+        cutmix=0.0,
         augment=False,
-        hflip=False,
-        smoothing=0.1,
-        bce=True,
-        train_subset=10_000,
         fit_subset=2_000,
         epochs=30.0,
-        batch_size=128,
-        lr=1.5e-3,
         warmup_epochs=2.0,
-        weight_decay=0.05,
         eval_every_epochs=3.0,
-        log_every=20,
     ),
     "vit-cifar10": ClassifyConfig(
         description=(
