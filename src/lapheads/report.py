@@ -235,6 +235,12 @@ def late_change(record: dict[str, Any], metric: Metric, fraction: float = 0.25) 
 _YES_NO = {True: "yes", False: "no"}
 
 
+def _with_interval(row: dict[str, Any]) -> str:
+    """A ``paired_test`` row as "+mean [low, high]" ("+mean" alone where there is no interval: one pair)."""
+    interval = "" if math.isnan(row["ci_low"]) else f" [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
+    return f"{row['mean_difference']:+.3g}{interval}"
+
+
 def _late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
         "",
@@ -245,9 +251,8 @@ def _late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[s
         "|---|---|---|---|---|",
     ]
     for spec, row in changes.items():
-        interval = "" if math.isnan(row["ci_low"]) else f" [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
         lines.append(
-            f"| {spec} | {row['from_step']} -> {row['to_step']} | {row['mean_difference']:+.3g}{interval} | "
+            f"| {spec} | {row['from_step']} -> {row['to_step']} | {_with_interval(row)} | "
             f"{row['n_pairs']} | {_YES_NO.get(row['still_improving'], 'untested (1 seed)')} |"
         )
     return lines
@@ -281,18 +286,9 @@ def _fit_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
         "| Laplacian heads | fit top-1 (%) | fit - test [95% CI] | fit - fit at k = 0 [95% CI] | seeds |",
         "|---|---|---|---|---|",
     ]
-
-    def difference(row: dict[str, Any] | None) -> str:
-        if row is None:
-            return "–"
-        interval = "" if math.isnan(row["ci_low"]) else f" [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
-        return f"{row['mean_difference']:+.3g}{interval}"
-
     for spec, row in rows.items():
-        lines.append(
-            f"| {spec} | {row['fit_top1']:.2f} | {difference(row)} | {difference(row['against_k0'])} | "
-            f"{row['n_pairs']} |"
-        )
+        against = "–" if row["against_k0"] is None else _with_interval(row["against_k0"])
+        lines.append(f"| {spec} | {row['fit_top1']:.2f} | {_with_interval(row)} | {against} | {row['n_pairs']} |")
     return lines
 
 
@@ -326,14 +322,7 @@ def _step_lines(intro: str, rows_by_spec: dict[str, list[dict]], column: Callabl
         cells = []
         for spec in specs:
             row = at.get((spec, step))
-            if row is None:
-                cells.append("")
-            elif math.isnan(row["ci_low"]):
-                cells.append(f"{row['mean_difference']:+.3g} ({row['n_pairs']})")
-            else:
-                cells.append(
-                    f"{row['mean_difference']:+.3g} [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}] ({row['n_pairs']})"
-                )
+            cells.append("" if row is None else f"{_with_interval(row)} ({row['n_pairs']})")
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
     return lines
 
