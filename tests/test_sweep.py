@@ -117,6 +117,19 @@ def test_a_per_layer_schedule_sweep_reports_each_schedule_against_k_0(tiny_prese
     report = (out / "report" / "report.md").read_text()
     assert "| test top-1 (%) | 2,0 | 2 |" in report and "k = 0,2:" in report
     assert (out / "report" / "metric.png").exists() and (out / "report" / "mechanism.png").exists()
+    # early-only against late-only, seed by seed, beside (not over) the k = 0 report
+    assert main(["report", str(out), "--baseline", "0,2", "--no-geometry"]) == 0
+    versus = json.loads((out / "report-vs-L0_2" / "stats.json").read_text())
+    top1 = {spec: row["values"] for spec, row in versus["metrics"]["test top-1 (%)"].items()}
+    early_minus_late = [top1["2,0"][seed] - top1["0,2"][seed] for seed in ("0", "1")]
+    assert versus["baseline"] == "0,2" and "paired" not in versus["metrics"]["test top-1 (%)"]["0,2"]
+    assert versus["metrics"]["test top-1 (%)"]["2,0"]["paired"]["mean_difference"] == pytest.approx(
+        np.mean(early_minus_late)
+    )
+    assert "difference vs 0,2 [95% CI]" in (out / "report-vs-L0_2" / "report.md").read_text()
+    assert json.loads((out / "report" / "stats.json").read_text()) == saved  # the k = 0 report is untouched
+    assert main(["report", str(out), "--baseline", "3"]) == 2
+    assert "--baseline '3' is not a spec of this sweep; choose one of 0, 2,0, 0,2" in capsys.readouterr().err
 
 
 def test_one_job_trains_in_this_process_with_the_threads_asked_for(tiny_preset, tmp_path, monkeypatch):
@@ -413,7 +426,10 @@ def test_fit_against_test_pairs_each_cells_training_and_test_top1(tmp_path):
     assert rows["0"]["mean_difference"] == pytest.approx(diff.mean()) and rows["0"]["ci_low"] == pytest.approx(low)
     assert rows["0"]["ci_high"] == pytest.approx(high)
     assert rows["3"]["mean_difference"] == pytest.approx(15.0) and math.isnan(rows["3"]["ci_low"])  # one seed
-    assert rows["3"]["against_k0"]["mean_difference"] == pytest.approx(14.0) and rows["0"]["against_k0"] is None
+    assert rows["3"]["against_baseline"]["mean_difference"] == pytest.approx(14.0)
+    assert rows["0"]["against_baseline"] is None
+    against_3 = fit_against_test({"specs": ["0", "3"], "cells": cells}, baseline="3")
+    assert against_3["0"]["against_baseline"]["mean_difference"] == pytest.approx(-14.0)
     assert fit_against_test({"specs": ["0"], "cells": {}}) == {}  # cells without --fit-subset: no section
 
 

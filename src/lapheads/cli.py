@@ -410,7 +410,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if Path(args.sweep_dir).is_file():  # a stats.json: its per-seed values, with today's statistics
         print(restate(args.sweep_dir))
         return 0
-    path = write_report(args.sweep_dir, metric=args.metric, geometry=not args.no_geometry)
+    path = write_report(args.sweep_dir, metric=args.metric, geometry=not args.no_geometry, baseline=args.baseline)
     print(path.read_text())
     print(f"report: {path}")
     return 0
@@ -688,6 +688,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--metric", default=None, help="the headline metric (default: the task's)")
     report.add_argument("--no-geometry", action="store_true", help="skip lapheads analyze on the cells")
+    report.add_argument(
+        "--baseline",
+        default="0",
+        help="the spec every other is compared with, seed by seed (default 0; another goes to report-vs-SPEC/)",
+    )
     report.set_defaults(func=_cmd_report)
 
     data = sub.add_parser("data", allow_abbrev=False, help="list, fetch or tokenise datasets")

@@ -8,8 +8,9 @@ Design choices:
   reused while its checkpoint and the eval options are unchanged.
 * **Statistics, paired**: the arms of a sweep share the seed, hence the initialisation and the data order, so each
   spec is compared with spec "0" seed by seed: the mean paired difference, its t-based 95% interval and a two-sided
-  paired t-test (Welch's unpaired test only where fewer than two seeds pair up). The p-values of all of a paradigm's
-  metrics (headline and geometry) are Holm-corrected per spec. Each row also states the minimum detectable effect
+  paired t-test (Welch's unpaired test only where fewer than two seeds pair up); ``--baseline SPEC`` compares
+  with another spec instead (a per-layer schedule study: early-only against late-only), into report-vs-<SPEC>/.
+  The p-values of all of a paradigm's metrics (headline and geometry) are Holm-corrected per spec. Each row also states the minimum detectable effect
   (MDE: the difference the design detects with 80% power at alpha 0.05, from the observed spread of the differences
   and n), and a verdict from one rule: **held** / **opposite** (Holm p < 0.05, in / against the paper's direction),
   **not detected (MDE x)** otherwise, **no claim** for metrics the paper makes none about.
@@ -40,6 +41,7 @@ import numpy as np
 
 from lapheads.plots import panel_grid
 from lapheads.runs import RunDir, SweepError, load_sweep
+from lapheads.sweep import cell_name
 from lapheads.tasks import Metric, get_task
 
 __all__ = [
@@ -261,33 +263,33 @@ def _late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[s
 _FIT, _TEST = ("fit_top1", "metrics", ("fit_top1",)), ("eval_top1", "metrics", ("eval_top1",))
 
 
-def fit_against_test(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def fit_against_test(record: dict[str, Any], baseline: str = "0") -> dict[str, dict[str, Any]]:
     """Per spec, the final top-1 on training images without augmentation (``--fit-subset``) and on the test set,
     their paired difference over seeds (fit - test; near 0: the model does not even fit its training data), and
-    under "against_k0" the fit score's paired difference from k = 0 (a regularising bias lowers it).
-    {} when no finished cell logged a fit score."""
+    under "against_baseline" the fit score's paired difference from the baseline spec (a regularising bias lowers
+    it). {} when no finished cell logged a fit score."""
     fit, test = collect(record, _FIT), collect(record, _TEST)
     out = {}
     for spec, by_seed in fit.items():
         if by_seed:
             mean = float(np.mean(list(by_seed.values())))
-            against = paired_test(by_seed, fit["0"]) if spec != "0" and fit.get("0") else None
-            out[spec] = {"fit_top1": mean, **paired_test(by_seed, test[spec]), "against_k0": against}
+            against = paired_test(by_seed, fit[baseline]) if spec != baseline and fit.get(baseline) else None
+            out[spec] = {"fit_top1": mean, **paired_test(by_seed, test[spec]), "against_baseline": against}
     return out
 
 
-def _fit_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
+def _fit_lines(rows: dict[str, dict[str, Any]], baseline: str) -> list[str]:
     lines = [
         "",
         "Fit: final top-1 on the first training images without augmentation (`--fit-subset`) against the test "
         "top-1, paired within each cell, mean [95% CI] over seeds. A fit score near the test score means the model "
         "has not fitted its training data: underfit, where a regularising bias has little to act on.",
         "",
-        "| Laplacian heads | fit top-1 (%) | fit - test [95% CI] | fit - fit at k = 0 [95% CI] | seeds |",
+        f"| Laplacian heads | fit top-1 (%) | fit - test [95% CI] | fit - fit at k = {baseline} [95% CI] | seeds |",
         "|---|---|---|---|---|",
     ]
     for spec, row in rows.items():
-        against = "–" if row["against_k0"] is None else _with_interval(row["against_k0"])
+        against = "–" if row["against_baseline"] is None else _with_interval(row["against_baseline"])
         lines.append(f"| {spec} | {row['fit_top1']:.2f} | {_with_interval(row)} | {against} | {row['n_pairs']} |")
     return lines
 
@@ -327,9 +329,9 @@ def _step_lines(intro: str, rows_by_spec: dict[str, list[dict]], column: Callabl
     return lines
 
 
-def _gap_lines(label: str, gaps: dict[str, list[dict]]) -> list[str]:
-    intro = f"{label}, paired gap over training (spec - 0 at each evaluation; mean [95% CI] (pairs)):"
-    return _step_lines(intro, gaps, lambda spec: f"{spec} - 0")
+def _gap_lines(label: str, gaps: dict[str, list[dict]], baseline: str) -> list[str]:
+    intro = f"{label}, paired gap over training (spec - {baseline} at each evaluation; mean [95% CI] (pairs)):"
+    return _step_lines(intro, gaps, lambda spec: f"{spec} - {baseline}")
 
 
 def _spec_order(spec: str) -> tuple[int, int, str]:
@@ -426,6 +428,7 @@ def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[
             "values": by_seed,
         }
         if spec != baseline and baseline in values:
+            row["baseline"] = baseline
             row["paired"] = paired_test(by_seed, values[baseline])
             row["welch"] = welch_t_test(xs, list(values[baseline].values()))
             baseline_values = list(values[baseline].values())
@@ -435,9 +438,9 @@ def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[
     return out
 
 
-def add_verdicts(family: dict[str, dict[str, dict[str, Any]]]) -> None:
-    """Holm-correct each spec's p-values across the family of metrics (label -> summarize() rows), then give each
-    row its verdict; rows gain ``p_holm`` and ``verdict``."""
+def add_verdicts(family: dict[str, dict[str, dict[str, Any]]], baseline: str = "0") -> None:
+    """Holm-correct each spec's p-values across the family of metrics (label -> summarize() rows against
+    ``baseline``), then give each row its verdict; rows gain ``p_holm`` and ``verdict``."""
     specs = {spec for rows in family.values() for spec, row in rows.items() if "test" in row}
     for spec in specs:
         raw = {
@@ -448,7 +451,7 @@ def add_verdicts(family: dict[str, dict[str, dict[str, Any]]]) -> None:
             difference = (
                 row["paired"]["mean_difference"]
                 if row["test"] == "paired"
-                else row["mean"] - family[label]["0"]["mean"]
+                else row["mean"] - family[label][baseline]["mean"]
             )
             row["p_holm"] = p_holm
             row["verdict"] = verdict(difference, p_holm, row["paired"]["mde"], _claim(label))
@@ -564,7 +567,7 @@ def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
         elif pair["n_pairs"]:  # one pair so far: its difference, untested
             difference = f"{pair['mean_difference']:+.4g} (1 pair)"
         elif math.isnan(stats["baseline_mean"]):
-            difference = "– (k = 0 has no value)"
+            difference = f"– (k = {stats['baseline']} has no value)"
         else:
             difference = f"{stats['mean'] - stats['baseline_mean']:+.4g} (unpaired)"
         cells += [
@@ -598,10 +601,13 @@ MECHANISM_HEADER = [
     "| quantity | Laplacian heads | n | mean ± std | 95% CI | p raw / Holm | MDE | verdict |",
     "|---|---|---|---|---|---|---|---|",
 ]
-TABLE_HEADER = [
-    "| metric | Laplacian heads | n | mean ± std | difference vs 0 [95% CI] | p raw / Holm | MDE | verdict |",
-    "|---|---|---|---|---|---|---|---|",
-]
+
+
+def _table_header(baseline: str) -> list[str]:
+    return [
+        f"| metric | Laplacian heads | n | mean ± std | difference vs {baseline} [95% CI] | p raw / Holm | MDE | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
 
 
 def restate(stats_file: str | Path) -> str:
@@ -620,12 +626,16 @@ def restate(stats_file: str | Path) -> str:
         def values(rows: dict[str, Any]) -> dict[str, dict[int, float]]:
             return {spec: {int(seed): float(v) for seed, v in row["values"].items()} for spec, row in rows.items()}
 
-        family = {label: summarize(values(rows)) for label, rows in groups}
+        baseline = str(saved.get("baseline", "0"))  # reports before 2026-12-01 always compared with k = 0
+        family = {label: summarize(values(rows), baseline) for label, rows in groups}
         mechanism = diffusion_against_zero({label: values(rows) for label, rows in saved.get("mechanism", {}).items()})
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
         raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None
-    add_verdicts(family)
-    lines = [*TABLE_HEADER, *[_row(label, spec, stats[spec]) for label, stats in family.items() for spec in stats]]
+    add_verdicts(family, baseline)
+    lines = [
+        *_table_header(baseline),
+        *[_row(label, spec, stats[spec]) for label, stats in family.items() for spec in stats],
+    ]
     if mechanism:
         lines += ["", *MECHANISM_HEADER]
         lines += [_mechanism_row(label, spec, row) for label, rows in mechanism.items() for spec, row in rows.items()]
@@ -633,7 +643,11 @@ def restate(stats_file: str | Path) -> str:
 
 
 def write_report(
-    sweep_dir: str | Path, metric: str | None = None, geometry: bool = True, max_tokens: int = 262_144
+    sweep_dir: str | Path,
+    metric: str | None = None,
+    geometry: bool = True,
+    max_tokens: int = 262_144,
+    baseline: str = "0",
 ) -> Path:
     """Write SWEEP_DIR/report/{report.md, stats.json, metric.png, gap.png, geometry.png (, pca.png)}; returns
     report.md.
@@ -642,12 +656,17 @@ def write_report(
         metric: a key of metrics.jsonl to report instead of the task's headline metrics.
         geometry: run (or reuse) ``lapheads analyze`` on every finished cell and report the last block's geometry.
         max_tokens: analyze's token budget per cell.
+        baseline: the spec every other is compared with, seed by seed (a per-layer schedule study compares its
+            schedules with each other this way); other than "0", the report goes to SWEEP_DIR/report-vs-<cell
+            name of the spec>/ so the k = 0 report stays.
     """
 
     sweep_dir = Path(sweep_dir)
     record = load_sweep(sweep_dir)
     task, specs = record["task"], record["specs"]
-    out = sweep_dir / "report"
+    if baseline not in specs:
+        raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
+    out = sweep_dir / ("report" if baseline == "0" else f"report-vs-{cell_name(baseline, 0).removesuffix('-s0')}")
     cells = _done_cells(record)
     pictures = task == "dino" and metric is None and bool(cells)
     if pictures:
@@ -655,7 +674,7 @@ def write_report(
 
         eval_dino([c["run_dir"] for c in cells], out, reuse=True)
     metrics = [(metric, "metrics", (metric,))] if metric else list(get_task(task).headline)
-    headline = {m[0]: summarize(collect(record, m)) for m in metrics}
+    headline = {m[0]: summarize(collect(record, m), baseline) for m in metrics}
     if not any(row["n"] for rows in headline.values() for row in rows.values()):
         names = ", ".join(headline)
         raise SweepError(f"{sweep_dir}: no finished cell has {names}; run or resume the sweep first")
@@ -664,35 +683,35 @@ def write_report(
         f"# Sweep report: {record['preset']} ({task})",
         "",
         f"Specs {', '.join(specs)}; seeds {', '.join(map(str, record['seeds']))}; overrides "
-        f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - 0, paired by seed, with its t-based 95% "
+        f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - {baseline}, paired by seed, with its t-based 95% "
         f"interval; p = two-sided paired t-test, raw / Holm-corrected across this table's metrics per spec; MDE = the "
         f"smallest difference this design detects with {POWER:.0%} power at alpha {ALPHA} given the observed spread; "
         "verdict: held / opposite (Holm p < 0.05, with / against the paper's direction) or not detected.",
         "",
-        *TABLE_HEADER,
+        *_table_header(baseline),
     ]
     geometry_stats: dict[str, Any] = {}
     mechanism_stats: dict[str, Any] = {}
     if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
         geometry_values, mechanism_values = _geometry_values(record, max_tokens)
-        geometry_stats = {name: summarize(by_spec) for name, by_spec in geometry_values.items()}
+        geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in geometry_values.items()}
         mechanism_stats = diffusion_against_zero(mechanism_values)
-    add_verdicts({**headline, **geometry_stats})
+    add_verdicts({**headline, **geometry_stats}, baseline)
     lines += [_row(label, s, stats[s]) for label, stats in {**headline, **geometry_stats}.items() for s in specs]
     _plot(headline, specs, out / "metric.png")
     lines += ["", "![metric](metric.png)"]
-    gaps = {m[0]: g for m in metrics if (g := gap_over_training(record, m))}
+    gaps = {m[0]: g for m in metrics if (g := gap_over_training(record, m, baseline))}
     changes = {m[0]: c for m in metrics if (c := late_change(record, m))}
     for label, by_spec in changes.items():
         lines += _late_change_lines(label, by_spec)
-    fit = fit_against_test(record) if metric is None else {}
+    fit = fit_against_test(record, baseline) if metric is None else {}
     if fit:
-        lines += _fit_lines(fit)
+        lines += _fit_lines(fit, baseline)
     for label, by_spec in gaps.items():
-        lines += _gap_lines(label, by_spec)
+        lines += _gap_lines(label, by_spec, baseline)
     if gaps:
         titles = {f"{label}: gap over training": by_spec for label, by_spec in gaps.items()}
-        _plot_steps(titles, out / "gap.png", "paired difference (95% CI)", lambda spec: f"{spec} - 0")
+        _plot_steps(titles, out / "gap.png", "paired difference (95% CI)", lambda spec: f"{spec} - {baseline}")
         lines += ["", "![gap over training](gap.png)"]
     if geometry_stats:
         _plot(geometry_stats, specs, out / "geometry.png")
@@ -726,6 +745,7 @@ def write_report(
     (out / "stats.json").write_text(
         json.dumps(
             {
+                "baseline": baseline,
                 "metrics": headline,
                 "geometry": geometry_stats,
                 "mechanism": mechanism_stats,
