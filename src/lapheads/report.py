@@ -10,9 +10,9 @@ Design choices:
   spec is compared with spec "0" seed by seed: the mean paired difference, its t-based 95% interval and a two-sided
   paired t-test (Welch's unpaired test only where fewer than two seeds pair up); ``--baseline SPEC`` compares
   with another spec instead (a per-layer schedule study: early-only against late-only), into report-vs-<SPEC>/.
-  The p-values of all of a paradigm's metrics (headline and geometry) are Holm-corrected per spec. Each row also states the minimum detectable effect
-  (MDE: the difference the design detects with 80% power at alpha 0.05, from the observed spread of the differences
-  and n), and a verdict from one rule: **held** / **opposite** (Holm p < 0.05, in / against the paper's direction),
+  The p-values of all of a paradigm's metrics (headline and geometry) are Holm-corrected per spec. Each row also
+  states the minimum detectable effect (MDE: the difference the design detects with 80% power at alpha 0.05, from
+  the observed spread of the differences and n), and a verdict from one rule: **held** / **opposite** (Holm p < 0.05, in / against the paper's direction),
   **not detected (MDE x)** otherwise, **no claim** for metrics the paper makes none about.
 * **Geometry against k**: ``lapheads analyze`` on every cell (cached per run), the last block's metrics, the same
   statistics.
@@ -605,7 +605,8 @@ MECHANISM_HEADER = [
 
 def _table_header(baseline: str) -> list[str]:
     return [
-        f"| metric | Laplacian heads | n | mean ± std | difference vs {baseline} [95% CI] | p raw / Holm | MDE | verdict |",
+        f"| metric | Laplacian heads | n | mean ± std | difference vs {baseline} [95% CI] | p raw / Holm | MDE "
+        "| verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
 
@@ -683,8 +684,8 @@ def write_report(
         f"# Sweep report: {record['preset']} ({task})",
         "",
         f"Specs {', '.join(specs)}; seeds {', '.join(map(str, record['seeds']))}; overrides "
-        f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - {baseline}, paired by seed, with its t-based 95% "
-        f"interval; p = two-sided paired t-test, raw / Holm-corrected across this table's metrics per spec; MDE = the "
+        f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - {baseline}, paired by seed, with its t-based "
+        f"95% interval; p = two-sided paired t-test, raw / Holm-corrected across this table's metrics per spec; MDE = the "
         f"smallest difference this design detects with {POWER:.0%} power at alpha {ALPHA} given the observed spread; "
         "verdict: held / opposite (Holm p < 0.05, with / against the paper's direction) or not detected.",
         "",
