@@ -12,8 +12,9 @@ Design choices:
   with another spec instead (a per-layer schedule study: early-only against late-only), into report-vs-<SPEC>/.
   The p-values of all of a paradigm's metrics (headline and geometry) are Holm-corrected per spec. Each row also
   states the minimum detectable effect (MDE: the difference the design detects with 80% power at alpha 0.05, from
-  the observed spread of the differences and n), and a verdict from one rule: **held** / **opposite** (Holm p < 0.05, in / against the paper's direction),
-  **not detected (MDE x)** otherwise, **no claim** for metrics the paper makes none about.
+  the observed spread of the differences and n), and a verdict from one rule: **held** / **opposite** (Holm
+  p < 0.05, in / against the paper's direction), **not detected (MDE x)** otherwise, **no claim** for metrics the
+  paper makes none about.
 * **Geometry against k**: ``lapheads analyze`` on every cell (cached per run), the last block's metrics, the same
   statistics.
 * **The heat-diffusion mechanism**: each head's output-value circuit score (``geometry.mechanism``: positive =
@@ -684,10 +685,11 @@ def write_report(
         f"# Sweep report: {record['preset']} ({task})",
         "",
         f"Specs {', '.join(specs)}; seeds {', '.join(map(str, record['seeds']))}; overrides "
-        f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - {baseline}, paired by seed, with its t-based "
-        f"95% interval; p = two-sided paired t-test, raw / Holm-corrected across this table's metrics per spec; MDE = the "
-        f"smallest difference this design detects with {POWER:.0%} power at alpha {ALPHA} given the observed spread; "
-        "verdict: held / opposite (Holm p < 0.05, with / against the paper's direction) or not detected.",
+        f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - {baseline}, paired by seed, with its "
+        "t-based 95% interval; p = two-sided paired t-test, raw / Holm-corrected across this table's metrics per "
+        f"spec; MDE = the smallest difference this design detects with {POWER:.0%} power at alpha {ALPHA} given the "
+        "observed spread; verdict: held / opposite (Holm p < 0.05, with / against the paper's direction) or not "
+        "detected.",
         "",
         *_table_header(baseline),
     ]
