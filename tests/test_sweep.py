@@ -410,26 +410,40 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step(t
     assert late_change(one_seed, ("validation bits per byte", "metrics", ("val_bpb",)))["0"]["still_improving"] is None
 
 
-def test_fit_against_test_pairs_each_cells_training_and_test_top1(tmp_path):
-    finals = {("0", 0): (85.0, 83.0), ("0", 1): (86.0, 83.5), ("0", 2): (84.5, 83.2), ("3", 0): (99.0, 84.0)}
+def test_fit_against_test_pairs_each_cells_training_and_test_top1_and_the_losses_with_the_baseline(tmp_path):
+    # (fit top-1, test top-1, fit loss, test loss) at the last evaluation
+    finals = {
+        ("0", 0): (85.0, 83.0, 0.40, 0.50),
+        ("0", 1): (86.0, 83.5, 0.38, 0.52),
+        ("0", 2): (84.5, 83.2, 0.41, 0.49),
+        ("3", 0): (99.0, 84.0, 0.05, 0.45),
+        ("3", 1): (98.0, 84.5, 0.07, 0.43),
+    }
     cells = {}
-    for (spec, seed), (fit, test) in finals.items():
+    for (spec, seed), (fit, test, fit_loss, test_loss) in finals.items():
         run_dir = tmp_path / f"L{spec}-s{seed}"
         run_dir.mkdir()
-        lines = [{"step": 10, "eval_top1": 50.0, "fit_top1": 40.0}, {"step": 20, "eval_top1": test, "fit_top1": fit}]
+        lines = [
+            {"step": 10, "eval_top1": 50.0, "fit_top1": 40.0, "fit_loss": 2.0, "eval_loss": 2.0},
+            {"step": 20, "eval_top1": test, "fit_top1": fit, "fit_loss": fit_loss, "eval_loss": test_loss},
+        ]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         cells[run_dir.name] = {"spec": spec, "seed": seed, "run_dir": str(run_dir), "status": "done"}
-    rows = fit_against_test({"specs": ["0", "3"], "cells": cells})
+    record = {"specs": ["0", "3"], "cells": cells}
+    rows = fit_against_test(record)
     diff = np.array([2.0, 2.5, 1.3])  # the last evaluation of each cell
     low, high = stats.t.interval(0.95, 2, loc=diff.mean(), scale=stats.sem(diff))
     assert rows["0"]["fit_top1"] == pytest.approx(85.1667, abs=1e-4) and rows["0"]["n_pairs"] == 3
     assert rows["0"]["mean_difference"] == pytest.approx(diff.mean()) and rows["0"]["ci_low"] == pytest.approx(low)
-    assert rows["0"]["ci_high"] == pytest.approx(high)
-    assert rows["3"]["mean_difference"] == pytest.approx(15.0) and math.isnan(rows["3"]["ci_low"])  # one seed
-    assert rows["3"]["against_baseline"]["mean_difference"] == pytest.approx(14.0)
-    assert rows["0"]["against_baseline"] is None
-    against_3 = fit_against_test({"specs": ["0", "3"], "cells": cells}, baseline="3")
-    assert against_3["0"]["against_baseline"]["mean_difference"] == pytest.approx(-14.0)
+    assert rows["0"]["ci_high"] == pytest.approx(high) and rows["0"]["against_baseline"] is None
+    assert rows["3"]["mean_difference"] == pytest.approx(14.25) and rows["3"]["n_pairs"] == 2
+    against = rows["3"]["against_baseline"]  # seeds 0 and 1 pair up
+    assert against["fit top-1"]["mean_difference"] == pytest.approx(13.0) and against["fit top-1"]["n_pairs"] == 2
+    assert against["fit loss"]["mean_difference"] == pytest.approx(-0.33)
+    assert against["test loss"]["mean_difference"] == pytest.approx(-0.07)
+    assert fit_against_test(record, baseline="3")["0"]["against_baseline"]["fit top-1"]["mean_difference"] == (
+        pytest.approx(-13.0)
+    )
     assert fit_against_test({"specs": ["0"], "cells": {}}) == {}  # cells without --fit-subset: no section
 
 
