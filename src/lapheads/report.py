@@ -41,8 +41,7 @@ from typing import Any, Callable
 import numpy as np
 
 from lapheads.plots import panel_grid
-from lapheads.runs import RunDir, SweepError, load_sweep
-from lapheads.sweep import cell_name
+from lapheads.runs import RunDir, SweepError, load_sweep, spec_dir_name
 from lapheads.tasks import Metric, get_task
 
 __all__ = [
@@ -686,7 +685,7 @@ def write_report(
     task, specs = record["task"], record["specs"]
     if baseline not in specs:
         raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
-    out = sweep_dir / ("report" if baseline == "0" else f"report-vs-{cell_name(baseline, 0).removesuffix('-s0')}")
+    out = sweep_dir / ("report" if baseline == "0" else f"report-vs-{spec_dir_name(baseline)}")
     cells = _done_cells(record)
     pictures = task == "dino" and metric is None and bool(cells)
     if pictures:

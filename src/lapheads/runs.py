@@ -50,6 +50,7 @@ __all__ = [
     "load_sweep",
     "notice",
     "SWEEP_FILE",
+    "spec_dir_name",
     "SweepError",
     "WEIGHTS",
 ]
@@ -378,6 +379,11 @@ def load_run_tokenizer(run_dir: str | os.PathLike | RunDir, vocab_size: int | No
 # The sweep directory (written by lapheads.sweep, read by lapheads.report)
 
 SWEEP_FILE = "sweep.json"
+
+
+def spec_dir_name(spec: str) -> str:
+    """A head spec as it names directories: cells L<spec>-s<seed>, reports report-vs-L<spec> ("3,0" -> "L3_0")."""
+    return f"L{spec.replace(',', '_')}"
 
 
 class SweepError(LapheadsError, ValueError):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lapheads.runs import SWEEP_FILE, RunDir, SweepError
+from lapheads.runs import SWEEP_FILE, RunDir, SweepError, spec_dir_name
 from lapheads.tasks import get_task
 
 __all__ = ["SweepError", "cell_name", "parse_seeds", "parse_specs", "run_sweep", "sweep_cells"]
@@ -48,7 +48,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def cell_name(spec: str, seed: int) -> str:
-    return f"L{spec.replace(',', '_')}-s{seed}"
+    return f"{spec_dir_name(spec)}-s{seed}"
 
 
 def _task_of(preset: str, task: str | None) -> str:
