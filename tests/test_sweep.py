@@ -25,6 +25,7 @@ from lapheads.report import (
     summarize,
     verdict,
     welch_t_test,
+    write_report,
 )
 
 
@@ -474,3 +475,23 @@ def test_diffusion_scores_are_tested_against_zero_with_holm_across_the_section()
     assert family["diffusion score, Laplacian heads (block 1)"]["2"]["verdict"].startswith("not detected")
     assert family["diffusion score, ordinary heads (mean over blocks)"]["0"]["verdict"] == "no claim"
     assert "0" not in family["diffusion score, Laplacian heads (mean over blocks)"]
+
+
+def test_a_sweep_without_k_0_reports_its_arms_and_another_baseline_compares_them(tmp_path):
+    """No k = 0 arm (say, k = 2 against k = 4): the default report lists both untested; --baseline 4 tests them."""
+    cells = {}
+    for spec, top1 in (("2", (84.0, 85.0)), ("4", (83.0, 84.5))):
+        for seed, value in enumerate(top1):
+            run_dir = tmp_path / f"L{spec}-s{seed}"
+            run_dir.mkdir()
+            (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10, "eval_top1": value}) + "\n")
+            cells[run_dir.name] = {"spec": spec, "seed": seed, "run_dir": str(run_dir), "status": "done"}
+    record = {"preset": "p", "task": "classify", "specs": ["2", "4"], "seeds": [0, 1], "overrides": [], "cells": cells}
+    (tmp_path / "sweep.json").write_text(json.dumps(record))
+    assert (
+        "| test top-1 (%) | 2 | 2 | 84.5 ± 0.71 | – (no k = 0 arm) |"
+        in write_report(tmp_path, geometry=False).read_text()
+    )
+    versus = write_report(tmp_path, geometry=False, baseline="4")
+    assert versus == tmp_path / "report-vs-L4" / "report.md"
+    assert "| test top-1 (%) | 2 | 2 | 84.5 ± 0.71 | +0.75 [" in versus.read_text()

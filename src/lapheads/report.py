@@ -444,9 +444,9 @@ def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[
             "mean": float(np.mean(xs)) if xs else math.nan,
             "std": float(np.std(xs, ddof=1)) if len(xs) > 1 else math.nan,
             "values": by_seed,
+            "baseline": baseline,
         }
         if spec != baseline and baseline in values:
-            row["baseline"] = baseline
             row["paired"] = paired_test(by_seed, values[baseline])
             row["welch"] = welch_t_test(xs, list(values[baseline].values()))
             baseline_values = list(values[baseline].values())
@@ -595,7 +595,7 @@ def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
             stats.get("verdict", ""),
         ]
     else:
-        cells += ["(baseline)", "", "", ""]
+        cells += ["(baseline)" if spec == stats["baseline"] else f"– (no k = {stats['baseline']} arm)", "", "", ""]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -676,14 +676,14 @@ def write_report(
         geometry: run (or reuse) ``lapheads analyze`` on every finished cell and report the last block's geometry.
         max_tokens: analyze's token budget per cell.
         baseline: the spec every other is compared with, seed by seed (a per-layer schedule study compares its
-            schedules with each other this way); other than "0", the report goes to SWEEP_DIR/report-vs-<cell
-            name of the spec>/ so the k = 0 report stays.
+            schedules with each other this way); other than "0", the report goes to SWEEP_DIR/report-vs-L<spec>/
+            ("3,0" -> report-vs-L3_0) so the k = 0 report stays.
     """
 
     sweep_dir = Path(sweep_dir)
     record = load_sweep(sweep_dir)
     task, specs = record["task"], record["specs"]
-    if baseline not in specs:
+    if baseline != "0" and baseline not in specs:  # a sweep without k = 0 still reports its arms, untested
         raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
     out = sweep_dir / ("report" if baseline == "0" else f"report-vs-{spec_dir_name(baseline)}")
     cells = _done_cells(record)
