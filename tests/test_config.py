@@ -53,8 +53,8 @@ def test_preset_file(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["--epochs", "many"], "--epochs='many' is not a valid"),
-        (["--amp", "maybe"], "--amp='maybe' is not a valid"),
+        (["--epochs", "many"], "--epochs 'many': allowed: a finite number"),
+        (["--amp", "maybe"], "--amp 'maybe': allowed: true or false or auto"),
         (["--lr"], "--lr needs a value"),
         (["lr=3"], "unexpected argument 'lr=3'"),
     ],

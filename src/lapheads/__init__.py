@@ -6,7 +6,16 @@ head-spec parser every model and the CLI share (:func:`parse_laplacian_heads`); 
 (:func:`create_vit`) and a nanochat-style GPT (:class:`GPT`).
 """
 
+import os as _os
+import sys as _sys
 from importlib.metadata import PackageNotFoundError, version
+
+# The lapheads command (not a library import) picks its threads and OpenMP wait policy from the free CPUs, which
+# only takes effect before torch loads OpenMP: see lapheads.hardware.
+if _sys.argv and _os.path.basename(_sys.argv[0]) in ("lapheads", "-m") and "torch" not in _sys.modules:
+    from lapheads.hardware import apply_cli_thread_policy
+
+    apply_cli_thread_policy(_sys.argv[1:])
 
 from lapheads.attention import (
     HeadSpec,

@@ -96,6 +96,10 @@ def _type_ok(value: Any, annotation: Any) -> bool:
         origin = typing.get_origin(option_) or option_
         if option_ is Any:
             return True
+        if origin is typing.Literal:
+            if any(value == choice and type(value) is type(choice) for choice in typing.get_args(option_)):
+                return True
+            continue
         if option_ is type(None) and value is None:
             return True
         if option_ is bool and isinstance(value, bool):
@@ -121,7 +125,9 @@ def _type_words(annotation: Any) -> str:
     words = []
     for option_ in _options(annotation):
         origin = typing.get_origin(option_) or option_
-        if origin is dict:
+        if origin is typing.Literal:
+            words.extend(str(choice) for choice in typing.get_args(option_))
+        elif origin is dict:
             words.append("a JSON object")
         elif origin in (list, tuple):
             element = (typing.get_args(option_) or (Any,))[0]
@@ -203,6 +209,10 @@ def _coerce(key: str, text: str, annotation: Any) -> Any:
         if option is type(None):
             continue
         try:
+            if typing.get_origin(option) is typing.Literal:
+                if text in typing.get_args(option):
+                    return text
+                raise ValueError("not one of the words")
             if option is bool:
                 if text.lower() in ("1", "true", "yes", "on"):
                     return True
@@ -222,7 +232,7 @@ def _coerce(key: str, text: str, annotation: Any) -> Any:
                 return [element(item) for item in items] if element in (int, float, str) else items
         except ValueError as err:
             errors.append(str(err))
-    raise ConfigError(f"--{key.replace('_', '-')}={text!r} is not a valid {annotation}")
+    raise ConfigError(f"--{key.replace('_', '-')} {text!r}: allowed: {_type_words(annotation)}")
 
 
 def config_from_dict(cls: type[C], data: dict[str, Any], base: C | None = None, source: str = "config") -> C:

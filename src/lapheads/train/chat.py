@@ -49,6 +49,7 @@ from lapheads.train.runtime import (
     RunConfig,
     check_finite_loss,
     optimizer_step,
+    run_precision,
     save_checkpoint,
     seed_everything,
     start_or_resume,
@@ -390,6 +391,7 @@ def train_chat(
     )
     trained = LoraAdapters(peft_model) if peft_model is not None else model
     optimizers = _optimizers(model, peft_model, cfg, dist_)
+    precision = run_precision(run, cfg.amp, dist_, resume)
     start_step = start_or_resume(
         run,
         task,
@@ -400,6 +402,7 @@ def train_chat(
         resume=resume,
         config_type=type(cfg),
         extra_record={
+            "precision": precision.record(),
             "preset": preset,
             **source,
             "model": model_record("gpt", model.constructor_kwargs()),
@@ -444,7 +447,7 @@ def train_chat(
             tokens += int((y >= 0).sum())
             sync = a == len(micro_batches) - 1 or not dist_.enabled
             with contextlib.nullcontext() if sync else train_model.no_sync():
-                with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=cfg.amp):
+                with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
                     loss = forward_model(x, y)
                 (loss / len(micro_batches)).backward()
             loss_sum += loss.detach()

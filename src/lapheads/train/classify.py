@@ -39,6 +39,7 @@ from lapheads.train.runtime import (
     RunConfig,
     check_finite_loss,
     optimizer_step,
+    run_precision,
     save_checkpoint,
     seed_everything,
     start_or_resume,
@@ -280,6 +281,7 @@ def train_classify(
     extra = {"ema": ema.module} if ema is not None else {}
     loss_fn = _loss_fn(cfg)
 
+    precision = run_precision(run, cfg.amp, dist_, resume)
     start_step = start_or_resume(
         run,
         "classify",
@@ -291,6 +293,7 @@ def train_classify(
         extra_models=extra,
         config_type=ClassifyConfig,
         extra_record={
+            "precision": precision.record(),
             "preset": preset,
             "num_params": num_params,
             "laplacian_masks": vit_laplacian_masks(model),
@@ -322,7 +325,7 @@ def train_classify(
                 images, labels = mixup(images, labels)
             sync = a == len(micro_batches) - 1 or not dist_.enabled
             with contextlib.nullcontext() if sync else train_model.no_sync():
-                with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=cfg.amp):
+                with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
                     loss = loss_fn(forward_model(images), labels)
                 (loss / len(micro_batches)).backward()
             loss_sum += loss.detach()
@@ -356,12 +359,15 @@ def train_classify(
                     }
                 )
         if step % steps_per_eval == 0 or step == total_steps:
-            last_eval = evaluate_classifier(model, eval_set, dist_, micro_batch * 2, cfg.amp, cfg.num_workers)
+            eval_batch = micro_batch * 2
+            last_eval = evaluate_classifier(model, eval_set, dist_, eval_batch, precision.autocast, cfg.num_workers)
             if ema is not None:
-                ema_eval = evaluate_classifier(ema.module, eval_set, dist_, micro_batch * 2, cfg.amp, cfg.num_workers)
+                ema_eval = evaluate_classifier(
+                    ema.module, eval_set, dist_, eval_batch, precision.autocast, cfg.num_workers
+                )
                 last_eval.update({f"ema_{k}": v for k, v in ema_eval.items()})
             if fit_set is not None:
-                last_eval.update(evaluate_fit(model, fit_set, dist_, micro_batch * 2, cfg.amp, cfg.num_workers))
+                last_eval.update(evaluate_fit(model, fit_set, dist_, eval_batch, precision.autocast, cfg.num_workers))
             if dist_.is_main:
                 run.log({"step": step, "epoch": step / sampler.steps_per_epoch, **last_eval})
                 progress.write(f"step {step}: " + ", ".join(f"{k} {v:.2f}" for k, v in last_eval.items()))

@@ -48,6 +48,7 @@ from lapheads.train.runtime import (
     RunConfig,
     check_finite_loss,
     optimizer_step,
+    run_precision,
     save_checkpoint,
     seed_everything,
     start_or_resume,
@@ -254,6 +255,7 @@ def train_dino(
     extra = {"teacher": teacher, "dino_loss": loss_fn}
     num_params = sum(p.numel() for p in student.backbone.parameters())
 
+    precision = run_precision(run, cfg.amp, dist_, resume)
     start_step = start_or_resume(
         run,
         "dino",
@@ -265,6 +267,7 @@ def train_dino(
         extra_models=extra,
         config_type=DINOConfig,
         extra_record={
+            "precision": precision.record(),
             "preset": preset,
             "num_params": num_params,
             "laplacian_masks": vit_laplacian_masks(student.backbone),
@@ -296,7 +299,7 @@ def train_dino(
                 group["weight_decay"] = float(wd_schedule[step])
         crops, _ = collate_crops([train_set[i] for i in indices])
         crops = [c.to(dist_.device, non_blocking=True) for c in crops]
-        with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=cfg.amp):
+        with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
             with torch.no_grad():
                 teacher_output = teacher(crops[:2])  # only the global crops pass through the teacher
             student_output = forward_model(crops)

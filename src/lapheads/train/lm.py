@@ -65,6 +65,7 @@ from lapheads.train.runtime import (
     RunConfig,
     check_finite_loss,
     optimizer_step,
+    run_precision,
     save_checkpoint,
     seed_everything,
     start_or_resume,
@@ -407,6 +408,7 @@ def train_lm(
     )
     optimizers = build_optimizers(model, cfg, dist_)
 
+    precision = run_precision(run, cfg.amp, dist_, resume)
     start_step = start_or_resume(
         run,
         "lm",
@@ -418,6 +420,7 @@ def train_lm(
         logs=("metrics.jsonl", "samples.jsonl"),
         config_type=LMConfig,
         extra_record={
+            "precision": precision.record(),
             "preset": preset,
             "num_params": num_params,
             "laplacian_masks": model.laplacian_masks(),
@@ -444,7 +447,7 @@ def train_lm(
             seq_len=cfg.sequence_len,
             max_tokens=cfg.eval_tokens,
             batch_size=cfg.micro_batch,
-            amp=cfg.amp,
+            amp=precision.autocast,
         )
         if dist_.is_main:
             run.log({"step": step, "val_bpb": bpb})
@@ -480,7 +483,7 @@ def train_lm(
             x, y = x.to(dist_.device, non_blocking=True), y.to(dist_.device, non_blocking=True)
             sync = a == len(micro_batches) - 1 or not dist_.enabled
             with contextlib.nullcontext() if sync else train_model.no_sync():
-                with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=cfg.amp):
+                with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
                     loss = forward_model(x, y)
                 (loss / len(micro_batches)).backward()
             loss_sum += loss.detach()

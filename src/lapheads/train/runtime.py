@@ -25,7 +25,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from safetensors.torch import save_file
 from lapheads.config import NON_NEGATIVE, POSITIVE, ConfigError, Domain, one_of, option
 from lapheads.distributed import Distributed, StoppedError, peer_failures, setup_distributed
 from lapheads.errors import CheckpointError, InputError, LapheadsError
+from lapheads.hardware import Precision, choose_precision
 from lapheads.io import atomic_write_text, load_safetensors
 from lapheads.runs import (
     RunDir,
@@ -52,6 +53,7 @@ __all__ = [
     "NonFiniteLossError",
     "StoppedError",
     "peer_failures",
+    "run_precision",
     "check_finite_loss",
     "RunConfig",
     "RunDir",
@@ -76,7 +78,9 @@ class RunConfig:
     laplacian_heads: str = option("0", "Laplacian heads: k trailing heads per layer, or one k per layer", HEAD_SPEC)
     seed: int = option(0, "seed of the weights and the data order (arms with the same seed are paired)", NON_NEGATIVE)
     device: str = option("auto", "where to train (auto = cuda when available)", one_of("auto", "cpu", "cuda"))
-    amp: bool = option(True, "bf16 autocast")
+    amp: bool | Literal["auto"] = option(
+        "auto", "bf16 autocast: auto = where the hardware computes bf16 natively and faster (lapheads.hardware)"
+    )
     compile: bool = option(False, "torch.compile the model")
     log_every: int = option(10, "steps between metrics.jsonl records", POSITIVE)
     checkpoint_every: int = option(0, "steps between extra checkpoints (0: only at evals and the end)", NON_NEGATIVE)
@@ -248,7 +252,8 @@ def start_or_resume(
             for name in logs:
                 run.truncate_log(name, start_step)
     elif dist_.is_main:
-        if run.config_file.exists():
+        if run.config_file.exists() or run.config_file.is_symlink():
+            _check_owned(run, task)
             if latest_checkpoint(run) is not None:
                 raise ConfigError(
                     f"{run.path} already holds a run; use --resume to continue it or choose another --out"
@@ -256,6 +261,11 @@ def start_or_resume(
             notice(f"{run.path} holds a run that never wrote a checkpoint; starting it over")
             for name in logs:
                 (run.path / name).unlink(missing_ok=True)
+        elif any((run.path / name).exists() for name in logs):  # config.json comes first: these are not ours
+            raise ConfigError(
+                f"{run.path} holds {', '.join(n for n in logs if (run.path / n).exists())} but no config.json: not a "
+                "lapheads run; refusing to write there (nothing was changed); allowed: a new --out"
+            )
         run.write_config(task, config, {"world_size": dist_.world_size, **extra_record})
     if dist_.is_main and config.get("log"):
         from lapheads.tracking import open_trackers
@@ -266,6 +276,33 @@ def start_or_resume(
 
 
 _MISSING = object()
+
+
+def _check_owned(run: RunDir, task: str) -> None:
+    """Starting over deletes logs: only in a folder whose config.json is lapheads' record of a ``task`` run."""
+    try:
+        record = run.read_config() if not run.config_file.is_symlink() else None
+    except CheckpointError:
+        record = None
+    if not (isinstance(record, dict) and record.get("task") == task and isinstance(record.get("config"), dict)):
+        raise ConfigError(
+            f"{run.path} holds a config.json that is not lapheads' record of a {task} run; refusing to start over "
+            "there (nothing was changed); allowed: a new --out, or a {task} run directory".replace("{task}", task)
+        )
+
+
+def run_precision(run: RunDir, amp: bool | str, dist_: Distributed, resume: bool) -> Precision:
+    """The run's autocast choice: on --resume the one config.json recorded (a run keeps its precision whatever
+    machine continues it), else chosen for this device (:func:`lapheads.hardware.choose_precision`) and announced
+    once; trainers record ``precision.record()`` as config.json's ``precision``."""
+    if resume and run.config_file.exists():
+        saved = run.read_config().get("precision")
+        if isinstance(saved, dict) and isinstance(saved.get("autocast_bf16"), bool):
+            return Precision(saved["autocast_bf16"], str(saved.get("reason", "recorded")) + ", kept on resume")
+    precision = choose_precision(amp, dist_.device)
+    if dist_.is_main:
+        notice(f"precision: {precision.reason}")
+    return precision
 
 
 def defaults_of(config_type: type) -> dict[str, Any]:

@@ -1,0 +1,84 @@
+"""Precision and threads chosen by the machine (lapheads.hardware)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lapheads import hardware
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    def make(native: bool, ratio: float = 1.2):
+        monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: native)
+        monkeypatch.setattr(hardware, "_bf16_probe_faster", lambda: (ratio > 1.0, ratio))
+
+    return make
+
+
+def test_auto_is_fp32_on_a_cpu_without_native_bf16(cpu):
+    cpu(native=False)
+    choice = hardware.choose_precision("auto", torch.device("cpu"))
+    assert choice.autocast is False and "no native bf16" in choice.reason
+
+
+def test_auto_is_bf16_on_a_native_bf16_cpu_only_where_the_probe_finds_it_faster(cpu):
+    cpu(native=True, ratio=1.3)
+    assert hardware.choose_precision("auto", "cpu").autocast is True
+    cpu(native=True, ratio=0.8)
+    choice = hardware.choose_precision("auto", "cpu")
+    assert choice.autocast is False and "0.80x" in choice.reason
+
+
+@pytest.mark.parametrize("amp", [True, False])
+def test_true_and_false_are_obeyed_whatever_the_hardware(cpu, amp):
+    cpu(native=not amp)
+    assert hardware.choose_precision(amp, "cpu").autocast is amp
+
+
+def test_this_machine_is_read_from_its_cpu_flags():
+    flags = hardware._cpu_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo here")
+    assert hardware.cpu_has_native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+@pytest.mark.parametrize(
+    "cpus, busy, threads, passive",
+    [(2, 0.1, 2, False), (2, 1.0, 1, False), (2, 3.5, 1, False), (8, 2.0, 6, True), (4, 0.4, 4, False)],
+)
+def test_auto_threads_leave_the_busy_cpus_to_their_owners(monkeypatch, cpus, busy, threads, passive):
+    monkeypatch.setattr(hardware, "available_cpus", lambda: cpus)
+    policy = hardware.choose_thread_policy("auto", busy=busy)
+    assert (policy.threads, policy.passive_wait, policy.busy) == (threads, passive, threads < cpus)
+
+
+def test_a_thread_count_given_is_used_as_is(monkeypatch):
+    monkeypatch.setattr(hardware, "available_cpus", lambda: 2)
+    assert hardware.choose_thread_policy(3, busy=5.0) == hardware.ThreadPolicy(
+        3, False, "3 thread(s) as asked (--threads)"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, value",
+    [
+        (["train", "classify"], "auto"),
+        (["train", "classify", "--threads", "1"], "1"),
+        (["demo", "--threads=2"], "2"),
+        (["demo", "--threads", "x"], "auto"),
+        (["demo", "--threads", "0"], "auto"),
+    ],
+)
+def test_threads_are_read_from_the_command_line_before_torch_starts(argv, value):
+    assert hardware.threads_from_argv(argv) == value
+
+
+def test_a_users_omp_num_threads_wins(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert hardware.apply_thread_policy("auto", announce=False) is None
+
+
+def test_available_cpus_respects_the_affinity_mask():
+    assert 1 <= hardware.available_cpus() <= len(__import__("os").sched_getaffinity(0))
