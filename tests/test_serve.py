@@ -37,7 +37,8 @@ def engine(sft_run):
 
 @pytest.fixture(scope="module")
 def client(engine):
-    return TestClient(create_app(engine, "tiny", ServeLimits(max_request_bytes=4000, max_tokens=24)))
+    app = create_app(engine, "tiny", ServeLimits(max_request_bytes=4000, max_tokens=24))
+    return TestClient(app, base_url="http://127.0.0.1:8000")
 
 
 def _expected(engine, messages, max_tokens=24):
@@ -80,7 +81,7 @@ def test_a_streamed_reply_equals_the_engines_greedy_reply(client, engine):
         (
             {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10_000},
             400,
-            "max_tokens 10000; allowed: a number in [1, 24]",
+            "max_tokens 10000; allowed: an integer in [1, 24]",
         ),
         ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature -1"),
         ({"messages": [{"role": "user", "content": "x" * 3000}]}, 400, "the conversation has"),
@@ -177,3 +178,96 @@ def test_the_web_chat_works_in_a_real_browser(sft_run, engine, tmp_path):
             browser.quit()
         server.terminate()
         server.wait(10)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The red-team cases of issue 28: every one a JSON error before any work, never a traceback
+
+
+def _post(client, content: bytes, **headers):
+    return client.post("/chat/completions", content=content, headers={"content-type": "application/json", **headers})
+
+
+HELLO = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+@pytest.mark.parametrize(
+    "content, headers, status, message",
+    [
+        (b"[" * 30_000 + b"]" * 30_000, {}, 413, "allowed: at most"),  # too big before it is too deep
+        (b"[" * 1_500 + b"]" * 1_500, {}, 400, "nests too deeply"),
+        (HELLO, {"content-type": "text/plain"}, 415, "allowed: application/json"),
+        (HELLO, {"content-type": "application/x-www-form-urlencoded"}, 415, "allowed: application/json"),
+        (HELLO, {"host": "evil.example:8000"}, 403, "Host 'evil.example'"),
+        (HELLO, {"origin": "http://evil.example"}, 403, "Origin 'http://evil.example'"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "top_k": 2.5}).encode(), {}, 400, "top_k 2.5"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3.0}).encode(),
+            {},
+            400,
+            "max_tokens 3.0",
+        ),
+        (b'{"messages": ', {}, 400, "Expecting value"),
+        (b"\xff\xfe", {}, 400, ""),
+    ],
+    ids=[
+        "30k brackets",
+        "deep nesting",
+        "text/plain",
+        "form",
+        "foreign host",
+        "foreign origin",
+        "float top_k",
+        "float max_tokens",
+        "torn JSON",
+        "not UTF-8",
+    ],
+)
+def test_hostile_requests_are_refused_in_one_json_line(client, content, headers, status, message):
+    response = _post(client, content, **headers)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert message in error and "\n" not in error
+
+
+def test_a_chunked_body_over_the_limit_is_refused_as_it_streams(client):
+    def chunks():
+        for _ in range(2_000):  # 2 MB, no Content-Length: the server must stop counting at 4,000 bytes
+            yield b" " * 1_000
+
+    response = _post(client, chunks())
+    assert response.status_code == 413 and "allowed: at most" in response.json()["error"]
+
+
+def test_the_same_origin_page_and_loopback_names_are_allowed(client, engine):
+    for host in ("localhost:8000", "127.0.0.1", "[::1]:8000"):
+        with client.stream(
+            "POST",
+            "/chat/completions",
+            content=json.dumps({"messages": [{"role": "user", "content": QUESTIONS[1]}], "temperature": 0}),
+            headers={"content-type": "application/json; charset=utf-8", "host": host, "origin": f"http://{host}"},
+        ) as r:
+            assert r.status_code == 200, host
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-12, 0])
+def test_a_tiny_temperature_is_greedy_not_a_broken_stream(client, engine, temperature):
+    messages = [{"role": "user", "content": QUESTIONS[2]}]
+    text, _ = _reply(client, messages, temperature=temperature)
+    assert text == _expected(engine, messages)
+
+
+def test_an_error_during_generation_ends_the_stream_with_an_error_event(engine, monkeypatch):
+    app = create_app(engine, "tiny", ServeLimits(max_tokens=24))
+    client = TestClient(app, base_url="http://127.0.0.1")
+    original = engine.stream
+
+    def failing(*args, **kwargs):
+        pieces = original(*args, **kwargs)
+        yield next(pieces)
+        raise RuntimeError("device lost\nsecond line")
+
+    monkeypatch.setattr(engine, "stream", failing)
+    with client.stream("POST", "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}) as r:
+        events = [json.loads(line[len("data: ") :]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert "token" in events[0] and events[-1] == {"error": "generation failed: device lost second line"}

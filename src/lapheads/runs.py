@@ -214,17 +214,27 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
     return records, torn
 
 
+def _within_run(run: RunDir, path: Path) -> Path:
+    """``path`` itself, if neither it nor anything above it inside the run directory is a symlink leading out."""
+    if path.is_symlink() or run.checkpoints.is_symlink() or not path.resolve().is_relative_to(run.path.resolve()):
+        raise CheckpointError(
+            f"{path} is a symlink or leads out of {run.path}; allowed: files inside the run directory"
+        )
+    return path
+
+
 def latest_checkpoint(run: RunDir) -> Path | None:
     pointer = run.checkpoints / "latest"
     if not pointer.is_file():
         return None
+    _within_run(run, pointer)
     name = pointer.read_text().strip()
     if not re.fullmatch(r"step-\d+", name):  # never follow a pointer out of the run directory
         raise CheckpointError(f"{pointer} holds {name[:60]!r}; allowed: the name of a step-<N> folder beside it")
     folder = run.checkpoints / name
     if not folder.is_dir():
         raise CheckpointError(f"{pointer} points at {folder}, which does not exist")
-    return folder
+    return _within_run(run, folder)
 
 
 def checkpoint_folder(run: RunDir, step: int | None = None) -> Path:
@@ -241,7 +251,7 @@ def checkpoint_folder(run: RunDir, step: int | None = None) -> Path:
             f"{run.path} has no checkpoint of step {step}; allowed: {kept} (train with "
             "--keep-checkpoints 0 to keep them all)"
         )
-    return folder
+    return _within_run(run, folder)
 
 
 def checkpoint_steps(run: RunDir) -> list[int]:

@@ -9,15 +9,20 @@ Design choices:
 * **Stateless, so conversations cannot mix**: the browser keeps its conversation and sends it each turn; every
   request has its own KV cache. Requests take turns token by token on one lock around the model, so several chats
   progress together and none waits for another to finish.
-* **Limits before any work**: loopback by default, a request body of at most ``max_request_bytes``, at most
-  ``max_messages`` messages of at most ``max_message_chars`` characters, ``max_tokens`` capped, temperature in
-  [0, 2], top-k in [0, 200]; anything else is a 400/413 with a one-line JSON error naming the value and what is
-  allowed. The calculator runs in the sandbox, as in ``lapheads chat``.
+* **Limits before any work**: loopback by default (a warning when bound beyond it), a request body of at most
+  ``max_request_bytes`` counted as it streams in (chunked bodies too), JSON only (``Content-Type:
+  application/json``, so a web page cannot POST a form or text/plain), a Host header naming this server (DNS
+  rebinding), an Origin (when sent) of the same host, bounded nesting, at most ``max_messages`` messages of at most
+  ``max_message_chars`` characters, integer ``max_tokens`` (capped) and ``top_k`` in [0, 200], temperature in
+  [0, 2] (below 1e-5: greedy); anything else is a 400/403/413/415 with a one-line JSON error naming the value and
+  what is allowed. An error before the first token is a JSON error; one during the stream ends it with a
+  ``data: {"error": ...}`` event, never a traceback. The calculator runs in the sandbox, as in ``lapheads chat``.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,9 +76,22 @@ def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: in
     bounds = {"temperature": (0.0, 2.0), "top_k": (0, 200), "max_tokens": (1, limits.max_tokens)}
     for name, value in options.items():
         low, high = bounds[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            raise LapheadsError(f"{name} {value!r}; allowed: a number in [{low}, {high}]")
+        kind = (int, float) if name == "temperature" else int
+        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+            words = "a number" if name == "temperature" else "an integer"
+            raise LapheadsError(f"{name} {value!r}; allowed: {words} in [{low}, {high}]")
     return {"messages": messages, **options}
+
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def _hostname(value: str) -> str:
+    """The host of a Host header or an Origin URL, without scheme and port, lower case."""
+    value = value.split("://", 1)[-1].split("/", 1)[0].lower()
+    if value.startswith("["):  # [::1]:8000
+        return value.split("]", 1)[0] + "]"
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
 def create_app(
@@ -82,8 +100,13 @@ def create_app(
     limits: ServeLimits | None = None,
     temperature: float = 0.6,
     top_k: int = 50,
+    allowed_hosts: tuple[str, ...] | None = LOOPBACK_NAMES,
 ):
-    """The FastAPI app serving ``engine``; ``temperature`` and ``top_k`` apply where a request leaves them out."""
+    """The FastAPI app serving ``engine``; ``temperature`` and ``top_k`` apply where a request leaves them out.
+
+    Args:
+        allowed_hosts: host names the Host header may carry (None: any, for a server bound to every address).
+    """
     from lapheads.data.conversations import render_for_completion
 
     limits = limits or ServeLimits()
@@ -98,37 +121,58 @@ def create_app(
     def health() -> dict[str, Any]:
         return {"status": "ok", "run": name}
 
+    def refuse(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status)
+
     @app.post("/chat/completions")
     async def complete(request: Request):
+        host = _hostname(request.headers.get("host", ""))
+        if allowed_hosts is not None and host not in allowed_hosts:
+            return refuse(403, f"Host {host!r}; allowed: {', '.join(allowed_hosts)} (this server's own names)")
+        origin = request.headers.get("origin")
+        if origin is not None and _hostname(origin) != host:
+            return refuse(403, f"Origin {origin!r}; allowed: pages served by this server ({host})")
+        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media != "application/json":
+            return refuse(415, f"Content-Type {media or 'none'!r}; allowed: application/json")
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limits.max_request_bytes:
-            return JSONResponse(
-                {"error": f"request of {declared} bytes; allowed: at most {limits.max_request_bytes}"}, status_code=413
-            )
-        raw = await request.body()
-        if len(raw) > limits.max_request_bytes:
-            return JSONResponse(
-                {"error": f"request of {len(raw)} bytes; allowed: at most {limits.max_request_bytes}"}, status_code=413
-            )
+            return refuse(413, f"request of {declared} bytes; allowed: at most {limits.max_request_bytes}")
+        raw = bytearray()
+        async for chunk in request.stream():  # counted as it arrives: chunked bodies declare no length
+            raw += chunk
+            if len(raw) > limits.max_request_bytes:
+                return refuse(413, f"request of over {limits.max_request_bytes} bytes; allowed: at most that")
         try:
-            body = _check_request(json.loads(raw or b"null"), limits, temperature, top_k)
+            body = _check_request(json.loads(bytes(raw) or b"null"), limits, temperature, top_k)
             prompt = render_for_completion(engine.tokenizer, {"messages": body["messages"]})
             if len(prompt) >= engine.model.config.sequence_len:
                 raise LapheadsError(
                     f"the conversation has {len(prompt)} tokens; allowed: fewer than "
                     f"{engine.model.config.sequence_len} (start a new chat)"
                 )
+        except RecursionError:
+            return refuse(400, 'the request nests too deeply; allowed: {"messages": [{"role", "content"}]}')
         except (LapheadsError, ValueError) as err:
-            return JSONResponse({"error": " ".join(str(err).split())}, status_code=400)
+            return refuse(400, " ".join(str(err).split()))
+
+        pieces = engine.stream(prompt, body["max_tokens"], body["temperature"], body["top_k"] or None, seed=0)
+        try:
+            with model_lock:
+                first = next(pieces, None)  # an error here is still a JSON error, before any byte is streamed
+        except Exception as err:  # noqa: BLE001 - the client gets one line; the server keeps running
+            return refuse(500, f"generation failed: {' '.join(str(err).split())[:200]}")
 
         def events():
-            pieces = engine.stream(prompt, body["max_tokens"], body["temperature"], body["top_k"] or None, seed=0)
-            while True:
-                with model_lock:  # one token of one request at a time; other requests interleave
-                    piece = next(pieces, None)
-                if piece is None:
-                    break
-                yield f"data: {json.dumps({'token': piece})}\n\n"
+            piece = first
+            try:
+                while piece is not None:
+                    yield f"data: {json.dumps({'token': piece})}\n\n"
+                    with model_lock:  # one token of one request at a time; other requests interleave
+                        piece = next(pieces, None)
+            except Exception as err:  # noqa: BLE001 - mid-stream: end the stream with an error event
+                yield f"data: {json.dumps({'error': 'generation failed: ' + ' '.join(str(err).split())[:200]})}\n\n"
+                return
             yield f"data: {json.dumps({'done': True})}\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -156,7 +200,17 @@ def serve(
         raise LapheadsError(
             f"{run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: a mid or sft run"
         )
-    app = create_app(ChatEngine(model, tokenizer, tools=tools), Path(run_dir).name, limits, temperature, top_k)
+    loopback = host in LOOPBACK_NAMES
+    if not loopback:
+        print(
+            f"lapheads serve: warning: listening on {host}, beyond this machine; anyone who can reach it can use "
+            "the model (there is no authentication)",
+            file=sys.stderr,
+            flush=True,
+        )
+    # Bound to one address: requests must name it (or loopback); bound to all: any name (DNS-rebinding checks off).
+    allowed = LOOPBACK_NAMES if loopback else (None if host in ("0.0.0.0", "::") else (*LOOPBACK_NAMES, host.lower()))
+    app = create_app(ChatEngine(model, tokenizer, tools=tools), Path(run_dir).name, limits, temperature, top_k, allowed)
     print(f"lapheads serve: {run_dir} on http://{host}:{port}/ (Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 

@@ -233,3 +233,63 @@ def test_the_cosine_reaches_min_lr_at_the_last_step(tiny_config, tmp_path):
     rates = [r["lr"] for r in RunDir(tmp_path / "run").read_metrics() if "lr" in r]
     assert max(rates) == pytest.approx(3e-3, rel=0.05)  # the peak right after warm-up
     assert rates[-1] == pytest.approx(1e-5)  # after the last step: the end of the cosine, not part-way down it
+
+
+def test_the_precision_is_chosen_once_recorded_and_kept_on_resume(tiny_config, tmp_path, monkeypatch):
+    from lapheads import hardware
+    from lapheads.train import runtime
+
+    cfg = dataclasses.replace(tiny_config, amp="auto", checkpoint_every=3)
+    monkeypatch.setattr(runtime, "choose_precision", lambda amp, device: hardware.Precision(False, "fp32: test"))
+    train_classify(cfg, tmp_path / "run", stop_at_step=4)
+    assert RunDir(tmp_path / "run").read_config()["precision"] == {"autocast_bf16": False, "reason": "fp32: test"}
+    # another machine would choose bf16; the resumed run keeps the recorded fp32
+    monkeypatch.setattr(runtime, "choose_precision", lambda amp, device: hardware.Precision(True, "bf16: test"))
+    used = []
+    original = torch.autocast
+
+    def spy(*args, **kwargs):
+        used.append(kwargs.get("enabled"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(classify.torch, "autocast", spy)
+    train_classify(cfg, tmp_path / "run", resume=True)
+    assert used and not any(used)
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"config.json": '{"lr": 1}', "metrics.jsonl": '{"mine": 1}\n'},  # an ordinary folder: no "task" key
+        {"config.json": "[1, 2]", "metrics.jsonl": "x\n"},
+        {"config.json": '{"task": "lm", "config": {}}', "metrics.jsonl": "{}\n"},  # another task's run
+        {"metrics.jsonl": '{"mine": 1}\n'},  # logs without a config.json: not written by lapheads
+    ],
+    ids=["no task key", "a list", "another task", "no config.json"],
+)
+def test_train_never_deletes_or_overwrites_what_lapheads_did_not_write(tiny_config, tmp_path, files):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    with pytest.raises(ValueError, match="nothing was changed"):
+        train_classify(tiny_config, folder)
+    assert {p.name: p.read_text() for p in folder.iterdir()} == files
+
+
+@pytest.mark.parametrize("link", ["latest", "step"])
+def test_symlinks_never_lead_out_of_a_run_directory(tiny_config, tmp_path, link):
+    train_classify(dataclasses.replace(tiny_config, checkpoint_every=4), tmp_path / "run")
+    checkpoints = tmp_path / "run" / "checkpoints"
+    name = (checkpoints / "latest").read_text().strip()
+    outside = tmp_path / "outside"
+    (checkpoints / name).rename(outside)
+    if link == "step":
+        (checkpoints / name).symlink_to(outside)
+    else:
+        (checkpoints / name).mkdir()
+        (checkpoints / "latest").unlink()
+        (tmp_path / "pointer").write_text(name + "\n")
+        (checkpoints / "latest").symlink_to(tmp_path / "pointer")
+    with pytest.raises(CheckpointError, match="symlink or leads out"):
+        load_model(RunDir(tmp_path / "run"))

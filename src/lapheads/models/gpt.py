@@ -389,11 +389,16 @@ def _optional_parameter(enabled: bool, shape: tuple[int, ...]) -> nn.Parameter |
     return nn.Parameter(torch.empty(shape)) if enabled else None
 
 
+#: below this temperature sampling is greedy: the distribution already is one-hot, and logits / 1e-40 overflow to inf
+GREEDY_BELOW = 1e-5
+
+
 def sample_token(
     logits: torch.Tensor, temperature: float, top_k: int | None = None, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """One next token (B, 1) from logits (B, V): greedy at temperature 0, else sampled from the top-k (None/0: all)."""
-    if temperature == 0:
+    """One next token (B, 1) from logits (B, V): greedy at temperature 0 (and below ``GREEDY_BELOW``), else
+    sampled from the top-k (None/0: all)."""
+    if temperature < GREEDY_BELOW:
         return logits.argmax(-1, keepdim=True)
     scaled = logits / temperature
     if top_k:
