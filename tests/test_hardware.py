@@ -82,3 +82,27 @@ def test_a_users_omp_num_threads_wins(monkeypatch):
 
 def test_available_cpus_respects_the_affinity_mask():
     assert 1 <= hardware.available_cpus() <= len(__import__("os").sched_getaffinity(0))
+
+
+def test_the_busy_line_comes_once_when_steps_slow_down(monkeypatch):
+    times = {"now": 0.0}
+    monkeypatch.setattr(hardware.time, "perf_counter", lambda: times["now"])
+    monkeypatch.setattr(hardware.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    watch = hardware.BusyWatch(skip=1, measure=3, factor=3.0)
+    said = []
+    for took in [5.0, 1.0, 1.1, 0.9, 1.2, 2.5, 4.0, 9.0, 9.0]:  # warm-up, pace ~1 s, then a 4x step
+        watch.begin()
+        times["now"] += took
+        said.append(watch.step())
+        times["now"] += 30.0  # an evaluation between steps does not count
+    lines = [line for line in said if line]
+    assert len(lines) == 1 and said.index(lines[0]) == 6 and "4.0x the first steps' time" in lines[0]
+    assert "--threads 1" in lines[0]
+
+
+def test_the_busy_line_comes_when_the_load_exceeds_the_cpus(monkeypatch):
+    monkeypatch.setattr(hardware, "available_cpus", lambda: 2)
+    monkeypatch.setattr(hardware.os, "getloadavg", lambda: (5.0, 5.0, 5.0))
+    watch = hardware.BusyWatch(skip=0, measure=1)
+    lines = [watch.step() for _ in range(3)]
+    assert lines[0] is None and "load average is 5.0 on 2 CPU(s)" in lines[1] and lines[2] is None

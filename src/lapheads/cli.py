@@ -495,7 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lapheads",
         allow_abbrev=False,  # an override such as --data must never be taken for --data-root
         description="Laplacian heads for transformers: train, measure and reproduce (arXiv 2602.09297).",
-        epilog="train and demo also take --key value overrides of any config field (e.g. --lr 5e-4 --epochs 2).",
+        epilog="train and demo also take --key value overrides of any config field (e.g. --lr 5e-4 --epochs 2). "
+        "Every command takes --threads auto|N (default auto: the CPUs this process may use, less those other "
+        "processes keep busy when it starts; OMP_NUM_THREADS, when set, wins).",
     )
     parser.add_argument("--version", action="version", version=f"lapheads {lapheads.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -706,8 +708,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _without_threads(argv: list[str]) -> list[str]:
+    """The command line less ``--threads auto|N``, which every command takes and lapheads/__init__ applied before
+    torch started (lapheads.hardware); ``sweep --threads`` keeps its own meaning (threads shared by its jobs)."""
+    if "sweep" in argv[:1]:
+        return argv
+    kept, skip = [], False
+    for i, item in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if item == "--threads" and i + 1 < len(argv):
+            value, skip = argv[i + 1], True
+        elif item.startswith("--threads="):
+            value = item.split("=", 1)[1]
+        else:
+            kept.append(item)
+            continue
+        if not (value == "auto" or (value.isdigit() and int(value) > 0)):
+            raise SystemExit(f"lapheads: error: --threads {value!r}; allowed: auto or a positive number of threads")
+    return kept
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = _without_threads(list(sys.argv[1:] if argv is None else argv))
     # Options a sub-command does not declare are config overrides (--key value), typed and checked by the config.
     args, overrides = parser.parse_known_args(argv)
     if args.command is None:

@@ -247,3 +247,47 @@ def apply_cli_thread_policy(argv: list[str]) -> None:
         apply_thread_policy(threads_from_argv(argv))
     except Exception:  # noqa: BLE001 - choosing threads must never stop a command; OpenMP's default stays
         pass
+
+
+class BusyWatch:
+    """Says once, in one line, when training slows down because the machine is busy.
+
+    After ``skip`` warm-up steps, the median of the next ``measure`` step times is the machine's own pace; a later
+    step slower than ``factor`` times that pace, or a 1-minute load average above the CPUs this process may use
+    plus one (other jobs beside ours), triggers the line. Call :meth:`begin` as a step starts and :meth:`step`
+    when it ends (evaluations and checkpoints in between are not counted).
+    """
+
+    def __init__(self, skip: int = 2, measure: int = 5, factor: float = 3.0) -> None:
+        self.skip, self.measure, self.factor = skip, measure, factor
+        self.times: list[float] = []
+        self.last = time.perf_counter()
+        self.said = False
+        self.cpus = available_cpus()
+
+    def begin(self) -> None:
+        self.last = time.perf_counter()
+
+    def step(self) -> str | None:
+        took = time.perf_counter() - self.last
+        if self.said:
+            return None
+        self.times.append(took)
+        if len(self.times) <= self.skip + self.measure:
+            return None
+        pace = sorted(self.times[self.skip :][: self.measure])[self.measure // 2]
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            load = 0.0
+        slow = took > self.factor * pace
+        if not slow and load <= self.cpus + 1:
+            return None
+        self.said = True
+        why = f"a step took {took / pace:.1f}x the first steps' time" if slow else ""
+        if load > self.cpus + 1:
+            why += (", and " if why else "") + f"the load average is {load:.1f} on {self.cpus} CPU(s)"
+        return (
+            f"lapheads: the machine is busy ({why}); the ETA assumes it stays so: close other jobs, or restart with "
+            "--threads 1 (and --resume) to share the CPUs without stalls"
+        )

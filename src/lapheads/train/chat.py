@@ -41,6 +41,7 @@ from lapheads.data.conversations import Conversation, conversation_mixture, pars
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.distributed import Distributed, setup_distributed
 from lapheads.errors import InputError
+from lapheads.hardware import BusyWatch
 from lapheads.lora import LoraAdapters, apply_lora
 from lapheads.models.gpt import GPT
 from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, model_record
@@ -421,6 +422,7 @@ def train_chat(
     progress = tqdm(
         total=total_steps, initial=start_step, disable=not dist_.is_main, desc=f"train {task}", dynamic_ncols=True
     )
+    busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
 
     def evaluate(step: int) -> dict[str, float]:
         if not val:
@@ -437,6 +439,7 @@ def train_chat(
     tick = time.perf_counter()
     step = start_step
     while step < total_steps:
+        busy.begin()  # evaluations and checkpoints are not the step's pace
         if stop_at_step is not None and step >= stop_at_step:
             progress.close()
             return {"step": step, "stopped": True}
@@ -463,6 +466,8 @@ def train_chat(
         (peft_model or model).zero_grad(set_to_none=True)
         step += 1
         progress.update(1)
+        if (busy_line := busy.step()) and dist_.is_main:
+            progress.write(busy_line)
         if step % cfg.log_every == 0 or step == total_steps:
             elapsed, tick = time.perf_counter() - tick, time.perf_counter()
             progress.set_postfix(loss=f"{mean_loss:.4f}", lrm=f"{multiplier:.2f}")

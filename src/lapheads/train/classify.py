@@ -31,6 +31,7 @@ from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.distributed import setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.classify import evaluate_classifier, evaluate_fit, fit_images
+from lapheads.hardware import BusyWatch
 from lapheads.models.vit import vit_laplacian_masks
 from lapheads.runs import RunDir, model_record
 from lapheads.runs import build_model as build_from_record
@@ -307,12 +308,14 @@ def train_classify(
 
     steps_per_eval = max(1, round(cfg.eval_every_epochs * sampler.steps_per_epoch))
     progress = tqdm(total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train", dynamic_ncols=True)
+    busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
     batches = sampler.step_batches(start_step)
     last_eval: dict[str, float] = {}
     tick, seen = time.perf_counter(), 0
     model.train()
     step = start_step
     while step < total_steps:
+        busy.begin()  # evaluations and checkpoints are not the step's pace
         if stop_at_step is not None and step >= stop_at_step:
             progress.close()
             return {"step": step, "stopped": True}
@@ -342,6 +345,8 @@ def train_classify(
             ema.update(model, step=step + 1)
         step += 1
         progress.update(1)
+        if (busy_line := busy.step()) and dist_.is_main:
+            progress.write(busy_line)
         lr = optimizer.param_groups[0]["lr"]
         if step % cfg.log_every == 0 or step == total_steps:
             elapsed = time.perf_counter() - tick

@@ -31,6 +31,7 @@ from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.data.multicrop import MultiCropAugmentation, collate_crops
 from lapheads.distributed import setup_distributed
 from lapheads.errors import InputError
+from lapheads.hardware import BusyWatch
 from lapheads.models.dino import (
     DINOHead,
     DINOLoss,
@@ -283,11 +284,13 @@ def train_dino(
     progress = tqdm(
         total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train dino", dynamic_ncols=True
     )
+    busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
     batches = sampler.step_batches(start_step)
     tick, seen, mean_loss = time.perf_counter(), 0, math.nan
     student.train()
     step = start_step
     while step < total_steps:
+        busy.begin()  # evaluations and checkpoints are not the step's pace
         if stop_at_step is not None and step >= stop_at_step:
             progress.close()
             return {"step": step, "stopped": True}
@@ -317,6 +320,8 @@ def train_dino(
         seen += len(indices) * dist_.world_size
         step += 1
         progress.update(1)
+        if (busy_line := busy.step()) and dist_.is_main:
+            progress.write(busy_line)
         if step % cfg.log_every == 0 or step == total_steps:
             elapsed = time.perf_counter() - tick
             rate = seen / elapsed if elapsed > 0 else 0.0

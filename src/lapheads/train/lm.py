@@ -57,6 +57,7 @@ from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_toke
 from lapheads.distributed import Distributed, setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.lm import evaluate_bpb
+from lapheads.hardware import BusyWatch
 from lapheads.io import exclusive
 from lapheads.models.gpt import ARCHS, GPT, GPTConfig
 from lapheads.runs import RunDir, model_record
@@ -469,11 +470,13 @@ def train_lm(
     progress = tqdm(
         total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train lm", dynamic_ncols=True
     )
+    busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
     last_eval: dict[str, float] = {}
     tick, seen = time.perf_counter(), 0
     model.train()
     step = start_step
     while step < total_steps:
+        busy.begin()  # evaluations and checkpoints are not the step's pace
         if stop_at_step is not None and step >= stop_at_step:
             progress.close()
             return {"step": step, "stopped": True}
@@ -504,6 +507,8 @@ def train_lm(
         model.zero_grad(set_to_none=True)
         step += 1
         progress.update(1)
+        if (busy_line := busy.step()) and dist_.is_main:
+            progress.write(busy_line)
         if step % cfg.log_every == 0 or step == total_steps:
             elapsed = time.perf_counter() - tick
             rate = seen / elapsed if elapsed > 0 else 0.0
