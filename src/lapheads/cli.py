@@ -408,9 +408,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from lapheads.report import restate, write_report
 
     if Path(args.sweep_dir).is_file():  # a stats.json: its per-seed values, with today's statistics
-        print(restate(args.sweep_dir))
+        print(restate(args.sweep_dir, margin=args.margin))
         return 0
-    path = write_report(args.sweep_dir, metric=args.metric, geometry=not args.no_geometry, baseline=args.baseline)
+    path = write_report(
+        args.sweep_dir, metric=args.metric, geometry=not args.no_geometry, baseline=args.baseline, margin=args.margin
+    )
     print(path.read_text())
     print(f"report: {path}")
     return 0
@@ -694,6 +696,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--baseline",
         default="0",
         help="the spec every other is compared with, seed by seed (default 0; another goes to report-vs-SPEC/)",
+    )
+    report.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        help="the primary metric's equivalence margin: a gain this large ruled out reads 'excluded' (default: the "
+        "paper's relative error reduction on this baseline's error rate, where the paper reports one)",
     )
     report.set_defaults(func=_cmd_report)
 

@@ -43,6 +43,7 @@ import numpy as np
 from lapheads.plots import panel_grid
 from lapheads.runs import RunDir, SweepError, load_sweep, spec_dir_name
 from lapheads.tasks import Metric, get_task
+from lapheads.verdicts import apply_rule
 
 __all__ = [
     "CLAIMS",
@@ -574,7 +575,7 @@ def _plot(panels: dict[str, dict[str, dict[str, Any]]], specs: list[str], path: 
 
 
 def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
-    cells = [label, spec, str(stats["n"]), _mean_std(stats, ".4g")]
+    cells = [label, stats.get("role", ""), spec, str(stats["n"]), _mean_std(stats, ".4g")]
     if "test" in stats:
         pair = stats["paired"]
         test = stats[stats["test"]]
@@ -588,14 +589,18 @@ def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
             difference = f"– (k = {stats['baseline']} has no value)"
         else:
             difference = f"{stats['mean'] - stats['baseline_mean']:+.4g} (unpaired)"
+        holm_p = stats.get("p_holm", math.nan)
         cells += [
             difference,
-            f"{_fmt(test['p'], '.3g')} / {_fmt(stats.get('p_holm', math.nan), '.3g')}",
-            _fmt(pair["mde"], ".3g"),
+            f"{_fmt(test['p'], '.3g')} / {_fmt(holm_p, '.3g') if stats.get('role') == 'declared' else '–'} / "
+            f"{_fmt(stats.get('permutation_p', math.nan), '.3g')}",
+            stats.get("signs", ""),
+            f"{_fmt(stats.get('alpha', math.nan), '.2g')}: {_fmt(stats.get('mde_at_alpha', math.nan), '.3g')}",
             stats.get("verdict", ""),
         ]
     else:
-        cells += ["(baseline)" if spec == stats["baseline"] else f"– (no k = {stats['baseline']} arm)", "", "", ""]
+        no_arm = "(baseline)" if spec == stats["baseline"] else f"– (no k = {stats['baseline']} arm)"
+        cells += [no_arm, "", "", "", ""]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -623,15 +628,40 @@ MECHANISM_HEADER = [
 
 def _table_header(baseline: str) -> list[str]:
     return [
-        f"| metric | Laplacian heads | n | mean ± std | difference vs {baseline} [95% CI] | p raw / Holm | MDE "
-        "| verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| metric | role | Laplacian heads | n | mean ± std | difference vs {baseline} [95% CI] | p: t-test / Holm / "
+        "sign-flip | seeds in the paper's direction | alpha: MDE | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
 
-def restate(stats_file: str | Path) -> str:
+def _rule_lines(rule: dict[str, Any]) -> list[str]:
+    """The verdict rule in words, with this report's family and margins (lapheads.verdicts)."""
+    margins = "; ".join(
+        f"{label}: {'none (the paper reports no such effect)' if m is None else f'{m:.3g}'}"
+        for label, m in rule["margin"].items()
+    )
+    declared = ", ".join(rule["declared"]) or "none of its rows in this sweep"
+    return [
+        f"Verdict rule (`lapheads.verdicts`): the **primary** test ({', '.join(rule['primary'])}) alone at alpha "
+        f"{rule['alpha']}; the **declared** geometry family ({declared}), Holm-corrected across claims x arms "
+        f"({rule['declared_family_size']} tests); every other row **secondary**, raw p, uncorrected. MDE: the "
+        f"difference detected with {rule['power']:.0%} power at the alpha the row faces (its Holm step for "
+        "declared rows), exact noncentral t. Equivalence margin (a gain this large or larger ruled out by a "
+        f"one-sided test reads 'excluded'): {margins}. Beside each t-test p: the exact sign-flip permutation p "
+        "(floor 2/2^n: 0.0625 with 5 pairs) and the seeds that moved in the paper's direction.",
+        "",
+    ]
+
+
+def _ordered(rows: dict[str, Any], rule: dict[str, Any]) -> dict[str, Any]:
+    """Declared rows first (in the family's order), then the secondary ones."""
+    declared = [label for label in rule["declared"] if label in rows]
+    return {**{label: rows[label] for label in declared}, **{k: v for k, v in rows.items() if k not in declared}}
+
+
+def restate(stats_file: str | Path, margin: float | None = None) -> str:
     """The statistics table of an existing stats.json (any version: it keeps every cell's per-seed value),
-    recomputed with the current tests, correction and verdict rule; no run directory needed."""
+    recomputed with the current tests and verdict rule (:mod:`lapheads.verdicts`); no run directory needed."""
 
     try:
         saved = json.loads(Path(stats_file).read_text())
@@ -647,11 +677,15 @@ def restate(stats_file: str | Path) -> str:
 
         baseline = str(saved.get("baseline", "0"))  # reports before 2026-12-01 always compared with k = 0
         family = {label: summarize(values(rows), baseline) for label, rows in groups}
+        primary_label = next(iter(saved["metrics"]))
         mechanism = diffusion_against_zero({label: values(rows) for label, rows in saved.get("mechanism", {}).items()})
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, StopIteration) as err:
         raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None
-    add_verdicts(family, baseline)
+    primary = {primary_label: family.pop(primary_label)}
+    rule = apply_rule(primary, family, {label: _claim(label) for label in [*primary, *family]}, baseline, margin)
+    family = {**primary, **_ordered(family, rule)}
     lines = [
+        *_rule_lines(rule),
         *_table_header(baseline),
         *[_row(label, spec, stats[spec]) for label, stats in family.items() for spec in stats],
     ]
@@ -667,6 +701,7 @@ def write_report(
     geometry: bool = True,
     max_tokens: int = 262_144,
     baseline: str = "0",
+    margin: float | None = None,
 ) -> Path:
     """Write SWEEP_DIR/report/{report.md, stats.json, metric.png, gap.png, geometry.png (, pca.png)}; returns
     report.md.
@@ -678,6 +713,7 @@ def write_report(
         baseline: the spec every other is compared with, seed by seed (a per-layer schedule study compares its
             schedules with each other this way); other than "0", the report goes to SWEEP_DIR/report-vs-L<spec>/
             ("3,0" -> report-vs-L3_0) so the k = 0 report stays.
+        margin: the primary metric's equivalence margin (None: the paper's effect on this baseline, where known).
     """
 
     sweep_dir = Path(sweep_dir)
@@ -703,12 +739,9 @@ def write_report(
         "",
         f"Specs {', '.join(specs)}; seeds {', '.join(map(str, record['seeds']))}; overrides "
         f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - {baseline}, paired by seed, with its "
-        "t-based 95% interval; p = two-sided paired t-test, raw / Holm-corrected across this table's metrics per "
-        f"spec; MDE = the smallest difference this design detects with {POWER:.0%} power at alpha {ALPHA} given the "
-        "observed spread; verdict: held / opposite (Holm p < 0.05, with / against the paper's direction) or not "
-        "detected.",
+        "t-based 95% interval; p = two-sided paired t-test; verdict: held / opposite (p below the row's alpha, "
+        "with / against the paper's direction), excluded (a paper-sized gain ruled out) or not detected.",
         "",
-        *_table_header(baseline),
     ]
     geometry_stats: dict[str, Any] = {}
     mechanism_stats: dict[str, Any] = {}
@@ -716,8 +749,13 @@ def write_report(
         geometry_values, mechanism_values = _geometry_values(record, max_tokens)
         geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in geometry_values.items()}
         mechanism_stats = diffusion_against_zero(mechanism_values)
-    add_verdicts({**headline, **geometry_stats}, baseline)
-    lines += [_row(label, s, stats[s]) for label, stats in {**headline, **geometry_stats}.items() for s in specs]
+    primary_label = metrics[0][0]
+    primary = {primary_label: headline[primary_label]}
+    others = {**{k: v for k, v in headline.items() if k != primary_label}, **geometry_stats}
+    rule = apply_rule(primary, others, {label: _claim(label) for label in [*primary, *others]}, baseline, margin)
+    table = {**primary, **_ordered(others, rule)}
+    lines += [*_rule_lines(rule), *_table_header(baseline)]
+    lines += [_row(label, s, stats[s]) for label, stats in table.items() for s in specs]
     _plot(headline, specs, out / "metric.png")
     lines += ["", "![metric](metric.png)"]
     gaps = {m[0]: g for m in metrics if (g := gap_over_training(record, m, baseline))}
@@ -766,6 +804,7 @@ def write_report(
         json.dumps(
             {
                 "baseline": baseline,
+                "rule": rule,
                 "metrics": headline,
                 "geometry": geometry_stats,
                 "mechanism": mechanism_stats,

@@ -1,0 +1,146 @@
+"""The verdict rule (lapheads.verdicts): each number pinned against scipy, exact enumeration or a hand computation."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from lapheads.report import restate, summarize
+from lapheads.verdicts import (
+    DECLARED_GEOMETRY,
+    _holm_steps,
+    apply_rule,
+    default_margin,
+    mde,
+    sign_count,
+    sign_flip_p,
+    tost_gain_p,
+)
+
+
+@pytest.mark.parametrize("df, alpha", [(4, 0.05), (4, 0.05 / 12), (2, 0.05), (9, 0.01), (30, 0.05)])
+def test_the_mde_has_exactly_80_percent_power_at_its_alpha(df, alpha):
+    se = 0.37
+    effect = mde(se, df, alpha)
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    nc = effect / se
+    power = stats.nct.sf(critical, df, nc) + np.nan_to_num(stats.nct.cdf(-critical, df, nc))
+    assert power == pytest.approx(0.80, abs=1e-8)
+
+
+def test_the_mde_grows_as_holm_lowers_the_alpha_and_approaches_the_normal_formula():
+    assert mde(1.0, 4, 0.05 / 19) > 1.7 * mde(1.0, 4, 0.05)  # the issue's point: ~15 % power at the old MDE
+    z = stats.norm.ppf(0.975) + stats.norm.ppf(0.80)
+    assert mde(1.0, 10_000, 0.05) == pytest.approx(z, rel=1e-3)
+    assert math.isnan(mde(0.0, 4)) and math.isnan(mde(1.0, 0))
+
+
+def test_at_holms_first_step_the_old_mde_is_detected_far_less_than_80_percent_of_the_time():
+    se, df = 1.0, 4
+    old = (stats.t.ppf(0.975, df) + stats.t.ppf(0.80, df)) * se  # the raw-test MDE reports used to state
+    critical = stats.t.ppf(1 - 0.05 / 19 / 2, df)
+    power = stats.nct.sf(critical, df, old / se)
+    assert 0.10 < power < 0.20
+
+
+def test_the_tost_p_is_the_one_sided_t_probability_of_the_gain_below_the_margin():
+    # mean 0, se 1, 4 df, margin = the 97.5 % t quantile: p = 0.025 exactly
+    margin = stats.t.ppf(0.975, 4)
+    assert tost_gain_p(0.0, 1.0, 4, margin, +1) == pytest.approx(0.025)
+    # for a metric that improves by falling, a gain is a negative difference
+    assert tost_gain_p(0.0, 1.0, 4, margin, -1) == pytest.approx(0.025)
+    assert tost_gain_p(margin, 1.0, 4, margin, +1) == pytest.approx(0.5)
+    assert math.isnan(tost_gain_p(0.0, 1.0, 4, 0.0, +1))
+
+
+def _enumerate(d):
+    observed = abs(np.mean(d))
+    hits = [
+        abs(np.mean([x if keep else -x for x, keep in zip(d, signs)])) >= observed - 1e-12
+        for signs in itertools.product([True, False], repeat=len(d))
+    ]
+    return sum(hits) / len(hits)
+
+
+@pytest.mark.parametrize(
+    "d, expected",
+    [
+        ([1.0, 2.0, 3.0], 0.25),  # every seed one way: only the observed and the mirrored pattern: 2/8
+        ([0.5, 0.4, 0.3, 0.6, 0.2], 0.0625),  # 5/5: the floor with 5 pairs, 2/32
+        ([1.0, -1.0], 1.0),
+    ],
+)
+def test_the_sign_flip_p_is_exact(d, expected):
+    assert sign_flip_p(d) == pytest.approx(expected) == pytest.approx(_enumerate(d))
+
+
+def test_the_sign_flip_p_matches_brute_force_on_random_differences():
+    rng = np.random.default_rng(0)
+    for n in (3, 5, 7):
+        d = list(rng.normal(0.3, 1.0, n))
+        assert sign_flip_p(d) == pytest.approx(_enumerate(d))
+
+
+def test_sign_counts_follow_the_papers_direction():
+    assert sign_count([-0.1, -0.2, 0.1], -1) == "2/3" and sign_count([-0.1, -0.2, 0.1], +1) == "1/3"
+
+
+def test_holm_steps_state_the_alpha_each_row_faces():
+    adjusted, faced = _holm_steps({"a": 0.01, "b": 0.04, "c": 0.03, "d": math.nan})
+    assert faced == pytest.approx({"a": 0.05 / 3, "c": 0.05 / 2, "b": 0.05, "d": math.nan}, nan_ok=True)
+    assert adjusted["a"] == pytest.approx(0.03) and adjusted["c"] == pytest.approx(0.06)
+    assert adjusted["b"] == pytest.approx(0.06)
+
+
+def test_the_default_margin_is_the_papers_relative_error_reduction_on_this_baseline():
+    # ImageNet 81.45 -> 82.32: 4.69 % of the error rate; FMNIST baseline 85.31: 0.689 points (issue 30)
+    assert default_margin("test top-1 (%)", 85.31) == pytest.approx(14.69 * 0.87 / 18.55)
+    assert default_margin("test top-1 (%)", 85.31) == pytest.approx(0.689, abs=1e-3)
+    assert default_margin("validation bits per byte", 2.0) is None
+
+
+def _family(effects: dict[str, float], noise=0.1, n=5, seed=0):
+    rng = np.random.default_rng(seed)
+    values = {"0": {s: 10.0 + rng.normal() for s in range(n)}}
+    for spec, effect in effects.items():
+        values[spec] = {s: values["0"][s] + effect + noise * rng.normal() for s in range(n)}
+    return summarize(values)
+
+
+def test_the_primary_test_stands_alone_and_the_declared_family_spans_every_arm():
+    primary = {"test top-1 (%)": _family({"3": 0.2, "1": 0.0}, noise=0.1)}
+    declared = {label: _family({"3": -0.05, "1": -0.05}, noise=0.02) for label in DECLARED_GEOMETRY[:4]}
+    secondary = {"token cosine similarity (last block)": _family({"3": 0.1, "1": 0.1}, noise=0.02)}
+    claims = {**dict.fromkeys(primary, +1), **dict.fromkeys(declared, -1), "token cosine similarity (last block)": None}
+    rule = apply_rule(primary, {**declared, **secondary}, claims)
+    top = primary["test top-1 (%)"]["3"]
+    assert top["role"] == "primary" and top["alpha"] == 0.05 and top["verdict"] == "held"  # raw p, no Holm
+    assert top["paired"]["p"] < 0.05
+    assert rule["declared_family_size"] == 4 * 2  # claims x arms
+    alphas = sorted(rows[s]["alpha"] for rows in declared.values() for s in ("1", "3"))
+    assert alphas == pytest.approx(sorted(0.05 / (8 - i) for i in range(8)))
+    assert all(rows[s]["verdict"] == "held" for rows in declared.values() for s in ("1", "3"))
+    assert secondary["token cosine similarity (last block)"]["3"]["role"] == "secondary"
+    assert secondary["token cosine similarity (last block)"]["3"]["verdict"] == "no claim"
+    flat = primary["test top-1 (%)"]["1"]
+    assert flat["verdict"].startswith(("excluded", "not detected"))
+
+
+def test_a_paper_sized_gain_ruled_out_reads_excluded_and_an_undecided_one_not_detected():
+    tight = {"test top-1 (%)": _family({"3": 0.0}, noise=0.05)}
+    apply_rule(tight, {}, {"test top-1 (%)": +1}, margin=0.5)
+    assert tight["test top-1 (%)"]["3"]["verdict"].startswith("excluded: a gain >= 0.5 is ruled out (TOST p")
+    loose = {"test top-1 (%)": _family({"3": 0.0}, noise=2.0)}
+    apply_rule(loose, {}, {"test top-1 (%)": +1}, margin=0.5)
+    assert loose["test top-1 (%)"]["3"]["verdict"].startswith("not detected (MDE")
+
+
+def test_restating_a_committed_report_prints_the_family_alphas_and_margin():
+    text = restate("docs/reproduction/fmnist-10k-converged/stats.json")
+    assert "the **declared** geometry family" in text and "(12 tests)" in text and "test top-1 (%): 0.689" in text
+    top = [line for line in text.splitlines() if line.startswith("| test top-1 (%) | primary | 3 |")][0]
+    assert "+0.006 [-0.607, +0.619]" in top and "excluded: a gain >= 0.689 is ruled out" in top and "| 2/5 |" in top
