@@ -80,7 +80,9 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
 
     assert main(["report", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "| test top-1 (%) | 1 | 2 |" in printed and "within-sequence fraction (last block) | 1 | 2 |" in printed
+    assert "| test top-1 (%) | primary | 1 | 2 |" in printed
+    assert "within-sequence fraction (last block) | secondary | 1 | 2 |" in printed
+    assert "within-sequence fraction (after the final norm) | declared | 1 | 2 |" in printed
     saved = json.loads((out / "report" / "stats.json").read_text())
     assert saved["metrics"]["test top-1 (%)"]["1"]["n"] == 2 and "paired" in saved["metrics"]["test top-1 (%)"]["1"]
     assert (out / "report" / "metric.png").stat().st_size > 5000 and (out / "report" / "geometry.png").exists()
@@ -116,7 +118,7 @@ def test_a_per_layer_schedule_sweep_reports_each_schedule_against_k_0(tiny_prese
     assert saved["mechanism"]["diffusion score, Laplacian heads (block 2)"].keys() == {"0,2"}
     assert set(saved["mechanism_over_training"]["diffusion score, Laplacian heads"]) == {"2,0", "0,2"}
     report = (out / "report" / "report.md").read_text()
-    assert "| test top-1 (%) | 2,0 | 2 |" in report and "k = 0,2:" in report
+    assert "| test top-1 (%) | primary | 2,0 | 2 |" in report and "k = 0,2:" in report
     assert (out / "report" / "metric.png").exists() and (out / "report" / "mechanism.png").exists()
     # early-only against late-only, seed by seed, beside (not over) the k = 0 report
     assert main(["report", str(out), "--baseline", "0,2", "--no-geometry"]) == 0
@@ -201,7 +203,7 @@ def test_a_dino_sweep_report_evaluates_every_cell_once(tiny_dino, tmp_path, monk
         "segmentation mIoU (%)",
         "PCA foreground IoU (%)",
     ):
-        assert f"| {label} | 1 | 1 |" in report
+        assert f"| {label} | primary | 1 | 1 |" in report or f"| {label} | secondary | 1 | 1 |" in report
     assert (out / "report" / "pca.png").stat().st_size > 5000 and "![pca](pca.png)" in report
     first = (out / "L1-s0" / "report" / "eval_dino.json").read_text()
 
@@ -364,8 +366,8 @@ def test_report_restates_a_stats_json_with_todays_statistics(tmp_path, capsys):
     assert "| diffusion score, Laplacian heads (mean over blocks) | 3 | 2 | +0.15 ± 0.071 |" in out
     diff = np.array([2.0, 2.1, 1.9])
     low, high = stats.t.interval(0.95, 2, loc=diff.mean(), scale=stats.sem(diff))
-    assert f"| test top-1 (%) | 3 | 3 | 82.5 ± 0.56 | +2 [{low:+.3g}, {high:+.3g}] |" in out
-    assert "| within-sequence fraction (last block) | 3 |" in out
+    assert f"| test top-1 (%) | primary | 3 | 3 | 82.5 ± 0.56 | +2 [{low:+.3g}, {high:+.3g}] |" in out
+    assert "| within-sequence fraction (last block) | secondary | 3 |" in out
     (tmp_path / "bad.json").write_text("[]")
     assert main(["report", str(tmp_path / "bad.json")]) == 2
 
@@ -489,9 +491,9 @@ def test_a_sweep_without_k_0_reports_its_arms_and_another_baseline_compares_them
     record = {"preset": "p", "task": "classify", "specs": ["2", "4"], "seeds": [0, 1], "overrides": [], "cells": cells}
     (tmp_path / "sweep.json").write_text(json.dumps(record))
     assert (
-        "| test top-1 (%) | 2 | 2 | 84.5 ± 0.71 | – (no k = 0 arm) |"
+        "| test top-1 (%) |  | 2 | 2 | 84.5 ± 0.71 | – (no k = 0 arm) |"
         in write_report(tmp_path, geometry=False).read_text()
     )
     versus = write_report(tmp_path, geometry=False, baseline="4")
     assert versus == tmp_path / "report-vs-L4" / "report.md"
-    assert "| test top-1 (%) | 2 | 2 | 84.5 ± 0.71 | +0.75 [" in versus.read_text()
+    assert "| test top-1 (%) | primary | 2 | 2 | 84.5 ± 0.71 | +0.75 [" in versus.read_text()

@@ -54,7 +54,7 @@ __all__ = [
 
 ANALYSIS_FILE = "analysis.json"
 #: bumped when an analysis gains a metric (2: output-value circuits of every head)
-ANALYSIS_VERSION = 2
+ANALYSIS_VERSION = 3
 
 
 @dataclass
@@ -128,8 +128,12 @@ def _add_mechanism(per_layer: dict[str, dict[str, Any]], model: torch.nn.Module)
         if str(i + 1) not in per_layer:
             continue
         means = {}
-        for kind, laplacian in (("laplacian_diffusion", True), ("ordinary_diffusion", False)):
-            scores = [h["diffusion"] for h in heads if h["laplacian"] == laplacian]
+        for kind, laplacian, key in (
+            ("laplacian_diffusion", True, "diffusion"),
+            ("ordinary_diffusion", False, "diffusion"),
+            ("ordinary_as_laplacian", False, "as_laplacian"),  # the null of this block's Laplacian heads
+        ):
+            scores = [h[key] for h in heads if h["laplacian"] == laplacian]
             means[kind] = sum(scores) / len(scores) if scores else None
         per_layer[str(i + 1)]["mechanism"] = {**means, "heads": heads}
 

@@ -84,6 +84,7 @@ CLAIMS: dict[str, int] = {
     "NC1, next-token classes": -1,
     "ChatCORE": +1,
     "diffusion score, Laplacian heads": +1,  # the heat-diffusion reading: a Laplacian head smooths
+    "Laplacian excess over ordinary heads": +1,  # ... more than an ordinary head's circuit would in its place
 }
 #: Headline metrics where a fall is an improvement (the rest improve by rising).
 LOWER_IS_BETTER = frozenset({"validation bits per byte", "validation loss (nats)"})
@@ -509,28 +510,58 @@ def _geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, V
                     value = value.get(key) if isinstance(value, dict) else None
                 if value is not None:
                     out[f"{label} ({w})"][cell["spec"]][cell["seed"]] = float(value)
+    _against_k0(mechanism)
     return out, mechanism
 
 
+NULL_ROW = "null: ordinary heads read as Laplacian (mean over blocks)"
+EXCESS_ROW = "Laplacian excess over ordinary heads (same block)"
+AGAINST_K0_ROW = "Laplacian excess over ordinary heads (k = 0 run, paired by seed)"
+
+
 def _diffusion_scores(analysis: dict[str, Any]) -> dict[str, float]:
-    """Mean diffusion score of a run's Laplacian and of its ordinary heads over every analysed block, and the
-    Laplacian heads' per block; a kind absent from the run (k = 0: no Laplacian head) gives no row."""
+    """Mean diffusion score of a run's Laplacian and of its ordinary heads over every analysed block, the
+    Laplacian heads' per block, the null (ordinary heads' circuits read as if Laplacian) and the Laplacian heads'
+    excess over the null of their own blocks; a kind absent from the run gives no row."""
     rows: dict[str, float] = {}
+    layers = [(block, layer.get("mechanism") or {}) for block, layer in analysis["per_layer"].items()]
     for kind, key in (("Laplacian", "laplacian_diffusion"), ("ordinary", "ordinary_diffusion")):
         heads = [
-            h["diffusion"]
-            for layer in analysis["per_layer"].values()
-            for h in (layer.get("mechanism") or {}).get("heads", [])
-            if h["laplacian"] == (kind == "Laplacian")
+            h["diffusion"] for _, m in layers for h in m.get("heads", []) if h["laplacian"] == (kind == "Laplacian")
         ]
         if heads:
             rows[f"diffusion score, {kind} heads (mean over blocks)"] = float(np.mean(heads))
         if kind == "Laplacian":
-            for block, layer in analysis["per_layer"].items():
-                value = (layer.get("mechanism") or {}).get(key)
-                if value is not None:
-                    rows[f"diffusion score, Laplacian heads (block {block})"] = float(value)
+            for block, mechanism in layers:
+                if mechanism.get(key) is not None:
+                    rows[f"diffusion score, Laplacian heads (block {block})"] = float(mechanism[key])
+    null = [
+        h["as_laplacian"] for _, m in layers for h in m.get("heads", []) if not h["laplacian"] and "as_laplacian" in h
+    ]
+    if null:
+        rows[NULL_ROW] = float(np.mean(null))
+    excess = [
+        m["laplacian_diffusion"] - m["ordinary_as_laplacian"]
+        for _, m in layers
+        if m.get("laplacian_diffusion") is not None and m.get("ordinary_as_laplacian") is not None
+    ]
+    if excess:
+        rows[EXCESS_ROW] = float(np.mean(excess))
     return rows
+
+
+def _against_k0(mechanism: Values) -> None:
+    """Add each spec's Laplacian heads minus the k = 0 run's null, seed by seed (the same initialisation and data
+    order: what an ordinary head's circuit would have scored as a Laplacian head in the same training)."""
+    laplacian = mechanism.get("diffusion score, Laplacian heads (mean over blocks)", {})
+    null = mechanism.get(NULL_ROW, {}).get("0", {})
+    rows = {
+        spec: {seed: value - null[seed] for seed, value in by_seed.items() if seed in null}
+        for spec, by_seed in laplacian.items()
+        if spec != "0"
+    }
+    if any(rows.values()):
+        mechanism[AGAINST_K0_ROW] = {spec: by_seed for spec, by_seed in rows.items() if by_seed}
 
 
 def diffusion_against_zero(mechanism: Values) -> dict[str, dict[str, dict[str, Any]]]:
@@ -777,10 +808,13 @@ def write_report(
     if mechanism_stats:
         lines += [
             "",
-            "Heat-diffusion mechanism: each head's output-value circuit W_O W_V diag(gamma) against the identity "
-            "(`lapheads.geometry.mechanism`; > 0: the head moves tokens toward their attention-weighted neighbours, "
-            "< 0: away), mean over seeds, tested against 0 (one-sample t-test, Holm across these rows per spec). "
-            "The heat-diffusion reading predicts Laplacian heads > 0.",
+            "Heat-diffusion mechanism: each head's whole circuit diag(LayerScale) W_O W_V diag(gamma) against the "
+            "identity on its subspace, normalised by what a rank-D head can attain (`lapheads.geometry.mechanism`; "
+            "+1: the head moves tokens toward their attention-weighted neighbours as a heat step does, -1: away), "
+            "mean over seeds, tested against 0 (one-sample t-test, Holm across these rows per spec). The null: the "
+            "ordinary heads' circuits read as if they were Laplacian (an ordinary-looking circuit in a Laplacian "
+            "head already scores that); the excess rows test the Laplacian heads against it, in their own blocks "
+            "and against the k = 0 run of the same seed. The heat-diffusion reading predicts an excess > 0.",
             "",
             *MECHANISM_HEADER,
         ]

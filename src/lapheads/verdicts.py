@@ -176,7 +176,13 @@ def apply_rule(
         return None if row is None else {int(s): float(v) for s, v in row["values"].items()}
 
     def compared(rows: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-        return [(spec, row) for spec, row in rows.items() if spec != baseline and row.get("test") == "paired"]
+        return [(spec, row) for spec, row in rows.items() if spec != baseline and "test" in row]
+
+    def test_of(row: dict[str, Any]) -> tuple[float, float]:
+        """(difference, p) of the row's test: paired, or Welch's where fewer than two seeds pair up."""
+        if row["test"] == "paired":
+            return row["paired"]["mean_difference"], row["paired"]["p"]
+        return row["mean"] - row.get("baseline_mean", math.nan), row["welch"]["p"]
 
     record: dict[str, Any] = {"alpha": ALPHA, "power": POWER, "primary": list(primary), "declared": [], "margin": {}}
     for label, rows in primary.items():
@@ -186,22 +192,22 @@ def apply_rule(
         record["margin"][label] = m
         for spec, row in compared(rows):
             se = describe(label, spec, row, "primary", ALPHA)
-            pair = row["paired"]
-            n = pair["n_pairs"]
+            n = row["paired"]["n_pairs"]
+            difference, p = test_of(row)
             row["margin"] = m
-            row["tost_p"] = tost_gain_p(pair["mean_difference"], se, n - 1, m, direction or 1) if m else math.nan
-            row["verdict"] = _verdict(pair["mean_difference"], pair["p"], row, direction, ALPHA)
+            row["tost_p"] = tost_gain_p(difference, se, n - 1, m, direction or 1) if m and n >= 2 else math.nan
+            row["verdict"] = _verdict(difference, p, row, direction, ALPHA)
 
     declared = {label: rows for label, rows in others.items() if label in DECLARED_GEOMETRY}
     record["declared"] = list(declared)
-    family = {(label, spec): row["paired"]["p"] for label, rows in declared.items() for spec, row in compared(rows)}
+    family = {(label, spec): test_of(row)[1] for label, rows in declared.items() for spec, row in compared(rows)}
     adjusted, faced = _holm_steps(family)
     for (label, spec), p_holm in adjusted.items():
         row = declared[label][spec]
         alpha = faced[(label, spec)] if not math.isnan(faced[(label, spec)]) else ALPHA / max(len(family), 1)
         describe(label, spec, row, "declared", alpha)
         row["p_holm"] = p_holm
-        row["verdict"] = _verdict(row["paired"]["mean_difference"], p_holm, row, claims.get(label), ALPHA)
+        row["verdict"] = _verdict(test_of(row)[0], p_holm, row, claims.get(label), ALPHA)
     record["declared_family_size"] = len(family)
 
     for label, rows in others.items():
@@ -210,7 +216,7 @@ def apply_rule(
         for spec, row in compared(rows):
             describe(label, spec, row, "secondary", ALPHA)
             row["p_holm"] = math.nan
-            words = _verdict(row["paired"]["mean_difference"], row["paired"]["p"], row, claims.get(label), ALPHA)
+            words = _verdict(*test_of(row), row, claims.get(label), ALPHA)
             row["verdict"] = words if words.startswith(("not", "no claim")) else f"{words} (uncorrected)"
     return record
 
