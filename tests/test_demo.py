@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lapheads.cli import main
 
 
@@ -47,18 +49,33 @@ def test_demo_trains_both_runs_and_writes_the_report(fmnist_root, tmp_path, caps
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert f"| test top-1 (%), the run's final eval | {final[0]:.4g} | {final[1]:.4g} |" in summary
     assert f"| {final[0]:.2f} |" in report and f"| {final[1]:.2f} |" in report
+    verdicts = ("as claimed", "opposite", "no change", "mixed", "within noise")
     claims = [
-        line
-        for line in report.splitlines()
-        if line.startswith("| ") and line.endswith(("| as claimed |", "| opposite |", "| no change |"))
+        line for line in report.splitlines() if line.startswith("| ") and any(f"| {v} (" in line for v in verdicts)
     ]
     assert len(claims) == 4 and "One seed per arm is a direction, not a test" in report
+    assert "nan" not in report.lower().replace("fashion-mnist", "")
+    assert "of 3 heads Laplacian in every block" in report and "precision: " in report
     assert "wall time (s, machine-dependent)" in report
     assert f"report: {tmp_path / 'report' / 'report.md'}" in capsys.readouterr().out
 
 
-def test_verdict_compares_directions_and_calls_small_changes_no_change():
-    from lapheads.demo import verdict
+def test_the_accuracy_verdict_uses_the_test_sets_noise():
+    from lapheads.demo import accuracy_verdict
 
-    assert verdict(0.50, 0.40, -1) == "as claimed" and verdict(0.50, 0.60, -1) == "opposite"
-    assert verdict(80.0, 80.5, +1) == "no change" and verdict(80.0, 81.0, +1) == "as claimed"
+    # 10,000 images at ~85 %: two standard errors of a difference are ~1.0 point
+    words, band = accuracy_verdict(85.31, 84.62, 10_000)
+    assert words == "within noise" and band == pytest.approx(2 * 100 * (2 * 0.84965 * 0.15035 / 10_000) ** 0.5)
+    assert accuracy_verdict(85.0, 87.0, 10_000)[0] == "as claimed"
+    assert accuracy_verdict(85.0, 83.0, 10_000)[0] == "opposite"
+    assert accuracy_verdict(85.0, 84.0, 100)[0] == "within noise"  # the same point on 100 images is noise
+
+
+def test_geometry_verdicts_need_every_measure_to_agree():
+    from lapheads.demo import _heads_words, agreement_verdict
+
+    assert agreement_verdict([-1.0, -0.5], -1) == "as claimed" and agreement_verdict([1.0, 2.0], -1) == "opposite"
+    # the case of issue 31: pooled 35 -> 34 components, per sequence 8.72 -> 9.21
+    assert agreement_verdict([-1.0, 0.49], -1) == "mixed" and agreement_verdict([0.0, 0.0], -1) == "no change"
+    assert _heads_words([[True] * 3] * 6) == "3 of 3 heads Laplacian in every block: every head"
+    assert _heads_words([[False, True, True]] * 2) == "2 of 3 heads Laplacian in every block"

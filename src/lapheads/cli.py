@@ -49,6 +49,7 @@ def _default_out(task: str, preset: str, heads: str | None) -> Path:
 def _cmd_train(args: argparse.Namespace) -> int:
     from lapheads.presets import resolve_config, resume_config
 
+    _check_override_names(args.task, args.overrides)
     for option, field in (("base_from", "--base"), ("nanochat_from", "--nanochat")):
         if getattr(args, option, None):  # train mid|sft --from RUN_DIR / --nanochat DIR: config fields
             args.overrides = [*args.overrides, field, getattr(args, option)]
@@ -474,22 +475,66 @@ class _Parser(argparse.ArgumentParser):
 
 class _TrainParser(_Parser):
     """A ``train TASK`` parser whose help ends with the task's presets and config fields, built only when asked
-    (it imports the training modules)."""
+    (it imports the training modules); with ``--preset NAME`` before ``--help`` the fields show that preset's
+    values."""
+
+    preset_for_help: str | None = None
 
     def format_help(self) -> str:
-        self.epilog = _train_epilog(self.prog.split()[-1])
+        self.epilog = _train_epilog(self.prog.split()[-1], self.preset_for_help)
         return super().format_help()
 
 
-def _train_epilog(task: str) -> str:
+class _DemoParser(_Parser):
+    """``demo --help`` ends with the config fields the demo's runs accept as overrides (fmnist-cpu's values)."""
+
+    def format_help(self) -> str:
+        from lapheads.config import config_help
+        from lapheads.presets import CONFIG_TYPES, PRESETS
+
+        self.epilog = (
+            "Both runs take --key value overrides of the fmnist-cpu recipe (shown with its values), e.g. --epochs 1:\n"
+            + config_help(CONFIG_TYPES["classify"], PRESETS["classify"]["fmnist-cpu"])
+        )
+        return super().format_help()
+
+
+def _first_sentence(text: str, limit: int = 110) -> str:
+    sentence = text.split(". ")[0].split(": ")[0].strip().rstrip(".")
+    return sentence if len(sentence) <= limit else sentence[: limit - 3] + "..."
+
+
+def _train_epilog(task: str, preset: str | None = None) -> str:
     from lapheads.config import config_help
     from lapheads.presets import CONFIG_TYPES, PRESETS
 
-    presets = "\n".join(f"  {name}" for name in PRESETS[task])
+    table = PRESETS[task]
+    width = max(map(len, table)) + 2
+    presets = "\n".join(f"  {name:{width}s}{_first_sentence(cfg.description)}" for name, cfg in table.items())
+    if preset in table:
+        fields = f"config fields with preset {preset}'s values (override any with --key value):\n"
+        return f"presets:\n{presets}\n\n{fields}{config_help(CONFIG_TYPES[task], table[preset])}"
     return (
-        f"presets:\n{presets}\n\nconfig fields (override any with --key value; a preset sets many):\n"
-        f"{config_help(CONFIG_TYPES[task])}"
+        f"presets:\n{presets}\n\nconfig fields (override any with --key value; a preset sets many; "
+        f"--preset NAME --help shows its values):\n{config_help(CONFIG_TYPES[task])}"
     )
+
+
+def _check_override_names(task: str, overrides: list[str]) -> None:
+    """An option no config field has is named as unknown (with the nearest one), before anything else is said."""
+    import dataclasses
+    import difflib
+
+    from lapheads.presets import CONFIG_TYPES
+
+    fields = {f.name for f in dataclasses.fields(CONFIG_TYPES[task])}
+    for item in overrides:
+        if item.startswith("--"):
+            key = item[2:].split("=", 1)[0].replace("-", "_")
+            if key not in fields:
+                near = difflib.get_close_matches(key, [*fields, "preset", "out", "resume", "laplacian_heads"], n=1)
+                hint = f" (did you mean --{near[0].replace('_', '-')}?)" if near else ""
+                raise UserError(f"unknown option --{key.replace('_', '-')}{hint}; see lapheads train {task} --help")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -503,7 +548,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lapheads {lapheads.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    demo = sub.add_parser("demo", allow_abbrev=False, help="the main job on embedded data, with a report at the end")
+    demo = sub.add_parser(
+        "demo",
+        allow_abbrev=False,
+        help="the main job on embedded data, with a report at the end",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.__class__ = _DemoParser  # its help lists the overrides it accepts
     demo.add_argument("--out", default="runs/demo", help="report and run directories go here")
     demo.add_argument("--laplacian-heads", default="3", help="the Laplacian run's spec (the other run has 0)")
     demo.add_argument("--data-root", default=None, help="where Fashion-MNIST is or goes")
@@ -742,6 +793,8 @@ def _without_threads(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = _without_threads(list(sys.argv[1:] if argv is None else argv))
+    if argv[:1] == ["train"] and {"-h", "--help"} & set(argv) and "--preset" in argv[:-1]:
+        _TrainParser.preset_for_help = argv[argv.index("--preset") + 1]  # help shows that preset's values
     # Options a sub-command does not declare are config overrides (--key value), typed and checked by the config.
     args, overrides = parser.parse_known_args(argv)
     if args.command is None:

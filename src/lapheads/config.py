@@ -170,10 +170,11 @@ def validate_config(config: Any, source: str = "") -> None:
         check()
 
 
-def config_help(cls: type) -> str:
-    """``--help`` text for every field of ``cls``: flag, type, default, allowed values, description."""
+def config_help(cls: type, base: Any = None) -> str:
+    """``--help`` text for every field of ``cls``: flag, type, default (``base``'s value: a preset's), allowed values,
+    description."""
     types_ = _field_types(cls)
-    defaults = cls()
+    defaults = base if base is not None else cls()
     lines = []
     for field in dataclasses.fields(cls):
         if field.name == "description":
@@ -184,7 +185,7 @@ def config_help(cls: type) -> str:
         allowed = f"; {domain.allowed}" if domain is not None else ""
         lines.append(
             f"  {_flag(field.name):28s} {field.metadata.get('help', '')} "
-            f"[{_type_words(annotation)}{allowed}; default {default}]"
+            f"[{_type_words(annotation)}{allowed}; {'preset' if base is not None else 'default'} {default}]"
         )
     return "\n".join(lines)
 

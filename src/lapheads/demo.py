@@ -9,6 +9,7 @@ back from the two run directories, the contract between training and reporting.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from lapheads.presets import resolve_classify_config
 from lapheads.runs import RunDir
 from lapheads.train.classify import train_classify
 
-__all__ = ["plot_runs", "run_demo", "write_report"]
+__all__ = ["accuracy_verdict", "agreement_verdict", "plot_runs", "run_demo", "write_report"]
 
 
 def plot_runs(runs: dict[str, RunDir], out: Path) -> list[Path]:
@@ -43,24 +44,36 @@ def plot_runs(runs: dict[str, RunDir], out: Path) -> list[Path]:
     return paths
 
 
-#: The paper's claims the demo can look at, as (claim, summary row, the direction the paper reports: -1 falls, +1
-#: rises). Read at the last block, as ``lapheads analyze`` reports them.
+#: The paper's claims the demo can look at: (claim, the summary rows that measure it, the direction the paper
+#: reports: -1 falls, +1 rises). A geometry claim is read at the last block and after the final norm; spectra both
+#: pooled and per sequence. The verdict is "as claimed" / "opposite" only when every measure agrees, else "mixed".
 CLAIMS = [
-    ("accuracy rises", "test top-1 (%), the run's final eval", +1),
-    ("within-sequence variance falls", "within-sequence fraction", -1),
-    ("between-class variance rises", "between-class fraction", +1),
-    ("spectra decay faster", "components for 99%, pooled", -1),
+    ("within-sequence variance falls", ("within-sequence fraction",), -1),
+    ("between-class variance rises", ("between-class fraction",), +1),
+    ("spectra decay faster", ("components for 99%, pooled", "components for 99%, per sequence"), -1),
 ]
-#: Below this relative change a one-seed difference is called "no change" (it is not a test either way).
-NO_CHANGE = 0.01
 
 
-def verdict(baseline: float, laplacian: float, direction: int) -> str:
-    """The direction of one seed pair against the paper's: "as claimed", "opposite" or "no change"."""
+def accuracy_verdict(baseline: float, laplacian: float, num_images: int) -> tuple[str, float]:
+    """(verdict, the noise band) of a top-1 difference between two runs scored on the same ``num_images``: within
+    two standard errors of a difference of two binomial proportions (an upper bound for paired scores) it is
+    "within noise", else "as claimed" (rises) or "opposite"."""
+    p = max(min((baseline + laplacian) / 200.0, 1.0), 0.0)
+    band = 2 * 100.0 * (2 * p * (1 - p) / max(num_images, 1)) ** 0.5
     change = laplacian - baseline
-    if abs(change) <= NO_CHANGE * max(abs(baseline), 1e-12):
-        return "no change"
-    return "as claimed" if change * direction > 0 else "opposite"
+    if abs(change) <= band:
+        return "within noise", band
+    return ("as claimed" if change > 0 else "opposite"), band
+
+
+def agreement_verdict(changes: list[float], direction: int) -> str:
+    """As claimed / opposite when every measure moves the same way, "mixed" when they disagree."""
+    signs = {(c > 0) - (c < 0) for c in changes}
+    if signs == {direction}:
+        return "as claimed"
+    if signs == {-direction}:
+        return "opposite"
+    return "no change" if signs == {0} else "mixed"
 
 
 def _claim_rows(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
@@ -68,13 +81,65 @@ def _claim_rows(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
 
     readers = dict(SUMMARY_ROWS)
     rows = []
-    for claim, metric, direction in CLAIMS:
-        read = readers[metric]
-        base, lap = (read(a, _last_block(a)) for a in analyses[:2])
+    lap_run = list(runs.values())[1]
+    evals = [r for r in lap_run.read_metrics() if "eval_top1" in r]
+    base_evals = [r for r in list(runs.values())[0].read_metrics() if "eval_top1" in r]
+    if evals and base_evals:
+        base, lap = base_evals[-1]["eval_top1"], evals[-1]["eval_top1"]
+        images = int(evals[-1].get("eval_count", 0) or _eval_images(lap_run))
+        words, band = accuracy_verdict(base, lap, images)
         rows.append(
-            f"| {claim} | {metric} | {base:.4g} | {lap:.4g} | {lap - base:+.4g} | {verdict(base, lap, direction)} |"
+            f"| accuracy rises | test top-1 (%), {images:,} images | {base:.2f} | {lap:.2f} | {lap - base:+.2f} | "
+            f"{words} (noise ±{band:.2f}) |"
         )
+    for claim, metrics, direction in CLAIMS:
+        changes, cells = [], []
+        for metric in metrics:
+            for place, layer_of in (("last block", _last_block), ("after the final norm", lambda a: "norm")):
+                try:
+                    base, lap = (float(readers[metric](a, layer_of(a))) for a in analyses[:2])
+                except (KeyError, TypeError):
+                    continue
+                if math.isnan(base) or math.isnan(lap):
+                    continue
+                changes.append(lap - base)
+                cells.append(f"{metric} ({place}): {base:.4g} → {lap:.4g}")
+        if changes:
+            rows.append(
+                f"| {claim} | {'; '.join(cells)} | | | | {agreement_verdict(changes, direction)} "
+                f"({sum((c > 0) - (c < 0) == direction for c in changes)}/{len(changes)} measures) |"
+            )
     return rows
+
+
+def _eval_images(run: RunDir) -> int:
+    cfg = run.settings()
+    return int(cfg.eval_subset) if getattr(cfg, "eval_subset", None) else 10_000
+
+
+def _heads_words(masks: list[list[bool]]) -> str:
+    """[[F, T, T]] * 6 -> '2 of 3 heads Laplacian in every block'; all True adds ': every head'."""
+    counts, heads = [sum(m) for m in masks], len(masks[0]) if masks else 0
+    if len(set(counts)) > 1:
+        return f"per block {','.join(map(str, counts))} of {heads} heads Laplacian"
+    k = counts[0] if counts else 0
+    return f"{k} of {heads} heads Laplacian in every block" + (": every head" if k == heads and k else "")
+
+
+def _recipe_line(runs: dict[str, RunDir], walls: dict[str, float]) -> str:
+    """What was run, from the stored configs (not a preset's prose): model, data, schedule, precision, wall time."""
+    record = next(iter(runs.values())).read_config()
+    cfg = record["config"]
+    precision = (record.get("precision") or {}).get("reason", "bf16 autocast" if cfg.get("amp") is True else "fp32")
+    masks = list(runs.values())[1].read_config().get("laplacian_masks") or [[]]
+    minutes = sum(walls.values()) / 60
+    return (
+        f"Recipe `{record.get('preset') or 'fmnist-cpu'}` as run: {cfg['model']} on {cfg['dataset']} "
+        f"{cfg['img_size']} px, {cfg['epochs']:g} epochs of batch {cfg['batch_size']} ({record.get('steps', '?')} "
+        f"steps a run), AdamW lr {cfg['lr']:g}, seed {cfg['seed']} for both runs; Laplacian run: "
+        f"{_heads_words(masks)}; precision: {precision}; both runs trained in {minutes:.1f} minutes "
+        "on this machine."
+    )
 
 
 def write_report(
@@ -97,12 +162,11 @@ def write_report(
             f"{record['num_params']:,} | `{run.path}` |"
         )
     plots = plot_runs(runs, out)
-    first = next(iter(runs.values())).read_config()["config"]
     text = "\n".join(
         [
             "# lapheads demo: Fashion-MNIST, with and without Laplacian heads",
             "",
-            f"Recipe `fmnist-cpu`: {first['description']}. Same seed ({first['seed']}) for both runs.",
+            _recipe_line(runs, walls),
             "",
             "Test accuracy is each run's own evaluation of its final checkpoint (metrics.jsonl); summary.md quotes the "
             "same numbers. Wall time depends on this machine and on whatever else it ran meanwhile.",
@@ -127,12 +191,14 @@ def _claims_section(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
     return [
         "## The paper's claims, on this one pair of runs",
         "",
-        "Verdicts compare the direction of this pair with the paper's: **as claimed**, **opposite**, or **no change** "
-        f"(a relative difference under {NO_CHANGE:.0%}). One seed per arm is a direction, not a test: seed-to-seed "
-        "noise can be as large as these differences. For statistics run `lapheads sweep` over several seeds and "
-        "`lapheads report` (docs/reproduction.md).",
+        "Accuracy: **within noise** when the difference is within two standard errors of the test set's binomial "
+        "noise, else **as claimed** / **opposite**. Geometry: each claim is measured at the last block and after "
+        "the final norm (spectra pooled and per sequence); **as claimed** / **opposite** when every measure agrees, "
+        "**mixed** when they disagree. One seed per arm is a direction, not a test: seed-to-seed noise can be as "
+        "large as these differences. For statistics run `lapheads sweep` over several seeds and `lapheads report` "
+        "(docs/reproduction.md).",
         "",
-        "| paper's claim | metric (last block) | baseline | Laplacian | difference | verdict (one seed) |",
+        "| paper's claim | measures (baseline → Laplacian) | baseline | Laplacian | difference | verdict (one seed) |",
         "|---|---|---|---|---|---|",
         *_claim_rows(runs, analyses),
         "",

@@ -249,6 +249,12 @@ def start_or_resume(
         if folder is not None:
             start_step = load_checkpoint(folder, dist_, model, optimizer, extra_models)["step"]
         if dist_.is_main:
+            notice(
+                f"resuming {run.path} from step {start_step} ({folder.name})"
+                if folder is not None
+                else f"{run.path} holds no checkpoint yet: starting it over from step 0 with its stored config"
+            )
+        if dist_.is_main:
             for name in logs:
                 run.truncate_log(name, start_step)
     elif dist_.is_main:
