@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from timm.layers import Attention
 
 from lapheads import LaplacianAttention, laplacian_attention, laplacian_attention_reference
-from lapheads.attention import HeadSpecError
+from lapheads.attention import HeadSpecError, laplacian_head_mask
 from lapheads.errors import InputError
 
 B, H, T, D = 2, 4, 7, 8
@@ -439,3 +439,48 @@ def test_saved_tensor_hooks_that_copy_what_is_saved_give_the_same_gradients():
     assert "LaplacianSDPA" in type(out.grad_fn).__name__
     for ours, theirs in zip(grads, expected):
         torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Bad arguments are lapheads' one-line errors naming the value and the shapes; fully masked rows agree
+
+
+@pytest.mark.parametrize("op", ["fused", "reference"])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"attn_mask": torch.ones(1, 1, 4, 4, dtype=torch.int64)}, "attn_mask has dtype torch.int64"),
+        ({"attn_mask": torch.ones(3, 1, 4, 4, dtype=torch.bool)}, r"attn_mask of shape \(3, 1, 4, 4\) does not"),
+        ({"attn_mask": torch.ones(4, 5, dtype=torch.bool)}, r"does not broadcast to \(B, H, T, S\)"),
+        ({"dropout_p": 1.5}, r"dropout_p=1.5; allowed: a number in \[0, 1\)"),
+        ({"dropout_p": -0.1}, "dropout_p=-0.1"),
+        ({"blend": 2.0}, r"blend=2.0; allowed: a number in \[0, 1\]"),
+        ({"blend": -1}, "blend=-1"),
+        ({"blend": torch.tensor([0.5])}, "blend tensor of dtype torch.float32 and shape"),
+        ({"blend": torch.tensor(1.5)}, "blend=1.5"),
+    ],
+)
+def test_bad_op_arguments_are_one_line_input_errors(op, options, message):
+    from lapheads.errors import InputError
+
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    fn = laplacian_attention if op == "fused" else laplacian_attention_reference
+    with pytest.raises(InputError, match=message):
+        fn(q, k, v, 1, **options)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_fully_masked_rows_give_the_same_documented_value_on_both_paths(k, kind):
+    q, key, v = (torch.randn(2, 2, 5, 8, dtype=torch.float64) for _ in range(3))
+    allowed = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    allowed[0, :, 2, :] = False  # query 2 of sequence 0 may attend to nothing
+    mask = (
+        allowed if kind == "bool" else torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, -torch.inf)
+    )
+    fused = laplacian_attention(q, key, v, k, attn_mask=mask)
+    reference, attn = laplacian_attention_reference(q, key, v, k, attn_mask=mask, return_attn=True)
+    assert torch.isfinite(reference).all() and torch.allclose(fused, reference, atol=1e-10)
+    assert (attn[0, :, 2] == 0).all()  # P = 0: ordinary heads output 0, Laplacian heads their own value
+    lap = laplacian_head_mask(k, 2)
+    assert torch.equal(fused[0, lap, 2], v[0, lap, 2]) and (fused[0, ~lap, 2] == 0).all()

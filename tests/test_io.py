@@ -71,3 +71,26 @@ def test_create_vit_pretrained_file_loads_and_refuses_code_in_one_line(tmp_path)
     assert not marker.exists()
     with pytest.raises(CheckpointError, match="does not exist"):
         create_vit("vit_small_patch16_224", 1, pretrained_file=str(tmp_path / "none.pth"), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda t: t.to(torch.int8), "dtype of .*: file torch.int8 vs model torch.float32"),
+        (lambda t: t.bool(), "dtype of .*: file torch.bool"),
+        (lambda t: t.clone().fill_(float("nan")), "holds NaN or inf values"),
+        (lambda t: t.clone().index_fill_(0, torch.tensor([0]), float("inf")), "holds NaN or inf values"),
+    ],
+    ids=["int8", "bool", "nan", "inf"],
+)
+def test_weights_of_a_non_floating_dtype_or_non_finite_values_are_refused(tmp_path, corrupt, message):
+    from lapheads.runs import load_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
+    tensors = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    tensors["0.weight"] = corrupt(tensors["0.weight"])
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=message):
+        load_weights(model, tmp_path / "model.safetensors")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing was loaded

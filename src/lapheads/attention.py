@@ -366,6 +366,40 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:
     return h, hkv
 
 
+def _check_options(
+    q: Tensor, k: Tensor, attn_mask: Tensor | None, dropout_p: float, blend: float | Tensor | None
+) -> None:
+    """The op's other arguments, checked before torch sees them: one-line errors naming the value and the shapes."""
+    b, h, t, _ = q.shape
+    s = k.shape[-2]
+    if attn_mask is not None:
+        if not (attn_mask.dtype == torch.bool or attn_mask.dtype.is_floating_point):
+            raise InputError(
+                f"attn_mask has dtype {attn_mask.dtype}; allowed: bool (True = attend) or an additive float"
+            )
+        try:
+            shape = torch.broadcast_shapes(tuple(attn_mask.shape), (b, h, t, s))
+        except RuntimeError:
+            shape = None
+        if shape != (b, h, t, s):
+            raise InputError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, T, S) = {(b, h, t, s)} "
+                f"for q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
+        raise InputError(f"dropout_p={dropout_p!r}; allowed: a number in [0, 1)")
+    if blend is not None:
+        if isinstance(blend, Tensor):
+            if blend.dim() != 0 or not blend.dtype.is_floating_point:
+                raise InputError(
+                    f"blend tensor of dtype {blend.dtype} and shape {tuple(blend.shape)}; allowed: a 0-dim float"
+                )
+            if blend.device.type == "cpu" and not torch.compiler.is_compiling() and not 0 <= float(blend) <= 1:
+                raise InputError(f"blend={float(blend)}; allowed: a number in [0, 1]")
+        elif isinstance(blend, bool) or not isinstance(blend, (int, float)) or not 0 <= blend <= 1:
+            raise InputError(f"blend={blend!r}; allowed: a number in [0, 1] (0 = plain attention, 1 = V - PV)")
+
+
 def laplacian_attention(
     q: Tensor,
     k: Tensor,
@@ -401,6 +435,7 @@ def laplacian_attention(
         (B, H, T, D) head outputs.
     """
     h, hkv = _check_qkv(q, k, v)
+    _check_options(q, k, attn_mask, dropout_p, blend)
     if identity not in IDENTITIES or (identity == "last_allowed" and attn_mask is None):
         raise InputError(
             f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
@@ -517,6 +552,7 @@ def laplacian_attention_reference(
         (B, H, T, D) head outputs, or ``(outputs, P)`` when ``return_attn``.
     """
     h, hkv = _check_qkv(q, k, v)
+    _check_options(q, k, attn_mask, dropout_p, blend)
     if identity not in IDENTITIES or (identity == "last_allowed" and attn_mask is None):
         raise InputError(
             f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
@@ -538,6 +574,9 @@ def laplacian_attention_reference(
     if attn_mask is not None:
         logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
     attn = logits.softmax(dim=-1)
+    # a query with no key to attend to has P = 0 (SDPA's fused kernels agree): its ordinary heads output 0, its
+    # Laplacian heads their own value
+    attn = torch.where(torch.isneginf(logits).all(-1, keepdim=True), 0.0, attn)
     dropped = F.dropout(attn, p=dropout_p) if dropout_p > 0 else attn
     eye = identity_matrix if identity == "last_allowed" else _shifted_eye(t, s, attn)
     weight = 1.0 if blend is None else blend

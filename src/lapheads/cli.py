@@ -173,6 +173,12 @@ def _harness(args: argparse.Namespace, run_dir: str | None) -> int:
         if args.device == "auto" and not __import__("torch").cuda.is_available()
         else ("cuda" if args.device == "auto" else args.device)
     )
+    if args.include_path:
+        print(
+            f"lapheads eval: --include-path {args.include_path}: its YAMLs run their !function Python and Jinja "
+            "templates unsandboxed (lm-eval's design); only use folders you trust",
+            file=sys.stderr,
+        )
     results = evaluate_harness(
         run_dir,
         tasks,
@@ -630,7 +636,12 @@ def build_parser() -> argparse.ArgumentParser:
         "list); with --data-dir the shipped lapheads_{arc_easy,arc_challenge,mmlu,gsm8k,hellaswag} "
         "read <task>.jsonl there",
     )
-    evaluate.add_argument("--include-path", default=None, help="lm --harness: a folder of your own task YAMLs")
+    evaluate.add_argument(
+        "--include-path",
+        default=None,
+        help="lm --harness: a folder of your own task YAMLs. These are code: lm-eval imports the Python files they "
+        "name (!function) and renders their prompts with an unsandboxed Jinja; use only folders you trust",
+    )
     evaluate.add_argument("--data-dir", default=None, help="lm: local <task>.jsonl/.parquet files in the hub's schema")
     evaluate.add_argument(
         "--max-examples", type=int, default=None, help="lm: the first N items per task; dino: the first N test images"

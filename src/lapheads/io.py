@@ -104,6 +104,16 @@ def state_dict_mismatch(expected: dict[str, torch.Tensor], tensors: dict[str, An
         return (
             f"shape of {shapes[0]}: file {tuple(tensors[shapes[0]].shape)} vs model {tuple(expected[shapes[0]].shape)}"
         )
+    # a weight stored as int8 or bool would be cast silently by load_state_dict: not what the run trained
+    kinds = sorted(k for k in expected if expected[k].dtype.is_floating_point != tensors[k].dtype.is_floating_point)
+    if kinds:
+        return f"dtype of {kinds[0]}: file {tensors[kinds[0]].dtype} vs model {expected[kinds[0]].dtype}"
+    bad = next(
+        (k for k, v in tensors.items() if v.dtype.is_floating_point and v.numel() and not bool(v.isfinite().all())),
+        None,
+    )
+    if bad is not None:
+        return f"{bad} holds NaN or inf values"
     return None
 
 

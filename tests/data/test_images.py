@@ -51,6 +51,14 @@ def test_corrupt_and_missing_idx_files(tmp_path, monkeypatch):
         build_image_data("fashion-mnist", str(tmp_path / "nowhere"), 28)
 
 
+def test_a_data_root_without_the_data_is_an_error_even_where_a_system_copy_exists(fmnist_root, tmp_path, monkeypatch):
+    monkeypatch.setattr(images, "DEBIAN_FASHION_MNIST", fmnist_root)  # a system copy exists
+    assert len(build_image_data("fashion-mnist", None, 28).train) > 0  # no root: the system copy
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(DataError, match=r"Fashion-MNIST not found in .*mine or .*mine/FashionMNIST/raw"):
+        build_image_data("fashion-mnist", str(tmp_path / "mine"), 28)
+
+
 def write_cifar(root, name: str = "cifar-10-batches-py", n: int = 10) -> None:
     """The official python-pickle layout: data_batch_1..5, test_batch, batches.meta."""
     folder = root / name

@@ -95,12 +95,14 @@ def _idx_file(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def find_fashion_mnist(root: str | os.PathLike | None = None) -> Path | None:
-    """The first folder holding all four Fashion-MNIST idx files: ``root``, ``root/FashionMNIST/raw``, Debian's."""
+def find_fashion_mnist(root: str | os.PathLike | None = None, system: bool = True) -> Path | None:
+    """The first folder holding all four Fashion-MNIST idx files: ``root``, ``root/FashionMNIST/raw``, and (with
+    ``system``) Debian's."""
     candidates = []
     if root is not None:
         candidates += [Path(root), Path(root) / "FashionMNIST" / "raw"]
-    candidates.append(DEBIAN_FASHION_MNIST)
+    if system:
+        candidates.append(DEBIAN_FASHION_MNIST)
     for folder in candidates:
         if all(_idx_file(folder, stem) for pair in FASHION_MNIST_FILES.values() for stem in pair):
             return folder
@@ -167,12 +169,14 @@ class IdxDataset(Dataset):
 
 
 def load_fashion_mnist(root: str | os.PathLike | None, split: str, transform=None) -> IdxDataset:
-    folder = find_fashion_mnist(root)
+    # a --data-root given is where the data must be: never another copy found elsewhere without a word
+    folder = find_fashion_mnist(root, system=root is None)
     if folder is None:
+        where = f"{root} or {root}/FashionMNIST/raw" if root is not None else str(DEBIAN_FASHION_MNIST)
         raise DataError(
-            f"Fashion-MNIST not found in {root or '(no root given)'}, {root}/FashionMNIST/raw or "
-            f"{DEBIAN_FASHION_MNIST}; run `lapheads data fetch fashion-mnist` or "
-            "`sudo apt-get install dataset-fashion-mnist`"
+            f"Fashion-MNIST not found in {where} (the four idx files); run `lapheads data fetch fashion-mnist"
+            f"{f' --root {root}' if root is not None else ''}`, `sudo apt-get install dataset-fashion-mnist`, or "
+            "leave --data-root out to use the system copy"
         )
     image_stem, label_stem = FASHION_MNIST_FILES[split]
     images, labels = read_idx(_idx_file(folder, image_stem)), read_idx(_idx_file(folder, label_stem))
