@@ -138,3 +138,23 @@ def test_cpu_attention_benchmark_writes_the_op_and_whole_step_tables():
     for name in ("vit 0/3 Laplacian", "vit 1/3 Laplacian", "vit 3/3 Laplacian", "gpt 2/4 Laplacian"):
         assert f"| {name} |" in table
     assert "| model | ms/step | ratio, median of rounds [95% CI] |" in table
+
+
+@pytest.mark.slow
+def test_the_thread_benchmark_writes_its_table_into_a_markdown_file(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nkept\n")
+    text = _load("threads").main(["--rounds", "1", "--steps", "1", "--batch", "4", "--write", str(doc)])
+    rows = [line for line in text.splitlines() if line.startswith("| lapheads auto |")]
+    assert len(rows) == 1 and "| 1 thread | 1 / 1 |" in text
+    written = doc.read_text()
+    assert written.startswith("# Benchmarks\n\nkept\n") and text in written
+    _load("threads").main(["--rounds", "1", "--steps", "1", "--batch", "4", "--write", str(doc)])
+    assert doc.read_text().count("<!-- threads.py: begin -->") == 1  # replaced, not appended again
+
+
+@pytest.mark.slow
+def test_the_precision_benchmark_states_the_cpu_and_the_auto_choice(tmp_path):
+    text = _load("precision").main(["--repeats", "1", "--vit-batch", "2", "--gpt-batch", "1"])
+    assert "| ViT (fmnist-cpu) |" in text and "| GPT (shakespeare-cpu) |" in text
+    assert "`amp auto` here: **" in text and "avx512_bf16" in text

@@ -197,3 +197,32 @@ def test_unsupported_input_is_one_line():
         lhf.lapheads_attention(torch.nn.Module(), *(torch.randn(1, 2, 3, 4) for _ in range(3)), None, softcap=50.0)
     with pytest.raises(InputError, match="was not converted with init='blend'"):
         lhf.set_blend(lhf.enable(_build("llama"), 1), 0.5)
+
+
+@pytest.mark.slow
+def test_importing_lapheads_hf_is_enough_to_load_a_saved_model_and_a_mid_schedule_blend_round_trips(tmp_path):
+    model = lhf.enable(_build("llama"), 2, init="blend")
+    lhf.set_blend(model, 0.5)
+    model.save_pretrained(tmp_path)
+    expected = _run(model, "llama")
+    assert transformers.AutoConfig.from_pretrained(tmp_path).laplacian_blend == 0.5
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()  # no register() call: the import did
+    torch.testing.assert_close(_run(plain, "llama"), expected)
+    ours = lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path).eval()
+    torch.testing.assert_close(_run(ours, "llama"), expected)
+    assert all(float(m.laplacian_blend) == 0.5 for m in lhf.attention_modules(ours))
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_attention_maps_of_a_left_padded_batch_are_finite_and_change_nothing(k):
+    model = lhf.enable(_build("llama"), k)
+    torch.manual_seed(3)
+    batch = torch.randint(1, 100, (2, 9))
+    mask = torch.ones_like(batch)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        plain = model(batch, attention_mask=mask).logits
+        mapped = model(batch, attention_mask=mask, output_attentions=True)
+    assert torch.isfinite(mapped.logits).all() and all(torch.isfinite(a).all() for a in mapped.attentions)
+    torch.testing.assert_close(mapped.logits[0, 3:], plain[0, 3:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(mapped.logits[1], plain[1], rtol=1e-4, atol=1e-4)

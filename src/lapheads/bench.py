@@ -20,7 +20,15 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["interleaved_ratios", "machine_summary", "median_interval", "peak_memory_mib", "time_interleaved"]
+__all__ = [
+    "cpu_description",
+    "replace_section",
+    "interleaved_ratios",
+    "machine_summary",
+    "median_interval",
+    "peak_memory_mib",
+    "time_interleaved",
+]
 
 
 def _sync(device: torch.device) -> None:
@@ -160,3 +168,39 @@ def machine_summary(device: torch.device | str = "cpu") -> str:
     else:
         where = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     return f"{where}; torch {torch.__version__}; Python {platform.python_version()}"
+
+
+def cpu_description() -> str:
+    """The CPU's model name, its CPU count and the flags that decide precision defaults (for benchmark tables)."""
+    from pathlib import Path
+
+    from lapheads.hardware import _cpu_flags
+
+    name = "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
+        if line.startswith("model name"):
+            name = line.split(":", 1)[1].strip()
+            break
+    have = _cpu_flags()
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    flags = ", ".join(f"{f} {'yes' if f in have else 'no'}" for f in wanted)
+    import os
+
+    return f"{name}, {os.cpu_count()} CPUs; flags: {flags}"
+
+
+def replace_section(path, text: str) -> None:
+    """Put ``text`` (first line: a begin marker, last line: an end marker) in place of that section of the
+    Markdown file ``path``, or append it."""
+    from pathlib import Path
+
+    path = Path(path)
+    old = path.read_text() if path.exists() else ""
+    begin, end = text.splitlines()[0], text.splitlines()[-1]
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + text + rest.split(end, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n" + text + "\n"
+    path.write_text(new)

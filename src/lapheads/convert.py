@@ -68,6 +68,9 @@ def set_blend(model: nn.Module, value: float) -> None:
         raise InputError("the model was not converted with init='blend'")
     for buffer in buffers:
         buffer.fill_(value)
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "laplacian_heads"):  # a transformers model: saved with the weights
+        config.laplacian_blend = float(value)
 
 
 class BlendSchedule:

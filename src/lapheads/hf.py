@@ -55,6 +55,9 @@ def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torc
             )
         mask = torch.tensor(spec[layer], dtype=torch.bool)
         module.register_buffer("laplacian_mask", mask, persistent=False)
+        blend = getattr(module.config, "laplacian_blend", None)
+        if blend is not None and getattr(module, "laplacian_blend", None) is None:  # saved mid-schedule
+            module.register_buffer("laplacian_blend", torch.tensor(float(blend)), persistent=False)
     if mask.shape != (num_heads,):
         raise InputError(
             f"{type(module).__name__} has {num_heads} query heads but a Laplacian mask of {tuple(mask.shape)}"
@@ -169,6 +172,10 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
         head_dim = getattr(module, "head_dim", None) or model.config.hidden_size // num_heads
         init_heads(module, mask.to(device), init, lambda head, m=module: _output_columns(m, model, head, head_dim))
     model.config.laplacian_heads = [m.tolist() for m in masks]
+    if init == "blend":
+        model.config.laplacian_blend = 0.0  # the schedule's lambda, saved with the model (set_blend updates it)
+    elif hasattr(model.config, "laplacian_blend"):
+        del model.config.laplacian_blend
     model.config.attn_implementation = NAME  # saved: plain transformers then refuses to load it as SDPA
     model.set_attn_implementation(NAME)
     return model
@@ -194,4 +201,14 @@ def from_pretrained(model_class, path, *args, **kwargs):
             f"attention; allowed: {NAME!r} (or leave it out)"
         )
     model = model_class.from_pretrained(path, *args, config=config, attn_implementation=NAME, **kwargs)
-    return enable(model, [list(map(bool, layer)) for layer in spec], init="switch")
+    blend = getattr(config, "laplacian_blend", None)  # a model saved mid-schedule keeps its lambda
+    model = enable(model, [list(map(bool, layer)) for layer in spec], init="switch" if blend is None else "blend")
+    if blend is not None:
+        set_blend(model, float(blend))
+    return model
+
+
+try:  # importing lapheads.hf is enough for transformers (pipelines, lm-eval's "hf" model) to load a saved model
+    register()
+except ImportError:  # transformers missing: enable() / from_pretrained() say so when called
+    pass
