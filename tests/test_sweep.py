@@ -497,3 +497,16 @@ def test_a_sweep_without_k_0_reports_its_arms_and_another_baseline_compares_them
     versus = write_report(tmp_path, geometry=False, baseline="4")
     assert versus == tmp_path / "report-vs-L4" / "report.md"
     assert "| test top-1 (%) | primary | 2 | 2 | 84.5 ± 0.71 | +0.75 [" in versus.read_text()
+
+
+def test_head_kinds_are_arms_of_a_sweep_with_directory_safe_names():
+    from lapheads.runs import SweepError, spec_dir_name
+    from lapheads.sweep import parse_specs
+
+    arms = parse_specs("0;3;negated:3;local:3;centring:3;mix;ordinary/negated/laplacian")
+    assert arms == ["0", "3", "negated:3", "local:3", "centring:3", "mix", "ordinary/negated/laplacian"]
+    assert parse_specs("0,1,3") == ["0", "1", "3"] and parse_specs("mix") == ["mix"]
+    names = [spec_dir_name(a) for a in arms]
+    assert "/" not in "".join(names) and len(set(names)) == len(names) and names[2] == "Lnegated-3"
+    with pytest.raises(SweepError, match="malformed"):
+        parse_specs("0;neg ated")

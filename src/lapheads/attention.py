@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 import typing
 from collections.abc import Sequence
-from typing import Optional, Tuple, Union  # TorchScript reads typing.Optional / Tuple in string annotations
+from typing import List, Optional, Tuple, Union  # TorchScript reads typing.Optional / Tuple in string annotations
 
 import torch
 import torch.nn.functional as F
@@ -42,12 +42,14 @@ from lapheads.errors import InputError, LapheadsError
 
 __all__ = [
     "HeadSpec",
+    "HEAD_KINDS",
     "HeadSpecError",
     "LaplacianAttention",
     "LaplacianHeadsMixin",
     "laplacian_attention",
     "laplacian_attention_reference",
     "laplacian_head_mask",
+    "parse_head_kinds",
     "parse_laplacian_heads",
 ]
 
@@ -133,6 +135,15 @@ def parse_laplacian_heads(spec: object, num_heads: int, num_layers: int) -> list
     Raises:
         HeadSpecError: naming the bad value and what is allowed.
     """
+    if isinstance(spec, str) and re.search("[a-zA-Z]", spec):  # head kinds: their Laplacian heads
+        layers = parse_head_kinds(spec, num_heads, num_layers)
+        others = sorted({kind for kinds in layers for kind in kinds} - {"ordinary", "laplacian"})
+        if others:  # never drop a kind silently where a model can only tell ordinary from Laplacian heads
+            raise HeadSpecError(
+                f"laplacian_heads={spec!r} names head kinds ({', '.join(others)}) this model cannot run; allowed "
+                "here: ordinary and Laplacian heads (the other kinds: lapheads' timm ViTs, create_vit)"
+            )
+        return [torch.tensor([kind == "laplacian" for kind in kinds]) for kinds in layers]
     allowed = (
         f"allowed: an int 0..{num_heads}, a comma-separated list of {num_layers} such ints (e.g. "
         f"{','.join(['0'] * min(num_layers, 4))}{',...' if num_layers > 4 else ''}), or {num_layers} bool masks "
@@ -182,6 +193,125 @@ def format_head_mask(mask: Tensor) -> str:
     """Human-readable head mask, e.g. ``'3/6 Laplacian: [3, 4, 5]'``."""
     idx = mask.nonzero().flatten().tolist()
     return f"{len(idx)}/{mask.numel()} Laplacian: {idx}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Head kinds: what in a Laplacian head does the work
+
+
+#: Every kind a head can be. A Laplacian head is an ordinary head with its P V term negated plus a token-local
+#: term V (W_V x through W_O), the two tied by sharing W_V and W_O; the other kinds take those parts apart.
+HEAD_KINDS = ("ordinary", "laplacian", "negated", "local", "centring", "mix")
+#: Per fixed kind, the coefficients of (the head's own value V, P V, the mean of the attended values): ordinary
+#: P V; laplacian V - P V; negated -P V (the Laplacian head without its local term); local P V, plus an untied
+#: token-local term its module adds; centring V - mean(V) over the attended positions (no attention at all).
+#: mix (a V + b P V, learnable a, b; a = 0, b = 1 at init) takes its coefficients from the module.
+KIND_COEFFICIENTS = {
+    "ordinary": (0.0, 1.0, 0.0),
+    "laplacian": (1.0, -1.0, 0.0),
+    "negated": (0.0, -1.0, 0.0),
+    "local": (0.0, 1.0, 0.0),
+    "centring": (1.0, 0.0, -1.0),
+    "mix": (0.0, 1.0, 0.0),
+}
+_KIND_ITEM = re.compile(r"^[a-z]+(:\d+)?(\+[a-z]+:\d+)*$")
+
+
+def _layer_kinds(item: object, num_heads: int, where: str) -> tuple[str, ...]:
+    """One layer's kinds from an int k, a kind name, "kind:k+kind:j" (the trailing heads, in that order; the rest
+    ordinary), "a/b/c" (one per head), or a sequence of names / bools."""
+    allowed = (
+        f"allowed: an int 0..{num_heads}, a kind ({', '.join(HEAD_KINDS)}), kind:k[+kind:j] for the trailing "
+        f"heads, or {num_heads} kinds joined by '/'"
+    )
+    if isinstance(item, (Tensor, Sequence)) and not isinstance(item, str):
+        values = list(item.tolist() if isinstance(item, Tensor) else item)
+        if values and all(isinstance(x, str) for x in values):
+            item = "/".join(values)
+        else:
+            return tuple("laplacian" if m else "ordinary" for m in laplacian_head_mask(item, num_heads).tolist())
+    if isinstance(item, int) and not isinstance(item, bool):
+        k = _check_count(item, num_heads, where)
+        return ("ordinary",) * (num_heads - k) + ("laplacian",) * k
+    text = str(item).strip().lower() if isinstance(item, str) else None
+    if text is None:
+        raise HeadSpecError(f"laplacian_heads{where}={item!r} is a {type(item).__name__}; {allowed}")
+    if _INT_RE.match(text):
+        return _layer_kinds(int(text), num_heads, where)
+    if "/" in text:
+        kinds = tuple(part.strip() for part in text.split("/"))
+        if len(kinds) != num_heads:
+            raise HeadSpecError(f"laplacian_heads{where}={item!r} names {len(kinds)} heads; {allowed}")
+    elif _KIND_ITEM.match(text):
+        if ":" not in text:
+            kinds = (text,) * num_heads
+        else:
+            trailing = []
+            for part in text.split("+"):
+                kind, count = part.split(":")
+                trailing += [kind] * int(count)
+            if len(trailing) > num_heads:
+                raise HeadSpecError(
+                    f"laplacian_heads{where}={item!r} asks for {len(trailing)} heads of {num_heads}; {allowed}"
+                )
+            kinds = ("ordinary",) * (num_heads - len(trailing)) + tuple(trailing)
+    else:
+        raise HeadSpecError(f"laplacian_heads{where}={item!r} is not a head spec; {allowed}")
+    unknown = sorted({k for k in kinds if k not in HEAD_KINDS})
+    if unknown:
+        raise HeadSpecError(f"laplacian_heads{where}={item!r}: unknown kind {unknown[0]!r}; {allowed}")
+    return kinds
+
+
+def parse_head_kinds(spec: object, num_heads: int, num_layers: int) -> list[tuple[str, ...]]:
+    """Parse any head spec into each layer's head kinds (the one parser: ``parse_laplacian_heads`` reads its
+    Laplacian heads from this).
+
+    Args:
+        spec: everything ``parse_laplacian_heads`` accepts (an int k, "0,2,2,0", per-layer ints or masks), and kinds:
+            * a kind name, every head of every layer: ``"mix"``, ``"negated"``;
+            * ``"kind:k"`` or ``"kind:k+kind:j"``: the trailing heads of every layer, in that order, the rest
+              ordinary (``"negated:3"``; ``"laplacian:1+local:1"``);
+            * ``"a/b/c"``: one kind per head (``"ordinary/negated/laplacian"``);
+            * a comma-separated list of such items, one per layer (``"0,0,0,negated:3,negated:3,negated:3"``), or a
+              sequence of per-layer items (names, masks or kind lists).
+        num_heads: heads per layer.
+        num_layers: attention layers.
+
+    Returns:
+        ``num_layers`` tuples of ``num_heads`` kinds.
+
+    Raises:
+        HeadSpecError: naming the bad value and what is allowed.
+    """
+    if isinstance(spec, str):
+        text = spec.strip()
+        if not text:
+            raise HeadSpecError("laplacian_heads is an empty string; allowed: an int, a kind or a per-layer list")
+        items = [p.strip() for p in text.split(",")]
+        if len(items) == 1:
+            return [_layer_kinds(items[0], num_heads, "")] * num_layers
+        spec = items
+    if isinstance(spec, Tensor):
+        if spec.dtype != torch.bool or spec.dim() != 2:
+            raise HeadSpecError(
+                f"laplacian_heads tensor has dtype {spec.dtype} and shape {tuple(spec.shape)}; "
+                f"allowed: a bool tensor of shape ({num_layers}, {num_heads})"
+            )
+        spec = list(spec.unbind(0))
+    if isinstance(spec, Sequence):
+        if len(spec) != num_layers:
+            raise HeadSpecError(
+                f"laplacian_heads has {len(spec)} entries {_short(spec)} but the model has {num_layers} layers; "
+                f"allowed: one item per layer, or one item for all"
+            )
+        return [_layer_kinds(item, num_heads, f"[layer {i}]") for i, item in enumerate(spec)]
+    return [_layer_kinds(spec, num_heads, "")] * num_layers
+
+
+def is_plain_laplacian(kinds: Sequence[str]) -> bool:
+    """Whether a layer's kinds are only ordinary and Laplacian heads (the op's Laplacian fast paths apply)."""
+    return all(kind in ("ordinary", "laplacian") for kind in kinds)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -412,14 +542,17 @@ def laplacian_attention(
     scale: float | None = None,
     identity: str = "aligned",
     blend: float | Tensor | None = None,
+    mix: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """Multi-head attention where the selected heads output (I - P) V instead of P V.
+    """Multi-head attention where the selected heads output (I - P) V instead of P V (or another head kind).
 
     Args:
         q: queries (B, H, T, D).
         k: keys (B, Hkv, S, D) with H % Hkv == 0 (GQA/MQA when Hkv < H).
         v: values (B, Hkv, S, D).
-        laplacian_heads: int k (the trailing k heads are Laplacian) or a bool mask of length H.
+        laplacian_heads: int k (the trailing k heads are Laplacian), a bool mask of length H, or H head kinds
+            (:data:`HEAD_KINDS`: ordinary, laplacian, negated, local, centring, mix; a "local" head is ordinary
+            here, its module adds the untied local term).
         attn_mask: optional bool (True = attend) or additive float mask broadcastable to (B, H, T, S).
         is_causal: causal attention; when T < S the queries are the last T positions (KV cache).
         dropout_p: attention dropout on P, so Laplacian heads compute (I - drop(P)) V.
@@ -430,6 +563,8 @@ def laplacian_attention(
         blend: lambda in [0, 1] for Laplacian heads, which then output lambda V + (1 - 2 lambda) P V: 0 is plain
             attention (a function-preserving start when converting a pretrained model), 1 (None) is V - P V. A
             0-dim tensor avoids recompiling as it changes.
+        mix: (a, b), each of shape (H,): the coefficients of V and P V of the heads of kind "mix" (learnable;
+            a = 0, b = 1 is an ordinary head, (1, -1) a Laplacian one); other heads ignore them.
 
     Returns:
         (B, H, T, D) head outputs.
@@ -441,6 +576,11 @@ def laplacian_attention(
             f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
             "'aligned', or 'last_allowed' with an attn_mask"
         )
+    if _is_kinds(laplacian_heads):
+        kinds = _check_kinds(laplacian_heads, h, mix)
+        if not is_plain_laplacian(kinds):
+            return _kinds_attention(q, k, v, kinds, mix, attn_mask, is_causal, dropout_p, scale, identity, blend)
+        laplacian_heads = [kind == "laplacian" for kind in kinds]
     compiling = torch.compiler.is_compiling()
     lap_mask, runs = _resolve_heads(laplacian_heads, h, q.device, inspect_mask=not compiling)
     t, s = q.shape[-2], k.shape[-2]
@@ -478,6 +618,81 @@ def laplacian_attention(
     if compiling:  # one expression Inductor fuses into its neighbours; no out= views, no graph break
         return (y * sign + v_self * lap).view(b, h, t, d)
     return _LaplacianCombine.apply(y, v_self, sign, lap, runs if g == 1 else None).view(b, h, t, d)
+
+
+def _is_kinds(spec: object) -> bool:
+    return isinstance(spec, (tuple, list)) and len(spec) > 0 and isinstance(spec[0], str)
+
+
+def _check_kinds(kinds: Sequence[str], num_heads: int, mix: tuple[Tensor, Tensor] | None) -> tuple[str, ...]:
+    kinds = tuple(kinds)
+    if len(kinds) != num_heads or any(kind not in HEAD_KINDS for kind in kinds):
+        raise HeadSpecError(f"head kinds {list(kinds)!r}; allowed: {num_heads} of {', '.join(HEAD_KINDS)}")
+    if "mix" in kinds:
+        if mix is None or len(mix) != 2 or any(t.shape != (num_heads,) for t in mix):
+            shapes = None if mix is None else [tuple(t.shape) for t in mix]
+            raise InputError(f"mix heads need mix=(a, b) of shape ({num_heads},) each; got {shapes}")
+    return kinds
+
+
+def _kind_coefficients(
+    kinds: tuple[str, ...], mix: tuple[Tensor, Tensor] | None, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(alpha, beta, gamma) of shape (H,): the coefficients of V, P V and the attended mean per head."""
+    table = torch.tensor([KIND_COEFFICIENTS[kind] for kind in kinds], dtype=dtype, device=device)
+    alpha, beta, gamma = table.unbind(1)
+    if mix is not None and "mix" in kinds:
+        is_mix = torch.tensor([kind == "mix" for kind in kinds], device=device)
+        alpha = torch.where(is_mix, mix[0].to(dtype), alpha)  # gradients reach a and b through these
+        beta = torch.where(is_mix, mix[1].to(dtype), beta)
+    return alpha, beta, gamma
+
+
+def _attended_mean(v: Tensor, q: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float | None) -> Tensor:
+    """The mean of the values each query attends to (B, H or Hkv, T, D), without a T x T tensor: the mean of all
+    keys; under a causal mask the running mean up to the query's own position; under any other mask uniform
+    attention over the allowed keys (SDPA with all-equal scores)."""
+    t, s = q.shape[-2], v.shape[-2]
+    if attn_mask is None and not is_causal:
+        return v.mean(-2, keepdim=True).expand(*v.shape[:-2], t, v.shape[-1])
+    if attn_mask is None:  # causal, queries the last T of the S keys
+        counts = torch.arange(s - t + 1, s + 1, device=v.device, dtype=v.dtype).unsqueeze(-1)
+        return v.cumsum(-2)[..., s - t :, :] / counts
+    return _sdpa(torch.zeros_like(q), v.new_zeros(v.shape[:-1] + (q.shape[-1],)), v, attn_mask, 0.0, False, scale)
+
+
+def _kinds_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kinds: tuple[str, ...],
+    mix: tuple[Tensor, Tensor] | None,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    scale: float | None,
+    identity: str,
+    blend: float | Tensor | None,
+) -> Tensor:
+    """out_h = alpha_h V_self + beta_h P V - gamma_h mean(V): one SDPA call (plus the attended mean when a head
+    centres), one elementwise expression; autograd differentiates it, mix coefficients included."""
+    if blend is not None:
+        raise InputError("blend applies to Laplacian heads only; allowed: blend=None with other head kinds")
+    h, hkv = q.shape[1], k.shape[1]
+    t, s = q.shape[-2], k.shape[-2]
+    if is_causal and t != s:
+        attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
+    y = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    alpha, beta, gamma = _kind_coefficients(kinds, mix, y.dtype, y.device)
+    v_self = _identity_values(v, t) if identity == "aligned" else _last_allowed_values(v, attn_mask, h)
+    b, d, g = q.shape[0], v.shape[-1], h // hkv
+    shape = (hkv, g, 1, 1)
+    out = y.view(b, hkv, g, t, d) * beta.view(shape) + v_self.unsqueeze(2) * alpha.view(shape)
+    if "centring" in kinds:
+        mean = _attended_mean(v, q, attn_mask, is_causal, scale)
+        mean = mean.view(b, hkv, g, t, d) if mean.shape[1] == h else mean.unsqueeze(2)
+        out = out + mean * gamma.view(shape)
+    return out.view(b, h, t, d)
 
 
 def _sdpa(
@@ -539,6 +754,7 @@ def laplacian_attention_reference(
     scale: float | None = None,
     identity: str = "aligned",
     blend: float | Tensor | None = None,
+    mix: tuple[Tensor, Tensor] | None = None,
     return_attn: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Textbook Laplacian attention: materialise P, use I - P on Laplacian heads, multiply by V.
@@ -558,6 +774,11 @@ def laplacian_attention_reference(
             f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
             "'aligned', or 'last_allowed' with an attn_mask"
         )
+    kinds = _check_kinds(laplacian_heads, h, mix) if _is_kinds(laplacian_heads) else None
+    if kinds is not None and blend is not None and not is_plain_laplacian(kinds):
+        raise InputError("blend applies to Laplacian heads only; allowed: blend=None with other head kinds")
+    if kinds is not None:
+        laplacian_heads = [kind == "laplacian" for kind in kinds]
     mask = laplacian_head_mask(laplacian_heads, h).to(q.device)
     t, s = q.shape[-2], k.shape[-2]
     if identity == "last_allowed":  # before the causal mask below could be folded in
@@ -579,8 +800,15 @@ def laplacian_attention_reference(
     attn = torch.where(torch.isneginf(logits).all(-1, keepdim=True), 0.0, attn)
     dropped = F.dropout(attn, p=dropout_p) if dropout_p > 0 else attn
     eye = identity_matrix if identity == "last_allowed" else _shifted_eye(t, s, attn)
-    weight = 1.0 if blend is None else blend
-    operator = torch.where(mask.view(1, h, 1, 1), weight * eye + (1 - 2 * weight) * dropped, dropped)
+    if kinds is not None and not is_plain_laplacian(kinds):
+        # alpha I + beta P - gamma U, with U uniform over the keys each query may attend to
+        alpha, beta, gamma = (c.view(1, h, 1, 1) for c in _kind_coefficients(kinds, mix, attn.dtype, attn.device))
+        allowed = torch.isfinite(logits).to(attn.dtype)
+        uniform = allowed / allowed.sum(-1, keepdim=True).clamp_min(1)
+        operator = alpha * eye + beta * dropped + gamma * uniform
+    else:
+        weight = 1.0 if blend is None else blend
+        operator = torch.where(mask.view(1, h, 1, 1), weight * eye + (1 - 2 * weight) * dropped, dropped)
     out = operator @ v
     return (out, attn) if return_attn else out
 
@@ -604,7 +832,7 @@ class LaplacianHeadsMixin:
     """
 
     # (no class-level annotation of the buffer: TorchScript would read it as an unresolvable string)
-    __jit_unused_properties__ = ["laplacian_heads_for_op", "laplacian_head_list", "num_laplacian_heads"]
+    __jit_unused_properties__ = ["laplacian_heads_for_op", "laplacian_head_list", "num_laplacian_heads", "head_kinds"]
 
     def _init_laplacian_heads(self, num_heads: int, laplacian_heads: HeadSpec, device=None) -> None:
         # on the factory device (timm's create_model(device="meta") puts every tensor there)
@@ -613,9 +841,26 @@ class LaplacianHeadsMixin:
         )
         self.set_laplacian_heads(laplacian_heads)
 
-    def set_laplacian_heads(self, laplacian_heads: HeadSpec) -> None:
-        """Choose which heads are Laplacian (no parameters change)."""
-        mask = laplacian_head_mask(laplacian_heads, len(self.laplacian_mask))
+    def set_laplacian_heads(self, laplacian_heads: HeadSpec | Sequence[str]) -> None:
+        """Choose which heads are Laplacian (no parameters change), or give every head a kind
+        (:data:`HEAD_KINDS`): "mix" heads gain their learnable (a, b) (``mix_a`` = 0, ``mix_b`` = 1: ordinary at
+        the start), "local" heads the module's untied local term (:meth:`_make_local`)."""
+        num_heads = len(self.laplacian_mask)
+        kinds = None
+        if _is_kinds(laplacian_heads):
+            kinds = tuple(laplacian_heads)
+            if len(kinds) != num_heads or any(kind not in HEAD_KINDS for kind in kinds):
+                raise HeadSpecError(f"head kinds {list(kinds)!r}; allowed: {num_heads} of {', '.join(HEAD_KINDS)}")
+            laplacian_heads = [kind == "laplacian" for kind in kinds]
+        self._kinds = None if kinds is None or is_plain_laplacian(kinds) else kinds
+        device = self.laplacian_mask.device
+        if self._kinds is not None and "mix" in self._kinds:
+            self.mix_a = torch.nn.Parameter(torch.zeros(num_heads, device=device))  # 1-D: no weight decay in timm
+            self.mix_b = torch.nn.Parameter(torch.ones(num_heads, device=device))
+        else:
+            self.mix_a = self.mix_b = None
+        self._make_local(sum(kind == "local" for kind in (self._kinds or ())))
+        mask = laplacian_head_mask(laplacian_heads, num_heads)
         if mask.device.type != "cpu":  # a spec given as a device tensor, or built under a device context
             mask = mask.to("cpu") if mask.device.type != "meta" else torch.zeros(len(mask), dtype=torch.bool)
         self._laplacian_host = mask
@@ -636,6 +881,18 @@ class LaplacianHeadsMixin:
         module = super()._apply(fn, recurse)  # type: ignore[misc]
         self._sync_laplacian_mask()  # to_empty() leaves buffers uninitialised; the host copy is the truth
         return module
+
+    def _make_local(self, num_local: int) -> None:
+        """The untied token-local term of "local" heads; a module without one refuses such heads."""
+        if num_local:
+            raise HeadSpecError(f"{type(self).__name__} has no local term; allowed kinds here: all but 'local'")
+
+    @property
+    def head_kinds(self) -> tuple[str, ...]:
+        """Every head's kind (ordinary / laplacian unless other kinds were given)."""
+        if getattr(self, "_kinds", None) is not None:
+            return self._kinds
+        return tuple("laplacian" if m else "ordinary" for m in self._laplacian_host.tolist())
 
     @property
     def laplacian_heads_for_op(self) -> HeadSpec:
@@ -670,7 +927,24 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         super().__init__(dim, num_heads, *args, **kwargs)
         if not hasattr(self, "gate"):  # timm before gated attention
             self.gate = None
+        self.local_v = self.local_o = None
         self._init_laplacian_heads(num_heads, laplacian_heads, kwargs.get("device"))
+
+    def _make_local(self, num_local: int) -> None:
+        """ "local" heads: their own value (W_V', initialised as timm's ViT initialises a Linear) and output
+        (W_O', zero, like the model's output projections at the start) weights, untied from W_V and W_O."""
+        if not num_local:
+            self.local_v = self.local_o = None
+            return
+        device = self.qkv.weight.device
+        width = num_local * self.head_dim
+        self.local_v = torch.nn.Linear(self.qkv.in_features, width, bias=self.qkv.bias is not None, device=device)
+        self.local_o = torch.nn.Linear(width, self.proj.out_features, bias=False, device=device)
+        if device.type != "meta":
+            torch.nn.init.trunc_normal_(self.local_v.weight, std=0.02)
+            if self.local_v.bias is not None:
+                torch.nn.init.zeros_(self.local_v.bias)
+            torch.nn.init.zeros_(self.local_o.weight)
 
     def forward(
         self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
@@ -697,6 +971,7 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool, return_attn: bool
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         b, n, _ = x.shape
+        tokens = x
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
@@ -706,7 +981,10 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         x = self.norm(x)
         if gate is not None:
             x = x * gate
-        return self.proj_drop(self.proj(x)), attn
+        out = self.proj(x)
+        if self.local_v is not None:  # "local" heads: their untied token-local term, W_O' W_V' x
+            out = out + self.local_o(self.local_v(tokens))
+        return self.proj_drop(out), attn
 
     @torch.jit.ignore
     def _attend(
@@ -724,17 +1002,22 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         trailing = -1 if self._op_heads is None else self._op_heads
         dropout_p = self.attn_drop.p if self.training else 0.0
         blend = getattr(self, "laplacian_blend", None)  # lambda of a blend conversion (lapheads.convert)
+        kinds_of_heads = self._kinds  # attributes, not methods: under TorchScript self keeps attributes only
+        kinds = None if kinds_of_heads is None else list(kinds_of_heads)
+        mix = None if self.mix_a is None else (self.mix_a, self.mix_b)
         if self.fused_attn and not return_attn:
             out = _fused_leaf(
-                q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend
+                q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend, kinds, mix
             )
             return out, None
         out, attn = _reference_leaf(
-            q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend
+            q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend, kinds, mix
         )
         return out, attn
 
     def extra_repr(self) -> str:
+        if getattr(self, "_kinds", None) is not None:
+            return f"head_kinds={list(self._kinds)}"
         return f"laplacian_heads={format_head_mask(self._laplacian_host)}"
 
 
@@ -750,12 +1033,23 @@ def _fused_leaf(
     dropout_p: float,
     scale: float,
     blend: Optional[Tensor] = None,
+    kinds: Optional[List[str]] = None,
+    mix: Optional[Tuple[Tensor, Tensor]] = None,
 ) -> Tensor:
-    """``laplacian_attention`` with positional arguments (k trailing heads when ``trailing`` >= 0, else ``mask``):
-    the one node FX records and the one call TorchScript leaves to Python."""
-    heads: HeadSpec = trailing if trailing >= 0 else mask
+    """``laplacian_attention`` with positional arguments (``kinds`` when given, else k trailing heads when
+    ``trailing`` >= 0, else ``mask``): the one node FX records and the one call TorchScript leaves to Python."""
+    heads: HeadSpec = kinds if kinds is not None else (trailing if trailing >= 0 else mask)
     return laplacian_attention(
-        q, k, v, heads, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale, blend=blend
+        q,
+        k,
+        v,
+        heads,
+        attn_mask=attn_mask,
+        is_causal=is_causal,
+        dropout_p=dropout_p,
+        scale=scale,
+        blend=blend,
+        mix=mix,
     )
 
 
@@ -771,9 +1065,11 @@ def _reference_leaf(
     dropout_p: float,
     scale: float,
     blend: Optional[Tensor] = None,
+    kinds: Optional[List[str]] = None,
+    mix: Optional[Tuple[Tensor, Tensor]] = None,
 ) -> Tuple[Tensor, Tensor]:
     """``laplacian_attention_reference`` with P, as :func:`_fused_leaf`."""
-    heads: HeadSpec = trailing if trailing >= 0 else mask
+    heads: HeadSpec = kinds if kinds is not None else (trailing if trailing >= 0 else mask)
     out, attn = laplacian_attention_reference(
         q,
         k,
@@ -784,6 +1080,7 @@ def _reference_leaf(
         dropout_p=dropout_p,
         scale=scale,
         blend=blend,
+        mix=mix,
         return_attn=True,
     )
     return out, attn

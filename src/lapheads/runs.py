@@ -392,8 +392,9 @@ SWEEP_FILE = "sweep.json"
 
 
 def spec_dir_name(spec: str) -> str:
-    """A head spec as it names directories: cells L<spec>-s<seed>, reports report-vs-L<spec> ("3,0" -> "L3_0")."""
-    return f"L{spec.replace(',', '_')}"
+    """A head spec as it names directories: cells L<spec>-s<seed>, reports report-vs-L<spec> ("3,0" -> "L3_0",
+    "negated:3" -> "Lnegated-3", "ordinary/negated/laplacian" -> "Lordinary.negated.laplacian")."""
+    return "L" + spec.replace(",", "_").replace(":", "-").replace("/", ".")
 
 
 class SweepError(LapheadsError, ValueError):

@@ -293,3 +293,29 @@ def test_symlinks_never_lead_out_of_a_run_directory(tiny_config, tmp_path, link)
         (checkpoints / "latest").symlink_to(tmp_path / "pointer")
     with pytest.raises(CheckpointError, match="symlink or leads out"):
         load_model(RunDir(tmp_path / "run"))
+
+
+def test_a_model_of_several_head_kinds_trains_resumes_identically_and_reloads(tiny_config, tmp_path):
+    # TINY_VIT: 2 layers of 2 heads; four kinds and a learned mix in one model
+    spec = "negated/centring,mix"
+    cfg = dataclasses.replace(tiny_config, laplacian_heads=spec, checkpoint_every=3)
+    full = train_classify(cfg, tmp_path / "full")
+    train_classify(cfg, tmp_path / "split", stop_at_step=5)
+    resumed = train_classify(cfg, tmp_path / "split", resume=True)
+    assert resumed["step"] == full["step"]
+    a, b = final_weights(tmp_path / "full"), final_weights(tmp_path / "split")
+    assert all(torch.equal(a[k], b[k]) for k in a) and "blocks.1.attn.mix_a" in a
+    record = RunDir(tmp_path / "full").read_config()
+    assert record["head_kinds"] == [["negated", "centring"], ["mix", "mix"]]
+    assert record["laplacian_masks"] == [[False, False], [False, False]]
+    model = load_model(RunDir(tmp_path / "full"))
+    assert [list(block.attn.head_kinds) for block in model.blocks] == record["head_kinds"]
+    assert torch.equal(model.blocks[1].attn.mix_b.detach(), a["blocks.1.attn.mix_b"])
+
+
+def test_a_kind_the_lm_cannot_run_is_refused_not_dropped(tmp_path):
+    from lapheads.attention import HeadSpecError
+    from lapheads.models.gpt import GPT, GPTConfig
+
+    with pytest.raises(HeadSpecError, match=r"names head kinds \(negated\) this model cannot run"):
+        GPT(GPTConfig(depth=1, vocab_size=10, aspect_ratio=8, head_dim=4, laplacian_heads="negated:1"))

@@ -22,12 +22,12 @@ import torch
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 
-from lapheads.attention import LaplacianAttention, parse_laplacian_heads
+from lapheads.attention import LaplacianAttention, parse_head_kinds
 from lapheads.convert import init_heads
 from lapheads.errors import InputError
 from lapheads.io import load_tensor_file
 
-__all__ = ["CPU_VIT_ARGS", "create_vit", "set_laplacian_heads", "vit_laplacian_masks"]
+__all__ = ["CPU_VIT_ARGS", "create_vit", "set_laplacian_heads", "vit_head_kinds", "vit_laplacian_masks"]
 
 #: The small CPU ViT for 28-32 px images: 6 layers, 192 dims, 3 heads, patch 4.
 CPU_VIT_ARGS: dict[str, Any] = dict(patch_size=4, embed_dim=192, depth=6, num_heads=3, mlp_ratio=4.0)
@@ -38,10 +38,15 @@ def set_laplacian_heads(model: torch.nn.Module, laplacian_heads: object) -> list
     layers = [m for m in model.modules() if isinstance(m, LaplacianAttention)]
     if not layers:
         raise InputError(f"{type(model).__name__} has no LaplacianAttention layers; build it with create_vit")
-    masks = parse_laplacian_heads(laplacian_heads, num_heads=layers[0].num_heads, num_layers=len(layers))
-    for layer, mask in zip(layers, masks):
-        layer.set_laplacian_heads(mask)
-    return masks
+    kinds = parse_head_kinds(laplacian_heads, num_heads=layers[0].num_heads, num_layers=len(layers))
+    for layer, layer_kinds in zip(layers, kinds):
+        layer.set_laplacian_heads(layer_kinds)
+    return [layer.laplacian_mask.to("cpu") for layer in layers]
+
+
+def vit_head_kinds(model: torch.nn.Module) -> list[list[str]]:
+    """Each attention layer's head kinds, for config.json."""
+    return [list(m.head_kinds) for m in model.modules() if isinstance(m, LaplacianAttention)]
 
 
 def vit_laplacian_masks(model: torch.nn.Module) -> list[list[bool]]:

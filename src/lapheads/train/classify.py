@@ -32,7 +32,7 @@ from lapheads.distributed import setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.classify import evaluate_classifier, evaluate_fit, fit_images
 from lapheads.hardware import BusyWatch
-from lapheads.models.vit import vit_laplacian_masks
+from lapheads.models.vit import vit_head_kinds, vit_laplacian_masks
 from lapheads.runs import RunDir, model_record
 from lapheads.runs import build_model as build_from_record
 from lapheads.train.runtime import (
@@ -298,6 +298,7 @@ def train_classify(
             "preset": preset,
             "num_params": num_params,
             "laplacian_masks": vit_laplacian_masks(model),
+            "head_kinds": vit_head_kinds(model),
             "num_classes": data.num_classes,
             "model": model_spec(cfg, data.num_classes, data.in_chans),
             "in_chans": data.in_chans,

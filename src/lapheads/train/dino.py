@@ -41,7 +41,7 @@ from lapheads.models.dino import (
     teacher_temperatures,
     update_teacher,
 )
-from lapheads.models.vit import vit_laplacian_masks
+from lapheads.models.vit import vit_head_kinds, vit_laplacian_masks
 from lapheads.runs import RunDir, model_record
 from lapheads.runs import build_model as build_from_record
 from lapheads.train.runtime import (
@@ -272,6 +272,7 @@ def train_dino(
             "preset": preset,
             "num_params": num_params,
             "laplacian_masks": vit_laplacian_masks(student.backbone),
+            "head_kinds": vit_head_kinds(student.backbone),
             "in_chans": data.in_chans,
             "num_classes": data.num_classes,
             "steps": total_steps,

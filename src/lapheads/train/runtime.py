@@ -32,6 +32,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
+from lapheads.attention import HEAD_KINDS
 from lapheads.config import NON_NEGATIVE, POSITIVE, ConfigError, Domain, one_of, option
 from lapheads.distributed import Distributed, StoppedError, peer_failures, setup_distributed
 from lapheads.errors import CheckpointError, InputError, LapheadsError
@@ -64,9 +65,13 @@ __all__ = [
 ]
 
 
-#: ``--laplacian-heads`` in a config: k, or one k per layer ("0,2,2,0"); checked against the model when it is built
+#: ``--laplacian-heads`` in a config: k, one k per layer ("0,2,2,0"), or head kinds ("negated:3", "mix",
+#: "ordinary/negated/laplacian", per layer too); checked against the model when it is built (the one parser)
+_HEAD_ITEM = r"\s*(\d+|[a-z]+(:\d+)?(\+[a-z]+:\d+)*|[a-z]+(/[a-z]+)+)\s*"
 HEAD_SPEC = Domain(
-    "k or a comma list of per-layer k, e.g. 3 or 0,2,2,0", lambda v: bool(re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", v))
+    "k, a comma list of per-layer k (3 or 0,2,2,0), or head kinds (negated:3, mix, ordinary/negated/laplacian; "
+    "kinds: " + ", ".join(HEAD_KINDS) + ")",
+    lambda v: bool(re.fullmatch(f"{_HEAD_ITEM}(,{_HEAD_ITEM})*", v)),
 )
 
 
@@ -75,7 +80,9 @@ class RunConfig:
     """The options every training run has; ClassifyConfig, LMConfig and DINOConfig extend it."""
 
     description: str = option("", "what this recipe is (free text, shown in reports)")
-    laplacian_heads: str = option("0", "Laplacian heads: k trailing heads per layer, or one k per layer", HEAD_SPEC)
+    laplacian_heads: str = option(
+        "0", "Laplacian heads: k trailing heads per layer, one k per layer, or head kinds (ViTs)", HEAD_SPEC
+    )
     seed: int = option(0, "seed of the weights and the data order (arms with the same seed are paired)", NON_NEGATIVE)
     device: str = option("auto", "where to train (auto = cuda when available)", one_of("auto", "cpu", "cuda"))
     amp: bool | Literal["auto"] = option(
