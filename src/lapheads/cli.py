@@ -344,6 +344,15 @@ def _cmd_export_tb(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_mix(args: argparse.Namespace) -> int:
+    from lapheads.mix import mix_report
+
+    path = mix_report(args.run_dir, args.out)
+    print(path.read_text())
+    print(f"report: {path}")
+    return 0
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from lapheads.analyze import AnalyzeOptions, analyze_runs
 
@@ -728,6 +737,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _nanochat_options(analyze)
     analyze.set_defaults(func=_cmd_analyze)
+
+    mix = sub.add_parser(
+        "mix", allow_abbrev=False, help="what each mix head (a V + b PV, learned) became, over the kept checkpoints"
+    )
+    mix.add_argument("run_dir", metavar="RUN_DIR", help="a run trained with --laplacian-heads mix (or mix heads)")
+    mix.add_argument("--out", default=None, help="default: RUN_DIR/report/mix")
+    mix.set_defaults(func=_cmd_mix)
 
     sweep = sub.add_parser("sweep", allow_abbrev=False, help="a preset over Laplacian specs x seeds, resumable")
     sweep.add_argument("preset", help="a preset name, or a .json preset file (then --task)")

@@ -32,6 +32,7 @@ from lapheads.distributed import setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.classify import evaluate_classifier, evaluate_fit, fit_images
 from lapheads.hardware import BusyWatch
+from lapheads.mix import decisiveness_penalty
 from lapheads.models.vit import vit_head_kinds, vit_laplacian_masks
 from lapheads.runs import RunDir, model_record
 from lapheads.runs import build_model as build_from_record
@@ -82,6 +83,11 @@ class ClassifyConfig(RunConfig):
     cutmix: float = option(0.0, "CutMix alpha (0: off)", NON_NEGATIVE)
     smoothing: float = option(0.0, "label smoothing", RATE)
     bce: bool = option(False, "binary cross-entropy loss (DeiT-III)")
+    mix_penalty: float = option(
+        0.0,
+        "weight of the decisiveness penalty on mix heads' (a, b): towards a named kind (lapheads.mix; 0: off)",
+        NON_NEGATIVE,
+    )
     # optimisation
     epochs: float = option(1.0, "training length in epochs (fractions allowed)", POSITIVE)
     batch_size: int = option(128, "global batch: images per optimizer step, over all processes", POSITIVE)
@@ -331,6 +337,8 @@ def train_classify(
             with contextlib.nullcontext() if sync else train_model.no_sync():
                 with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
                     loss = loss_fn(forward_model(images), labels)
+                    if cfg.mix_penalty:
+                        loss = loss + cfg.mix_penalty * decisiveness_penalty(model)
                 (loss / len(micro_batches)).backward()
             loss_sum += loss.detach()
             seen += len(indices) * dist_.world_size
