@@ -549,7 +549,10 @@ def _check_override_names(task: str, overrides: list[str]) -> None:
             if key not in fields:
                 near = difflib.get_close_matches(key, [*fields, "preset", "out", "resume", "laplacian_heads"], n=1)
                 hint = f" (did you mean --{near[0].replace('_', '-')}?)" if near else ""
-                raise UserError(f"unknown option --{key.replace('_', '-')}{hint}; see lapheads train {task} --help")
+                raise UserError(
+                    f"unknown option --{key.replace('_', '-')}; allowed: a config field{hint}, see lapheads train "
+                    f"{task} --help"
+                )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -280,6 +280,8 @@ def start_or_resume(
                 "lapheads run; refusing to write there (nothing was changed); allowed: a new --out"
             )
         run.write_config(task, config, {"world_size": dist_.world_size, **extra_record})
+    if dist_.is_main and isinstance(extra_record.get("precision"), dict):
+        notice(f"precision: {extra_record['precision']['reason']}")
     if dist_.is_main and config.get("log"):
         from lapheads.tracking import open_trackers
 
@@ -306,16 +308,13 @@ def _check_owned(run: RunDir, task: str) -> None:
 
 def run_precision(run: RunDir, amp: bool | str, dist_: Distributed, resume: bool) -> Precision:
     """The run's autocast choice: on --resume the one config.json recorded (a run keeps its precision whatever
-    machine continues it), else chosen for this device (:func:`lapheads.hardware.choose_precision`) and announced
-    once; trainers record ``precision.record()`` as config.json's ``precision``."""
+    machine continues it), else chosen for this device (:func:`lapheads.hardware.choose_precision`); trainers record
+    ``precision.record()`` as config.json's ``precision`` and start_or_resume announces it."""
     if resume and run.config_file.exists():
         saved = run.read_config().get("precision")
         if isinstance(saved, dict) and isinstance(saved.get("autocast_bf16"), bool):
             return Precision(saved["autocast_bf16"], str(saved.get("reason", "recorded")) + ", kept on resume")
-    precision = choose_precision(amp, dist_.device)
-    if dist_.is_main:
-        notice(f"precision: {precision.reason}")
-    return precision
+    return choose_precision(amp, dist_.device)  # start_or_resume announces it, once the run is known to start
 
 
 def defaults_of(config_type: type) -> dict[str, Any]:
