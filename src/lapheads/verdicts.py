@@ -233,4 +233,6 @@ def _verdict(difference: float, p: float, row: dict[str, Any], direction: int | 
         return f"excluded: a gain >= {row['margin']:.3g} is ruled out (TOST p {tost:.2g})"
     if not math.isnan(row.get("mde_at_alpha", math.nan)):
         return f"not detected (MDE {row['mde_at_alpha']:.3g} at alpha {row['alpha']:.2g})"
+    if math.isnan(p) and row.get("paired", {}).get("n_pairs", 0) >= 2:
+        return "not tested (the paired differences have no spread)"
     return "not detected" if not math.isnan(p) else "not tested (fewer than 2 seeds)"
