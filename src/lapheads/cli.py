@@ -43,7 +43,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _default_out(task: str, preset: str, heads: str | None) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{task}-{Path(preset).stem}-L{(heads or 'preset').replace(',', '_')}-{stamp}"
+    from lapheads.runs import spec_dir_name
+
+    return Path("runs") / f"{task}-{Path(preset).stem}-{spec_dir_name(heads or 'preset')}-{stamp}"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
