@@ -191,24 +191,10 @@ def _escapes(victim, secret_env):
     }
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "io.FileIO write",
-        "_io.open write",
-        "posix.open write",
-        "dir_fd unlink",
-        "posix.unlink",
-        "reload(os) unlink",
-        "sqlite3 file",
-        "mkfifo",
-        "posix_spawn",
-        "ctypes unlink",
-        "parent environ",
-        "read caller file",
-        "network",
-    ],
-)
+ESCAPES = sorted(_escapes(Path("/nowhere/victim"), ""))
+
+
+@pytest.mark.parametrize("case", ESCAPES)
 def test_the_boundary_contains_what_the_guard_cannot(case, tmp_path, monkeypatch):
     if sandbox.boundary_tool() is None:
         pytest.skip("bubblewrap is not usable here")

@@ -158,19 +158,8 @@ def parse_laplacian_heads(spec: object, num_heads: int, num_layers: int) -> list
             raise HeadSpecError(f"laplacian_heads={spec!r} is not an int or a comma-separated int list; {allowed}")
         counts = [int(p) for p in parts]
         spec = counts[0] if len(counts) == 1 else counts
-    if isinstance(spec, Tensor):
-        if spec.dtype != torch.bool or spec.dim() != 2:
-            raise HeadSpecError(
-                f"laplacian_heads tensor has dtype {spec.dtype} and shape {tuple(spec.shape)}; "
-                f"allowed: a bool tensor of shape ({num_layers}, {num_heads})"
-            )
-        spec = list(spec.unbind(0))
+    spec = _per_layer(spec, num_heads, num_layers, allowed)
     if isinstance(spec, Sequence):
-        if len(spec) != num_layers:
-            raise HeadSpecError(
-                f"laplacian_heads has {len(spec)} entries {_short(spec)} but the model has {num_layers} layers; "
-                f"{allowed}"
-            )
         masks = []
         for layer, item in enumerate(spec):
             if isinstance(item, (Tensor, Sequence)) and not isinstance(item, str):
@@ -182,6 +171,22 @@ def parse_laplacian_heads(spec: object, num_heads: int, num_layers: int) -> list
         raise HeadSpecError(f"laplacian_heads={spec!r} is a {type(spec).__name__}; {allowed}")
     mask = laplacian_head_mask(_check_count(spec, num_heads), num_heads)
     return [mask.clone() for _ in range(num_layers)]
+
+
+def _per_layer(spec: object, num_heads: int, num_layers: int, allowed: str) -> object:
+    """A (layers, heads) bool tensor as a list of rows; a sequence of the wrong length refused; else ``spec``."""
+    if isinstance(spec, Tensor):
+        if spec.dtype != torch.bool or spec.dim() != 2:
+            raise HeadSpecError(
+                f"laplacian_heads tensor has dtype {spec.dtype} and shape {tuple(spec.shape)}; "
+                f"allowed: a bool tensor of shape ({num_layers}, {num_heads})"
+            )
+        spec = list(spec.unbind(0))
+    if isinstance(spec, Sequence) and not isinstance(spec, str) and len(spec) != num_layers:
+        raise HeadSpecError(
+            f"laplacian_heads has {len(spec)} entries {_short(spec)} but the model has {num_layers} layers; {allowed}"
+        )
+    return spec
 
 
 def _short(seq: Sequence) -> str:
@@ -292,19 +297,8 @@ def parse_head_kinds(spec: object, num_heads: int, num_layers: int) -> list[tupl
         if len(items) == 1:
             return [_layer_kinds(items[0], num_heads, "")] * num_layers
         spec = items
-    if isinstance(spec, Tensor):
-        if spec.dtype != torch.bool or spec.dim() != 2:
-            raise HeadSpecError(
-                f"laplacian_heads tensor has dtype {spec.dtype} and shape {tuple(spec.shape)}; "
-                f"allowed: a bool tensor of shape ({num_layers}, {num_heads})"
-            )
-        spec = list(spec.unbind(0))
+    spec = _per_layer(spec, num_heads, num_layers, "allowed: one item per layer, or one item for all")
     if isinstance(spec, Sequence):
-        if len(spec) != num_layers:
-            raise HeadSpecError(
-                f"laplacian_heads has {len(spec)} entries {_short(spec)} but the model has {num_layers} layers; "
-                f"allowed: one item per layer, or one item for all"
-            )
         return [_layer_kinds(item, num_heads, f"[layer {i}]") for i, item in enumerate(spec)]
     return [_layer_kinds(spec, num_heads, "")] * num_layers
 

@@ -510,7 +510,8 @@ class _DemoParser(_Parser):
         from lapheads.presets import CONFIG_TYPES, PRESETS
 
         self.epilog = (
-            "Both runs take --key value overrides of the fmnist-cpu recipe (shown with its values), e.g. --epochs 1:\n"
+            "Both runs are the fmnist-cpu recipe for one epoch (--epochs 2 for the preset's length) and take --key "
+            "value overrides of it (shown with its values):\n"
             + config_help(CONFIG_TYPES["classify"], PRESETS["classify"]["fmnist-cpu"])
         )
         return super().format_help()
