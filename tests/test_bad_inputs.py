@@ -237,11 +237,30 @@ def test_damaged_run_directories(tmp_path, tiny_preset, capsys):
         "latest-outside": lambda: latest.write_text("../../x\n"),
         "latest-missing-folder": lambda: latest.write_text("step-99999999\n"),
         "config-corrupt": lambda: (run / "config.json").write_text("{"),
+        "config-a-list": lambda: (run / "config.json").write_text("[1, 2]"),
+        "config-null": lambda: (run / "config.json").write_text("null"),
+        "config-not-utf8": lambda: (run / "config.json").write_bytes(b'{"task": "\xff"}'),
+        "config-unknown-model-kwarg": lambda: (run / "config.json").write_text(
+            json.dumps(
+                {
+                    **json.loads(saved_config),
+                    "model": {"factory": "vit", "kwargs": {"name": "vit_fmnist_patch4", "nope": 1}},
+                }
+            )
+        ),
+        "config-unknown-factory": lambda: (run / "config.json").write_text(
+            json.dumps({**json.loads(saved_config), "model": {"factory": "rnn", "kwargs": {}}})
+        ),
         "weights-not-safetensors": lambda: (run / "checkpoints" / good.strip() / "model.safetensors").write_bytes(
             pickle.dumps({"x": 1})
         ),
     }
     saved_config = (run / "config.json").read_text()
+
+    def _with_model(factory: str, kwargs: dict) -> None:
+        record = {**json.loads(saved_config), "model": {"factory": factory, "kwargs": kwargs}}
+        (run / "config.json").write_text(json.dumps(record))
+
     saved_weights = (run / "checkpoints" / good.strip() / "model.safetensors").read_bytes()
     for name, damage in damages.items():
         damage()
@@ -278,6 +297,13 @@ def _api_cases():
         ("op-bool-k", lambda: lapheads.laplacian_attention(q, q, q, True), "bool"),
         ("spec-string", lambda: lapheads.parse_laplacian_heads("a,b", 4, 2), "a,b"),
         ("spec-layers", lambda: lapheads.parse_laplacian_heads([1, 1, 1], 4, 2), "3 entries"),
+        ("spec-kind-unknown", lambda: lapheads.parse_laplacian_heads("sharpen:1", 4, 2), "sharpen"),
+        ("spec-kind-gpt", lambda: lapheads.parse_laplacian_heads("negated:1", 4, 2), "negated"),
+        ("op-kinds-length", lambda: lapheads.laplacian_attention(q, q, q, ["negated"] * 3), "negated"),
+        ("op-mix-missing", lambda: lapheads.laplacian_attention(q, q, q, ["mix"] * 4), "mix=(a, b)"),
+        ("op-mask-int", lambda: lapheads.laplacian_attention(q, q, q, 1, attn_mask=torch.ones(8, 8).long()), "int64"),
+        ("op-dropout", lambda: lapheads.laplacian_attention(q, q, q, 1, dropout_p=2.0), "dropout_p"),
+        ("op-blend", lambda: lapheads.laplacian_attention(q, q, q, 1, blend=1.5), "blend"),
         ("vit-unknown", lambda: lapheads.create_vit("vit_nope"), "vit_nope"),
         ("gpt-depth", lambda: lapheads.GPT(lapheads.GPTConfig(depth=0, vocab_size=10)), "depth"),
         (

@@ -296,6 +296,11 @@ def parse_head_kinds(spec: object, num_heads: int, num_layers: int) -> list[tupl
         items = [p.strip() for p in text.split(",")]
         if len(items) == 1:
             return [_layer_kinds(items[0], num_heads, "")] * num_layers
+        if len(items) == num_layers:
+            try:
+                return [_layer_kinds(item, num_heads, f"[layer {i}]") for i, item in enumerate(items)]
+            except HeadSpecError as err:  # name the whole spec the user wrote, then the bad item
+                raise HeadSpecError(f"laplacian_heads={spec!r}: {err}") from None
         spec = items
     spec = _per_layer(spec, num_heads, num_layers, "allowed: one item per layer, or one item for all")
     if isinstance(spec, Sequence):

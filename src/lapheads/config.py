@@ -253,8 +253,8 @@ def config_from_dict(cls: type[C], data: dict[str, Any], base: C | None = None, 
 def load_preset_file(path: str | Path) -> dict[str, Any]:
     """Read a JSON preset file (a dict of config fields)."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read preset file {path}: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"preset file {path} must hold a JSON object of config fields, got {type(data).__name__}")

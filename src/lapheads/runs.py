@@ -109,11 +109,17 @@ class RunDir:
 
     def read_config(self) -> dict[str, Any]:
         try:
-            return json.loads(self.config_file.read_text())
+            record = json.loads(self.config_file.read_text())
         except FileNotFoundError:
             raise CheckpointError(f"{self.path} is not a run directory: no config.json") from None
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise CheckpointError(f"{self.config_file} is corrupt: {err}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("config", {}), dict):
+            raise CheckpointError(
+                f"{self.config_file} holds {type(record).__name__ if not isinstance(record, dict) else 'a config'} "
+                "that is not a lapheads run record; allowed: a JSON object with task and config"
+            )
+        return record
 
     def settings(self) -> SimpleNamespace:
         """The run's training config as attributes (``run.settings().dataset``), without importing training code."""
@@ -303,8 +309,14 @@ def model_record(factory: str, kwargs: dict[str, Any], prefix: str = "") -> dict
 
 
 def build_model(record: dict[str, Any]) -> torch.nn.Module:
-    """The untrained model of a ``model_record``."""
-    return FACTORIES[record["factory"]](**record["kwargs"])
+    """The untrained model of a ``model_record``; arguments its constructor does not take are a one-line error."""
+    factory = record.get("factory") if isinstance(record, dict) else None
+    if factory not in FACTORIES or not isinstance(record.get("kwargs"), dict):
+        raise CheckpointError(f"model record {str(record)[:80]}; allowed: factory one of {', '.join(FACTORIES)}")
+    try:
+        return FACTORIES[factory](**record["kwargs"])
+    except TypeError as err:  # an unknown or misspelt constructor argument
+        raise CheckpointError(f"the recorded model arguments do not build a {factory} model: {err}") from None
 
 
 def _record_of(run: RunDir, record: dict[str, Any]) -> dict[str, Any]:

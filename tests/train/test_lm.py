@@ -449,3 +449,74 @@ def test_cells_started_together_prepare_the_tokens_once(tmp_path):
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         counts = pool.map(_prepare, [str(tmp_path)] * 2)
     assert counts[0] == counts[1] > 1_000_000
+
+
+def test_an_lm_of_several_head_kinds_trains_resumes_identically_and_reloads(text_root, tmp_path):
+    from lapheads.runs import load_model
+
+    spec = "ordinary/negated/centring/mix,local:1+laplacian:1"  # 4 heads per layer, 2 layers: 5 kinds
+    cfg = tiny_lm(text_root, laplacian_heads=spec, num_iterations=8, eval_every=4, checkpoint_every=2)
+    train_lm(cfg, tmp_path / "straight")
+    assert train_lm(cfg, tmp_path / "resumed", stop_at_step=5)["stopped"]
+    train_lm(cfg, tmp_path / "resumed", resume=True)
+    for name in ("model", "optimizer-adamw", "optimizer-muon"):
+        a = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
+        b = load_file(str(tmp_path / "resumed" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    weights = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / "model.safetensors"))
+    assert "transformer.h.0.attn.mix_a" in weights and "transformer.h.1.attn.local_o.weight" in weights
+    assert not torch.equal(weights["transformer.h.0.attn.mix_b"], torch.ones(4))  # the scalars trained (AdamW)
+    record = json.loads((tmp_path / "straight" / "config.json").read_text())
+    assert record["head_kinds"] == [
+        ["ordinary", "negated", "centring", "mix"],
+        ["ordinary", "ordinary", "local", "laplacian"],
+    ]
+    model = load_model(tmp_path / "straight")
+    assert model.head_kinds() == record["head_kinds"]
+    assert torch.equal(model.blocks[0].attn.mix_a.detach(), weights["transformer.h.0.attn.mix_a"])
+
+
+def test_a_gpt_of_head_kinds_decodes_with_its_cache_as_the_full_forward():
+    from lapheads.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(
+        depth=2,
+        vocab_size=50,
+        aspect_ratio=16,
+        head_dim=8,
+        sequence_len=32,
+        n_kv_head=2,
+        laplacian_heads="ordinary/negated/centring/mix,mix",
+    )
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for block in model.blocks:  # move the mix heads off their ordinary start and open the output paths
+            if block.attn.mix_a is not None:
+                block.attn.mix_a.uniform_(-1, 1)
+                block.attn.mix_b.uniform_(-1, 1)
+            torch.nn.init.normal_(block.attn.c_proj.weight, std=0.1)
+        torch.nn.init.normal_(model.lm_head.weight, std=0.1)
+    prompt = torch.randint(0, 50, (1, 6))
+    generated = model.generate(prompt, max_new_tokens=6, temperature=0.0)
+    full = model(generated[:, :-1])
+    assert torch.equal(
+        full[:, 5:].argmax(-1), generated[:, 6:]
+    )  # greedy: the cached steps chose what the full pass does
+
+
+def test_a_gpt_of_mix_heads_at_init_has_the_ordinary_models_logits():
+    from lapheads.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(depth=2, vocab_size=50, aspect_ratio=16, head_dim=8, laplacian_heads=0)).eval()
+    torch.manual_seed(0)
+    mixed = GPT(GPTConfig(depth=2, vocab_size=50, aspect_ratio=16, head_dim=8, laplacian_heads="mix")).eval()
+    mixed.load_state_dict(plain.state_dict(), strict=False)
+    with torch.no_grad():
+        for model in (plain, mixed):
+            for block in model.blocks:
+                block.attn.c_proj.weight.copy_(torch.eye(32))
+            model.lm_head.weight.normal_(generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, 50, (2, 10))
+    assert torch.equal(mixed(tokens), plain(tokens))

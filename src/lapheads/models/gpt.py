@@ -45,7 +45,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lapheads.attention import LaplacianHeadsMixin, laplacian_attention, parse_laplacian_heads
+from lapheads.attention import LaplacianHeadsMixin, laplacian_attention, parse_head_kinds
 from lapheads.errors import InputError
 
 __all__ = ["ARCHS", "GPT", "GPTConfig", "KVCache", "sample_token"]
@@ -309,8 +309,9 @@ def sliding_window_mask(t: int, s: int, window: int, device: torch.device) -> to
 
 
 class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
-    def __init__(self, config: GPTConfig, layer_idx: int, laplacian_mask: torch.Tensor) -> None:
+    def __init__(self, config: GPTConfig, layer_idx: int, laplacian_mask) -> None:
         super().__init__()
+        self.local_v = self.local_o = None
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head or config.n_head
         self.head_dim = config.n_embd // self.n_head
@@ -326,6 +327,17 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
         # a non-persistent buffer (nanochat checkpoints load unchanged; the spec lives in the config) that
         # survives meta-device builds and to_empty (LaplacianHeadsMixin)
         self._init_laplacian_heads(self.n_head, laplacian_mask)
+
+    def _make_local(self, num_local: int) -> None:
+        """ "local" heads: their own value and output weights (W_V', W_O'), untied from c_v and c_proj; init_weights
+        starts W_O' at zero like every output projection."""
+        if not num_local:
+            self.local_v = self.local_o = None
+            return
+        width = num_local * self.head_dim
+        device = self.c_v.weight.device
+        self.local_v = nn.Linear(self.c_v.in_features, width, bias=False, device=device)
+        self.local_o = nn.Linear(width, self.c_proj.out_features, bias=False, device=device)
 
     def forward(
         self,
@@ -350,10 +362,20 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.insert(self.layer_idx, k, v)
         # T < S with a cache: the op aligns the mask bottom-right and uses the query's own value
+        kinds = self._kinds  # other head kinds than ordinary / Laplacian, or None
         y = laplacian_attention(
-            q, k, v, laplacian_heads=self.laplacian_heads_for_op, attn_mask=window_mask, is_causal=window_mask is None
+            q,
+            k,
+            v,
+            laplacian_heads=self.laplacian_heads_for_op if kinds is None else kinds,
+            attn_mask=window_mask,
+            is_causal=window_mask is None,
+            mix=None if self.mix_a is None else (self.mix_a, self.mix_b),
         )
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+        out = self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+        if self.local_v is not None:  # "local" heads' untied token-local term
+            out = out + self.local_o(self.local_v(x))
+        return out
 
 
 class MLP(nn.Module):
@@ -414,7 +436,7 @@ class GPT(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
-        masks = parse_laplacian_heads(config.laplacian_heads, num_heads=config.n_head, num_layers=config.depth)
+        masks = parse_head_kinds(config.laplacian_heads, num_heads=config.n_head, num_layers=config.depth)
         vocab, width = config.padded_vocab_size, config.n_embd
         self.transformer = nn.ModuleDict(
             {
@@ -443,17 +465,23 @@ class GPT(nn.Module):
     def blocks(self) -> nn.ModuleList:
         return self.transformer["h"]
 
+    def head_kinds(self) -> list[list[str]]:
+        """Each layer's head kinds (from the config, so it works on the meta device too)."""
+        kinds = parse_head_kinds(
+            self.config.laplacian_heads, num_heads=self.config.n_head, num_layers=self.config.depth
+        )
+        return [list(layer) for layer in kinds]
+
     def laplacian_masks(self) -> list[list[bool]]:
         """Each layer's Laplacian head mask (from the config, so it works on the meta device too)."""
-        with torch.device("cpu"):
-            masks = parse_laplacian_heads(
-                self.config.laplacian_heads, num_heads=self.config.n_head, num_layers=self.config.depth
-            )
-        return [mask.tolist() for mask in masks]
+        return [[kind == "laplacian" for kind in layer] for layer in self.head_kinds()]
 
     def constructor_kwargs(self) -> dict[str, Any]:
-        """``GPT(GPTConfig(**kwargs))`` rebuilds this model: every config field, the heads as explicit masks."""
-        return dict(self.config.to_dict(), laplacian_heads=self.laplacian_masks())
+        """``GPT(GPTConfig(**kwargs))`` rebuilds this model: every config field, the heads as explicit masks (or, with
+        other head kinds, as each layer's kinds)."""
+        kinds = self.head_kinds()
+        plain = all(kind in ("ordinary", "laplacian") for layer in kinds for kind in layer)
+        return dict(self.config.to_dict(), laplacian_heads=self.laplacian_masks() if plain else kinds)
 
     def _rotary(self, seq_len: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         head_dim = self.config.n_embd // self.config.n_head
@@ -470,6 +498,7 @@ class GPT(nn.Module):
             self._init_2026()
         else:
             self._init_2025()
+        self._init_head_kinds()  # after the families' loops (2025's touches every Linear)
         if self.cos.device.type != "meta":
             cos, sin = self._rotary(self.config.sequence_len, self.cos.device)
             self.cos.copy_(cos)
@@ -501,6 +530,18 @@ class GPT(nn.Module):
         for embedding in self.value_embeds.values():
             nn.init.uniform_(embedding.weight, -bound, bound)
         self._init_scalars_and_gates()
+
+    def _init_head_kinds(self) -> None:
+        """mix heads start ordinary (a = 0, b = 1); local heads' W_V' like c_v, W_O' at zero."""
+        for block in self.blocks:
+            attn = block.attn
+            if attn.mix_a is not None:
+                nn.init.zeros_(attn.mix_a)
+                nn.init.ones_(attn.mix_b)
+            if attn.local_v is not None:
+                fan_in = attn.local_v.weight.shape[1]
+                nn.init.normal_(attn.local_v.weight, std=1.0 / math.sqrt(fan_in))
+                nn.init.zeros_(attn.local_o.weight)
 
     def _init_scalars_and_gates(self) -> None:
         """The fork's values, in either family when a feature is switched on."""

@@ -41,7 +41,7 @@ def set_laplacian_heads(model: torch.nn.Module, laplacian_heads: object) -> list
     kinds = parse_head_kinds(laplacian_heads, num_heads=layers[0].num_heads, num_layers=len(layers))
     for layer, layer_kinds in zip(layers, kinds):
         layer.set_laplacian_heads(layer_kinds)
-    return [layer.laplacian_mask.to("cpu") for layer in layers]
+    return [layer._laplacian_host.clone() for layer in layers]  # the host truth: meta-device builds too
 
 
 def vit_head_kinds(model: torch.nn.Module) -> list[list[str]]:

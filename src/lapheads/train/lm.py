@@ -279,12 +279,16 @@ def build_optimizers(model: GPT, cfg: LMConfig, dist_: Distributed | None = None
         for p in (getattr(model.smear_gate, "weight", None), model.smear_lambda, model.backout_lambda)
         if p is not None
     ]
+    # mix heads' (a, b) are per-head scalars: AdamW at the scalar LR, no decay; Muon takes the block matrices
+    mix = [p for p in model.blocks.parameters() if p.dim() < 2]
+    if mix:
+        groups.append(dict(params=mix, lr=cfg.scalar_lr, weight_decay=0.0))
     if gates:
         groups.append(dict(params=gates, lr=0.2, weight_decay=0.0))
     adamw = torch.optim.AdamW(groups, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-10, weight_decay=cfg.weight_decay)
     dist_ = dist_ or Distributed()
     muon = ShardedMuon(
-        list(model.blocks.parameters()),
+        [p for p in model.blocks.parameters() if p.dim() >= 2],
         rank=dist_.rank,
         world_size=dist_.world_size,
         lr=cfg.matrix_lr,
@@ -425,6 +429,7 @@ def train_lm(
             "preset": preset,
             "num_params": num_params,
             "laplacian_masks": model.laplacian_masks(),
+            "head_kinds": model.head_kinds(),
             "vocab_size": tokenizer.vocab_size,
             "n_embd": model.config.n_embd,
             "n_head": model.config.n_head,

@@ -83,7 +83,11 @@ class RunConfig:
     laplacian_heads: str = option(
         "0", "Laplacian heads: k trailing heads per layer, one k per layer, or head kinds (ViTs)", HEAD_SPEC
     )
-    seed: int = option(0, "seed of the weights and the data order (arms with the same seed are paired)", NON_NEGATIVE)
+    seed: int = option(
+        0,
+        "seed of the weights and the data order (arms with the same seed are paired)",
+        Domain("0 <= seed < 2^63", lambda v: 0 <= v < 2**63),  # torch.manual_seed's range
+    )
     device: str = option("auto", "where to train (auto = cuda when available)", one_of("auto", "cpu", "cuda"))
     amp: bool | Literal["auto"] = option(
         "auto", "bf16 autocast: auto = where the hardware computes bf16 natively and faster (lapheads.hardware)"
