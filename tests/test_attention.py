@@ -452,7 +452,7 @@ def test_saved_tensor_hooks_that_copy_what_is_saved_give_the_same_gradients():
         ({"attn_mask": torch.ones(1, 1, 4, 4, dtype=torch.int64)}, "attn_mask has dtype torch.int64"),
         ({"attn_mask": torch.ones(3, 1, 4, 4, dtype=torch.bool)}, r"attn_mask of shape \(3, 1, 4, 4\) does not"),
         ({"attn_mask": torch.ones(4, 5, dtype=torch.bool)}, r"does not broadcast to \(B, H, T, S\)"),
-        ({"dropout_p": 1.5}, r"dropout_p=1.5; allowed: a number in \[0, 1\)"),
+        ({"dropout_p": 1.5}, r"dropout_p=1.5; allowed: a number in \[0, 1\]"),
         ({"dropout_p": -0.1}, "dropout_p=-0.1"),
         ({"blend": 2.0}, r"blend=2.0; allowed: a number in \[0, 1\]"),
         ({"blend": -1}, "blend=-1"),

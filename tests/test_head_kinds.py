@@ -116,9 +116,13 @@ def test_compiled_kinds_have_no_graph_break():
 )
 def test_the_one_parser_reads_kinds_and_counts(spec, expected):
     assert parse_head_kinds(spec, 3, 2) == expected
-    masks = parse_laplacian_heads(spec, 3, 2) if isinstance(spec, str) else None
-    if masks is not None:
+    plain = all(kind in ("ordinary", "laplacian") for layer in expected for kind in layer)
+    if plain:  # the masks parser reads the same spec
+        masks = parse_laplacian_heads(spec, 3, 2)
         assert [m.tolist() for m in masks] == [[k == "laplacian" for k in layer] for layer in expected]
+    elif isinstance(spec, str):  # and where only masks can run (Hugging Face), other kinds are refused, not dropped
+        with pytest.raises(HeadSpecError, match="names head kinds .* this model cannot run"):
+            parse_laplacian_heads(spec, 3, 2)
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,7 @@ def test_layers_get_independent_masks():
         ([1, 2.5, 0], r"laplacian_heads\[layer 1\]=2.5 is a float"),
         ("", "laplacian_heads is an empty string; allowed"),
         ("   ", "laplacian_heads is an empty string; allowed"),
-        ("two", "laplacian_heads='two' is not an int or a comma-separated int list"),
+        ("two", "laplacian_heads='two': unknown kind 'two'; allowed: an int 0..4"),
         ("1,,2", "laplacian_heads='1,,2' is not an int or a comma-separated int list"),
         ("1.5", "laplacian_heads='1.5' is not an int"),
         (None, "laplacian_heads=None is a NoneType"),

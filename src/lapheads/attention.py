@@ -515,8 +515,8 @@ def _check_options(
                 f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, T, S) = {(b, h, t, s)} "
                 f"for q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
-        raise InputError(f"dropout_p={dropout_p!r}; allowed: a number in [0, 1)")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p <= 1:
+        raise InputError(f"dropout_p={dropout_p!r}; allowed: a number in [0, 1]")
     if blend is not None:
         if isinstance(blend, Tensor):
             if blend.dim() != 0 or not blend.dtype.is_floating_point:

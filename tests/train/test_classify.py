@@ -311,11 +311,3 @@ def test_a_model_of_several_head_kinds_trains_resumes_identically_and_reloads(ti
     model = load_model(RunDir(tmp_path / "full"))
     assert [list(block.attn.head_kinds) for block in model.blocks] == record["head_kinds"]
     assert torch.equal(model.blocks[1].attn.mix_b.detach(), a["blocks.1.attn.mix_b"])
-
-
-def test_a_kind_the_lm_cannot_run_is_refused_not_dropped(tmp_path):
-    from lapheads.attention import HeadSpecError
-    from lapheads.models.gpt import GPT, GPTConfig
-
-    with pytest.raises(HeadSpecError, match=r"names head kinds \(negated\) this model cannot run"):
-        GPT(GPTConfig(depth=1, vocab_size=10, aspect_ratio=8, head_dim=4, laplacian_heads="negated:1"))

@@ -67,7 +67,8 @@ __all__ = [
 
 #: ``--laplacian-heads`` in a config: k, one k per layer ("0,2,2,0"), or head kinds ("negated:3", "mix",
 #: "ordinary/negated/laplacian", per layer too); checked against the model when it is built (the one parser)
-_HEAD_ITEM = r"\s*(\d+|[a-z]+(:\d+)?(\+[a-z]+:\d+)*|[a-z]+(/[a-z]+)+)\s*"
+_KIND = "(" + "|".join(HEAD_KINDS) + ")"
+_HEAD_ITEM = rf"\s*(\d+|{_KIND}(:\d+)?(\+{_KIND}:\d+)*|{_KIND}(/{_KIND})+)\s*"
 HEAD_SPEC = Domain(
     "k, a comma list of per-layer k (3 or 0,2,2,0), or head kinds (negated:3, mix, ordinary/negated/laplacian; "
     "kinds: " + ", ".join(HEAD_KINDS) + ")",
