@@ -9,6 +9,8 @@ Forms compared side by side in one process (ratios = median time / median time o
 * ``where``     fused SDPA then ``torch.where(mask, v - y, y)``: the simplest mask form.
 * ``cat``       fused SDPA then ``torch.cat([y_A, v_L - y_L])``: the authors' form (copies y).
 * ``naive``     ``lapheads.laplacian_attention_reference``: materialise P, multiply by (I - P) explicitly.
+* with ``--kinds``: ``negated``, ``centring``, ``mix`` (the same trailing heads of that head kind, through the op;
+                ``local`` is an ordinary head in the op, its extra matmul lives in the module).
 
 Then whole training steps (forward, backward, optimizer step) of a timm ViT built with ``LaplacianAttention`` (0, 1
 and 3 of 3 heads Laplacian) and of ``lapheads.GPT`` (0, 2 and 4 of 4 heads Laplacian); their ratios are medians of
@@ -49,6 +51,23 @@ def _cat_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_lap: int) -> 
     return torch.cat([y[:, :split], v[:, split:] - y[:, split:]], dim=1)
 
 
+KINDS = ("negated", "centring", "mix")
+
+
+def kind_forms(n_lap: int, device: torch.device, dtype: torch.dtype) -> dict[str, Callable[..., torch.Tensor]]:
+    """The op with the trailing ``n_lap`` heads of each other head kind (mix at a Laplacian-like point)."""
+    mix = (
+        torch.full((HEADS,), 0.9, device=device, dtype=dtype),
+        torch.full((HEADS,), -1.1, device=device, dtype=dtype),
+    )
+    return {
+        kind: lambda q, k, v, kinds=("ordinary",) * (HEADS - n_lap) + (kind,) * n_lap: laplacian_attention(
+            q, k, v, kinds, mix=mix
+        )
+        for kind in KINDS
+    }
+
+
 def attention_forms(n_lap: int) -> dict[str, Callable[..., torch.Tensor]]:
     mask = torch.arange(HEADS) >= HEADS - n_lap
     return {
@@ -62,7 +81,13 @@ def attention_forms(n_lap: int) -> dict[str, Callable[..., torch.Tensor]]:
 
 
 def bench_op(
-    seq_len: int, n_lap: int, device: torch.device, dtype: torch.dtype, repeats: int, compile_forms: bool = False
+    seq_len: int,
+    n_lap: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int,
+    compile_forms: bool = False,
+    kinds: bool = False,
 ) -> dict[str, dict]:
     """q, k, v as a model makes them (views of one packed (B, T, 3, H, D) projection) and each form's output
     reshaped to (B, T, H * D) for the output projection, as in timm's Attention and the GPT."""
@@ -71,6 +96,8 @@ def bench_op(
     packed = torch.randn(batch, seq_len, 3, HEADS, HEAD_DIM, generator=gen).to(device, dtype).requires_grad_()
     grad = torch.randn(batch, seq_len, HEADS * HEAD_DIM, generator=gen).to(device, dtype)
     forms = attention_forms(n_lap)
+    if kinds:
+        forms.update(kind_forms(n_lap, device, dtype))
     if compile_forms:  # compiled plain SDPA against the compiled op: the same compiler on both sides
         forms = {name: torch.compile(forms[name], fullgraph=True) for name in ("sdpa", "lapheads")}
 
@@ -238,12 +265,15 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument(
         "--compile", action="store_true", help="torch.compile on sdpa and lapheads in the op table, and on each model"
     )
+    parser.add_argument("--kinds", action="store_true", help="add the other head kinds to the op table")
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     op_results = {}
     for t in args.seq_lens:
         repeats = max(3, round(REPEATS.get(t, 10) * args.repeats_scale))
-        op_results[t] = bench_op(t, args.laplacian_heads, device, dtype, repeats, compile_forms=args.compile)
+        op_results[t] = bench_op(
+            t, args.laplacian_heads, device, dtype, repeats, compile_forms=args.compile, kinds=args.kinds
+        )
         print(f"T={t}: " + ", ".join(f"{n} {r['ratio']:.3f}x" for n, r in op_results[t]["forms"].items()), flush=True)
     vit_repeats = gpt_repeats = max(3, round(20 * args.repeats_scale))  # 20 rounds: a 95% interval from 6th to 15th
     vit = None if args.skip_vit else bench_vit_step(device, dtype, vit_repeats, compile_model=args.compile)
