@@ -54,25 +54,37 @@ NUMPY_ARRAY_GLOBALS = frozenset(
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, file: IO[bytes], allowed: frozenset[tuple[str, str]], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        file: IO[bytes],
+        allowed: frozenset[tuple[str, str]],
+        replacements: dict[tuple[str, str], Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(file, **kwargs)
-        self.allowed = allowed
+        self.allowed, self.replacements = allowed, replacements or {}
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self.allowed:
             raise pickle.UnpicklingError(f"refused to load {module}.{name} (not a data type of this format)")
+        if (module, name) in self.replacements:  # a stricter stand-in for an admitted class
+            return self.replacements[(module, name)]
         return super().find_class(module, name)
 
 
 def restricted_unpickle(
-    file: IO[bytes], allowed: frozenset[tuple[str, str]] = NUMPY_ARRAY_GLOBALS, encoding: str = "latin1"
+    file: IO[bytes],
+    allowed: frozenset[tuple[str, str]] = NUMPY_ARRAY_GLOBALS,
+    encoding: str = "latin1",
+    replacements: dict[tuple[str, str], Any] | None = None,
 ) -> Any:
-    """Unpickle ``file`` admitting only the ``(module, name)`` globals in ``allowed``.
+    """Unpickle ``file`` admitting only the ``(module, name)`` globals in ``allowed`` (``replacements`` maps some of
+    them to stricter stand-ins, e.g. a class whose ``__setstate__`` accepts data only).
 
     Raises:
         pickle.UnpicklingError: on any other global (e.g. ``os.system`` in a ``__reduce__`` payload).
     """
-    return _RestrictedUnpickler(file, allowed, encoding=encoding).load()
+    return _RestrictedUnpickler(file, allowed, replacements, encoding=encoding).load()
 
 
 def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:

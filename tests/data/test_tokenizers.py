@@ -107,3 +107,10 @@ def test_nanochats_pickled_tokenizer_loads_without_running_code_and_saves_as_jso
     with pytest.raises(TokenizerError, match="refused to load posix.system"):
         Tokenizer.nanochat(tmp_path / "evil")
     assert not (tmp_path / "ran").exists()
+    # an Encoding whose state names a registered encoding would import tiktoken_ext plugins and download: refused
+    (tmp_path / "named").mkdir()
+    (tmp_path / "named" / "tokenizer.pkl").write_bytes(
+        b"\x80\x02ctiktoken.core\nEncoding\nq\x00)\x81q\x01X\x04\x00\x00\x00gpt2q\x02b."
+    )
+    with pytest.raises(TokenizerError, match="state is a str .*allowed: its data"):
+        Tokenizer.nanochat(tmp_path / "named")

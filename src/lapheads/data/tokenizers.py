@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import pickle
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -107,14 +108,33 @@ class Tokenizer:
         path = Path(folder) / "tokenizer.pkl"
         if importlib.util.find_spec("tiktoken") is None:
             raise TokenizerError("nanochat's tokenizer needs tiktoken; allowed: pip install 'lapheads[nanochat]'")
+        import tiktoken.core
+
+        class DataOnlyEncoding(tiktoken.core.Encoding):
+            """An Encoding rebuilt from its data only: a state that names an encoding would make tiktoken import
+            its ``tiktoken_ext`` plugins and download their files."""
+
+            def __setstate__(self, value: object) -> None:
+                if not isinstance(value, dict):
+                    raise pickle.UnpicklingError(
+                        f"the Encoding's state is a {type(value).__name__} (a named encoding, loaded by plugins and "
+                        "downloads); allowed: its data (ranks, pattern, special tokens)"
+                    )
+                super().__setstate__(value)
+
         try:
             with open(path, "rb") as f:
-                encoding = restricted_unpickle(f, frozenset({("tiktoken.core", "Encoding")}), encoding="ASCII")
+                encoding = restricted_unpickle(
+                    f,
+                    frozenset({("tiktoken.core", "Encoding")}),
+                    encoding="ASCII",
+                    replacements={("tiktoken.core", "Encoding"): DataOnlyEncoding},
+                )
         except FileNotFoundError:
             raise TokenizerError(f"{path} does not exist; allowed: a nanochat tokenizer folder (tokenizer.pkl)") from None
         except Exception as err:  # noqa: BLE001 - a refused global, a corrupt pickle, a bad Encoding state
             raise TokenizerError(f"{path} is not a nanochat tokenizer ({type(err).__name__}: {str(err)[:100]})") from None
-        if type(encoding).__name__ != "Encoding":
+        if not isinstance(encoding, tiktoken.core.Encoding):
             raise TokenizerError(f"{path} holds a {type(encoding).__name__}; allowed: a tiktoken Encoding")
         return cls("tiktoken", encoding, bos=BOS)
 
