@@ -54,7 +54,7 @@ __all__ = [
 
 ANALYSIS_FILE = "analysis.json"
 #: bumped when an analysis gains a metric (2: output-value circuits of every head)
-ANALYSIS_VERSION = 3
+ANALYSIS_VERSION = 4
 
 
 @dataclass
@@ -133,7 +133,13 @@ def _add_mechanism(per_layer: dict[str, dict[str, Any]], model: torch.nn.Module)
             ("ordinary_diffusion", False, "diffusion"),
             ("ordinary_as_laplacian", False, "as_laplacian"),  # the null of this block's Laplacian heads
         ):
-            scores = [h[key] for h in heads if h["laplacian"] == laplacian]
+            # ordinary means ordinary: heads of the other kinds (negated, centring, ...) are neither mean
+            scores = [
+                h[key]
+                for h in heads
+                if h.get("kind", "laplacian" if h["laplacian"] else "ordinary")
+                == ("laplacian" if laplacian else "ordinary")
+            ]
             means[kind] = sum(scores) / len(scores) if scores else None
         per_layer[str(i + 1)]["mechanism"] = {**means, "heads": heads}
 

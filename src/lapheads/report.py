@@ -526,9 +526,7 @@ def _diffusion_scores(analysis: dict[str, Any]) -> dict[str, float]:
     rows: dict[str, float] = {}
     layers = [(block, layer.get("mechanism") or {}) for block, layer in analysis["per_layer"].items()]
     for kind, key in (("Laplacian", "laplacian_diffusion"), ("ordinary", "ordinary_diffusion")):
-        heads = [
-            h["diffusion"] for _, m in layers for h in m.get("heads", []) if h["laplacian"] == (kind == "Laplacian")
-        ]
+        heads = [h["diffusion"] for _, m in layers for h in m.get("heads", []) if _kind_of(h) == kind.lower()]
         if heads:
             rows[f"diffusion score, {kind} heads (mean over blocks)"] = float(np.mean(heads))
         if kind == "Laplacian":
@@ -536,7 +534,10 @@ def _diffusion_scores(analysis: dict[str, Any]) -> dict[str, float]:
                 if mechanism.get(key) is not None:
                     rows[f"diffusion score, Laplacian heads (block {block})"] = float(mechanism[key])
     null = [
-        h["as_laplacian"] for _, m in layers for h in m.get("heads", []) if not h["laplacian"] and "as_laplacian" in h
+        h["as_laplacian"]
+        for _, m in layers
+        for h in m.get("heads", [])
+        if _kind_of(h) == "ordinary" and "as_laplacian" in h
     ]
     if null:
         rows[NULL_ROW] = float(np.mean(null))
@@ -548,6 +549,12 @@ def _diffusion_scores(analysis: dict[str, Any]) -> dict[str, float]:
     if excess:
         rows[EXCESS_ROW] = float(np.mean(excess))
     return rows
+
+
+def _kind_of(head: dict[str, Any]) -> str:
+    """A head's kind as analyze recorded it (older analyses: Laplacian or ordinary); only ordinary heads are
+    ordinary here, and only Laplacian heads Laplacian."""
+    return head.get("kind", "laplacian" if head["laplacian"] else "ordinary")
 
 
 def _against_k0(mechanism: Values) -> None:

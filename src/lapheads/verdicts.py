@@ -14,6 +14,8 @@ Design choices (each answers a reviewer's objection to a single Holm family over
   baseline's error rate, where the paper reports one for the metric; ``--margin`` overrides), a one-sided test of
   "the gain is at least m" (TOST's upper half). When it rejects, the row reads "excluded: a gain >= m is ruled
   out", and "not detected" is left for what is truly undecided.
+* **At least 3 seed pairs** for any verdict: with 2, a paired t-test has one degree of freedom (its p can be tiny
+  when two differences happen to agree) and the row reads "not decided".
 * **Beside every t-test p**: the exact sign-flip permutation p (all 2^n sign patterns of the paired differences;
   its floor is 2 / 2^n, 0.0625 with 5 pairs, so no "held" can rest on it alone with so few seeds) and the number of
   seeds that moved in the paper's direction ("5/5").
@@ -226,6 +228,9 @@ def _verdict(difference: float, p: float, row: dict[str, Any], direction: int | 
     else not detected, with the MDE at the alpha the row faced."""
     if direction is None:
         return "no claim"
+    pairs = row.get("paired", {}).get("n_pairs", 0)
+    if 0 < pairs < 3 and not math.isnan(p):  # one degree of freedom: a t-test's p says too little to decide on
+        return f"not decided ({pairs} seed pairs; a verdict needs 3)"
     if not math.isnan(p) and p < alpha:
         return "held" if difference * direction > 0 else "opposite"
     tost = row.get("tost_p", math.nan)

@@ -26,7 +26,8 @@ Scores per head:
   always means "moves tokens toward their neighbours".
 * ``as_laplacian`` = -alignment: what the same circuit would score in a Laplacian head. The ordinary heads' mean
   of it is the **null** for a Laplacian head (an ordinary-looking circuit in a Laplacian head already scores it).
-* ``size`` = ‖M‖_F / √D, the circuit's gain per dimension of its subspace.
+* ``size`` = ‖M‖_F / √D, the circuit's gain per dimension of its subspace; ``kind``: the head's kind (only
+  ``ordinary`` heads count as ordinary in the report and the null).
 
 And from data (:func:`smoothing_indices`): how much a head's own write lowers the within-sequence variance of the
 residual stream it writes to, (WSV(x) - WSV(x + o_h)) / WSV(x), positive = smoothing.
@@ -73,6 +74,7 @@ class HeadCircuits:
     gamma: torch.Tensor | None  # the pre-attention norm's gain (C,)
     gain: torch.Tensor | None  # the per-channel gain of the head's write (LayerScale) (C,)
     laplacian: list[bool]
+    kinds: list[str]  # every head's kind (lapheads.attention.HEAD_KINDS)
     group: int  # query heads per key/value head
     block: torch.nn.Module
     proj: torch.nn.Module  # the output projection, whose input is the heads' outputs side by side
@@ -92,7 +94,17 @@ def head_circuits(model: torch.nn.Module) -> list[HeadCircuits]:
             w_v = attn.c_v.weight.view(attn.n_kv_head, attn.head_dim, -1)
             group = attn.n_head // attn.n_kv_head
             out.append(
-                HeadCircuits(w_v, attn.c_proj.weight, None, None, attn.laplacian_head_list, group, block, attn.c_proj)
+                HeadCircuits(
+                    w_v,
+                    attn.c_proj.weight,
+                    None,
+                    None,
+                    attn.laplacian_head_list,
+                    list(attn.head_kinds),
+                    group,
+                    block,
+                    attn.c_proj,
+                )
             )
         return out
     if hasattr(model, "blocks") and hasattr(model.blocks[0], "attn") and hasattr(model.blocks[0].attn, "qkv"):
@@ -102,7 +114,10 @@ def head_circuits(model: torch.nn.Module) -> list[HeadCircuits]:
             w_v = attn.qkv.weight[2 * width :].view(attn.num_heads, attn.head_dim, -1)
             flags = list(getattr(attn, "laplacian_head_list", [False] * attn.num_heads))
             gamma = getattr(block.norm1, "weight", None)
-            out.append(HeadCircuits(w_v, attn.proj.weight, gamma, _layer_scale(block), flags, 1, block, attn.proj))
+            kinds = list(getattr(attn, "head_kinds", ["laplacian" if f else "ordinary" for f in flags]))
+            out.append(
+                HeadCircuits(w_v, attn.proj.weight, gamma, _layer_scale(block), flags, kinds, 1, block, attn.proj)
+            )
         return out
     raise InputError(f"{type(model).__name__}: allowed: a timm ViT or lapheads.GPT (OV circuits need W_V, W_O)")
 
@@ -120,7 +135,7 @@ def ov_circuits(model: torch.nn.Module) -> list[list[dict[str, Any]]]:
                 circuit = circuit * layer.gamma.double()[None, :]
             if layer.gain is not None:
                 circuit = layer.gain.double()[:, None] * circuit
-            heads.append(circuit_scores(circuit, laplacian, rank=dim))
+            heads.append({**circuit_scores(circuit, laplacian, rank=dim), "kind": layer.kinds[h]})
         out.append(heads)
     return out
 
