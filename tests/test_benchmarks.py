@@ -149,8 +149,17 @@ def test_the_thread_benchmark_writes_its_table_into_a_markdown_file(tmp_path):
     assert len(rows) == 1 and "| 1 thread | 1 / 1 |" in text
     written = doc.read_text()
     assert written.startswith("# Benchmarks\n\nkept\n") and text in written
-    _load("threads").main(["--rounds", "1", "--steps", "1", "--batch", "4", "--write", str(doc)])
-    assert doc.read_text().count("<!-- threads.py: begin -->") == 1  # replaced, not appended again
+
+
+def test_a_benchmark_section_is_replaced_not_appended(tmp_path):
+    from lapheads.bench import replace_section
+
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n<!-- x: begin -->\nold\n<!-- x: end -->\n\nafter\n")
+    replace_section(doc, "<!-- x: begin -->\nnew\n<!-- x: end -->")
+    assert doc.read_text() == "# Benchmarks\n\n<!-- x: begin -->\nnew\n<!-- x: end -->\n\nafter\n"
+    replace_section(doc, "<!-- y: begin -->\nmore\n<!-- y: end -->")
+    assert doc.read_text().endswith("after\n\n<!-- y: begin -->\nmore\n<!-- y: end -->\n")
 
 
 @pytest.mark.slow

@@ -42,13 +42,7 @@ def test_loss_drops_on_shakespeare_and_the_run_directory_is_complete(trained_run
 
 def test_resume_continues_the_same_trajectory(text_root, tmp_path):
     cfg = tiny_lm(text_root, num_iterations=8, eval_every=4, checkpoint_every=2)
-    train_lm(cfg, tmp_path / "straight")
-    assert train_lm(cfg, tmp_path / "resumed", stop_at_step=5)["stopped"]
-    train_lm(cfg, tmp_path / "resumed", resume=True)
-    for name in ("model", "optimizer-adamw", "optimizer-muon"):
-        a = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
-        b = load_file(str(tmp_path / "resumed" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    _train_straight_and_resumed(cfg, tmp_path)
 
     def comparable(path):
         rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -456,13 +450,7 @@ def test_an_lm_of_several_head_kinds_trains_resumes_identically_and_reloads(text
 
     spec = "ordinary/negated/centring/mix,local:1+laplacian:1"  # 4 heads per layer, 2 layers: 5 kinds
     cfg = tiny_lm(text_root, laplacian_heads=spec, num_iterations=8, eval_every=4, checkpoint_every=2)
-    train_lm(cfg, tmp_path / "straight")
-    assert train_lm(cfg, tmp_path / "resumed", stop_at_step=5)["stopped"]
-    train_lm(cfg, tmp_path / "resumed", resume=True)
-    for name in ("model", "optimizer-adamw", "optimizer-muon"):
-        a = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
-        b = load_file(str(tmp_path / "resumed" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    _train_straight_and_resumed(cfg, tmp_path)
     weights = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / "model.safetensors"))
     assert "transformer.h.0.attn.mix_a" in weights and "transformer.h.1.attn.local_o.weight" in weights
     assert not torch.equal(weights["transformer.h.0.attn.mix_b"], torch.ones(4))  # the scalars trained (AdamW)
@@ -520,3 +508,15 @@ def test_a_gpt_of_mix_heads_at_init_has_the_ordinary_models_logits():
             model.lm_head.weight.normal_(generator=torch.Generator().manual_seed(1))
     tokens = torch.randint(0, 50, (2, 10))
     assert torch.equal(mixed(tokens), plain(tokens))
+
+
+def _train_straight_and_resumed(cfg, tmp_path) -> None:
+    """Train ``cfg`` straight through and, in another folder, stopped after step 5 and resumed: the final checkpoints
+    (weights and both optimizers) must be bit-identical."""
+    train_lm(cfg, tmp_path / "straight")
+    assert train_lm(cfg, tmp_path / "resumed", stop_at_step=5)["stopped"]
+    train_lm(cfg, tmp_path / "resumed", resume=True)
+    for name in ("model", "optimizer-adamw", "optimizer-muon"):
+        a = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
+        b = load_file(str(tmp_path / "resumed" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
