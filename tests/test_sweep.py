@@ -14,7 +14,6 @@ from lapheads import sweep as sweep_module
 from lapheads.cli import main
 from lapheads.report import (
     _row,
-    add_verdicts,
     diffusion_against_zero,
     fit_against_test,
     gap_over_training,
@@ -318,28 +317,31 @@ def test_holm_and_the_verdict_rule():
 
 
 def test_a_sweep_with_one_pair_so_far_reports_it_untested_without_nan():
-    family = {"test top-1 (%)": summarize({"0": {0: 80.0, 1: 81.0}, "3": {0: 82.0}})}
-    add_verdicts(family)
-    row = _row("test top-1 (%)", "3", family["test top-1 (%)"]["3"])
-    assert "nan" not in row and "+2 (1 pair)" in row and "not tested" in row
-    unpaired = {"test top-1 (%)": summarize({"0": {0: 80.0, 1: 81.0}, "3": {2: 82.0, 3: 84.0}})}
-    add_verdicts(unpaired)  # arms on different seeds: Welch on the difference of the means
-    assert "| +2.5 (Welch) |" in _row("test top-1 (%)", "3", unpaired["test top-1 (%)"]["3"])
-    no_baseline = {"test top-1 (%)": summarize({"0": {}, "3": {0: 82.0, 1: 84.0}})}  # quietly: no mean of nothing
-    add_verdicts(no_baseline)
-    assert "| – (k = 0 has no value) |" in _row("test top-1 (%)", "3", no_baseline["test top-1 (%)"]["3"])
-    family = {
-        "test top-1 (%)": summarize({"0": {0: 80.0, 1: 81.0, 2: 80.5}, "3": {0: 82.0, 1: 83.1, 2: 82.4}}),
+    from lapheads.verdicts import apply_rule
+
+    def judged(values, others=None):
+        family = {"test top-1 (%)": summarize(values)}
+        apply_rule(family, others or {}, {"test top-1 (%)": +1, "token cosine similarity (last block)": None})
+        return family["test top-1 (%)"]["3"]
+
+    row = judged({"0": {0: 80.0, 1: 81.0}, "3": {0: 82.0}})
+    text = _row("test top-1 (%)", "3", row)
+    assert "nan" not in text and "+2 (1 pair)" in text and "not tested" in text
+    # arms on different seeds: Welch on the difference of the means
+    assert "| +2.5 (Welch) |" in _row("test top-1 (%)", "3", judged({"0": {0: 80.0, 1: 81.0}, "3": {2: 82.0, 3: 84.0}}))
+    no_baseline = judged({"0": {}, "3": {0: 82.0, 1: 84.0}})  # quietly: no mean of nothing
+    assert "| – (k = 0 has no value) |" in _row("test top-1 (%)", "3", no_baseline)
+    cosine = {
         "token cosine similarity (last block)": summarize(
             {"0": {0: 0.5, 1: 0.4, 2: 0.45}, "3": {0: 0.3, 1: 0.2, 2: 0.26}}
-        ),
+        )
     }
-    add_verdicts(family)
-    top1 = family["test top-1 (%)"]["3"]
-    raw = {label: rows["3"]["paired"]["p"] for label, rows in family.items()}
-    assert top1["p_holm"] == pytest.approx(holm(raw)["test top-1 (%)"]) and top1["p_holm"] >= top1["paired"]["p"]
-    assert top1["verdict"] == ("held" if top1["p_holm"] < 0.05 else f"not detected (MDE {top1['paired']['mde']:.3g})")
-    assert family["token cosine similarity (last block)"]["3"]["verdict"] == "no claim"
+    top1 = judged({"0": {0: 80.0, 1: 81.0, 2: 80.5}, "3": {0: 82.0, 1: 83.1, 2: 82.4}}, cosine)
+    # the primary test stands alone: raw p at alpha 0.05, whatever else shares the table
+    assert (
+        top1["role"] == "primary" and top1["alpha"] == 0.05 and top1["paired"]["p"] < 0.05 and top1["verdict"] == "held"
+    )
+    assert cosine["token cosine similarity (last block)"]["3"]["verdict"] == "no claim"
 
 
 def test_report_restates_a_stats_json_with_todays_statistics(tmp_path, capsys):
@@ -473,7 +475,9 @@ def test_diffusion_scores_are_tested_against_zero_with_holm_across_the_section()
     assert mean["paired"]["p"] == pytest.approx(expected.pvalue) and mean["mean"] == pytest.approx(0.37 / 3)
     raw = [expected.pvalue, stats.ttest_1samp([0.01, -0.02, 0.02], 0.0).pvalue]
     assert mean["p_holm"] == pytest.approx(holm({"a": raw[0], "b": raw[1]})["a"])
-    assert mean["verdict"] == ("held" if mean["p_holm"] < 0.05 else f"not detected (MDE {mean['paired']['mde']:.3g})")
+    assert mean["verdict"] == ("held" if mean["p_holm"] < 0.05 else f"not detected (MDE {mean['mde_at_alpha']:.3g})")
+    # the MDE is stated at the alpha of the row's Holm step (two rows: alpha / 2 for the smaller p)
+    assert mean["alpha"] == pytest.approx(0.05 / 2 if raw[0] < raw[1] else 0.05)
     assert family["diffusion score, Laplacian heads (block 1)"]["2"]["verdict"].startswith("not detected")
     assert family["diffusion score, ordinary heads (mean over blocks)"]["0"]["verdict"] == "no claim"
     assert "0" not in family["diffusion score, Laplacian heads (mean over blocks)"]

@@ -12,9 +12,9 @@ from scipy import stats
 from lapheads.report import restate, summarize
 from lapheads.verdicts import (
     DECLARED_GEOMETRY,
-    _holm_steps,
     apply_rule,
     default_margin,
+    holm_steps,
     mde,
     sign_count,
     sign_flip_p,
@@ -89,8 +89,8 @@ def test_sign_counts_follow_the_papers_direction():
     assert sign_count([-0.1, -0.2, 0.1], -1) == "2/3" and sign_count([-0.1, -0.2, 0.1], +1) == "1/3"
 
 
-def test_holm_steps_state_the_alpha_each_row_faces():
-    adjusted, faced = _holm_steps({"a": 0.01, "b": 0.04, "c": 0.03, "d": math.nan})
+def testholm_steps_state_the_alpha_each_row_faces():
+    adjusted, faced = holm_steps({"a": 0.01, "b": 0.04, "c": 0.03, "d": math.nan})
     assert faced == pytest.approx({"a": 0.05 / 3, "c": 0.05 / 2, "b": 0.05, "d": math.nan}, nan_ok=True)
     assert adjusted["a"] == pytest.approx(0.03) and adjusted["c"] == pytest.approx(0.06)
     assert adjusted["b"] == pytest.approx(0.06)

@@ -43,6 +43,7 @@ from lapheads.errors import InputError, LapheadsError
 __all__ = [
     "HeadSpec",
     "HEAD_KINDS",
+    "HEAD_SPEC_PATTERN",
     "HeadSpecError",
     "LaplacianAttention",
     "LaplacianHeadsMixin",
@@ -220,6 +221,11 @@ KIND_COEFFICIENTS = {
     "mix": (0.0, 1.0, 0.0),
 }
 _KIND_ITEM = re.compile(r"^[a-z]+(:\d+)?(\+[a-z]+:\d+)*$")
+_KIND_NAME = "(" + "|".join(HEAD_KINDS) + ")"
+_SPEC_ITEM = rf"\s*(\d+|{_KIND_NAME}(:\d+)?(\+{_KIND_NAME}:\d+)*|{_KIND_NAME}(/{_KIND_NAME})+)\s*"
+#: The written form of every head spec ``parse_head_kinds`` reads as text: items (a k, a kind, kind:k+kind:j or
+#: kind/kind/...) separated by commas. Configs check it before a model exists; the counts are checked at build.
+HEAD_SPEC_PATTERN = re.compile(rf"{_SPEC_ITEM}(,{_SPEC_ITEM})*")
 
 
 def _layer_kinds(item: object, num_heads: int, where: str) -> tuple[str, ...]:
@@ -576,9 +582,9 @@ def laplacian_attention(
             "'aligned', or 'last_allowed' with an attn_mask"
         )
     if _is_kinds(laplacian_heads):
-        kinds = _check_kinds(laplacian_heads, h, mix)
+        kinds = _check_kinds(laplacian_heads, h, mix, blend)
         if not is_plain_laplacian(kinds):
-            return _kinds_attention(q, k, v, kinds, mix, attn_mask, is_causal, dropout_p, scale, identity, blend)
+            return _kinds_attention(q, k, v, kinds, mix, attn_mask, is_causal, dropout_p, scale, identity)
         laplacian_heads = [kind == "laplacian" for kind in kinds]
     compiling = torch.compiler.is_compiling()
     lap_mask, runs = _resolve_heads(laplacian_heads, h, q.device, inspect_mask=not compiling)
@@ -623,10 +629,21 @@ def _is_kinds(spec: object) -> bool:
     return isinstance(spec, (tuple, list)) and len(spec) > 0 and isinstance(spec[0], str)
 
 
-def _check_kinds(kinds: Sequence[str], num_heads: int, mix: tuple[Tensor, Tensor] | None) -> tuple[str, ...]:
+def _kind_tuple(kinds: Sequence[str], num_heads: int) -> tuple[str, ...]:
+    """``kinds`` as a tuple, if it names ``num_heads`` known kinds."""
     kinds = tuple(kinds)
     if len(kinds) != num_heads or any(kind not in HEAD_KINDS for kind in kinds):
         raise HeadSpecError(f"head kinds {list(kinds)!r}; allowed: {num_heads} of {', '.join(HEAD_KINDS)}")
+    return kinds
+
+
+def _check_kinds(
+    kinds: Sequence[str], num_heads: int, mix: tuple[Tensor, Tensor] | None, blend: float | Tensor | None
+) -> tuple[str, ...]:
+    """The op's view of given kinds: known names, (a, b) for mix heads, no blend unless all are Laplacian/ordinary."""
+    kinds = _kind_tuple(kinds, num_heads)
+    if blend is not None and not is_plain_laplacian(kinds):
+        raise InputError("blend applies to Laplacian heads only; allowed: blend=None with other head kinds")
     if "mix" in kinds:
         if mix is None or len(mix) != 2 or any(t.shape != (num_heads,) for t in mix):
             shapes = None if mix is None else [tuple(t.shape) for t in mix]
@@ -671,12 +688,9 @@ def _kinds_attention(
     dropout_p: float,
     scale: float | None,
     identity: str,
-    blend: float | Tensor | None,
 ) -> Tensor:
     """out_h = alpha_h V_self + beta_h P V - gamma_h mean(V): one SDPA call (plus the attended mean when a head
     centres), one elementwise expression; autograd differentiates it, mix coefficients included."""
-    if blend is not None:
-        raise InputError("blend applies to Laplacian heads only; allowed: blend=None with other head kinds")
     h, hkv = q.shape[1], k.shape[1]
     t, s = q.shape[-2], k.shape[-2]
     if is_causal and t != s:
@@ -773,9 +787,7 @@ def laplacian_attention_reference(
             f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
             "'aligned', or 'last_allowed' with an attn_mask"
         )
-    kinds = _check_kinds(laplacian_heads, h, mix) if _is_kinds(laplacian_heads) else None
-    if kinds is not None and blend is not None and not is_plain_laplacian(kinds):
-        raise InputError("blend applies to Laplacian heads only; allowed: blend=None with other head kinds")
+    kinds = _check_kinds(laplacian_heads, h, mix, blend) if _is_kinds(laplacian_heads) else None
     if kinds is not None:
         laplacian_heads = [kind == "laplacian" for kind in kinds]
     mask = laplacian_head_mask(laplacian_heads, h).to(q.device)
@@ -847,9 +859,7 @@ class LaplacianHeadsMixin:
         num_heads = len(self.laplacian_mask)
         kinds = None
         if _is_kinds(laplacian_heads):
-            kinds = tuple(laplacian_heads)
-            if len(kinds) != num_heads or any(kind not in HEAD_KINDS for kind in kinds):
-                raise HeadSpecError(f"head kinds {list(kinds)!r}; allowed: {num_heads} of {', '.join(HEAD_KINDS)}")
+            kinds = _kind_tuple(laplacian_heads, num_heads)
             laplacian_heads = [kind == "laplacian" for kind in kinds]
         self._kinds = None if kinds is None or is_plain_laplacian(kinds) else kinds
         device = self.laplacian_mask.device

@@ -5,33 +5,38 @@ Design choices:
 * **Precision follows the hardware** (``amp = auto``, the default). On CUDA, bf16 autocast where the GPU supports
   bf16. On a CPU, bf16 autocast only where the CPU has native bf16 (AVX-512-BF16 or AMX, from ``/proc/cpuinfo``
   or torch's CPU capability) *and* a short measured probe (a few bf16 vs fp32 matmuls, ~0.1 s) finds it faster;
-  elsewhere fp32. Without native bf16, autocast emulates bf16 and a ViT training step was 17.7x slower than fp32
-  (vit_fmnist_patch4, 1 thread, AVX2 AMD EPYC, 30.8 s vs 1.74 s). The choice and its reason are printed once and
-  recorded in config.json; ``--resume`` keeps the recorded choice, so a run's trajectory does not change machine
-  by machine.
+  elsewhere fp32. Without native bf16, autocast emulates bf16: on an AVX2 AMD EPYC a training step was 20.1x
+  (the fmnist-cpu ViT) and 20.8x (the shakespeare-cpu GPT) slower than fp32 (``benchmarks/precision.py``). The
+  choice and its reason are printed once and recorded in config.json; ``--resume`` keeps the recorded choice, so
+  a run's trajectory does not change machine by machine.
 * **Threads follow the free CPUs** (``lapheads`` commands only; ``import lapheads`` changes nothing): the CPUs this
   process may use (affinity mask, cgroup quota) minus those other processes keep busy, sampled over 0.2 s from
   ``/proc/stat`` at start. OpenMP's spinning barrier is what a busy machine punishes (a descheduled thread stalls
-  every other one): on 2 cores with one busy neighbour, 2 spinning threads took 2.7 s per ViT step and 1 thread
-  2.1 s. An idle machine keeps the default wait policy (a passive policy cost ~15 % there); a busy one that still
-  gets more than one thread waits passively. ``OMP_NUM_THREADS`` / ``OMP_WAIT_POLICY`` set by the user always win.
+  every other one): on 2 cores beside one busy loop, 2 spinning threads took 1.30 s per fmnist-cpu ViT step and 1
+  thread 0.70 s. An idle machine keeps the default wait policy (passive waiting cost 1.27x [1.11, 1.46] there); a
+  busy one that still gets more than one thread waits passively (``benchmarks/threads.py``, docs/benchmarks.md).
+  ``OMP_NUM_THREADS`` / ``OMP_WAIT_POLICY`` set by the user always win.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "BusyWatch",
     "Precision",
     "ThreadPolicy",
+    "apply_cli_thread_policy",
     "apply_thread_policy",
     "available_cpus",
     "busy_cpus",
     "choose_precision",
+    "choose_thread_policy",
     "cpu_has_native_bf16",
 ]
 
@@ -119,7 +124,7 @@ def choose_precision(amp: bool | str, device) -> Precision:
             return Precision(True, "bf16 autocast: this GPU supports bf16 (amp = auto)")
         return Precision(False, "fp32: this GPU has no bf16 (amp = auto)")
     if not cpu_has_native_bf16():
-        return Precision(False, "fp32: this CPU has no native bf16, where autocast is ~18x slower (amp = auto)")
+        return Precision(False, "fp32: this CPU has no native bf16, where autocast is ~20x slower (amp = auto)")
     faster, ratio = _bf16_probe_faster()
     if faster:
         return Precision(True, f"bf16 autocast: native bf16 CPU, measured {ratio:.2f}x fp32's speed (amp = auto)")
@@ -213,8 +218,6 @@ def apply_thread_policy(threads: str | int = "auto", announce: bool = True) -> T
     The OpenMP wait policy only takes effect if set before torch is first imported, so the command line applies
     this as its first act. A user's own ``OMP_NUM_THREADS`` (with ``threads="auto"``) leaves everything as it is.
     """
-    import sys
-
     if threads == "auto" and "OMP_NUM_THREADS" in os.environ:
         return None
     policy = choose_thread_policy(threads)
@@ -272,10 +275,10 @@ class BusyWatch:
         took = time.perf_counter() - self.last
         if self.said:
             return None
-        self.times.append(took)
-        if len(self.times) <= self.skip + self.measure:
+        if len(self.times) < self.skip + self.measure:  # only the first steps are kept: they set the pace
+            self.times.append(took)
             return None
-        pace = sorted(self.times[self.skip :][: self.measure])[self.measure // 2]
+        pace = sorted(self.times[self.skip :])[self.measure // 2]
         try:
             load = os.getloadavg()[0]
         except (AttributeError, OSError):

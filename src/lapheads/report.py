@@ -10,17 +10,17 @@ Design choices:
   spec is compared with spec "0" seed by seed: the mean paired difference, its t-based 95% interval and a two-sided
   paired t-test (Welch's unpaired test only where fewer than two seeds pair up); ``--baseline SPEC`` compares
   with another spec instead (a per-layer schedule study: early-only against late-only), into report-vs-<SPEC>/.
-  The p-values of all of a paradigm's metrics (headline and geometry) are Holm-corrected per spec. Each row also
-  states the minimum detectable effect (MDE: the difference the design detects with 80% power at alpha 0.05, from
-  the observed spread of the differences and n), and a verdict from one rule: **held** / **opposite** (Holm
-  p < 0.05, in / against the paper's direction), **not detected (MDE x)** otherwise, **no claim** for metrics the
-  paper makes none about.
+  The verdicts follow one rule (:mod:`lapheads.verdicts`): the paradigm's primary test alone at alpha 0.05, a
+  declared geometry family Holm-corrected across claims x arms, every other row secondary and uncorrected; each row
+  states its minimum detectable effect at the alpha it faces, "excluded" when a paper-sized gain is ruled out, the
+  exact sign-flip p and the seeds that moved the paper's way; **no claim** for metrics the paper makes none about.
 * **Geometry against k**: ``lapheads analyze`` on every cell (cached per run), the last block's metrics, the same
   statistics.
 * **The heat-diffusion mechanism**: each head's output-value circuit score (``geometry.mechanism``: positive =
   the head moves tokens toward their attention-weighted neighbours) read from every cell's analysis, per spec, for
-  the Laplacian and the ordinary heads, averaged over blocks and per block; tested against 0 over seeds (one-sample
-  t-test, Holm across the section per spec). The paper's reading predicts Laplacian heads diffuse (score > 0).
+  the Laplacian and the ordinary heads, averaged over blocks and per block, the null (ordinary heads read as
+  Laplacian) and the Laplacian heads' excess over it; tested against 0 over seeds (one-sample t-test, Holm across
+  the section per spec, MDE at each row's Holm step). The paper's reading predicts an excess > 0.
   When they turn diffusive: the same scores at every checkpoint the cells kept (read from the weights, no data),
   tested against 0 step by step, and the step from which on every interval lies on one side of 0.
 * **The gap over training**: a headline metric logged at every evaluation (validation bpb, test top-1) is also
@@ -43,7 +43,7 @@ import numpy as np
 from lapheads.plots import panel_grid
 from lapheads.runs import RunDir, SweepError, load_sweep, spec_dir_name
 from lapheads.tasks import Metric, get_task
-from lapheads.verdicts import apply_rule
+from lapheads.verdicts import apply_rule, holm_steps, mde
 
 __all__ = [
     "CLAIMS",
@@ -150,14 +150,15 @@ def holm(p_values: dict[str, float]) -> dict[str, float]:
     return adjusted
 
 
-def verdict(difference: float, p_holm: float, mde: float, direction: int | None) -> str:
-    """One rule for every claim: held / opposite when significant after Holm, else not detected (with the MDE)."""
+def verdict(difference: float, p_holm: float, mde_: float, direction: int | None) -> str:
+    """The mechanism section's rule: held / opposite when significant after Holm, else not detected (with the MDE
+    at the alpha of the row's Holm step)."""
     if direction is None:
         return "no claim"
     if not math.isnan(p_holm) and p_holm < ALPHA:
         return "held" if difference * direction > 0 else "opposite"
-    if not math.isnan(mde):
-        return f"not detected (MDE {mde:.3g})"
+    if not math.isnan(mde_):
+        return f"not detected (MDE {mde_:.3g})"
     return "not detected" if not math.isnan(p_holm) else "not tested (fewer than 2 seeds)"
 
 
@@ -458,25 +459,6 @@ def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[
     return out
 
 
-def add_verdicts(family: dict[str, dict[str, dict[str, Any]]], baseline: str = "0") -> None:
-    """Holm-correct each spec's p-values across the family of metrics (label -> summarize() rows against
-    ``baseline``), then give each row its verdict; rows gain ``p_holm`` and ``verdict``."""
-    specs = {spec for rows in family.values() for spec, row in rows.items() if "test" in row}
-    for spec in specs:
-        raw = {
-            label: rows[spec][rows[spec]["test"]]["p"] for label, rows in family.items() if "test" in rows.get(spec, {})
-        }
-        for label, p_holm in holm(raw).items():
-            row = family[label][spec]
-            difference = (
-                row["paired"]["mean_difference"]
-                if row["test"] == "paired"
-                else row["mean"] - family[label][baseline]["mean"]
-            )
-            row["p_holm"] = p_holm
-            row["verdict"] = verdict(difference, p_holm, row["paired"]["mde"], _claim(label))
-
-
 def _claim(label: str) -> int | None:
     """The paper's direction for a row label, whatever layer the row was measured at."""
     for where in _LAYER_WORDS:
@@ -582,10 +564,14 @@ def diffusion_against_zero(mechanism: Values) -> dict[str, dict[str, dict[str, A
         family[label] = rows
     for spec in {spec for rows in family.values() for spec in rows}:
         raw = {label: rows[spec]["paired"]["p"] for label, rows in family.items() if spec in rows}
-        for label, p_holm in holm(raw).items():
+        adjusted, faced = holm_steps(raw)
+        for label, p_holm in adjusted.items():
             row = family[label][spec]
-            row["p_holm"] = p_holm
-            row["verdict"] = verdict(row["paired"]["mean_difference"], p_holm, row["paired"]["mde"], _claim(label))
+            values = np.array(list(row["values"].values()), dtype=float)
+            se = float(values.std(ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+            alpha = faced[label] if not math.isnan(faced[label]) else ALPHA
+            row.update(p_holm=p_holm, alpha=alpha, mde_at_alpha=mde(se, len(values) - 1, alpha))
+            row["verdict"] = verdict(row["paired"]["mean_difference"], p_holm, row["mde_at_alpha"], _claim(label))
     return family
 
 
@@ -652,14 +638,14 @@ def _mechanism_row(label: str, spec: str, row: dict[str, Any]) -> str:
         _mean_std(row, "+.3g"),
         interval,
         f"{_fmt(pair['p'], '.3g')} / {_fmt(row['p_holm'], '.3g')}",
-        _fmt(pair["mde"], ".3g"),
+        f"{_fmt(row['alpha'], '.2g')}: {_fmt(row['mde_at_alpha'], '.3g')}",
         row["verdict"],
     ]
     return "| " + " | ".join(cells) + " |"
 
 
 MECHANISM_HEADER = [
-    "| quantity | Laplacian heads | n | mean ± std | 95% CI | p raw / Holm | MDE | verdict |",
+    "| quantity | Laplacian heads | n | mean ± std | 95% CI | p raw / Holm | alpha: MDE | verdict |",
     "|---|---|---|---|---|---|---|---|",
 ]
 
@@ -691,10 +677,17 @@ def _rule_lines(rule: dict[str, Any]) -> list[str]:
     ]
 
 
-def _ordered(rows: dict[str, Any], rule: dict[str, Any]) -> dict[str, Any]:
-    """Declared rows first (in the family's order), then the secondary ones."""
-    declared = [label for label in rule["declared"] if label in rows]
-    return {**{label: rows[label] for label in declared}, **{k: v for k, v in rows.items() if k not in declared}}
+def _judge(
+    rows: dict[str, dict[str, dict[str, Any]]], primary_label: str, baseline: str, margin: float | None
+) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, Any]]:
+    """Apply the verdict rule to every row (``primary_label`` the primary test); returns the rows in table order
+    (primary, declared family, secondary) and the rule's record."""
+    primary = {primary_label: rows[primary_label]}
+    others = {label: value for label, value in rows.items() if label != primary_label}
+    rule = apply_rule(primary, others, {label: _claim(label) for label in rows}, baseline, margin)
+    declared = [label for label in rule["declared"] if label in others]
+    rest = {label: value for label, value in others.items() if label not in declared}
+    return {**primary, **{label: others[label] for label in declared}, **rest}, rule
 
 
 def restate(stats_file: str | Path, margin: float | None = None) -> str:
@@ -719,9 +712,7 @@ def restate(stats_file: str | Path, margin: float | None = None) -> str:
         mechanism = diffusion_against_zero({label: values(rows) for label, rows in saved.get("mechanism", {}).items()})
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, StopIteration) as err:
         raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None
-    primary = {primary_label: family.pop(primary_label)}
-    rule = apply_rule(primary, family, {label: _claim(label) for label in [*primary, *family]}, baseline, margin)
-    family = {**primary, **_ordered(family, rule)}
+    family, rule = _judge(family, primary_label, baseline, margin)
     lines = [
         *_rule_lines(rule),
         *_table_header(baseline),
@@ -787,11 +778,7 @@ def write_report(
         geometry_values, mechanism_values = _geometry_values(record, max_tokens)
         geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in geometry_values.items()}
         mechanism_stats = diffusion_against_zero(mechanism_values)
-    primary_label = metrics[0][0]
-    primary = {primary_label: headline[primary_label]}
-    others = {**{k: v for k, v in headline.items() if k != primary_label}, **geometry_stats}
-    rule = apply_rule(primary, others, {label: _claim(label) for label in [*primary, *others]}, baseline, margin)
-    table = {**primary, **_ordered(others, rule)}
+    table, rule = _judge({**headline, **geometry_stats}, metrics[0][0], baseline, margin)
     lines += [*_rule_lines(rule), *_table_header(baseline)]
     lines += [_row(label, s, stats[s]) for label, stats in table.items() for s in specs]
     _plot(headline, specs, out / "metric.png")

@@ -36,6 +36,7 @@ __all__ = [
     "POWER",
     "apply_rule",
     "default_margin",
+    "holm_steps",
     "mde",
     "sign_count",
     "sign_flip_p",
@@ -119,7 +120,7 @@ def sign_count(differences: list[float], direction: int | None) -> str:
     return f"{towards}/{len(d)}"
 
 
-def _holm_steps(p_values: dict[Any, float]) -> tuple[dict[Any, float], dict[Any, float]]:
+def holm_steps(p_values: dict[Any, float]) -> tuple[dict[Any, float], dict[Any, float]]:
     """(Holm-adjusted p, the alpha each row faces at its step) of a family; NaN rows stay NaN."""
     finite = sorted((p, i, key) for i, (key, p) in enumerate(p_values.items()) if not math.isnan(p))
     adjusted = dict.fromkeys(p_values, math.nan)
@@ -203,7 +204,7 @@ def apply_rule(
     declared = {label: rows for label, rows in others.items() if label in DECLARED_GEOMETRY}
     record["declared"] = list(declared)
     family = {(label, spec): test_of(row)[1] for label, rows in declared.items() for spec, row in compared(rows)}
-    adjusted, faced = _holm_steps(family)
+    adjusted, faced = holm_steps(family)
     for (label, spec), p_holm in adjusted.items():
         row = declared[label][spec]
         alpha = faced[(label, spec)] if not math.isnan(faced[(label, spec)]) else ALPHA / max(len(family), 1)

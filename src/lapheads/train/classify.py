@@ -337,9 +337,9 @@ def train_classify(
             with contextlib.nullcontext() if sync else train_model.no_sync():
                 with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
                     loss = loss_fn(forward_model(images), labels)
-                    if cfg.mix_penalty:
-                        loss = loss + cfg.mix_penalty * decisiveness_penalty(model)
-                (loss / len(micro_batches)).backward()
+                # the logged loss stays the task's; the optional penalty only joins the gradient
+                objective = loss + cfg.mix_penalty * decisiveness_penalty(model) if cfg.mix_penalty else loss
+                (objective / len(micro_batches)).backward()
             loss_sum += loss.detach()
             seen += len(indices) * dist_.world_size
         mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from lapheads.attention import HEAD_KINDS
+from lapheads.attention import HEAD_KINDS, HEAD_SPEC_PATTERN
 from lapheads.config import NON_NEGATIVE, POSITIVE, ConfigError, Domain, one_of, option
 from lapheads.distributed import Distributed, StoppedError, peer_failures, setup_distributed
 from lapheads.errors import CheckpointError, InputError, LapheadsError
@@ -67,12 +66,10 @@ __all__ = [
 
 #: ``--laplacian-heads`` in a config: k, one k per layer ("0,2,2,0"), or head kinds ("negated:3", "mix",
 #: "ordinary/negated/laplacian", per layer too); checked against the model when it is built (the one parser)
-_KIND = "(" + "|".join(HEAD_KINDS) + ")"
-_HEAD_ITEM = rf"\s*(\d+|{_KIND}(:\d+)?(\+{_KIND}:\d+)*|{_KIND}(/{_KIND})+)\s*"
 HEAD_SPEC = Domain(
     "k, a comma list of per-layer k (3 or 0,2,2,0), or head kinds (negated:3, mix, ordinary/negated/laplacian; "
     "kinds: " + ", ".join(HEAD_KINDS) + ")",
-    lambda v: bool(re.fullmatch(f"{_HEAD_ITEM}(,{_HEAD_ITEM})*", v)),
+    lambda v: bool(HEAD_SPEC_PATTERN.fullmatch(v)),
 )
 
 
@@ -82,7 +79,7 @@ class RunConfig:
 
     description: str = option("", "what this recipe is (free text, shown in reports)")
     laplacian_heads: str = option(
-        "0", "Laplacian heads: k trailing heads per layer, one k per layer, or head kinds (ViTs)", HEAD_SPEC
+        "0", "Laplacian heads: k trailing heads per layer, one k per layer, or head kinds (not in HF models)", HEAD_SPEC
     )
     seed: int = option(
         0,
