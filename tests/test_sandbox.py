@@ -236,3 +236,12 @@ def test_the_writable_space_has_a_disk_quota():
     program = "for i in range(20):\n    open(f'f{i}', 'wb').write(b'x' * (8 << 20))\n"
     result = run_program(program, max_file_mb=16, max_disk_mb=32)
     assert result.status == "failed" and "No space left" in result.output
+
+
+def test_an_interpreter_under_tmp_stays_visible_inside_the_boundary(monkeypatch):
+    # a venv in a checkout under /tmp (CI's fresh clones): its bind must come after the tmpfs mounted on /tmp
+    monkeypatch.setattr(sandbox, "_executable_dirs", lambda: ["/tmp/checkout/.venv"])
+    args = sandbox._bwrap_args("/tmp/work")
+    tmpfs = max(i for i, a in enumerate(args) if a == "--tmpfs" and args[i + 1] == "/tmp")
+    bind = next(i for i, a in enumerate(args) if a == "--ro-bind" and args[i + 1] == "/tmp/checkout/.venv")
+    assert bind > tmpfs

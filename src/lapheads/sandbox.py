@@ -153,13 +153,16 @@ def _executable_dirs() -> list[str]:
 
 @functools.cache
 def boundary_tool() -> str | None:
-    """The path of bubblewrap when it is installed and works here (user namespaces allowed), else None."""
+    """The path of bubblewrap when it is installed and runs this interpreter inside its boundary, else None."""
     tool = shutil.which("bwrap")
     if tool is None:
         return None
     try:
         probe = subprocess.run(
-            [tool, *_bwrap_args("/"), "/bin/true"], capture_output=True, timeout=10, stdin=subprocess.DEVNULL
+            [tool, *_bwrap_args("/"), sys.executable, "-I", "-c", "pass"],  # this interpreter must run inside
+            capture_output=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -177,18 +180,12 @@ def _bwrap_args(workdir: str, disk_mb: int = 64) -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+    size = str(disk_mb * 2**20)
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp"]
+    # after the tmpfs on /tmp: an interpreter (a venv) that lives under /tmp stays visible
     for folder in _executable_dirs():
         args += ["--ro-bind", folder, folder]
-    size = str(disk_mb * 2**20)
     args += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--size",
-        size,
-        "--tmpfs",
-        "/tmp",
         "--size",
         size,
         "--tmpfs",
