@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader
 
 import lapheads
-from lapheads.convert import BlendSchedule
+from lapheads.core.convert import BlendSchedule
 from lapheads.data.images import load_fashion_mnist
 
 NORMALISE = (0.2860, 0.3530)  # Fashion-MNIST's pixel mean and std

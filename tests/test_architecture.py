@@ -74,13 +74,11 @@ def test_the_bottom_floor_imports_only_the_bottom_floor():
         "lapheads.errors",
         "lapheads.config",
         "lapheads.io",
-        "lapheads.attention",
-        "lapheads.convert",
         "lapheads.distributed",
         "lapheads.runs",
         "lapheads.lora",
     }
-    bottom_packages = ("lapheads.models", "lapheads.data", "lapheads.geometry")
+    bottom_packages = ("lapheads.core", "lapheads.models", "lapheads.data", "lapheads.geometry")
 
     def is_bottom(m: str) -> bool:
         return m in bottom or m == "lapheads" or m.startswith(bottom_packages)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from timm.layers import Attention
 
 from lapheads import LaplacianAttention, laplacian_attention, laplacian_attention_reference
-from lapheads.attention import HeadSpecError, laplacian_head_mask
+from lapheads.core.heads import HeadSpecError, laplacian_head_mask
 from lapheads.errors import InputError
 
 B, H, T, D = 2, 4, 7, 8
@@ -366,7 +366,7 @@ def test_module_trains_with_laplacian_heads():
 
 
 def test_last_allowed_identity_reads_each_querys_own_position_under_cache_and_padding_masks():
-    from lapheads.attention import _causal_mask
+    from lapheads.core.attention import _causal_mask
 
     torch.manual_seed(0)
     b, h, hkv, t, s, d = 2, 4, 2, 3, 8, 16

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lapheads
-from lapheads.attention import (
+from lapheads.core import (
     HEAD_KINDS,
     HeadSpecError,
     laplacian_attention,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lapheads import laplacian_head_mask, parse_laplacian_heads
-from lapheads.attention import HeadSpecError
+from lapheads.core.heads import HeadSpecError
 
 
 def as_lists(masks):

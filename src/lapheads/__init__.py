@@ -17,7 +17,11 @@ if _sys.argv and _os.path.basename(_sys.argv[0]) in ("lapheads", "-m") and "torc
 
     apply_cli_thread_policy(_sys.argv[1:])
 
-from lapheads.attention import (
+from lapheads import _moved
+
+_moved.install()  # old import paths (lapheads.attention, lapheads.hf, ...) of modules that moved into folders
+
+from lapheads.core import (  # noqa: E402
     HeadSpec,
     HeadSpecError,
     LaplacianAttention,
@@ -26,7 +30,7 @@ from lapheads.attention import (
     laplacian_head_mask,
     parse_laplacian_heads,
 )
-from lapheads.models import GPT, GPTConfig, create_vit, load_nanochat  # also registers lapheads' timm model names
+from lapheads.models import GPT, GPTConfig, create_vit, load_nanochat  # noqa: E402 also registers lapheads' timm model names
 
 try:
     __version__ = version("lapheads")

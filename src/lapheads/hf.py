@@ -33,8 +33,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lapheads.attention import laplacian_attention, laplacian_attention_reference, parse_laplacian_heads
-from lapheads.convert import INITS, BlendSchedule, attention_modules, init_heads, set_blend
+from lapheads.core.attention import laplacian_attention, laplacian_attention_reference
+from lapheads.core.convert import INITS, BlendSchedule, attention_modules, init_heads, set_blend
+from lapheads.core.heads import parse_laplacian_heads
 from lapheads.errors import InputError
 
 __all__ = ["BlendSchedule", "NAME", "attention_modules", "enable", "from_pretrained", "register", "set_blend"]

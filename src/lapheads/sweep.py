@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lapheads.core.heads import HeadSpecError, parse_spec_arms
 from lapheads.runs import SWEEP_FILE, RunDir, SweepError, spec_dir_name
 from lapheads.tasks import get_task
 
@@ -27,21 +28,11 @@ __all__ = ["SweepError", "cell_name", "parse_seeds", "parse_specs", "run_sweep",
 
 
 def parse_specs(text: str) -> list[str]:
-    """ "0,1,3,6" -> ["0", "1", "3", "6"]; "0;2,2,0,0" -> ["0", "2,2,0,0"] (per-layer specs need ";"); head kinds
-    as arms: "0;3;negated:3;mix" -> ["0", "3", "negated:3", "mix"]."""
-    from lapheads.train.runtime import HEAD_SPEC
-
-    plain_ks = re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", text) is not None
-    items = [item.strip() for item in (text.split(";") if ";" in text or not plain_ks else text.split(","))]
-    bad = [item for item in items if not HEAD_SPEC.test(item)]
-    if not text.strip() or bad:
-        raise SweepError(
-            f"malformed --laplacian-heads {text!r}; allowed: k values like 0,1,3,6, or specs separated by ';' "
-            "like 0;2,2,0,0 or 0;3;negated:3;mix (head kinds)"
-        )
-    if len(set(items)) < len(items):
-        raise SweepError(f"--laplacian-heads {text!r} repeats a spec")
-    return items
+    """A sweep's arms (``--laplacian-heads``), split by the one head-spec parser (``core.heads.parse_spec_arms``)."""
+    try:
+        return parse_spec_arms(text)
+    except HeadSpecError as err:
+        raise SweepError(str(err)) from None
 
 
 def parse_seeds(text: str) -> list[int]:

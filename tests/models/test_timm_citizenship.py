@@ -16,7 +16,7 @@ import timm
 import torch
 
 import lapheads  # noqa: F401 - registers the names
-from lapheads.convert import BlendSchedule, set_blend
+from lapheads.core.convert import BlendSchedule, set_blend
 from lapheads.errors import InputError
 from lapheads.models.vit import create_vit, default_cfgs, vit_laplacian_masks
 

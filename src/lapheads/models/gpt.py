@@ -45,7 +45,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lapheads.attention import LaplacianHeadsMixin, laplacian_attention, parse_head_kinds
+from lapheads.core.attention import laplacian_attention
+from lapheads.core.heads import parse_head_kinds
+from lapheads.core.modules import LaplacianHeadsMixin
 from lapheads.errors import InputError
 
 __all__ = ["ARCHS", "GPT", "GPTConfig", "KVCache", "sample_token"]

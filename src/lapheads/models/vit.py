@@ -22,8 +22,9 @@ import torch
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 
-from lapheads.attention import LaplacianAttention, parse_head_kinds
-from lapheads.convert import init_heads
+from lapheads.core.convert import init_heads
+from lapheads.core.heads import parse_head_kinds
+from lapheads.core.modules import LaplacianAttention
 from lapheads.errors import InputError
 from lapheads.io import load_tensor_file
 
@@ -71,9 +72,9 @@ def create_vit(
         qk_norm: LayerNorm on queries and keys (the paper's baseline is the QK-norm model with 0 Laplacian heads).
         pretrained_file: a local timm checkpoint (.pth / .safetensors) to load; with a different ``num_classes``
             timm drops the classifier, as for any fine-tune.
-        init: how the Laplacian heads of a pretrained model start (:mod:`lapheads.convert`): "switch",
+        init: how the Laplacian heads of a pretrained model start (:mod:`lapheads.core.convert`): "switch",
             "signflip" (their W_O columns negated) or "blend" (lambda = 0: exactly the pretrained function; then
-            ``lapheads.convert.BlendSchedule``).
+            ``lapheads.core.convert.BlendSchedule``).
         **timm_kwargs: passed to ``timm.create_model`` (num_classes, img_size, in_chans, drop_path_rate, ...).
     """
     if name not in timm.list_models():

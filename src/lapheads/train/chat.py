@@ -182,7 +182,7 @@ def _load_base(cfg: ChatTrainConfig, device: torch.device) -> tuple[GPT, Tokeniz
         record, model, tokenizer = load_gpt_run(cfg.base, str(device.type))
         source = {"base_run": str(Path(cfg.base).resolve()), "base_task": record["task"]}
     if cfg.laplacian_heads:
-        from lapheads.attention import parse_laplacian_heads
+        from lapheads.core.heads import parse_laplacian_heads
 
         c = model.config
         wanted = [

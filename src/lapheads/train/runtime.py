@@ -31,8 +31,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from lapheads.attention import HEAD_KINDS, HEAD_SPEC_PATTERN
 from lapheads.config import NON_NEGATIVE, POSITIVE, ConfigError, Domain, one_of, option
+from lapheads.core.heads import HEAD_SPEC
 from lapheads.distributed import Distributed, StoppedError, peer_failures, setup_distributed
 from lapheads.errors import CheckpointError, InputError, LapheadsError
 from lapheads.hardware import Precision, choose_precision
@@ -62,15 +62,6 @@ __all__ = [
     "seed_everything",
     "setup_distributed",
 ]
-
-
-#: ``--laplacian-heads`` in a config: k, one k per layer ("0,2,2,0"), or head kinds ("negated:3", "mix",
-#: "ordinary/negated/laplacian", per layer too); checked against the model when it is built (the one parser)
-HEAD_SPEC = Domain(
-    "k, a comma list of per-layer k (3 or 0,2,2,0), or head kinds (negated:3, mix, ordinary/negated/laplacian; "
-    "kinds: " + ", ".join(HEAD_KINDS) + ")",
-    lambda v: bool(HEAD_SPEC_PATTERN.fullmatch(v)),
-)
 
 
 @dataclass

@@ -1,0 +1,311 @@
+"""The timm-compatible module: ``LaplacianAttention`` (a drop-in for ``timm.layers.Attention``) and
+``LaplacianHeadsMixin``, which keeps one layer's head mask and kinds for any attention module.
+
+TorchScript scripts the module and FX traces it: the op is one leaf of both (``_fused_leaf``, ``_reference_leaf``),
+registered below with torch.fx and timm's feature extraction.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Sequence
+from typing import List, Optional, Tuple  # TorchScript reads typing.Optional / Tuple in string annotations
+
+import torch
+from timm.layers import Attention
+from torch import Tensor
+
+from lapheads.core.attention import laplacian_attention, laplacian_attention_reference
+from lapheads.core.heads import (
+    HeadSpec,
+    HeadSpecError,
+    _is_kinds,
+    _kind_tuple,
+    format_head_mask,
+    is_plain_laplacian,
+    laplacian_head_mask,
+)
+
+__all__ = ["LaplacianAttention", "LaplacianHeadsMixin"]
+
+
+class LaplacianHeadsMixin:
+    """Holds one attention layer's Laplacian head mask for an ``nn.Module``: host truth plus a device buffer.
+
+    The mask's truth is a CPU tensor kept beside the module; ``laplacian_mask`` is a non-persistent buffer (state
+    dicts stay those of the plain model) that is rewritten from it whenever the module's tensors are moved or
+    re-allocated (``_apply``: ``to``, ``cuda``, ``to_empty``). So a model built on the meta device and then
+    ``to_empty``-ed runs with the heads it was configured with, not with uninitialised memory.
+    """
+
+    # (no class-level annotation of the buffer: TorchScript would read it as an unresolvable string)
+    __jit_unused_properties__ = ["laplacian_heads_for_op", "laplacian_head_list", "num_laplacian_heads", "head_kinds"]
+
+    def _init_laplacian_heads(self, num_heads: int, laplacian_heads: HeadSpec, device=None) -> None:
+        # on the factory device (timm's create_model(device="meta") puts every tensor there)
+        self.register_buffer(
+            "laplacian_mask", torch.zeros(num_heads, dtype=torch.bool, device=device), persistent=False
+        )
+        self.set_laplacian_heads(laplacian_heads)
+
+    def set_laplacian_heads(self, laplacian_heads: HeadSpec | Sequence[str]) -> None:
+        """Choose which heads are Laplacian (no parameters change), or give every head a kind
+        (:data:`HEAD_KINDS`): "mix" heads gain their learnable (a, b) (``mix_a`` = 0, ``mix_b`` = 1: ordinary at
+        the start), "local" heads the module's untied local term (:meth:`_make_local`)."""
+        num_heads = len(self.laplacian_mask)
+        kinds = None
+        if _is_kinds(laplacian_heads):
+            kinds = _kind_tuple(laplacian_heads, num_heads)
+            laplacian_heads = [kind == "laplacian" for kind in kinds]
+        self._kinds = None if kinds is None or is_plain_laplacian(kinds) else kinds
+        device = self.laplacian_mask.device
+        if self._kinds is not None and "mix" in self._kinds:
+            self.mix_a = torch.nn.Parameter(torch.zeros(num_heads, device=device))  # 1-D: no weight decay in timm
+            self.mix_b = torch.nn.Parameter(torch.ones(num_heads, device=device))
+        else:
+            self.mix_a = self.mix_b = None
+        self._make_local(sum(kind == "local" for kind in (self._kinds or ())))
+        mask = laplacian_head_mask(laplacian_heads, num_heads)
+        if mask.device.type != "cpu":  # a spec given as a device tensor, or built under a device context
+            mask = mask.to("cpu") if mask.device.type != "meta" else torch.zeros(len(mask), dtype=torch.bool)
+        self._laplacian_host = mask
+        self._sync_laplacian_mask()
+        # What forward hands the op: an int k when the mask is "the trailing k heads" (no device work to build it),
+        # else the on-device buffer; either way no host-device sync per step.
+        k = int(mask.sum())
+        self._op_heads: HeadSpec | None = k if bool(mask[len(mask) - k :].all()) else None
+
+    def _sync_laplacian_mask(self) -> None:
+        device = self.laplacian_mask.device
+        # A new tensor, not an in-place copy: on the meta device there is nothing to copy into.
+        self._buffers["laplacian_mask"] = (
+            self._laplacian_host.to(device, copy=True) if device.type != "meta" else self.laplacian_mask
+        )
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        module = super()._apply(fn, recurse)  # type: ignore[misc]
+        self._sync_laplacian_mask()  # to_empty() leaves buffers uninitialised; the host copy is the truth
+        return module
+
+    def _make_local(self, num_local: int) -> None:
+        """The untied token-local term of "local" heads; a module without one refuses such heads."""
+        if num_local:
+            raise HeadSpecError(f"{type(self).__name__} has no local term; allowed kinds here: all but 'local'")
+
+    @property
+    def head_kinds(self) -> tuple[str, ...]:
+        """Every head's kind (ordinary / laplacian unless other kinds were given)."""
+        if getattr(self, "_kinds", None) is not None:
+            return self._kinds
+        return tuple("laplacian" if m else "ordinary" for m in self._laplacian_host.tolist())
+
+    @property
+    def laplacian_heads_for_op(self) -> HeadSpec:
+        """The spec to hand ``laplacian_attention``: an int k for trailing heads, else the device mask."""
+        return self.laplacian_mask if self._op_heads is None else self._op_heads
+
+    @property
+    def laplacian_head_list(self) -> list[bool]:
+        """The mask as Python bools (works on any device, meta included)."""
+        return self._laplacian_host.tolist()
+
+    @property
+    def num_laplacian_heads(self) -> int:
+        return int(self._laplacian_host.sum())
+
+
+class LaplacianAttention(LaplacianHeadsMixin, Attention):
+    """``timm.layers.Attention`` with Laplacian heads: same arguments, parameters and state dict, plus a head spec.
+
+    A timm Attention state dict loads with ``strict=True`` (the head mask is a non-persistent buffer), and with
+    ``laplacian_heads=0`` the output equals timm's for the same weights. timm's ``fused_attn`` flag picks the fused
+    op (``laplacian_attention``) or the reference path (``laplacian_attention_reference``).
+
+    Args:
+        dim: input dimension of the tokens.
+        num_heads: number of attention heads.
+        *args, **kwargs: every other ``timm.layers.Attention`` argument (qkv_bias, qk_norm, attn_drop, ...).
+        laplacian_heads: int k (trailing k heads) or a bool mask of length num_heads.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, laplacian_heads: HeadSpec = 0, **kwargs) -> None:
+        super().__init__(dim, num_heads, *args, **kwargs)
+        if not hasattr(self, "gate"):  # timm before gated attention
+            self.gate = None
+        self.local_v = self.local_o = None
+        self._init_laplacian_heads(num_heads, laplacian_heads, kwargs.get("device"))
+
+    def _make_local(self, num_local: int) -> None:
+        """ "local" heads: their own value (W_V', initialised as timm's ViT initialises a Linear) and output
+        (W_O', zero, like the model's output projections at the start) weights, untied from W_V and W_O."""
+        if not num_local:
+            self.local_v = self.local_o = None
+            return
+        device = self.qkv.weight.device
+        width = num_local * self.head_dim
+        self.local_v = torch.nn.Linear(self.qkv.in_features, width, bias=self.qkv.bias is not None, device=device)
+        self.local_o = torch.nn.Linear(width, self.proj.out_features, bias=False, device=device)
+        if device.type != "meta":
+            torch.nn.init.trunc_normal_(self.local_v.weight, std=0.02)
+            if self.local_v.bias is not None:
+                torch.nn.init.zeros_(self.local_v.bias)
+            torch.nn.init.zeros_(self.local_o.weight)
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+    ) -> torch.Tensor:
+        """Args:
+            x: tokens (B, N, C).
+            attn_mask: optional mask broadcastable to (B, H, N, N) (bool: True = attend).
+            is_causal: causal attention.
+
+        The same signature as timm's Attention, so TorchScript scripts it and FX traces it (the op is a leaf of
+        both); :meth:`forward_with_attn` also returns P for attention maps.
+        """
+        return self._forward(x, attn_mask, is_causal, False)[0]
+
+    @torch.jit.ignore
+    def forward_with_attn(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` and P (B, H, N, N) from the reference path, for attention maps."""
+        out, attn = self._forward(x, attn_mask, is_causal, True)
+        return out, attn
+
+    def _forward(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool, return_attn: bool
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        b, n, _ = x.shape
+        tokens = x
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        x, attn = self._attend(q, k, v, attn_mask, is_causal, return_attn)
+        x = x.transpose(1, 2).reshape(b, n, self.attn_dim)
+        x = self.norm(x)
+        if gate is not None:
+            x = x * gate
+        out = self.proj(x)
+        if self.local_v is not None:  # "local" heads: their untied token-local term, W_O' W_V' x
+            out = out + self.local_o(self.local_v(tokens))
+        return self.proj_drop(out), attn
+
+    @torch.jit.ignore
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: Optional[torch.Tensor],
+        is_causal: bool,
+        return_attn: bool,
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The op (fused, or the reference path when timm's ``fused_attn`` is off or P is wanted); left to Python by
+        TorchScript, traced as one call by FX."""
+        # not the property: under TorchScript ``self`` is the scripted module, which keeps attributes only
+        trailing = -1 if self._op_heads is None else self._op_heads
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        blend = getattr(self, "laplacian_blend", None)  # lambda of a blend conversion (lapheads.core.convert)
+        kinds_of_heads = self._kinds  # attributes, not methods: under TorchScript self keeps attributes only
+        kinds = None if kinds_of_heads is None else list(kinds_of_heads)
+        mix = None if self.mix_a is None else (self.mix_a, self.mix_b)
+        if self.fused_attn and not return_attn:
+            out = _fused_leaf(
+                q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend, kinds, mix
+            )
+            return out, None
+        out, attn = _reference_leaf(
+            q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend, kinds, mix
+        )
+        return out, attn
+
+    def extra_repr(self) -> str:
+        if getattr(self, "_kinds", None) is not None:
+            return f"head_kinds={list(self._kinds)}"
+        return f"laplacian_heads={format_head_mask(self._laplacian_host)}"
+
+
+@torch.jit.ignore
+def _fused_leaf(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    trailing: int,
+    attn_mask: Optional[Tensor],
+    is_causal: bool,
+    dropout_p: float,
+    scale: float,
+    blend: Optional[Tensor] = None,
+    kinds: Optional[List[str]] = None,
+    mix: Optional[Tuple[Tensor, Tensor]] = None,
+) -> Tensor:
+    """``laplacian_attention`` with positional arguments (``kinds`` when given, else k trailing heads when
+    ``trailing`` >= 0, else ``mask``): the one node FX records and the one call TorchScript leaves to Python."""
+    heads: HeadSpec = kinds if kinds is not None else (trailing if trailing >= 0 else mask)
+    return laplacian_attention(
+        q,
+        k,
+        v,
+        heads,
+        attn_mask=attn_mask,
+        is_causal=is_causal,
+        dropout_p=dropout_p,
+        scale=scale,
+        blend=blend,
+        mix=mix,
+    )
+
+
+@torch.jit.ignore
+def _reference_leaf(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    trailing: int,
+    attn_mask: Optional[Tensor],
+    is_causal: bool,
+    dropout_p: float,
+    scale: float,
+    blend: Optional[Tensor] = None,
+    kinds: Optional[List[str]] = None,
+    mix: Optional[Tuple[Tensor, Tensor]] = None,
+) -> Tuple[Tensor, Tensor]:
+    """``laplacian_attention_reference`` with P, as :func:`_fused_leaf`."""
+    heads: HeadSpec = kinds if kinds is not None else (trailing if trailing >= 0 else mask)
+    out, attn = laplacian_attention_reference(
+        q,
+        k,
+        v,
+        heads,
+        attn_mask=attn_mask,
+        is_causal=is_causal,
+        dropout_p=dropout_p,
+        scale=scale,
+        blend=blend,
+        mix=mix,
+        return_attn=True,
+    )
+    return out, attn
+
+
+# TorchScript cannot resolve the string annotations of ``from __future__ import annotations`` on methods it leaves
+# to Python: give them their evaluated types
+for _fn in (
+    *(getattr(LaplacianAttention, m) for m in ("forward", "forward_with_attn", "_forward", "_attend")),
+    _fused_leaf,
+    _reference_leaf,
+):
+    _fn.__annotations__ = typing.get_type_hints(_fn)
+
+# FX (torch.fx and timm's feature extraction) calls the op as one node: its argument checks branch on shapes
+torch.fx.wrap("_fused_leaf")
+torch.fx.wrap("_reference_leaf")
+_register_notrace = getattr(
+    __import__("timm.layers", fromlist=["register_notrace_function"]), "register_notrace_function", None
+)
+if _register_notrace is not None:
+    _register_notrace(_fused_leaf)
+    _register_notrace(_reference_leaf)
