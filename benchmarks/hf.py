@@ -18,7 +18,7 @@ import copy
 import torch
 import transformers
 
-import lapheads.hf as lhf
+import lapheads.integrations.hf as lhf
 from lapheads.bench import machine_summary, time_interleaved
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import transformers
 
-import lapheads.hf as lhf
+import lapheads.integrations.hf as lhf
 from lapheads.data.text import shakespeare_plays
 from lapheads.data.tokenizers import Tokenizer
 

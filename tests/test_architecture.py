@@ -1,15 +1,49 @@
-"""The layering of docs/design.md, checked on the source: which modules may import training code, and no cycles
-between packages. Every import counts, also those inside functions (they are still dependencies)."""
+"""The layering of docs/design.md, checked on the source: every import between lapheads' folders goes down the table
+of layers, never up, and nothing imports a moved module by its old name. Every import counts, also those inside
+functions (they are still dependencies), and so do the task table's ``module:attribute`` strings (it imports them
+on first use)."""
 
 import ast
-from collections import defaultdict
+import re
 from pathlib import Path
 
 import lapheads
+from lapheads._moved import MOVED
 
 PACKAGE = Path(lapheads.__file__).parent
-#: the entry points: they start training runs, so they may import anything
-TOP = {"lapheads.__main__", "lapheads.cli", "lapheads.presets", "lapheads.tasks", "lapheads.sweep", "lapheads.demo"}
+
+#: the folders from the bottom up (docs/design.md, "Layers"); a module imports from its own folder and lower
+#: layers only. Folders of one layer (models, data, geometry) do not import each other.
+LAYERS = (
+    ("basics",),
+    ("core",),
+    ("models", "data", "geometry"),
+    ("lapheads",),  # the package's front door: it re-exports core and models
+    ("runs",),
+    ("apps",),
+    ("evals",),
+    ("integrations",),
+    ("train",),
+    ("tasks",),
+    ("study",),
+    ("cli",),
+)
+LEVEL = {folder: level for level, folders in enumerate(LAYERS) for folder in folders}
+#: the modules that live in the package's root: the basics, the front door, the entry point, the old-name table
+ROOT_MODULES = {
+    "__init__",
+    "__main__",
+    "_moved",
+    "bench",
+    "config",
+    "distributed",
+    "errors",
+    "hardware",
+    "io",
+    "plots",
+    "sandbox",
+}
+_REFERENCE = re.compile(r"^(lapheads(?:\.\w+)+):\w+$")  # "lapheads.train.lm:train_lm" in the task table
 
 
 def _module_name(path: Path) -> str:
@@ -17,96 +51,77 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
 def _imports() -> dict[str, set[str]]:
-    """module -> the lapheads modules it imports (anywhere in its body)."""
+    """module -> the lapheads modules it imports (anywhere in its body) or names as ``module:attribute``."""
     graph: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
-        name = _module_name(path)
         targets = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets |= {a.name for a in node.names if a.name.startswith("lapheads")}
             elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lapheads"):
-                targets.add(node.module)
-                # "from lapheads import runs" / "from lapheads.train import chat" name submodules
-                targets |= {
-                    f"{node.module}.{a.name}"
-                    for a in node.names
-                    if (PACKAGE.parent / f"{node.module}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
-                }
-        graph[name] = targets
+                # "from lapheads.train import chat" names a submodule; "from lapheads.core import x" a name
+                named = {f"{node.module}.{a.name}" for a in node.names if _is_module(f"{node.module}.{a.name}")}
+                targets |= named or {node.module}
+                if len(named) < len(node.names):
+                    targets.add(node.module)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                match = _REFERENCE.match(node.value)
+                if match:
+                    targets.add(match.group(1))
+        graph[_module_name(path)] = targets
     return graph
 
 
-def _package(module: str) -> str:
+def _folder(module: str) -> str:
     parts = module.split(".")
-    return ".".join(parts[:2])
+    if len(parts) == 1:
+        return "lapheads"
+    if parts[1] == "__main__":
+        return "cli"
+    return "basics" if parts[1] in ROOT_MODULES else parts[1]
 
 
 def test_the_graph_sees_the_package():
     graph = _imports()
-    assert {"lapheads.runs", "lapheads.train.classify", "lapheads.analyze", "lapheads.geometry.anova"} <= set(graph)
+    assert {"lapheads.runs", "lapheads.train.classify", "lapheads.study.analyze", "lapheads.core.heads"} <= set(graph)
     assert "lapheads.runs" in graph["lapheads.train.runtime"]  # an import at module level
-    assert "lapheads.tasks" in graph["lapheads.analyze"]
+    assert "lapheads.tasks" in graph["lapheads.study.analyze"]  # an import inside a function counts too
+    assert "lapheads.train.classify" in graph["lapheads.tasks"]  # and the task table's strings
 
 
-def test_nothing_below_the_entry_points_imports_training_code():
+def test_every_folder_has_a_layer_and_the_root_holds_only_the_basics():
+    graph = _imports()
+    assert {_folder(m) for m in graph} <= set(LEVEL), sorted({_folder(m) for m in graph} - set(LEVEL))
+    stray = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ROOT_MODULES)
+    assert not stray, f"modules in the package root outside the basics: {stray}; put them in their layer's folder"
+
+
+def test_imports_only_go_down_the_layers():
     graph = _imports()
     arrows = sorted(
-        f"{m} -> {t}"
+        f"{m} -> {t}  ({_folder(m)} may not import {_folder(t)})"
         for m, targets in graph.items()
         for t in targets
-        if t.startswith("lapheads.train") and not m.startswith("lapheads.train") and m not in TOP
-    )
-    assert not arrows, "readers of runs must go through lapheads.runs:\n" + "\n".join(arrows)
-
-
-def test_only_entry_points_import_entry_points():
-    graph = _imports()
-    allowed = TOP - {"lapheads.tasks"}  # the task table is data every layer may read
-    arrows = sorted(f"{m} -> {t}" for m, targets in graph.items() if m not in TOP for t in targets if t in allowed)
-    assert not arrows, "\n".join(arrows)
-
-
-def test_the_bottom_floor_imports_only_the_bottom_floor():
-    graph = _imports()
-    bottom = {
-        "lapheads.errors",
-        "lapheads.config",
-        "lapheads.io",
-        "lapheads.distributed",
-        "lapheads.runs",
-        "lapheads.lora",
-    }
-    bottom_packages = ("lapheads.core", "lapheads.models", "lapheads.data", "lapheads.geometry")
-
-    def is_bottom(m: str) -> bool:
-        return m in bottom or m == "lapheads" or m.startswith(bottom_packages)
-
-    arrows = sorted(
-        f"{m} -> {t}"
-        for m, targets in graph.items()
-        if is_bottom(m) and m != "lapheads"
-        for t in targets
-        if not is_bottom(t)
+        if _folder(t) != _folder(m) and LEVEL[_folder(t)] >= LEVEL[_folder(m)]
     )
     assert not arrows, "\n".join(arrows)
 
 
-def test_no_cycle_between_packages():
+def test_nothing_imports_a_moved_module_by_its_old_name():
     graph = _imports()
-    packages: dict[str, set[str]] = defaultdict(set)
-    for module, targets in graph.items():
-        for target in targets:
-            a, b = _package(module), _package(target)
-            if a != b and b != "lapheads":
-                packages[a].add(b)
+    arrows = sorted(f"{m} -> {t} (now {MOVED[t]})" for m, targets in graph.items() for t in targets if t in MOVED)
+    assert not arrows, "\n".join(arrows)
 
-    def reaches(start: str, goal: str, seen: set[str]) -> bool:
-        for nxt in packages[start]:
-            if nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})):
-                return True
-        return False
 
-    cycles = sorted(f"{a} <-> {b}" for a in list(packages) for b in packages[a] if reaches(b, a, {b}))
-    assert not cycles, "\n".join(cycles)
+def test_old_names_are_the_moved_modules_themselves():
+    import importlib
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+

@@ -21,7 +21,7 @@ import lapheads
 from lapheads.cli import main
 from lapheads.config import ConfigError, _options, validate_config
 from lapheads.errors import LapheadsError
-from lapheads.presets import CONFIG_TYPES, PRESETS
+from lapheads.tasks.presets import CONFIG_TYPES, PRESETS
 
 PRESET_OF = {
     "classify": "fmnist-cpu",

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from lapheads.config import ConfigError
-from lapheads.presets import CLASSIFY_PRESETS, resolve_classify_config
+from lapheads.tasks.presets import CLASSIFY_PRESETS, resolve_classify_config
 
 
 def _short(x: float) -> str:

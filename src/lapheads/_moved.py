@@ -16,6 +16,18 @@ import sys
 MOVED = {
     "lapheads.attention": "lapheads.core",
     "lapheads.convert": "lapheads.core.convert",
+    "lapheads.hf": "lapheads.integrations.hf",  # the short name stays the documented one
+    "lapheads.tracking": "lapheads.integrations.tracking",
+    "lapheads.chat": "lapheads.apps.chat",
+    "lapheads.serve": "lapheads.apps.serve",
+    "lapheads.lora": "lapheads.models.lora",
+    "lapheads.analyze": "lapheads.study.analyze",
+    "lapheads.sweep": "lapheads.study.sweep",
+    "lapheads.demo": "lapheads.study.demo",
+    "lapheads.mix": "lapheads.study.mix",
+    "lapheads.verdicts": "lapheads.study.verdicts",
+    "lapheads.report": "lapheads.study.report",
+    "lapheads.presets": "lapheads.tasks.presets",
 }
 
 

@@ -1,6 +1,6 @@
 """Configs: plain dataclasses, resolved from a preset, a preset file and ``--key value`` overrides.
 
-No exec-based configs: a preset is a dataclass instance in ``lapheads.presets`` or a JSON file holding a subset of
+No exec-based configs: a preset is a dataclass instance in ``lapheads.tasks.presets`` or a JSON file holding a subset of
 the fields; overrides are typed by the dataclass fields, and an unknown key or a bad value is a one-line error.
 
 Every field is declared with :func:`option`: a default, a one-line description and a :class:`Domain` (the values it

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from lapheads.chat import ChatEngine
+from lapheads.apps.chat import ChatEngine
 from lapheads.evals.chat import _rows, chatcore, score_generative
 from tests.data.test_conversations import TOKENIZER
-from tests.test_chat import ScriptedModel
+from tests.apps.test_chat import ScriptedModel
 
 CODE_TOKENIZER = type(TOKENIZER).char("abcdefghijklmnopqrstuvwxyz0123456789 ()+-:,=`\n#")
 HUMANEVAL = {

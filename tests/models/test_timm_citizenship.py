@@ -201,7 +201,7 @@ OLDEST_TIMM = "1.0.23"  # pyproject's floor: timm.layers.Attention with attn_dim
 
 @pytest.mark.slow
 def test_the_module_parity_tests_pass_at_the_oldest_supported_timm(tmp_path):
-    """tests/test_attention.py's timm parity tests, run against the floor of pyproject's timm range (its wheel from
+    """tests/core/test_attention.py's timm parity tests, run against the floor of pyproject's timm range (its wheel from
     PyPI, cached in the venv, placed ahead of the installed timm)."""
     import zipfile
 
@@ -223,7 +223,7 @@ def test_the_module_parity_tests_pass_at_the_oldest_supported_timm(tmp_path):
     version = subprocess.run([sys.executable, "-c", "import timm; print(timm.__version__)"], env=env,
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert version.stdout.strip() == OLDEST_TIMM, version.stderr[-1000:]
-    tests = Path(__file__).parents[1] / "test_attention.py"
+    tests = Path(__file__).parents[1] / "core" / "test_attention.py"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests), "-k", "module or timm"],
         env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).parents[2],

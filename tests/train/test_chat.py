@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import lapheads.train.chat as chat_module
 from lapheads.cli import main
-from lapheads.lora import LoraAdapters, apply_lora
+from lapheads.models.lora import LoraAdapters, apply_lora
 from lapheads.runs import load_gpt_run
 from lapheads.train.chat import MidConfig, train_mid, train_sft
 from lapheads.train.runtime import NonFiniteLossError

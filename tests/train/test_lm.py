@@ -281,7 +281,7 @@ def test_the_forks_optimizer_groups(text_root):
 
 
 def test_the_forks_scaling_rules_give_its_batch_steps_and_decay():
-    from lapheads.presets import LM_PRESETS, fork_scaling
+    from lapheads.tasks.presets import LM_PRESETS, fork_scaling
 
     # d20 by hand: width 1280, blocks 20 x 12 x 1280^2 + 10 value-embedding gates of 12 x 10, head 32,768 x 1280
     scaling = 20 * 12 * 1280**2 + 10 * 120 + 32768 * 1280

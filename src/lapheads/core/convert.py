@@ -1,5 +1,5 @@
 """Converting a pretrained model's heads to Laplacian heads: the initialisations shared by timm ViTs
-(:func:`lapheads.create_vit`) and Hugging Face models (:mod:`lapheads.hf`).
+(:func:`lapheads.create_vit`) and Hugging Face models (:mod:`lapheads.integrations.hf`).
 
 * ``"switch"``: the chosen heads output V - P V from the start (their output changes).
 * ``"signflip"``: also negate those heads' columns of the output projection W_O, so W_O P V is kept exactly and

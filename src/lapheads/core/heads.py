@@ -14,6 +14,7 @@ and fails with the same one-line error everywhere. Design choices:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Union
@@ -29,10 +30,12 @@ __all__ = [
     "HEAD_SPEC",
     "HEAD_SPEC_PATTERN",
     "KIND_COEFFICIENTS",
+    "NAMED_POINTS",
     "HeadSpec",
     "HeadSpecError",
     "format_head_mask",
     "is_plain_laplacian",
+    "nearest_kind",
     "laplacian_head_mask",
     "parse_head_kinds",
     "parse_laplacian_heads",
@@ -297,6 +300,29 @@ def parse_head_kinds(spec: object, num_heads: int, num_layers: int) -> list[tupl
     if isinstance(spec, Sequence):
         return [_layer_kinds(item, num_heads, f"[layer {i}]") for i, item in enumerate(spec)]
     return [_layer_kinds(spec, num_heads, "")] * num_layers
+
+
+#: The named points of a mix head's (a, b) (a V + b P V): the kinds the paper and its ablations talk about.
+NAMED_POINTS = {
+    "ordinary": (0.0, 1.0),
+    "laplacian": (1.0, -1.0),
+    "negated": (0.0, -1.0),
+    "identity": (1.0, 0.0),
+    "off": (0.0, 0.0),
+}
+
+
+def nearest_kind(a: float, b: float) -> tuple[str, float, str]:
+    """(nearest named point, its distance, nearest named direction) of one head's (a, b)."""
+    name, distance = min(((n, math.dist((a, b), p)) for n, p in NAMED_POINTS.items()), key=lambda item: item[1])
+    norm = math.hypot(a, b)
+    if norm == 0:
+        return name, distance, "off"
+    direction = max(
+        ((n, (a * p[0] + b * p[1]) / (norm * math.hypot(*p))) for n, p in NAMED_POINTS.items() if n != "off"),
+        key=lambda item: item[1],
+    )[0]
+    return name, distance, direction
 
 
 def is_plain_laplacian(kinds: Sequence[str]) -> bool:

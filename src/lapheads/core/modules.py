@@ -17,6 +17,7 @@ from torch import Tensor
 
 from lapheads.core.attention import laplacian_attention, laplacian_attention_reference
 from lapheads.core.heads import (
+    NAMED_POINTS,
     HeadSpec,
     HeadSpecError,
     _is_kinds,
@@ -26,7 +27,7 @@ from lapheads.core.heads import (
     laplacian_head_mask,
 )
 
-__all__ = ["LaplacianAttention", "LaplacianHeadsMixin"]
+__all__ = ["LaplacianAttention", "LaplacianHeadsMixin", "decisiveness_penalty"]
 
 
 class LaplacianHeadsMixin:
@@ -224,6 +225,25 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         if getattr(self, "_kinds", None) is not None:
             return f"head_kinds={list(self._kinds)}"
         return f"laplacian_heads={format_head_mask(self._laplacian_host)}"
+
+
+def decisiveness_penalty(model: torch.nn.Module) -> torch.Tensor:
+    """Sum over mix heads of the squared distance of (a, b) to the nearest named point (0 without mix heads)."""
+    points = None
+    total = None
+    for module in model.modules():
+        a, b = getattr(module, "mix_a", None), getattr(module, "mix_b", None)
+        if a is None or b is None:
+            continue
+        if points is None:
+            points = torch.tensor(list(NAMED_POINTS.values()), dtype=a.dtype, device=a.device)  # (P, 2)
+        ab = torch.stack([a, b], -1)  # (H, 2)
+        distances = (ab[:, None, :] - points[None]).square().sum(-1)  # (H, P)
+        term = distances.min(-1).values.sum()
+        total = term if total is None else total + term
+    if total is None:
+        return torch.zeros(())
+    return total
 
 
 @torch.jit.ignore

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from lapheads.chat import ChatEngine
+from lapheads.apps.chat import ChatEngine
 from lapheads.data.conversations import gsm8k_conversation, mc_conversation, render_for_completion
 from lapheads.data.images import DataError
 from lapheads.errors import InputError

@@ -3,7 +3,7 @@ similarity, and the residual-stream capture that feeds them.
 
 Every metric is a plain function on tensors (one shot, written as the definition reads) and a streaming
 accumulator (float64 sums, memory O(D^2 + C*D)); the tests hold the two equal. ``lapheads analyze`` runs them over
-run directories (:mod:`lapheads.analyze`); this package only ever sees tensors.
+run directories (:mod:`lapheads.study.analyze`); this package only ever sees tensors.
 """
 
 from lapheads.geometry.anova import AnovaAccumulator, anova

@@ -42,8 +42,8 @@ from lapheads.data.tokenizers import Tokenizer
 from lapheads.distributed import Distributed, setup_distributed
 from lapheads.errors import InputError
 from lapheads.hardware import BusyWatch
-from lapheads.lora import LoraAdapters, apply_lora
 from lapheads.models.gpt import GPT
+from lapheads.models.lora import LoraAdapters, apply_lora
 from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, model_record
 from lapheads.train.runtime import (
     HEAD_SPEC,

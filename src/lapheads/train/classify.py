@@ -27,12 +27,12 @@ from torch.utils.data import Subset
 from tqdm import tqdm
 
 from lapheads.config import NON_NEGATIVE, POSITIVE, RATE, ConfigError, one_of, option, validate_config
+from lapheads.core.modules import decisiveness_penalty
 from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.distributed import setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.classify import evaluate_classifier, evaluate_fit, fit_images
 from lapheads.hardware import BusyWatch
-from lapheads.mix import decisiveness_penalty
 from lapheads.models.vit import vit_head_kinds, vit_laplacian_masks
 from lapheads.runs import RunDir, model_record
 from lapheads.runs import build_model as build_from_record
@@ -85,7 +85,7 @@ class ClassifyConfig(RunConfig):
     bce: bool = option(False, "binary cross-entropy loss (DeiT-III)")
     mix_penalty: float = option(
         0.0,
-        "weight of the decisiveness penalty on mix heads' (a, b): towards a named kind (lapheads.mix; 0: off)",
+        "weight of the decisiveness penalty on mix heads' (a, b): towards a named kind (lapheads.study.mix; 0: off)",
         NON_NEGATIVE,
     )
     # optimisation

@@ -229,7 +229,7 @@ def start_or_resume(
     """
     run.check_is_directory()
     if config.get("log"):
-        from lapheads.tracking import check_trackers
+        from lapheads.integrations.tracking import check_trackers
 
         check_trackers(config["log"])  # a missing package: one line, before anything is written
     start_step = 0
@@ -276,7 +276,7 @@ def start_or_resume(
     if dist_.is_main and isinstance(extra_record.get("precision"), dict):
         notice(f"precision: {extra_record['precision']['reason']}")
     if dist_.is_main and config.get("log"):
-        from lapheads.tracking import open_trackers
+        from lapheads.integrations.tracking import open_trackers
 
         run.trackers = open_trackers(config["log"], run.path, config, start_step)
     dist_.barrier()

@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from lapheads.chat import ChatEngine  # noqa: E402
+from lapheads.apps.chat import ChatEngine  # noqa: E402
+from lapheads.apps.serve import ServeLimits, create_app  # noqa: E402
 from lapheads.data.conversations import render_for_completion  # noqa: E402
 from lapheads.runs import load_gpt_run  # noqa: E402
-from lapheads.serve import ServeLimits, create_app  # noqa: E402
 
 QUESTIONS = [
     "Ada has 23 coins and gets 45 more. How many coins does Ada have now?",

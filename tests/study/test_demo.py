@@ -61,7 +61,7 @@ def test_demo_trains_both_runs_and_writes_the_report(fmnist_root, tmp_path, caps
 
 
 def test_the_accuracy_verdict_uses_the_test_sets_noise():
-    from lapheads.demo import accuracy_verdict
+    from lapheads.study.demo import accuracy_verdict
 
     # 10,000 images at ~85 %: two standard errors of a difference are ~1.0 point
     words, band = accuracy_verdict(85.31, 84.62, 10_000)
@@ -72,7 +72,7 @@ def test_the_accuracy_verdict_uses_the_test_sets_noise():
 
 
 def test_geometry_verdicts_need_every_measure_to_agree():
-    from lapheads.demo import _heads_words, agreement_verdict
+    from lapheads.study.demo import _heads_words, agreement_verdict
 
     assert agreement_verdict([-1.0, -0.5], -1) == "as claimed" and agreement_verdict([1.0, 2.0], -1) == "opposite"
     # the case of issue 31: pooled 35 -> 34 components, per sequence 8.72 -> 9.21

@@ -10,7 +10,7 @@ Design choices:
   spec is compared with spec "0" seed by seed: the mean paired difference, its t-based 95% interval and a two-sided
   paired t-test (Welch's unpaired test only where fewer than two seeds pair up); ``--baseline SPEC`` compares
   with another spec instead (a per-layer schedule study: early-only against late-only), into report-vs-<SPEC>/.
-  The verdicts follow one rule (:mod:`lapheads.verdicts`): the paradigm's primary test alone at alpha 0.05, a
+  The verdicts follow one rule (:mod:`lapheads.study.verdicts`): the paradigm's primary test alone at alpha 0.05, a
   declared geometry family Holm-corrected across claims x arms, every other row secondary and uncorrected; each row
   states its minimum detectable effect at the alpha it faces, "excluded" when a paper-sized gain is ruled out, the
   exact sign-flip p and the seeds that moved the paper's way; **no claim** for metrics the paper makes none about.
@@ -42,8 +42,8 @@ import numpy as np
 
 from lapheads.plots import panel_grid
 from lapheads.runs import RunDir, SweepError, load_sweep, spec_dir_name
+from lapheads.study.verdicts import apply_rule, holm_steps, mde
 from lapheads.tasks import Metric, get_task
-from lapheads.verdicts import apply_rule, holm_steps, mde
 
 __all__ = [
     "CLAIMS",
@@ -473,7 +473,7 @@ Values = dict[str, dict[str, dict[int, float]]]  # row label -> spec -> seed -> 
 
 def _geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, Values]:
     """(geometry rows, mechanism rows) from every finished cell's analysis (``lapheads analyze``, cached)."""
-    from lapheads.analyze import AnalyzeOptions, analyze_run
+    from lapheads.study.analyze import AnalyzeOptions, analyze_run
 
     options = AnalyzeOptions(max_tokens=max_tokens)
     task = get_task(record["task"])
@@ -659,14 +659,14 @@ def _table_header(baseline: str) -> list[str]:
 
 
 def _rule_lines(rule: dict[str, Any]) -> list[str]:
-    """The verdict rule in words, with this report's family and margins (lapheads.verdicts)."""
+    """The verdict rule in words, with this report's family and margins (lapheads.study.verdicts)."""
     margins = "; ".join(
         f"{label}: {'none (the paper reports no such effect)' if m is None else f'{m:.3g}'}"
         for label, m in rule["margin"].items()
     )
     declared = ", ".join(rule["declared"]) or "none of its rows in this sweep"
     return [
-        f"Verdict rule (`lapheads.verdicts`): the **primary** test ({', '.join(rule['primary'])}) alone at alpha "
+        f"Verdict rule (`lapheads.study.verdicts`): the **primary** test ({', '.join(rule['primary'])}) alone at alpha "
         f"{rule['alpha']}; the **declared** geometry family ({declared}), Holm-corrected across claims x arms "
         f"({rule['declared_family_size']} tests); every other row **secondary**, raw p, uncorrected. MDE: the "
         f"difference detected with {rule['power']:.0%} power at the alpha the row faces (its Holm step for "
@@ -692,7 +692,7 @@ def _judge(
 
 def restate(stats_file: str | Path, margin: float | None = None) -> str:
     """The statistics table of an existing stats.json (any version: it keeps every cell's per-seed value),
-    recomputed with the current tests and verdict rule (:mod:`lapheads.verdicts`); no run directory needed."""
+    recomputed with the current tests and verdict rule (:mod:`lapheads.study.verdicts`); no run directory needed."""
 
     try:
         saved = json.loads(Path(stats_file).read_text())

@@ -1,4 +1,4 @@
-"""The verdict rule (lapheads.verdicts): each number pinned against scipy, exact enumeration or a hand computation."""
+"""The verdict rule (lapheads.study.verdicts): each number pinned against scipy, exact enumeration or by hand."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lapheads.report import restate, summarize
-from lapheads.verdicts import (
+from lapheads.study.report import restate, summarize
+from lapheads.study.verdicts import (
     DECLARED_GEOMETRY,
     apply_rule,
     default_margin,

@@ -64,12 +64,13 @@ def test_analyze_two_runs_writes_numbers_plots_and_summary(two_runs, tmp_path, c
 
 
 def test_cached_analysis_is_reused_until_options_change(two_runs, monkeypatch):
-    from lapheads import analyze as module
+    from lapheads.evals import geometry
+    from lapheads.study import analyze as module
 
     options = module.AnalyzeOptions(layers="1,norm", max_tokens=1000)
     first = module.analyze_run(two_runs[0], options)
     calls = []
-    monkeypatch.setattr(module, "analyze_classify", lambda *a: calls.append(a) or {})
+    monkeypatch.setattr(geometry, "analyze_classify", lambda *a: calls.append(a) or {})
     assert module.analyze_run(two_runs[0], options) == first and not calls
     module.analyze_run(two_runs[0], module.AnalyzeOptions(layers="1", max_tokens=1000))
     assert len(calls) == 1

@@ -1,4 +1,4 @@
-"""lapheads.hf: Laplacian heads in transformers models built from tiny configs (no downloads)."""
+"""lapheads.integrations.hf: Laplacian heads in transformers models built from tiny configs (no downloads)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-import lapheads.hf as lhf  # noqa: E402
+import lapheads.integrations.hf as lhf  # noqa: E402
 from lapheads.errors import InputError  # noqa: E402
 
 
@@ -133,7 +133,7 @@ def test_the_spec_survives_saving_and_plain_loading_refuses_it(tmp_path):
     torch.testing.assert_close(_run(loaded, "llama"), _run(model, "llama"))
     with pytest.raises(InputError, match="attn_implementation='sdpa' would load it as plain attention"):
         lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path, attn_implementation="sdpa")
-    # a process that never imported lapheads.hf cannot load it as SDPA by accident
+    # a process that never imported lapheads.integrations.hf cannot load it as SDPA by accident
     plain = subprocess.run(
         [
             sys.executable,

@@ -121,7 +121,7 @@ def test_trackers_can_be_added_when_resuming(text_root, tmp_path, capsys):
         "1",
     ]
     train_lm_stopped = __import__("lapheads.train.lm", fromlist=["train_lm"]).train_lm
-    from lapheads.presets import resolve_config
+    from lapheads.tasks.presets import resolve_config
 
     train_lm_stopped(resolve_config("lm", "shakespeare-cpu", None, args[6:]), run, stop_at_step=2)
     assert main(["train", "lm", "--out", str(run), "--resume", "--log", "tensorboard"]) == 0, capsys.readouterr().err

@@ -13,11 +13,11 @@ import math
 import time
 from pathlib import Path
 
-from lapheads.analyze import analyze_runs
 from lapheads.data.images import fetch_fashion_mnist, find_fashion_mnist
 from lapheads.plots import panel_grid
-from lapheads.presets import resolve_classify_config
 from lapheads.runs import RunDir, spec_dir_name
+from lapheads.study.analyze import analyze_runs
+from lapheads.tasks.presets import resolve_classify_config
 from lapheads.train.classify import train_classify
 
 __all__ = ["accuracy_verdict", "agreement_verdict", "plot_runs", "run_demo", "write_report"]
@@ -77,7 +77,7 @@ def agreement_verdict(changes: list[float], direction: int) -> str:
 
 
 def _claim_rows(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
-    from lapheads.analyze import SUMMARY_ROWS, _last_block
+    from lapheads.study.analyze import SUMMARY_ROWS, _last_block
 
     readers = dict(SUMMARY_ROWS)
     rows = []

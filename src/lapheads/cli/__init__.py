@@ -35,7 +35,7 @@ def _one_line(err: BaseException) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from lapheads.demo import run_demo
+    from lapheads.study.demo import run_demo
 
     run_demo(Path(args.out), laplacian_heads=args.laplacian_heads, data_root=args.data_root, overrides=args.overrides)
     return 0
@@ -49,7 +49,7 @@ def _default_out(task: str, preset: str, heads: str | None) -> Path:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from lapheads.presets import resolve_config, resume_config
+    from lapheads.tasks.presets import resolve_config, resume_config
 
     _check_override_names(args.task, args.overrides)
     for option, field in (("base_from", "--base"), ("nanochat_from", "--nanochat")):
@@ -234,7 +234,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from lapheads.chat import ChatEngine
+    from lapheads.apps.chat import ChatEngine
     from lapheads.data.conversations import render_for_completion
     from lapheads.runs import load_gpt_run
 
@@ -289,7 +289,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from lapheads.serve import ServeLimits, serve
+    from lapheads.apps.serve import ServeLimits, serve
 
     if not 0 < args.port < 65536 or args.max_tokens < 1 or not 0 <= args.temperature <= 2 or not 0 <= args.top_k <= 200:
         raise UserError(
@@ -330,7 +330,7 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_tb(args: argparse.Namespace) -> int:
-    from lapheads.tracking import export_tensorboard
+    from lapheads.integrations.tracking import export_tensorboard
 
     try:
         import tensorboard  # noqa: F401
@@ -347,7 +347,7 @@ def _cmd_export_tb(args: argparse.Namespace) -> int:
 
 
 def _cmd_mix(args: argparse.Namespace) -> int:
-    from lapheads.mix import mix_report
+    from lapheads.study.mix import mix_report
 
     path = mix_report(args.run_dir, args.out)
     print(path.read_text())
@@ -356,7 +356,7 @@ def _cmd_mix(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from lapheads.analyze import AnalyzeOptions, analyze_runs
+    from lapheads.study.analyze import AnalyzeOptions, analyze_runs
 
     if args.max_tokens < 2:
         raise UserError(f"--max-tokens {args.max_tokens}: allowed: an integer >= 2")
@@ -370,7 +370,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         device=args.device,
     )
     if args.over_training:
-        from lapheads.analyze import analyze_over_training
+        from lapheads.study.analyze import analyze_over_training
 
         if len(args.run_dirs) != 1:
             raise UserError(f"--over-training takes one RUN_DIR; got {len(args.run_dirs)}")
@@ -381,7 +381,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if args.nanochat:
         if args.run_dirs:
             raise UserError("analyze takes RUN_DIRs or --nanochat DIR, not both")
-        from lapheads.analyze import analyze_nanochat
+        from lapheads.study.analyze import analyze_nanochat
 
         _, summary = analyze_nanochat(
             args.nanochat,
@@ -399,7 +399,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from lapheads.sweep import parse_seeds, parse_specs, run_sweep
+    from lapheads.study.sweep import parse_seeds, parse_specs, run_sweep
 
     specs, seeds = parse_specs(args.laplacian_heads), parse_seeds(args.seeds)
     if args.jobs < 1 or (args.threads is not None and args.threads < 1):
@@ -423,7 +423,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from lapheads.report import restate, write_report
+    from lapheads.study.report import restate, write_report
 
     if Path(args.sweep_dir).is_file():  # a stats.json: its per-seed values, with today's statistics
         print(restate(args.sweep_dir, margin=args.margin))
@@ -507,7 +507,7 @@ class _DemoParser(_Parser):
 
     def format_help(self) -> str:
         from lapheads.config import config_help
-        from lapheads.presets import CONFIG_TYPES, PRESETS
+        from lapheads.tasks.presets import CONFIG_TYPES, PRESETS
 
         self.epilog = (
             "Both runs are the fmnist-cpu recipe for one epoch (--epochs 2 for the preset's length) and take --key "
@@ -524,7 +524,7 @@ def _first_sentence(text: str, limit: int = 110) -> str:
 
 def _train_epilog(task: str, preset: str | None = None) -> str:
     from lapheads.config import config_help
-    from lapheads.presets import CONFIG_TYPES, PRESETS
+    from lapheads.tasks.presets import CONFIG_TYPES, PRESETS
 
     table = PRESETS[task]
     width = max(map(len, table)) + 2
@@ -543,7 +543,7 @@ def _check_override_names(task: str, overrides: list[str]) -> None:
     import dataclasses
     import difflib
 
-    from lapheads.presets import CONFIG_TYPES
+    from lapheads.tasks.presets import CONFIG_TYPES
 
     fields = {f.name for f in dataclasses.fields(CONFIG_TYPES[task])}
     for item in overrides:

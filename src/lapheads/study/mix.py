@@ -12,61 +12,22 @@ Design choices:
   (0, 0). A head is reported with its nearest point and the distance to it, so "near Laplacian" is a number.
 * **Scale is a head's own business**: W_O can absorb a common factor of (a, b), so the direction of (a, b) is what
   distinguishes kinds; the table gives both the raw point and the nearest named point by direction (the angle).
-* **An optional decisiveness penalty** (:func:`decisiveness_penalty`, off by default): the squared distance of each
-  head's (a, b) to its nearest named point, which pushes heads towards a named kind without choosing which.
+* **An optional decisiveness penalty** (``core.modules.decisiveness_penalty``, off by default): the squared
+  distance of each head's (a, b) to its nearest named point: it pushes heads towards a named kind, not a chosen one.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
 
+from lapheads.core.heads import NAMED_POINTS, nearest_kind
+from lapheads.core.modules import decisiveness_penalty
 from lapheads.errors import InputError
 
 __all__ = ["NAMED_POINTS", "decisiveness_penalty", "mix_report", "nearest_kind"]
-
-NAMED_POINTS = {
-    "ordinary": (0.0, 1.0),
-    "laplacian": (1.0, -1.0),
-    "negated": (0.0, -1.0),
-    "identity": (1.0, 0.0),
-    "off": (0.0, 0.0),
-}
-
-
-def nearest_kind(a: float, b: float) -> tuple[str, float, str]:
-    """(nearest named point, its distance, nearest named direction) of one head's (a, b)."""
-    name, distance = min(((n, math.dist((a, b), p)) for n, p in NAMED_POINTS.items()), key=lambda item: item[1])
-    norm = math.hypot(a, b)
-    if norm == 0:
-        return name, distance, "off"
-    direction = max(
-        ((n, (a * p[0] + b * p[1]) / (norm * math.hypot(*p))) for n, p in NAMED_POINTS.items() if n != "off"),
-        key=lambda item: item[1],
-    )[0]
-    return name, distance, direction
-
-
-def decisiveness_penalty(model: torch.nn.Module) -> torch.Tensor:
-    """Sum over mix heads of the squared distance of (a, b) to the nearest named point (0 without mix heads)."""
-    points = None
-    total = None
-    for module in model.modules():
-        a, b = getattr(module, "mix_a", None), getattr(module, "mix_b", None)
-        if a is None or b is None:
-            continue
-        if points is None:
-            points = torch.tensor(list(NAMED_POINTS.values()), dtype=a.dtype, device=a.device)  # (P, 2)
-        ab = torch.stack([a, b], -1)  # (H, 2)
-        distances = (ab[:, None, :] - points[None]).square().sum(-1)  # (H, P)
-        term = distances.min(-1).values.sum()
-        total = term if total is None else total + term
-    if total is None:
-        return torch.zeros(())
-    return total
 
 
 def _mix_tensors(folder: Path) -> dict[int, tuple[list[float], list[float]]]:

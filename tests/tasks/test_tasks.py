@@ -7,8 +7,8 @@ import pytest
 from lapheads.cli import build_parser
 from lapheads.config import validate_config
 from lapheads.errors import InputError, LapheadsError
-from lapheads.presets import CONFIG_TYPES, PRESETS
 from lapheads.tasks import TASKS, get_task
+from lapheads.tasks.presets import CONFIG_TYPES, PRESETS
 
 
 @pytest.mark.parametrize("name", list(TASKS))
@@ -50,7 +50,7 @@ def test_check_model_fails_in_one_line_for_a_spec_that_does_not_fit():
 def test_every_loss_like_headline_metric_is_known_to_improve_by_falling():
     """report's "still improving" reads a metric's better direction from LOWER_IS_BETTER: a new task's loss must be
     listed there, or its falling loss would read as getting worse."""
-    from lapheads.report import LOWER_IS_BETTER
+    from lapheads.study.report import LOWER_IS_BETTER
     from lapheads.tasks import TASKS
 
     for task in TASKS.values():

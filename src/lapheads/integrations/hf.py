@@ -1,11 +1,11 @@
 """Laplacian heads in Hugging Face transformers models (``pip install 'lapheads[hf]'``).
 
-    import lapheads.hf
+    import lapheads.integrations.hf
     model = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M")
-    lapheads.hf.enable(model, laplacian_heads=2, init="blend")     # any Llama/Qwen/Mistral/GPT-2/ViT model
-    schedule = lapheads.hf.BlendSchedule(model, steps=500)         # lambda 0 -> 1 while fine-tuning
+    lapheads.integrations.hf.enable(model, laplacian_heads=2, init="blend")     # any Llama/Qwen/Mistral/GPT-2/ViT model
+    schedule = lapheads.integrations.hf.BlendSchedule(model, steps=500)         # lambda 0 -> 1 while fine-tuning
     model.save_pretrained("out/")                                  # the per-layer heads go into config.json
-    model = lapheads.hf.from_pretrained(AutoModelForCausalLM, "out/")
+    model = lapheads.integrations.hf.from_pretrained(AutoModelForCausalLM, "out/")
 
 Design choices:
 
@@ -45,14 +45,14 @@ NAME = "lapheads"
 
 def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torch.Tensor | None:
     mask = getattr(module, "laplacian_mask", None)
-    if mask is None:  # loaded with plain from_pretrained after import lapheads.hf: read the config
+    if mask is None:  # loaded with plain from_pretrained after import lapheads.integrations.hf: read the config
         spec, layer = getattr(module.config, "laplacian_heads", None), getattr(module, "layer_idx", None)
         if spec is None:
             return None
         if layer is None:
             raise InputError(
                 f"{type(module).__name__} has no layer_idx to find its Laplacian heads; allowed: load "
-                "with lapheads.hf.from_pretrained (or call lapheads.hf.enable)"
+                "with lapheads.integrations.hf.from_pretrained (or call lapheads.integrations.hf.enable)"
             )
         mask = torch.tensor(spec[layer], dtype=torch.bool)
         module.register_buffer("laplacian_mask", mask, persistent=False)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lapheads import sweep as sweep_module
 from lapheads.cli import main
-from lapheads.report import (
+from lapheads.study import sweep as sweep_module
+from lapheads.study.report import (
     _row,
     diffusion_against_zero,
     fit_against_test,
@@ -317,7 +317,7 @@ def test_holm_and_the_verdict_rule():
 
 
 def test_a_sweep_with_one_pair_so_far_reports_it_untested_without_nan():
-    from lapheads.verdicts import apply_rule
+    from lapheads.study.verdicts import apply_rule
 
     def judged(values, others=None):
         family = {"test top-1 (%)": summarize(values)}
@@ -505,7 +505,7 @@ def test_a_sweep_without_k_0_reports_its_arms_and_another_baseline_compares_them
 
 def test_head_kinds_are_arms_of_a_sweep_with_directory_safe_names():
     from lapheads.runs import SweepError, spec_dir_name
-    from lapheads.sweep import parse_specs
+    from lapheads.study.sweep import parse_specs
 
     arms = parse_specs("0;3;negated:3;local:3;centring:3;mix;ordinary/negated/laplacian")
     assert arms == ["0", "3", "negated:3", "local:3", "centring:3", "mix", "ordinary/negated/laplacian"]

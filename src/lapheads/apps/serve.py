@@ -31,7 +31,7 @@ from typing import Any
 from fastapi import FastAPI, Request  # the optional extra 'serve'; lapheads imports this module only to serve
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
-from lapheads.chat import ChatEngine
+from lapheads.apps.chat import ChatEngine
 from lapheads.errors import LapheadsError
 
 __all__ = ["ServeLimits", "create_app", "serve"]

@@ -83,7 +83,7 @@ class RunDir:
         self.metrics_file = self.path / "metrics.jsonl"
         self.config_file = self.path / "config.json"
         self.report_dir = self.path / "report"  # readers' caches: eval_*.json, analysis*.json, plots
-        self.trackers: list[Any] = []  # TensorBoard / W&B mirrors of metrics.jsonl (lapheads.tracking), rank 0
+        self.trackers: list[Any] = []  # TensorBoard / W&B mirrors of metrics.jsonl (lapheads.integrations.tracking), rank 0
 
     def exists(self) -> bool:
         """Whether a run was started here (config.json is written before anything else)."""
@@ -360,7 +360,7 @@ def load_model(
         )
     config = record.get("config", {})
     if config.get("lora_rank"):
-        from lapheads.lora import LoraAdapters, apply_lora
+        from lapheads.models.lora import LoraAdapters, apply_lora
 
         base = _load_source(record, device)  # the adapters were trained on it
         peft_model = apply_lora(
@@ -398,7 +398,7 @@ def load_run_tokenizer(run_dir: str | os.PathLike | RunDir, vocab_size: int | No
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The sweep directory (written by lapheads.sweep, read by lapheads.report)
+# The sweep directory (written by lapheads.study.sweep, read by lapheads.study.report)
 
 SWEEP_FILE = "sweep.json"
 

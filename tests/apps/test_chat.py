@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lapheads.chat import ChatEngine, use_calculator
+from lapheads.apps.chat import ChatEngine, use_calculator
 from lapheads.errors import InputError
 from tests.data.test_conversations import TOKENIZER
 

@@ -47,7 +47,7 @@ def cell_name(spec: str, seed: int) -> str:
 
 
 def _task_of(preset: str, task: str | None) -> str:
-    from lapheads.presets import PRESETS
+    from lapheads.tasks.presets import PRESETS
 
     tasks = [name for name, presets in PRESETS.items() if preset in presets]
     if tasks:
@@ -145,7 +145,7 @@ def run_sweep(
         threads: the threads all jobs share (default: the CPU count).
     """
     from lapheads.io import atomic_write_text
-    from lapheads.presets import resolve_config
+    from lapheads.tasks.presets import resolve_config
 
     task = _task_of(preset, task)
     overrides = _overrides(sets or [])
