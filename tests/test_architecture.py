@@ -125,3 +125,39 @@ def test_old_names_are_the_moved_modules_themselves():
     for old, new in MOVED.items():
         assert importlib.import_module(old) is importlib.import_module(new), old
 
+
+#: the names of a run directory's files and folders (lapheads.runs.layout): only runs/ spells them
+RUN_DIR_NAMES = ("config.json", "metrics.jsonl", "samples.jsonl", "state.json", "sweep.json", "model.safetensors")
+RUN_DIR_WORDS = ("checkpoints", "latest", "report", "tokenizer")
+
+
+def _literals(path: Path):
+    """(line, text) of the string constants of a module that could be a path: no docstring, no dict key, no command
+    name, and no message (a message has spaces; it may name a file to the user)."""
+    tree = ast.parse(path.read_text())
+    skipped = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            skipped.add(id(body[0].value))  # a docstring
+        if isinstance(node, ast.Dict):
+            skipped |= {id(key) for key in node.keys if key is not None}  # a record's field, not a file
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_parser" and node.args:
+            skipped.add(id(node.args[0]))  # `lapheads report` is a command
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped:
+            if not any(c.isspace() for c in node.value):
+                yield node.lineno, node.value
+
+
+def test_only_runs_spells_the_run_directory():
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        # data/ has its own on-disk formats (token shards: meta.json beside their tokenizer folder)
+        if relative.parts[0] in ("runs", "data"):
+            continue
+        for line, text in _literals(path):
+            if text in RUN_DIR_WORDS or any(name in text for name in RUN_DIR_NAMES) or "step-" in text:
+                found.append(f"{relative}:{line}: {text[:60]!r}")
+    assert not found, "use lapheads.runs.layout / RunDir:\n" + "\n".join(sorted(found))

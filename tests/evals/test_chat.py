@@ -8,8 +8,8 @@ import pytest
 
 from lapheads.apps.chat import ChatEngine
 from lapheads.evals.chat import _rows, chatcore, score_generative
-from tests.data.test_conversations import TOKENIZER
 from tests.apps.test_chat import ScriptedModel
+from tests.data.test_conversations import TOKENIZER
 
 CODE_TOKENIZER = type(TOKENIZER).char("abcdefghijklmnopqrstuvwxyz0123456789 ()+-:,=`\n#")
 HUMANEVAL = {

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import lapheads
 from lapheads.errors import LapheadsError
+from lapheads.runs import RunDir
+from lapheads.runs.layout import CONFIG_FILE, SWEEP_FILE
 from lapheads.tasks import TASKS
 
 
@@ -169,7 +171,7 @@ def _harness(args: argparse.Namespace, run_dir: str | None) -> int:
     tasks = [t.strip() for t in args.harness.split(",") if t.strip()]
     if not tasks:
         raise UserError("--harness is empty; allowed: a comma list of lm-eval task names")
-    out = (Path(run_dir) / "report" if run_dir else Path("runs") / Path(args.nanochat).name) / "eval_harness.json"
+    out = (RunDir(run_dir).report_dir if run_dir else Path("runs") / Path(args.nanochat).name) / "eval_harness.json"
     device = (
         "cpu"
         if args.device == "auto" and not __import__("torch").cuda.is_available()
@@ -321,7 +323,7 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
     for path in args.paths:
         folder = Path(path)
         cells = (
-            sorted(p.parent for p in folder.glob("*/config.json")) if (folder / "sweep.json").is_file() else [folder]
+            sorted(p.parent for p in folder.glob("*/" + CONFIG_FILE)) if (folder / SWEEP_FILE).is_file() else [folder]
         )
         for run_dir in cells:
             added = upgrade_run(run_dir)

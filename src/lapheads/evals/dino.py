@@ -319,7 +319,7 @@ def eval_dino(
         picture_images = images if picture_images is None else picture_images
         pictures.append((label, Path(run_dir).name, pca_pictures(patch_grid(backbone, picture_images))))
         results[str(run_dir)] = result
-    out = Path(out) if out else Path(run_dirs[0]) / "report"
+    out = Path(out) if out else RunDir(run_dirs[0]).report_dir
     out.mkdir(parents=True, exist_ok=True)
     named = len({label for label, _, _ in pictures}) < len(pictures)  # runs share a k (seeds): name every column
     _plot_pca(

@@ -37,7 +37,6 @@ from lapheads.runs import RunDir, checkpoint_folder, load_model
 
 __all__ = ["ANALYSIS_VERSION", "AnalyzeOptions", "analyze_classify", "analyze_dino", "analyze_lm", "lm_geometry"]
 
-ANALYSIS_FILE = "analysis.json"
 #: bumped when an analysis gains a metric (2: output-value circuits of every head)
 ANALYSIS_VERSION = 4
 

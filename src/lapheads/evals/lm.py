@@ -37,6 +37,8 @@ from lapheads.data.tokenizers import Tokenizer
 from lapheads.distributed import Distributed, resolve_device
 from lapheads.errors import InputError
 from lapheads.models.gpt import GPT
+from lapheads.runs import RunDir
+from lapheads.runs.layout import nanochat_tokenizer_dir
 from lapheads.sandbox import run_program
 
 __all__ = [
@@ -361,15 +363,17 @@ def load_lm(
                 config["sequence_len"],
                 config["eval_tokens"],
                 config["micro_batch"],
-                Path(run_dir) / "report",
+                RunDir(run_dir).report_dir,
                 str(run_dir),
             )
         # chat stages have no token shards of their own
-        return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, Path(run_dir) / "report", str(run_dir))
+        return LoadedLM(
+            model, tokenizer, None, model.config.sequence_len, 0, 8, RunDir(run_dir).report_dir, str(run_dir)
+        )
     from lapheads.models.nanochat import load_nanochat
 
     folder = Path(nanochat)
-    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else folder.resolve().parent.parent / "tokenizer"
+    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else nanochat_tokenizer_dir(folder)
     tokenizer = Tokenizer.nanochat(tokenizer_dir)
     model, meta = load_nanochat(folder, step, resolve_device(device))
     if tokenizer.vocab_size != model.config.vocab_size:

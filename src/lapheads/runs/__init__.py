@@ -30,6 +30,20 @@ from typing import Any
 import torch
 
 import lapheads
+from lapheads.runs.layout import (
+    CHECKPOINTS,
+    CONFIG_FILE,
+    LATEST,
+    METRICS_FILE,
+    SAMPLES_FILE,
+    STEP_PREFIX,
+    SWEEP_FILE,
+    TEMPORARY_PREFIX,
+    TOKENIZER,
+    WEIGHTS,
+    report_folder,
+    step_name,
+)
 from lapheads.distributed import resolve_device
 from lapheads.errors import CheckpointError, InputError, LapheadsError
 from lapheads.io import atomic_write_text, load_safetensors, state_dict_mismatch
@@ -55,8 +69,6 @@ __all__ = [
     "WEIGHTS",
 ]
 
-#: the weight files ``load_model`` may read: a run's model, its EMA (classify --ema-decay), DINO's teacher
-WEIGHTS = {"model": "model.safetensors", "ema": "ema.safetensors", "teacher": "teacher.safetensors"}
 
 
 def notice(message: str) -> None:
@@ -79,10 +91,12 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.checkpoints = self.path / "checkpoints"
-        self.metrics_file = self.path / "metrics.jsonl"
-        self.config_file = self.path / "config.json"
-        self.report_dir = self.path / "report"  # readers' caches: eval_*.json, analysis*.json, plots
+        self.checkpoints = self.path / CHECKPOINTS
+        self.metrics_file = self.path / METRICS_FILE
+        self.samples_file = self.path / SAMPLES_FILE  # lm: a sample per evaluation
+        self.tokenizer_dir = self.path / TOKENIZER  # lm, mid, sft: the tokenizer the model was trained with
+        self.config_file = self.path / CONFIG_FILE
+        self.report_dir = report_folder(self.path)  # readers' caches: eval_*.json, analysis*.json, plots
         self.trackers: list[Any] = []  # TensorBoard / W&B mirrors of metrics.jsonl (lapheads.integrations.tracking), rank 0
 
     def exists(self) -> bool:
@@ -153,7 +167,7 @@ class RunDir:
             steps = self.read_config().get("steps")
         except CheckpointError:
             return False
-        return folder is not None and steps is not None and folder.name == f"step-{steps:08d}"
+        return folder is not None and steps is not None and folder.name == step_name(steps)
 
     def read_report(self, name: str) -> dict[str, Any] | None:
         """A reader's cached JSON in report/ (eval_chat.json, eval_dino.json, analysis.json, ...), None if absent."""
@@ -184,7 +198,7 @@ class RunDir:
     def repair(self, logs: tuple[str, ...]) -> None:
         """Undo what a kill can leave behind, saying so in one line each: half-written checkpoint folders (never
         published, so never loaded) and a torn last line in a JSONL log."""
-        for partial in sorted(self.checkpoints.glob(".tmp-step-*")):
+        for partial in sorted(self.checkpoints.glob(TEMPORARY_PREFIX + "*")):
             shutil.rmtree(partial, ignore_errors=True)
             notice(f"removed the half-written checkpoint {partial}")
         for name in logs:
@@ -230,12 +244,12 @@ def _within_run(run: RunDir, path: Path) -> Path:
 
 
 def latest_checkpoint(run: RunDir) -> Path | None:
-    pointer = run.checkpoints / "latest"
+    pointer = run.checkpoints / LATEST
     if not pointer.is_file():
         return None
     _within_run(run, pointer)
     name = pointer.read_text().strip()
-    if not re.fullmatch(r"step-\d+", name):  # never follow a pointer out of the run directory
+    if not re.fullmatch(re.escape(STEP_PREFIX) + r"\d+", name):  # never follow a pointer out of the run directory
         raise CheckpointError(f"{pointer} holds {name[:60]!r}; allowed: the name of a step-<N> folder beside it")
     folder = run.checkpoints / name
     if not folder.is_dir():
@@ -250,7 +264,7 @@ def checkpoint_folder(run: RunDir, step: int | None = None) -> Path:
         if folder is None:
             raise CheckpointError(f"{run.path} has no checkpoint yet")
         return folder
-    folder = run.checkpoints / f"step-{step:08d}"
+    folder = run.checkpoints / step_name(step)
     if not folder.is_dir():
         kept = ", ".join(str(s) for s in checkpoint_steps(run)) or "none"
         raise CheckpointError(
@@ -262,7 +276,7 @@ def checkpoint_folder(run: RunDir, step: int | None = None) -> Path:
 
 def checkpoint_steps(run: RunDir) -> list[int]:
     """The steps of the checkpoints a run directory holds, ascending."""
-    return sorted(int(p.name.split("-")[1]) for p in run.checkpoints.glob("step-*") if p.name[5:].isdigit())
+    return sorted(int(p.name.split("-")[1]) for p in run.checkpoints.glob(STEP_PREFIX + "*") if p.name[len(STEP_PREFIX) :].isdigit())
 
 
 def load_weights(module: torch.nn.Module, path: Path, prefix: str = "") -> None:
@@ -388,7 +402,7 @@ def load_run_tokenizer(run_dir: str | os.PathLike | RunDir, vocab_size: int | No
     from lapheads.data.tokenizers import load_tokenizer
 
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    tokenizer = load_tokenizer(run.path / "tokenizer")
+    tokenizer = load_tokenizer(run.tokenizer_dir)
     if vocab_size is not None and tokenizer.vocab_size != vocab_size:
         raise CheckpointError(
             f"{run.path}/tokenizer has {tokenizer.vocab_size} tokens but the model was trained with "
@@ -400,7 +414,6 @@ def load_run_tokenizer(run_dir: str | os.PathLike | RunDir, vocab_size: int | No
 # ----------------------------------------------------------------------------------------------------------------
 # The sweep directory (written by lapheads.study.sweep, read by lapheads.study.report)
 
-SWEEP_FILE = "sweep.json"
 
 
 def spec_dir_name(spec: str) -> str:

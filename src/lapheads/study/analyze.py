@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from lapheads.errors import InputError
-from lapheads.evals.geometry import ANALYSIS_FILE, AnalyzeOptions, lm_geometry
+from lapheads.evals.geometry import AnalyzeOptions, lm_geometry
 from lapheads.plots import panel_grid
 from lapheads.runs import RunDir, checkpoint_folder, checkpoint_steps
+from lapheads.runs.layout import ANALYSIS_FILE, analysis_file, report_folder
 from lapheads.tasks import get_task
 
 __all__ = [
@@ -77,7 +78,7 @@ def analyze_nanochat(
         "dataset": "shakespeare (held out)",
         **lm_geometry(lm.model, tokens, config.sequence_len, options, lm.name),
     }
-    out = Path(out) if out is not None else lm.report_dir / "report"
+    out = Path(out) if out is not None else report_folder(lm.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / ANALYSIS_FILE).write_text(json.dumps([analysis]) + "\n")
     return [analysis], write_summary([analysis], out, plot_analyses([analysis], out))
@@ -91,7 +92,7 @@ def analyze_run(
     options = options or AnalyzeOptions()
     run = RunDir(run_dir)
     task = get_task(run.task())
-    name = ANALYSIS_FILE if options.step is None else f"analysis-step-{options.step}.json"
+    name = analysis_file(options.step)
     folder = checkpoint_folder(run, options.step)
     cached = None if force else run.read_report(name)
     if cached and cached.get("options") == options.cache_key() and cached.get("checkpoint") == folder.name:
@@ -126,7 +127,7 @@ def analyze_over_training(
                 values.append(math.nan)
         series[title] = values
     per_block = _mechanism_per_block(analyses)
-    out = Path(out) if out is not None else run.path / "report"
+    out = Path(out) if out is not None else run.report_dir
     out.mkdir(parents=True, exist_ok=True)
     record = {"steps": steps, "layer": _summary_layer(analyses[-1]), "series": series, "per_block": per_block}
     (out / "over_training.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -377,7 +378,7 @@ def analyze_runs(
     analyses = [analyze_run(path, options, force=force) for path in run_dirs]
     if out is None:
         out = (
-            Path(run_dirs[0]) / "report"
+            RunDir(run_dirs[0]).report_dir
             if len(run_dirs) == 1
             else Path(os.path.commonpath([Path(p).resolve() for p in run_dirs])) / "analysis"
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 from lapheads.data.images import fetch_fashion_mnist, find_fashion_mnist
 from lapheads.plots import panel_grid
 from lapheads.runs import RunDir, spec_dir_name
+from lapheads.runs.layout import report_folder
 from lapheads.study.analyze import analyze_runs
 from lapheads.tasks.presets import resolve_classify_config
 from lapheads.train.classify import train_classify
@@ -253,10 +254,10 @@ def run_demo(
                 flush=True,
             )
     print("== token geometry of both runs (lapheads analyze)", flush=True)
-    analyses, _ = analyze_runs([run.path for run in runs.values()], out / "report")
-    geometry = [out / "report" / name for name in ("anova.png", "spectrum.png")]
-    report = write_report(runs, walls, out / "report", geometry, analyses)
-    (out / "report" / "walls.json").write_text(json.dumps(walls, indent=1))
+    analyses, _ = analyze_runs([run.path for run in runs.values()], report_folder(out))
+    geometry = [report_folder(out) / name for name in ("anova.png", "spectrum.png")]
+    report = write_report(runs, walls, report_folder(out), geometry, analyses)
+    (report_folder(out) / "walls.json").write_text(json.dumps(walls, indent=1))
     print(report.read_text())
     print(f"report: {report}")
     return report

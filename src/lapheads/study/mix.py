@@ -26,6 +26,7 @@ import torch
 from lapheads.core.heads import NAMED_POINTS, nearest_kind
 from lapheads.core.modules import decisiveness_penalty
 from lapheads.errors import InputError
+from lapheads.runs.layout import WEIGHTS
 
 __all__ = ["NAMED_POINTS", "decisiveness_penalty", "mix_report", "nearest_kind"]
 
@@ -34,7 +35,7 @@ def _mix_tensors(folder: Path) -> dict[int, tuple[list[float], list[float]]]:
     """Layer -> (a per head, b per head) from a checkpoint's model.safetensors."""
     from lapheads.io import load_safetensors
 
-    tensors = load_safetensors(folder / "model.safetensors")
+    tensors = load_safetensors(folder / WEIGHTS["model"])
     layers: dict[int, dict[str, list[float]]] = {}
     for key, value in tensors.items():
         parts = key.split(".")

@@ -42,6 +42,7 @@ import numpy as np
 
 from lapheads.plots import panel_grid
 from lapheads.runs import RunDir, SweepError, load_sweep, spec_dir_name
+from lapheads.runs.layout import report_folder
 from lapheads.study.verdicts import apply_rule, holm_steps, mde
 from lapheads.tasks import Metric, get_task
 
@@ -750,7 +751,7 @@ def write_report(
     task, specs = record["task"], record["specs"]
     if baseline != "0" and baseline not in specs:  # a sweep without k = 0 still reports its arms, untested
         raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
-    out = sweep_dir / ("report" if baseline == "0" else f"report-vs-{spec_dir_name(baseline)}")
+    out = report_folder(sweep_dir, None if baseline == "0" else spec_dir_name(baseline))
     cells = _done_cells(record)
     pictures = task == "dino" and metric is None and bool(cells)
     if pictures:

@@ -45,6 +45,7 @@ from lapheads.hardware import BusyWatch
 from lapheads.models.gpt import GPT
 from lapheads.models.lora import LoraAdapters, apply_lora
 from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, model_record
+from lapheads.runs.layout import STATE_FILE, nanochat_tokenizer_dir
 from lapheads.train.runtime import (
     HEAD_SPEC,
     RunConfig,
@@ -167,9 +168,7 @@ def _load_base(cfg: ChatTrainConfig, device: torch.device) -> tuple[GPT, Tokeniz
         from lapheads.models.nanochat import load_nanochat
 
         folder = Path(cfg.nanochat)
-        tokenizer_dir = (
-            Path(cfg.nanochat_tokenizer) if cfg.nanochat_tokenizer else (folder.resolve().parent.parent / "tokenizer")
-        )
+        tokenizer_dir = Path(cfg.nanochat_tokenizer) if cfg.nanochat_tokenizer else nanochat_tokenizer_dir(folder)
         tokenizer = Tokenizer.nanochat(tokenizer_dir)
         model, meta = load_nanochat(folder, cfg.nanochat_step, device)
         if tokenizer.vocab_size != model.config.vocab_size:
@@ -416,7 +415,7 @@ def train_chat(
         },
     )
     if not resume and dist_.is_main:
-        tokenizer.save(run.path / "tokenizer")
+        tokenizer.save(run.tokenizer_dir)
     train_model, forward_model = wrap_for_training(peft_model if peft_model is not None else model, dist_, cfg.compile)
     hint = "lower --lora-lr" if peft_model is not None else "lower --init-lr-frac"
     progress = tqdm(
@@ -492,7 +491,7 @@ def train_chat(
         if cfg.lora_merge:
             merge_lora(run.path, run.path / "merged")
     tasks = [t.strip() for t in cfg.eval_tasks.split(",") if t.strip()]
-    done_before = start_step == total_steps and (run.path / "report" / "eval_chat.json").is_file()
+    done_before = start_step == total_steps and (run.report_dir / "eval_chat.json").is_file()
     if tasks and dist_.is_main and not done_before:  # nanochat's chat_sft ends with its chat evals too
         from lapheads.evals.chat import run_chat_evals
 
@@ -521,8 +520,8 @@ def merge_lora(run_dir: str | Path, out: str | Path) -> Path:
         config,
         {k: v for k, v in record.items() if k not in ("task", "config")} | {"merged_from": str(run.path.resolve())},
     )
-    tokenizer.save(out / "tokenizer")
-    step = int(json.loads((checkpoint_folder(run) / "state.json").read_text())["step"])
+    tokenizer.save(merged.tokenizer_dir)
+    step = int(json.loads((checkpoint_folder(run) / STATE_FILE).read_text())["step"])
     save_checkpoint(merged, step, Distributed(), model, {}, {})
     return out
 

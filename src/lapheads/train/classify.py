@@ -36,6 +36,7 @@ from lapheads.hardware import BusyWatch
 from lapheads.models.vit import vit_head_kinds, vit_laplacian_masks
 from lapheads.runs import RunDir, model_record
 from lapheads.runs import build_model as build_from_record
+from lapheads.runs.layout import CONFIG_FILE
 from lapheads.train.runtime import (
     GlobalBatchSampler,
     RunConfig,
@@ -180,7 +181,7 @@ def recorded_model(record: dict[str, Any]) -> dict[str, Any]:
     """config.json's ``"model"`` for a run written before lapheads recorded it (``lapheads upgrade``)."""
     from lapheads.config import config_from_dict
 
-    cfg = config_from_dict(ClassifyConfig, record["config"], source="config.json")
+    cfg = config_from_dict(ClassifyConfig, record["config"], source=CONFIG_FILE)
     return {"model": model_spec(cfg, record["num_classes"], record["in_chans"])}
 
 

@@ -44,6 +44,7 @@ from lapheads.models.dino import (
 from lapheads.models.vit import vit_head_kinds, vit_laplacian_masks
 from lapheads.runs import RunDir, model_record
 from lapheads.runs import build_model as build_from_record
+from lapheads.runs.layout import CONFIG_FILE
 from lapheads.train.runtime import (
     GlobalBatchSampler,
     RunConfig,
@@ -146,7 +147,7 @@ def recorded_model(record: dict[str, Any]) -> dict[str, Any]:
     from lapheads.config import config_from_dict
 
     return {
-        "model": backbone_spec(config_from_dict(DINOConfig, record["config"], source="config.json"), record["in_chans"])
+        "model": backbone_spec(config_from_dict(DINOConfig, record["config"], source=CONFIG_FILE), record["in_chans"])
     }
 
 

@@ -52,6 +52,7 @@ from lapheads.data.text import (
     TokenShards,
     prepare_tokens,
     shakespeare_plays,
+    shard_tokenizer_dir,
 )
 from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
 from lapheads.distributed import Distributed, setup_distributed
@@ -61,6 +62,7 @@ from lapheads.hardware import BusyWatch
 from lapheads.io import exclusive
 from lapheads.models.gpt import ARCHS, GPT, GPTConfig
 from lapheads.runs import RunDir, model_record
+from lapheads.runs.layout import CONFIG_FILE, METRICS_FILE, SAMPLES_FILE
 from lapheads.train.muon import ShardedMuon
 from lapheads.train.runtime import (
     RunConfig,
@@ -202,7 +204,7 @@ def recorded_model(record: dict[str, Any]) -> dict[str, Any]:
     upgrade``)."""
     from lapheads.config import config_from_dict
 
-    cfg = config_from_dict(LMConfig, record["config"], source="config.json")
+    cfg = config_from_dict(LMConfig, record["config"], source=CONFIG_FILE)
     with torch.device("meta"):
         model = build_gpt(cfg, record["vocab_size"])
     return {"model": model_record("gpt", model.constructor_kwargs()), "tokens": str(tokens_dir(cfg))}
@@ -246,7 +248,7 @@ def prepare_lm_data(cfg: LMConfig) -> tuple[Tokenizer, TokenShards]:
     folder = tokens_dir(cfg)
     with exclusive(folder.parent / f".{folder.name}.lock"):  # sweep cells started together prepare it once
         try:
-            tokenizer = load_tokenizer(folder / "tokenizer")
+            tokenizer = load_tokenizer(shard_tokenizer_dir(folder))
         except TokenizerError:
             if cfg.tokenizer == "gpt2":
                 tokenizer = Tokenizer.gpt2()
@@ -422,7 +424,7 @@ def train_lm(
         model,
         optimizers,
         resume=resume,
-        logs=("metrics.jsonl", "samples.jsonl"),
+        logs=(METRICS_FILE, SAMPLES_FILE),
         config_type=LMConfig,
         extra_record={
             "precision": precision.record(),
@@ -441,7 +443,7 @@ def train_lm(
         },
     )
     if not resume and dist_.is_main:
-        tokenizer.save(run.path / "tokenizer")
+        tokenizer.save(run.tokenizer_dir)
     train_model, forward_model = wrap_for_training(model, dist_, cfg.compile)
 
     def evaluate(step: int) -> dict[str, float]:
@@ -467,7 +469,7 @@ def train_lm(
                 cfg.seed + step,
                 dist_.device,
             )
-            with open(run.path / "samples.jsonl", "a") as f:
+            with open(run.samples_file, "a") as f:
                 f.write(json.dumps({"step": step, "prompt": cfg.sample_prompt, "text": text}) + "\n")
             progress.write(f"step {step}: val_bpb {bpb:.4f}\n--- sample ---\n{text}\n--------------")
         return {"val_bpb": bpb}

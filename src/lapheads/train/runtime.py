@@ -43,6 +43,15 @@ from lapheads.runs import (
     load_weights,
     notice,
 )
+from lapheads.runs.layout import (
+    LATEST,
+    METRICS_FILE,
+    STATE_FILE,
+    STEP_PREFIX,
+    WEIGHTS,
+    step_name,
+    temporary_step_name,
+)
 
 __all__ = [
     "CheckpointError",
@@ -216,7 +225,7 @@ def start_or_resume(
     resume: bool,
     extra_record: dict[str, Any],
     extra_models: dict[str, torch.nn.Module] | None = None,
-    logs: tuple[str, ...] = ("metrics.jsonl",),
+    logs: tuple[str, ...] = (METRICS_FILE,),
     config_type: type | None = None,
 ) -> int:
     """Begin a run in ``run`` and return the step to start from.
@@ -413,8 +422,8 @@ def save_checkpoint(
 
     Every rank writes its RNG state; rank 0 writes the rest and publishes the folder after a barrier.
     """
-    final = run.checkpoints / f"step-{step:08d}"
-    tmp = run.checkpoints / f".tmp-step-{step:08d}"
+    final = run.checkpoints / step_name(step)
+    tmp = run.checkpoints / temporary_step_name(step)
     # Weights that overflowed without a NaN loss yet must not replace the last good checkpoint.
     if not bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all()):  # one host sync
         raise NonFiniteLossError(
@@ -443,7 +452,7 @@ def save_checkpoint(
                 opt_tensors, metas[file] = _flatten_optimizer(opt.state_dict())
                 save_file(opt_tensors, str(tmp / f"{file}.safetensors"))
             state = {"step": step, "world_size": dist_.world_size, "optimizer": metas, **trainer_state}
-            (tmp / "state.json").write_text(json.dumps(state, indent=1))
+            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
     except (OSError, SafetensorError) as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(
@@ -455,8 +464,8 @@ def save_checkpoint(
     if dist_.is_main:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        atomic_write_text(run.checkpoints / "latest", final.name + "\n")
-        for old in sorted(run.checkpoints.glob("step-*"))[:-keep] if keep > 0 else []:
+        atomic_write_text(run.checkpoints / LATEST, final.name + "\n")
+        for old in sorted(run.checkpoints.glob(STEP_PREFIX + "*"))[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     dist_.barrier()
     return final
@@ -471,7 +480,7 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Restore weights, optimizer, this rank's RNG state; return the trainer state."""
     try:
-        state = json.loads((folder / "state.json").read_text())
+        state = json.loads((folder / STATE_FILE).read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{folder}/state.json is missing or corrupt: {err}") from None
     if state.get("world_size", 1) != dist_.world_size:
@@ -479,7 +488,7 @@ def load_checkpoint(
             f"{folder} was written by {state['world_size']} processes; resuming with {dist_.world_size} would change "
             "the data order; allowed: the same world size"
         )
-    load_weights(model, folder / "model.safetensors")
+    load_weights(model, folder / WEIGHTS["model"])
     for name, module in (extra_models or {}).items():
         load_weights(module, folder / f"{name}.safetensors")
     for file, opt in _optimizer_files(optimizer).items():
