@@ -17,8 +17,7 @@ from safetensors.torch import load_file
 
 from lapheads import runs
 from lapheads.errors import CheckpointError
-from lapheads.runs import RunDir, latest_checkpoint
-from lapheads.train import runtime
+from lapheads.runs import RunDir, checkpoints, latest_checkpoint
 from lapheads.train.classify import train_classify
 from lapheads.train.runtime import NonFiniteLossError
 
@@ -179,7 +178,7 @@ def test_optimizer_overflow_stops_like_nan(text_root, tmp_path, monkeypatch):
 
 def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tiny_config, tmp_path, monkeypatch):
     cfg = dataclasses.replace(tiny_config, checkpoint_every=2)
-    real = runtime.save_file
+    real = checkpoints.save_file
     calls = []
 
     def save_file(tensors, path):
@@ -188,7 +187,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tiny_config, tmp_
             raise OSError(28, "No space left on device", path)
         return real(tensors, path)
 
-    monkeypatch.setattr(runtime, "save_file", save_file)
+    monkeypatch.setattr(checkpoints, "save_file", save_file)
     with pytest.raises(CheckpointError, match="No space left on device.*step-000000\\d\\d is intact"):
         train_classify(cfg, tmp_path / "run")
     assert not list((tmp_path / "run" / "checkpoints").glob(".tmp-*"))

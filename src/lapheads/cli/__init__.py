@@ -16,9 +16,8 @@ from pathlib import Path
 
 import lapheads
 from lapheads.errors import LapheadsError
-from lapheads.runs import RunDir
 from lapheads.runs.layout import CONFIG_FILE, SWEEP_FILE
-from lapheads.tasks import TASKS
+from lapheads.tasks import EVALUATIONS, TASKS
 
 
 class UserError(LapheadsError):
@@ -83,123 +82,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    if not args.run_dirs and not (args.task == "lm" and args.nanochat):
-        raise UserError(f"eval {args.task} needs a RUN_DIR{' (or --nanochat DIR)' if args.task == 'lm' else ''}")
-    if args.task == "dino":
-        from lapheads.evals.dino import eval_dino
+    from lapheads.tasks import get_evaluation
 
-        results = eval_dino(
-            args.run_dirs,
-            args.out,
-            max_train=args.max_train,
-            max_test=args.max_examples,
-            ade20k=args.ade20k,
-            device=args.device,
-        )
-        for run_dir, result in results.items():
-            knn = ", ".join(
-                f"k={k} {v:.2f} (random init {result['knn_random_init'][k]:.2f})" for k, v in result["knn"].items()
-            )
-            seg = result["segmentation"]
-            seg = f"mIoU {seg['miou']:.2f}" if isinstance(seg, dict) else seg
-            if "pca_foreground_iou" in result:
-                seg += f"; PCA foreground IoU {result['pca_foreground_iou']:.2f}"
-            print(
-                f"{run_dir}: k-NN {knn}; linear {result['linear']['test_accuracy']:.2f} (lr {result['linear']['lr']}); "
-                f"segmentation {seg}"
-            )
-        print(json.dumps(results))
-        return 0
-    if args.task == "lm" and args.nanochat and args.run_dirs:
-        raise UserError("eval lm takes a RUN_DIR or --nanochat DIR, not both")
-    run_dir = None
-    if not (args.task == "lm" and args.nanochat):
-        if len(args.run_dirs) != 1:
-            raise UserError(f"eval {args.task} takes one RUN_DIR; got {len(args.run_dirs)}")
-        args.run_dir = run_dir = args.run_dirs[0]
-    if args.task == "lm" and args.harness:
-        return _harness(args, run_dir)
-    if args.task == "chat":
-        from lapheads.evals.chat import run_chat_evals
-
-        tasks = [t.strip() for t in (args.tasks or "arith,letters").split(",") if t.strip()]
-        summary = run_chat_evals(
-            args.run_dir,
-            tasks,
-            data_dir=args.data_dir,
-            max_examples=args.max_examples,
-            num_samples=args.num_samples,
-            device=args.device,
-            tools=not args.no_tools,
-        )
-        for task, result in summary["tasks"].items():
-            print(f"{task}: accuracy {result['accuracy']:.4f} (n={result['n']}, chance {result['chance']:.2f})")
-        print(f"ChatCORE {summary['chatcore']:.4f}")
-        print(json.dumps({"run_dir": args.run_dir, **summary}))
-        return 0
-    if args.task == "lm":
-        from lapheads.evals.lm import run_evals
-
-        tasks = [t.strip() for t in (args.tasks or "val_bpb").split(",") if t.strip()]
-        source = {"nanochat": args.nanochat} if args.nanochat else {"run_dir": run_dir}
-        results = run_evals(
-            run_dir,
-            tasks,
-            data_dir=args.data_dir,
-            max_examples=args.max_examples,
-            num_samples=args.num_samples,
-            chat=args.chat,
-            device=args.device,
-            nanochat=args.nanochat,
-            step=args.step,
-            tokenizer_dir=args.nanochat_tokenizer,
-        )
-        print(json.dumps({**source, **results}))
-        return 0
-    from lapheads.evals.classify import evaluate_run
-
-    print(json.dumps(evaluate_run(Path(args.run_dir), use_ema=args.ema, fit_subset=args.fit_subset)))
-    return 0
-
-
-def _harness(args: argparse.Namespace, run_dir: str | None) -> int:
-    """eval lm --harness: lm-evaluation-harness on the run (or nanochat checkpoint)."""
-    try:
-        from lapheads.integrations.lm_eval import evaluate_harness
-    except ImportError:
-        raise UserError("--harness needs lm-evaluation-harness; allowed: pip install 'lapheads[lm-eval]'") from None
-    tasks = [t.strip() for t in args.harness.split(",") if t.strip()]
-    if not tasks:
-        raise UserError("--harness is empty; allowed: a comma list of lm-eval task names")
-    out = (RunDir(run_dir).report_dir if run_dir else Path("runs") / Path(args.nanochat).name) / "eval_harness.json"
-    device = (
-        "cpu"
-        if args.device == "auto" and not __import__("torch").cuda.is_available()
-        else ("cuda" if args.device == "auto" else args.device)
-    )
-    if args.include_path:
-        print(
-            f"lapheads eval: --include-path {args.include_path}: its YAMLs run their !function Python and Jinja "
-            "templates unsandboxed (lm-eval's design); only use folders you trust",
-            file=sys.stderr,
-        )
-    results = evaluate_harness(
-        run_dir,
-        tasks,
-        data_dir=args.data_dir,
-        include_path=args.include_path,
-        limit=args.max_examples,
-        device=device,
-        nanochat=args.nanochat,
-        step=args.step,
-        tokenizer_dir=args.nanochat_tokenizer,
-        out=out,
-    )
-    for task, metrics in results.items():
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-        print(f"{task}: {shown}")
-    print(json.dumps({"run_dir": run_dir, "harness": results}, default=str))
-    return 0
+    return get_evaluation(args.task)(args)
 
 
 def _nanochat_options(parser: argparse.ArgumentParser) -> None:
@@ -238,7 +123,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_chat(args: argparse.Namespace) -> int:
     from lapheads.apps.chat import ChatEngine
     from lapheads.data.conversations import render_for_completion
-    from lapheads.runs import load_gpt_run
+    from lapheads.runs import CONVERSATIONAL_TASKS, load_gpt_run
 
     if args.max_tokens < 1 or args.temperature < 0 or args.top_k < 0:
         raise UserError(
@@ -248,7 +133,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     if args.prompt is not None and not args.prompt.strip():
         raise UserError("--prompt is empty; allowed: a question, e.g. --prompt 'What is 12 + 30?'")
     record, model, tokenizer = load_gpt_run(args.run_dir, args.device)
-    if record.get("task") not in ("mid", "sft"):
+    if record.get("task") not in CONVERSATIONAL_TASKS:
         raise UserError(
             f"{args.run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: "
             "a mid or sft run (lapheads train sft --from RUN_DIR)"
@@ -627,7 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
             )
 
     evaluate = sub.add_parser("eval", allow_abbrev=False, help="evaluate a run directory's final checkpoint")
-    evaluate.add_argument("task", choices=["classify", "lm", "dino", "chat"])
+    evaluate.add_argument("task", choices=list(EVALUATIONS))
     evaluate.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="one run (dino: one or more, compared)")
     evaluate.add_argument("--ema", action="store_true", help="classify: evaluate the EMA weights")
     evaluate.add_argument(

@@ -179,3 +179,24 @@ def run_chat_evals(
     summary = {"tasks": results, "chatcore": chatcore(results), "max_examples": max_examples, "tools": tools}
     RunDir(run_dir).write_report("eval_chat.json", summary)
     return summary
+
+
+def cli_eval(args: Any) -> int:
+    """``lapheads eval chat RUN_DIR``: the chat tasks (accuracy against chance) and ChatCORE."""
+    import json
+
+    tasks = [t.strip() for t in (args.tasks or "arith,letters").split(",") if t.strip()]
+    summary = run_chat_evals(
+        args.run_dir,
+        tasks,
+        data_dir=args.data_dir,
+        max_examples=args.max_examples,
+        num_samples=args.num_samples,
+        device=args.device,
+        tools=not args.no_tools,
+    )
+    for task, result in summary["tasks"].items():
+        print(f"{task}: accuracy {result['accuracy']:.4f} (n={result['n']}, chance {result['chance']:.2f})")
+    print(f"ChatCORE {summary['chatcore']:.4f}")
+    print(json.dumps({"run_dir": args.run_dir, **summary}))
+    return 0

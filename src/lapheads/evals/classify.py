@@ -92,3 +92,11 @@ def evaluate_run(run_dir: Path, use_ema: bool = False, fit_subset: int | None = 
         images = fit_images(cfg["dataset"], cfg["data_root"], cfg["img_size"], fit_subset, cfg["train_subset"])
         metrics.update(evaluate_fit(model, images, dist_, 256, autocast, cfg["num_workers"]))
     return {"run_dir": str(run.path), "checkpoint": checkpoint_folder(run).name, **metrics}
+
+
+def cli_eval(args: Any) -> int:
+    """``lapheads eval classify RUN_DIR``: the checkpoint's top-1 / top-5 (and its fit on training images)."""
+    import json
+
+    print(json.dumps(evaluate_run(Path(args.run_dir), use_ema=args.ema, fit_subset=args.fit_subset)))
+    return 0

@@ -326,3 +326,31 @@ def eval_dino(
         picture_images, {f"{label} ({name})" if named else label: rgb for label, name, rgb in pictures}, out / "pca.png"
     )
     return results
+
+
+def cli_eval(args: Any) -> int:
+    """``lapheads eval dino RUN_DIR [RUN_DIR ...]``: k-NN, linear probe and segmentation, one line per run."""
+    import json
+
+    results = eval_dino(
+        args.run_dirs,
+        args.out,
+        max_train=args.max_train,
+        max_test=args.max_examples,
+        ade20k=args.ade20k,
+        device=args.device,
+    )
+    for run_dir, result in results.items():
+        knn = ", ".join(
+            f"k={k} {v:.2f} (random init {result['knn_random_init'][k]:.2f})" for k, v in result["knn"].items()
+        )
+        seg = result["segmentation"]
+        seg = f"mIoU {seg['miou']:.2f}" if isinstance(seg, dict) else seg
+        if "pca_foreground_iou" in result:
+            seg += f"; PCA foreground IoU {result['pca_foreground_iou']:.2f}"
+        print(
+            f"{run_dir}: k-NN {knn}; linear {result['linear']['test_accuracy']:.2f} (lr {result['linear']['lr']}); "
+            f"segmentation {seg}"
+        )
+    print(json.dumps(results))
+    return 0

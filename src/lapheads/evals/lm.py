@@ -470,3 +470,23 @@ def run_evals(
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps({"tasks": results, "max_examples": max_examples, "chat": chat}, indent=1) + "\n")
     return results
+
+
+def cli_eval(args: Any) -> int:
+    """``lapheads eval lm RUN_DIR|--nanochat DIR``: validation bpb and the benchmark tasks."""
+    tasks = [t.strip() for t in (args.tasks or "val_bpb").split(",") if t.strip()]
+    source = {"nanochat": args.nanochat} if args.nanochat else {"run_dir": args.run_dir}
+    results = run_evals(
+        args.run_dir,
+        tasks,
+        data_dir=args.data_dir,
+        max_examples=args.max_examples,
+        num_samples=args.num_samples,
+        chat=args.chat,
+        device=args.device,
+        nanochat=args.nanochat,
+        step=args.step,
+        tokenizer_dir=args.nanochat_tokenizer,
+    )
+    print(json.dumps({**source, **results}))
+    return 0

@@ -18,6 +18,8 @@ Design choices:
 from __future__ import annotations
 
 import importlib.resources
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from lapheads.errors import InputError
+from lapheads.runs import RunDir
 
 __all__ = ["HARNESS_TASKS", "LapheadsLM", "evaluate_harness", "task_dir"]
 
@@ -213,3 +216,40 @@ def evaluate_harness(
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps({"results": results, "limit": limit}, indent=1, default=str) + "\n")
     return results
+
+
+def cli_harness(args: Any) -> int:
+    """``lapheads eval lm --harness TASKS``: lm-evaluation-harness on the run (or nanochat checkpoint)."""
+    run_dir = args.run_dir
+    tasks = [t.strip() for t in args.harness.split(",") if t.strip()]
+    if not tasks:
+        raise InputError("--harness is empty; allowed: a comma list of lm-eval task names")
+    out = (RunDir(run_dir).report_dir if run_dir else Path("runs") / Path(args.nanochat).name) / "eval_harness.json"
+    device = (
+        "cpu"
+        if args.device == "auto" and not torch.cuda.is_available()
+        else ("cuda" if args.device == "auto" else args.device)
+    )
+    if args.include_path:
+        print(
+            f"lapheads eval: --include-path {args.include_path}: its YAMLs run their !function Python and Jinja "
+            "templates unsandboxed (lm-eval's design); only use folders you trust",
+            file=sys.stderr,
+        )
+    results = evaluate_harness(
+        run_dir,
+        tasks,
+        data_dir=args.data_dir,
+        include_path=args.include_path,
+        limit=args.max_examples,
+        device=device,
+        nanochat=args.nanochat,
+        step=args.step,
+        tokenizer_dir=args.nanochat_tokenizer,
+        out=out,
+    )
+    for task, metrics in results.items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+        print(f"{task}: {shown}")
+    print(json.dumps({"run_dir": run_dir, "harness": results}, default=str))
+    return 0

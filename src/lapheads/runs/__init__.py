@@ -49,6 +49,8 @@ from lapheads.errors import CheckpointError, InputError, LapheadsError
 from lapheads.io import atomic_write_text, load_safetensors, state_dict_mismatch
 
 __all__ = [
+    "CONVERSATIONAL_TASKS",
+    "GPT_TASKS",
     "RunDir",
     "read_jsonl",
     "latest_checkpoint",
@@ -335,7 +337,7 @@ def build_model(record: dict[str, Any]) -> torch.nn.Module:
 
 def _record_of(run: RunDir, record: dict[str, Any]) -> dict[str, Any]:
     model = record.get("model")
-    if isinstance(model, dict) and "factory" not in model and record.get("task") in ("mid", "sft"):
+    if isinstance(model, dict) and "factory" not in model and record.get("task") in CONVERSATIONAL_TASKS:
         model = {"factory": "gpt", "kwargs": model}  # chat runs of lapheads 0.1 recorded GPTConfig's fields only
     if not isinstance(model, dict) or model.get("factory") not in FACTORIES:
         raise CheckpointError(
@@ -441,7 +443,8 @@ def load_sweep(sweep_dir: str | os.PathLike) -> dict[str, Any]:
 # Language-model runs
 
 #: the tasks whose model is the nanochat GPT with a tokenizer in RUN_DIR/tokenizer
-GPT_TASKS = ("lm", "mid", "sft")
+GPT_TASKS = ("lm", "mid", "sft")  # the tasks whose runs hold a GPT (config.json "task")
+CONVERSATIONAL_TASKS = ("mid", "sft")  # trained on conversations: chat, serve and the chat evals read them
 
 
 def load_gpt_run(run_dir: str | os.PathLike, device: str = "auto", step: int | None = None):

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from lapheads.errors import InputError
 
-__all__ = ["Metric", "Task", "TASKS", "get_task", "upgrade_run"]
+__all__ = ["EVALUATIONS", "Evaluation", "Metric", "Task", "TASKS", "get_evaluation", "get_task", "upgrade_run"]
 
 #: (label, source, path): source "metrics" = the last logged value in metrics.jsonl; otherwise the name of a JSON
 #: file in the run's report/ folder ("eval_dino.json", "eval_chat.json") and the keys down to the value
@@ -207,6 +207,72 @@ TASKS: dict[str, Task] = {
         ),
     )
 }
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One ``lapheads eval NAME`` command: which runs it reads and the function that measures and prints them.
+
+    Args:
+        name: the CLI word (``lapheads eval NAME``).
+        run: ``module:function(args) -> exit status``: measures ``args.run_dir`` (or ``args.run_dirs``) and prints the
+            result, formatting included (the evaluation's own module owns it).
+        many_runs: takes one or more run directories (compared); else exactly one.
+        nanochat: also takes a nanochat checkpoint folder (``--nanochat DIR``) instead of a run directory.
+        harness: ``module:function(args)`` that runs instead when ``--harness`` is given (lm-evaluation-harness).
+        harness_needs: the one line shown when the harness integration is not installed.
+    """
+
+    name: str
+    run: str
+    many_runs: bool = False
+    nanochat: bool = False
+    harness: str | None = None
+    harness_needs: str = ""
+
+    def __call__(self, args: Any) -> int:
+        run_dirs = list(args.run_dirs)
+        nanochat = self.nanochat and getattr(args, "nanochat", None)
+        if not run_dirs and not nanochat:
+            raise InputError(f"eval {self.name} needs a RUN_DIR{' (or --nanochat DIR)' if self.nanochat else ''}")
+        if nanochat and run_dirs:
+            raise InputError(f"eval {self.name} takes a RUN_DIR or --nanochat DIR, not both")
+        if not self.many_runs and not nanochat and len(run_dirs) != 1:
+            raise InputError(f"eval {self.name} takes one RUN_DIR; got {len(run_dirs)}")
+        args.run_dir = None if nanochat or self.many_runs else run_dirs[0]
+        reference = self.harness if self.harness and getattr(args, "harness", None) else self.run
+        try:
+            function = _load(reference)
+        except ImportError:
+            if reference != self.harness:
+                raise
+            raise InputError(self.harness_needs) from None
+        return function(args)
+
+
+EVALUATIONS: dict[str, Evaluation] = {
+    evaluation.name: evaluation
+    for evaluation in (
+        Evaluation("classify", "lapheads.evals.classify:cli_eval"),
+        Evaluation(
+            "lm",
+            "lapheads.evals.lm:cli_eval",
+            nanochat=True,
+            harness="lapheads.integrations.lm_eval:cli_harness",
+            harness_needs="--harness needs lm-evaluation-harness; allowed: pip install 'lapheads[lm-eval]'",
+        ),
+        Evaluation("dino", "lapheads.evals.dino:cli_eval", many_runs=True),
+        Evaluation("chat", "lapheads.evals.chat:cli_eval"),
+    )
+}
+
+
+def get_evaluation(name: str) -> Evaluation:
+    """The evaluation called ``name``; anything else is a one-line error naming the evaluations."""
+    try:
+        return EVALUATIONS[name]
+    except KeyError:
+        raise InputError(f"evaluation {name!r}; allowed: {', '.join(EVALUATIONS)}") from None
 
 
 def upgrade_run(run_dir: Any) -> list[str]:
