@@ -17,15 +17,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from lapheads.data.conversations import Conversation, render_for_completion
 from lapheads.data.tokenizers import Tokenizer
-from lapheads.errors import InputError
+from lapheads.errors import InputError, LapheadsError
 from lapheads.models.gpt import GPT, sample_token
 
-__all__ = ["ChatEngine", "use_calculator"]
+__all__ = ["ChatEngine", "chat_once", "chat_repl", "use_calculator"]
 
 _ARITHMETIC = re.compile(r"[0-9+\-*/(). ]{1,100}")
 _COUNT = re.compile(r"'[A-Za-z]{1,40}'\.count\('[A-Za-z]'\)")
@@ -140,3 +141,46 @@ class ChatEngine:
     def reply(self, conversation: Conversation, **kwargs) -> str:
         """The assistant's whole next turn in ``conversation`` (a final assistant message is ignored)."""
         return "".join(self.stream(render_for_completion(self.tokenizer, conversation), **kwargs))
+
+
+def _answer(engine: ChatEngine, messages: list[dict[str, str]], text: str, options: dict[str, Any], seed: int) -> None:
+    """Add the user's ``text``, stream the reply to stdout and keep it in ``messages``."""
+    messages.append({"role": "user", "content": text})
+    prompt = render_for_completion(engine.tokenizer, {"messages": messages})
+    pieces = []
+    for piece in engine.stream(prompt, options["max_tokens"], options["temperature"], options["top_k"], seed):
+        pieces.append(piece)
+        print(piece, end="", flush=True)
+    print()
+    messages.append({"role": "assistant", "content": "".join(pieces)})
+
+
+def chat_once(engine: ChatEngine, prompt: str, *, system: str = "", seed: int = 0, **options: Any) -> None:
+    """One question, answered once on stdout (``lapheads chat RUN_DIR --prompt ...``, for scripts)."""
+    messages = [{"role": "system", "content": system}] if system else []
+    _answer(engine, messages, prompt, options, seed)
+
+
+def chat_repl(engine: ChatEngine, *, name: str, system: str = "", seed: int = 0, **options: Any) -> None:
+    """The terminal chat: streamed replies; an empty line or Ctrl-D quits, 'clear' starts a new conversation, and a
+    conversation grown past the context says so and keeps the session."""
+    messages = [{"role": "system", "content": system}] if system else []
+    print(f"lapheads chat with {name} (empty line or Ctrl-D: quit; 'clear': new conversation)")
+    for turn in range(10**9):
+        try:
+            text = input("user> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return
+        if not text:
+            return
+        if text == "clear":
+            del messages[int(bool(system)) :]
+            continue
+        print("assistant> ", end="", flush=True)
+        try:
+            _answer(engine, messages, text, options, seed + turn)
+        except LapheadsError as err:
+            message = str(err).replace("\n", " ")
+            print(f"\n(error: {message}; type 'clear' to start over)")
+            del messages[-1:]

@@ -1,0 +1,340 @@
+"""The handlers of the ``lapheads`` sub-commands: each reads its arguments, calls one lapheads function, prints.
+
+Result formatting of an evaluation lives with the evaluation (``lapheads.tasks.EVALUATIONS``); the chat REPL with
+the chat engine (``lapheads.apps.chat``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from lapheads.errors import LapheadsError
+from lapheads.runs.layout import CONFIG_FILE, SWEEP_FILE
+
+
+class UserError(LapheadsError):
+    """A problem with the user's input or environment; printed as one line, exit status 2."""
+
+
+def one_line(err: BaseException) -> str:
+    """The user-facing line of an error: lapheads' own message, or an OSError's reason and path."""
+    if isinstance(err, OSError) and not isinstance(err, LapheadsError):
+        where = f": {err.filename}" if err.filename else ""
+        return (
+            f"{err.strerror or err}{where} (check that the path exists, is writable and its disk has room; "
+            "whatever was written before stays)"
+        )
+    return " ".join(str(err).split("\n"))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from lapheads.study.demo import run_demo
+
+    run_demo(Path(args.out), laplacian_heads=args.laplacian_heads, data_root=args.data_root, overrides=args.overrides)
+    return 0
+
+
+def _default_out(task: str, preset: str, heads: str | None) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    from lapheads.runs import spec_dir_name
+
+    return Path("runs") / f"{task}-{Path(preset).stem}-{spec_dir_name(heads or 'preset')}-{stamp}"
+
+
+def _check_override_names(task: str, overrides: list[str]) -> None:
+    """An option no config field has is named as unknown (with the nearest one), before anything else is said."""
+    import dataclasses
+    import difflib
+
+    from lapheads.tasks.presets import CONFIG_TYPES
+
+    fields = {f.name for f in dataclasses.fields(CONFIG_TYPES[task])}
+    for item in overrides:
+        if item.startswith("--"):
+            key = item[2:].split("=", 1)[0].replace("-", "_")
+            if key not in fields:
+                near = difflib.get_close_matches(key, [*fields, "preset", "out", "resume", "laplacian_heads"], n=1)
+                hint = f" (did you mean --{near[0].replace('_', '-')}?)" if near else ""
+                raise UserError(
+                    f"unknown option --{key.replace('_', '-')}; allowed: a config field{hint}, see lapheads train "
+                    f"{task} --help"
+                )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from lapheads.tasks.presets import resolve_config, resume_config
+
+    _check_override_names(args.task, args.overrides)
+    for option, field in (("base_from", "--base"), ("nanochat_from", "--nanochat")):
+        if getattr(args, option, None):  # train mid|sft --from RUN_DIR / --nanochat DIR: config fields
+            args.overrides = [*args.overrides, field, getattr(args, option)]
+    if args.resume:
+        if not args.out:
+            raise UserError("--resume needs --out, the run directory to continue")
+        out = Path(args.out)
+        cfg = resume_config(args.task, out, args.preset, args.laplacian_heads, args.overrides)
+    else:
+        if args.preset is None:
+            raise UserError(
+                f"train {args.task} needs --preset (a name or a .json file); see lapheads train {args.task} --help"
+            )
+        cfg = resolve_config(args.task, args.preset, args.laplacian_heads, args.overrides)
+        out = Path(args.out) if args.out else _default_out(args.task, args.preset, args.laplacian_heads)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; allowed: a new directory or a run directory")
+    from lapheads.distributed import peer_failures
+    from lapheads.tasks import get_task
+
+    train = get_task(args.task).train_function()
+
+    with peer_failures():  # a rank that died under torchrun: one line on the others, not a gloo traceback
+        result = train(cfg, out, resume=args.resume, preset=args.preset)
+    print(json.dumps({"run_dir": str(out), **result}))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from lapheads.tasks import get_evaluation
+
+    return get_evaluation(args.task)(args)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from lapheads.evals.lm import load_lm, stream_text
+
+    if args.max_tokens < 0 or args.temperature < 0 or args.top_k < 0:
+        raise UserError(
+            f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
+            "allowed: numbers >= 0"
+        )
+    lm = load_lm(
+        args.run_dir, nanochat=args.nanochat, step=args.step, tokenizer_dir=args.nanochat_tokenizer, device=args.device
+    )
+    for piece in stream_text(lm, args.prompt, args.max_tokens, args.temperature, args.top_k, args.seed):
+        print(piece, end="", flush=True)
+    print()
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from lapheads.apps.chat import ChatEngine, chat_once, chat_repl
+    from lapheads.runs import CONVERSATIONAL_TASKS, load_gpt_run
+
+    if args.max_tokens < 1 or args.temperature < 0 or args.top_k < 0:
+        raise UserError(
+            f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
+            "allowed: --max-tokens >= 1, the others >= 0"
+        )
+    if args.prompt is not None and not args.prompt.strip():
+        raise UserError("--prompt is empty; allowed: a question, e.g. --prompt 'What is 12 + 30?'")
+    record, model, tokenizer = load_gpt_run(args.run_dir, args.device)
+    if record.get("task") not in CONVERSATIONAL_TASKS:
+        raise UserError(
+            f"{args.run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: "
+            "a mid or sft run (lapheads train sft --from RUN_DIR)"
+        )
+    engine = ChatEngine(model, tokenizer, tools=not args.no_tools)
+    options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    if args.prompt is not None:
+        chat_once(engine, args.prompt, system=args.system, **options)
+        return 0
+    chat_repl(engine, name=str(args.run_dir), system=args.system, **options)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from lapheads.apps.serve import ServeLimits, serve
+
+    if not 0 < args.port < 65536 or args.max_tokens < 1 or not 0 <= args.temperature <= 2 or not 0 <= args.top_k <= 200:
+        raise UserError(
+            f"--port {args.port} --max-tokens {args.max_tokens} --temperature {args.temperature} --top-k "
+            f"{args.top_k}: allowed: a port in 1..65535, --max-tokens >= 1, temperature in [0, 2], "
+            "top-k in [0, 200]"
+        )
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UserError("serve needs FastAPI and uvicorn; allowed: pip install 'lapheads[serve]'") from None
+    serve(
+        args.run_dir,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        limits=ServeLimits(max_tokens=args.max_tokens),
+        tools=not args.no_tools,
+        temperature=args.temperature,
+        top_k=args.top_k,
+    )
+    return 0
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from lapheads.tasks import upgrade_run
+
+    for path in args.paths:
+        folder = Path(path)
+        cells = (
+            sorted(p.parent for p in folder.glob("*/" + CONFIG_FILE)) if (folder / SWEEP_FILE).is_file() else [folder]
+        )
+        for run_dir in cells:
+            added = upgrade_run(run_dir)
+            print(f"upgrade: {run_dir}: " + (f"added {', '.join(added)}" if added else "already current"))
+    return 0
+
+
+def cmd_export_tb(args: argparse.Namespace) -> int:
+    from lapheads.integrations.tracking import export_tensorboard
+
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise UserError(
+            "export-tb needs the tensorboard package; allowed: pip install 'lapheads[tensorboard]'"
+        ) from None
+    folders = export_tensorboard(args.path, args.out)
+    print(
+        f"export-tb: {len(folders)} run(s) written; view with: tensorboard --logdir "
+        f"{Path(args.out) if args.out else Path(args.path) / 'tensorboard-export'}"
+    )
+    return 0
+
+
+def cmd_mix(args: argparse.Namespace) -> int:
+    from lapheads.study.mix import mix_report
+
+    path = mix_report(args.run_dir, args.out)
+    print(path.read_text())
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from lapheads.study.analyze import AnalyzeOptions, analyze_runs
+
+    if args.max_tokens < 2:
+        raise UserError(f"--max-tokens {args.max_tokens}: allowed: an integer >= 2")
+    options = AnalyzeOptions(
+        layers=args.layers,
+        max_tokens=args.max_tokens,
+        fraction=args.fraction,
+        top_k=args.top_k,
+        batch_size=args.batch_size,
+        ema=args.ema,
+        device=args.device,
+    )
+    if args.over_training:
+        from lapheads.study.analyze import analyze_over_training
+
+        if len(args.run_dirs) != 1:
+            raise UserError(f"--over-training takes one RUN_DIR; got {len(args.run_dirs)}")
+        path = analyze_over_training(args.run_dirs[0], options, args.out)
+        print(path.with_suffix(".json").read_text())
+        print(f"plot: {path}")
+        return 0
+    if args.nanochat:
+        if args.run_dirs:
+            raise UserError("analyze takes RUN_DIRs or --nanochat DIR, not both")
+        from lapheads.study.analyze import analyze_nanochat
+
+        _, summary = analyze_nanochat(
+            args.nanochat,
+            options,
+            step=args.step,
+            tokenizer_dir=args.nanochat_tokenizer,
+            data_root=args.data_root,
+            out=args.out,
+        )
+    else:
+        _, summary = analyze_runs(args.run_dirs, args.out, options, force=args.force)
+    print(summary.read_text())
+    print(f"summary: {summary}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from lapheads.study.sweep import parse_seeds, parse_specs, run_sweep
+
+    specs, seeds = parse_specs(args.laplacian_heads), parse_seeds(args.seeds)
+    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
+        raise UserError(f"--jobs {args.jobs} --threads {args.threads}: allowed: integers >= 1")
+    out = args.out or str(Path("runs") / "sweeps" / Path(args.preset).stem)
+    record = run_sweep(
+        args.preset,
+        specs,
+        seeds,
+        out,
+        sets=args.set,
+        dry_run=args.dry_run,
+        task=args.task,
+        nproc=args.nproc_per_node,
+        jobs=args.jobs,
+        threads=args.threads,
+    )
+    if not args.dry_run:
+        print(f"sweep: {len(record['cells'])} cells done in {out}; next: lapheads report {out}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from lapheads.study.report import restate, write_report
+
+    if Path(args.sweep_dir).is_file():  # a stats.json: its per-seed values, with today's statistics
+        print(restate(args.sweep_dir, margin=args.margin))
+        return 0
+    path = write_report(
+        args.sweep_dir, metric=args.metric, geometry=not args.no_geometry, baseline=args.baseline, margin=args.margin
+    )
+    print(path.read_text())
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from lapheads.data.images import DATASETS, fetch_fashion_mnist, find_fashion_mnist
+    from lapheads.data.text import TEXT_DATASETS
+
+    if args.action == "list":
+        for name in DATASETS:
+            where = find_fashion_mnist(args.root) if name == "fashion-mnist" else None
+            print(f"{name:15s} image {'found in ' + str(where) if where else ''}")
+        for name in TEXT_DATASETS:
+            print(f"{name:15s} text")
+        return 0
+    if args.action == "prepare":
+        if args.name not in TEXT_DATASETS:
+            raise UserError(f"data prepare {args.name!r}: allowed: {', '.join(TEXT_DATASETS)}")
+        from lapheads.train.lm import LMConfig, prepare_lm_data
+
+        cfg = LMConfig(
+            dataset=args.name,
+            data_root=args.root or "data",
+            tokenizer=args.tokenizer,
+            tokenizer_vocab=args.tokenizer_vocab,
+            download_shards=args.shards,
+        )
+        tokenizer, shards = prepare_lm_data(cfg)
+        print(json.dumps({"vocab_size": tokenizer.vocab_size, **shards.meta}))
+        return 0
+    if args.name == "fashion-mnist":
+        folder, what = fetch_fashion_mnist(args.root or "data")
+        print(f"fashion-mnist: {what}")
+    elif args.name == "shakespeare":
+        from lapheads.data.text import shakespeare_plays
+
+        plays = shakespeare_plays(args.root or "data")
+        print(f"shakespeare: {len(plays)} plays, {sum(len(t) for _, t in plays):,} characters")
+    elif args.name == "fineweb-edu":
+        from lapheads.data.text import fineweb_shards
+
+        shards = fineweb_shards(Path(args.root or "data") / "fineweb-edu", download=args.shards)
+        print(f"fineweb-edu: {len(shards)} shards in {shards[0].parent}")
+    else:
+        raise UserError(
+            f"data fetch {args.name!r}: allowed: fashion-mnist, shakespeare, fineweb-edu (CIFAR downloads with "
+            "--download on `train`; ImageNet must be placed as an ImageFolder by hand)"
+        )
+    return 0

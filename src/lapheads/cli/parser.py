@@ -1,0 +1,326 @@
+"""The ``lapheads`` command line, declared: one sub-parser per command, options with their help, handlers from
+``lapheads.cli.commands``; a training task's options come from its config dataclass (``lapheads train TASK --help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+
+import lapheads
+from lapheads.cli import commands
+from lapheads.tasks import EVALUATIONS, TASKS
+
+
+def _nanochat_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nanochat",
+        default=None,
+        metavar="DIR",
+        help="lm: a nanochat checkpoint folder (model_<step>.pt + meta_<step>.json) instead of RUN_DIR",
+    )
+    parser.add_argument("--step", type=int, default=None, help="--nanochat: the step (default: the last)")
+    parser.add_argument(
+        "--nanochat-tokenizer",
+        default=None,
+        metavar="DIR",
+        help="--nanochat: the folder of its tokenizer.pkl (default: nanochat's <base>/tokenizer)",
+    )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (usage is one ``--help`` away), as every other lapheads error."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _TrainParser(_Parser):
+    """A ``train TASK`` parser whose help ends with the task's presets and config fields, built only when asked
+    (it imports the training modules); with ``--preset NAME`` before ``--help`` the fields show that preset's
+    values."""
+
+    preset_for_help: str | None = None
+
+    def format_help(self) -> str:
+        self.epilog = _train_epilog(self.prog.split()[-1], self.preset_for_help)
+        return super().format_help()
+
+
+class _DemoParser(_Parser):
+    """``demo --help`` ends with the config fields the demo's runs accept as overrides (fmnist-cpu's values)."""
+
+    def format_help(self) -> str:
+        from lapheads.config import config_help
+        from lapheads.tasks.presets import CONFIG_TYPES, PRESETS
+
+        self.epilog = (
+            "Both runs are the fmnist-cpu recipe for one epoch (--epochs 2 for the preset's length) and take --key "
+            "value overrides of it (shown with its values):\n"
+            + config_help(CONFIG_TYPES["classify"], PRESETS["classify"]["fmnist-cpu"])
+        )
+        return super().format_help()
+
+
+def _first_sentence(text: str, limit: int = 110) -> str:
+    sentence = text.split(". ")[0].split(": ")[0].strip().rstrip(".")
+    return sentence if len(sentence) <= limit else sentence[: limit - 3] + "..."
+
+
+def _train_epilog(task: str, preset: str | None = None) -> str:
+    from lapheads.config import config_help
+    from lapheads.tasks.presets import CONFIG_TYPES, PRESETS
+
+    table = PRESETS[task]
+    width = max(map(len, table)) + 2
+    presets = "\n".join(f"  {name:{width}s}{_first_sentence(cfg.description)}" for name, cfg in table.items())
+    if preset in table:
+        fields = f"config fields with preset {preset}'s values (override any with --key value):\n"
+        return f"presets:\n{presets}\n\n{fields}{config_help(CONFIG_TYPES[task], table[preset])}"
+    return (
+        f"presets:\n{presets}\n\nconfig fields (override any with --key value; a preset sets many; "
+        f"--preset NAME --help shows its values):\n{config_help(CONFIG_TYPES[task])}"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="lapheads",
+        allow_abbrev=False,  # an override such as --data must never be taken for --data-root
+        description="Laplacian heads for transformers: train, measure and reproduce (arXiv 2602.09297).",
+        epilog="train and demo also take --key value overrides of any config field (e.g. --lr 5e-4 --epochs 2). "
+        "Every command takes --threads auto|N (default auto: the CPUs this process may use, less those other "
+        "processes keep busy when it starts; OMP_NUM_THREADS, when set, wins).",
+    )
+    parser.add_argument("--version", action="version", version=f"lapheads {lapheads.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    demo = sub.add_parser(
+        "demo",
+        allow_abbrev=False,
+        help="the main job on embedded data, with a report at the end",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.__class__ = _DemoParser  # its help lists the overrides it accepts
+    demo.add_argument("--out", default="runs/demo", help="report and run directories go here")
+    demo.add_argument("--laplacian-heads", default="3", help="the Laplacian run's spec (the other run has 0)")
+    demo.add_argument("--data-root", default=None, help="where Fashion-MNIST is or goes")
+    demo.set_defaults(func=commands.cmd_demo, takes_overrides=True)
+
+    train = sub.add_parser(
+        "train",
+        allow_abbrev=False,
+        help="train a model from a preset",
+        description="lapheads train TASK --help lists the presets and every config field.",
+    )
+    tasks = train.add_subparsers(dest="task", metavar="TASK", required=True, parser_class=_TrainParser)
+    for task in TASKS.values():
+        task_parser = tasks.add_parser(
+            task.name, allow_abbrev=False, help=task.help, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        task_parser.add_argument(
+            "--preset",
+            default=None,
+            help="a preset name or a .json file of config fields (with --resume: optional, checked against the run)",
+        )
+        task_parser.add_argument("--laplacian-heads", default=None, help="k, or a per-layer list such as 0,2,2,0")
+        task_parser.add_argument(
+            "--out", default=None, help="the run directory (default: runs/<task>-<preset>-L<k>-<time>)"
+        )
+        task_parser.add_argument(
+            "--resume",
+            action="store_true",
+            help="continue the run in --out with its stored "
+            "config from its last checkpoint (or from the start if it wrote none)",
+        )
+        task_parser.set_defaults(func=commands.cmd_train, takes_overrides=True)
+        if task.from_run:
+            task_parser.add_argument(
+                "--from",
+                dest="base_from",
+                default=None,
+                metavar="RUN_DIR",
+                help="the lapheads run to start from (sets --base)",
+            )
+            task_parser.add_argument(
+                "--nanochat",
+                dest="nanochat_from",
+                default=None,
+                metavar="DIR",
+                help="a nanochat checkpoint folder to start from instead",
+            )
+
+    evaluate = sub.add_parser("eval", allow_abbrev=False, help="evaluate a run directory's final checkpoint")
+    evaluate.add_argument("task", choices=list(EVALUATIONS))
+    evaluate.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="one run (dino: one or more, compared)")
+    evaluate.add_argument("--ema", action="store_true", help="classify: evaluate the EMA weights")
+    evaluate.add_argument(
+        "--fit-subset",
+        type=int,
+        default=None,
+        metavar="N",
+        help="classify: also score the first N training images without augmentation (fit_top1, fit_loss)",
+    )
+    evaluate.add_argument(
+        "--tasks",
+        default=None,
+        help="lm: comma list of val_bpb (default), arc_easy, "
+        "arc_challenge, mmlu, gsm8k, humaneval; chat: of arc_easy, arc_challenge, mmlu, gsm8k, "
+        "humaneval, arith, letters (default: arith,letters)",
+    )
+    evaluate.add_argument("--no-tools", action="store_true", help="chat: no calculator (the model's own outputs)")
+    evaluate.add_argument(
+        "--harness",
+        default=None,
+        metavar="TASKS",
+        help="lm: lm-evaluation-harness tasks (comma "
+        "list); with --data-dir the shipped lapheads_{arc_easy,arc_challenge,mmlu,gsm8k,hellaswag} "
+        "read <task>.jsonl there",
+    )
+    evaluate.add_argument(
+        "--include-path",
+        default=None,
+        help="lm --harness: a folder of your own task YAMLs. These are code: lm-eval imports the Python files they "
+        "name (!function) and renders their prompts with an unsandboxed Jinja; use only folders you trust",
+    )
+    evaluate.add_argument("--data-dir", default=None, help="lm: local <task>.jsonl/.parquet files in the hub's schema")
+    evaluate.add_argument(
+        "--max-examples", type=int, default=None, help="lm: the first N items per task; dino: the first N test images"
+    )
+    evaluate.add_argument(
+        "--max-train", type=int, default=None, help="dino: the first N training images (k-NN, linear)"
+    )
+    evaluate.add_argument(
+        "--ade20k", default=None, help="dino: ADE20K root for the segmentation probe (non-FMNIST runs)"
+    )
+    evaluate.add_argument("--out", default=None, help="dino: where pca.png goes (default: the first run's report/)")
+    evaluate.add_argument("--num-samples", type=int, default=1, help="lm: HumanEval samples per problem (pass@k)")
+    evaluate.add_argument("--chat", action="store_true", help="lm: wrap prompts in the chat tokens (SFT models)")
+    evaluate.add_argument("--device", default="auto")
+    _nanochat_options(evaluate)
+    evaluate.set_defaults(func=commands.cmd_eval)
+
+    generate = sub.add_parser("generate", allow_abbrev=False, help="continue a prompt with an LM (streams tokens)")
+    generate.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="an LM run directory (or --nanochat DIR)")
+    generate.add_argument("--prompt", default="", help="the text to continue (after BOS)")
+    generate.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (at most sequence_len)")
+    generate.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    generate.add_argument("--top-k", type=int, default=50, help="sample from the k likeliest tokens (0: all)")
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--device", default="auto")
+    _nanochat_options(generate)
+    generate.set_defaults(func=commands.cmd_generate)
+
+    chat = sub.add_parser("chat", allow_abbrev=False, help="talk with a mid/SFT model (streams tokens, calculator)")
+    chat.add_argument("run_dir", metavar="RUN_DIR", help="a mid or sft run directory")
+    chat.add_argument("--prompt", default=None, help="one question, answered once (for scripts); else interactive")
+    chat.add_argument("--system", default="", help="a system prompt (merged into the first user turn)")
+    chat.add_argument("--max-tokens", type=int, default=256, help="tokens per reply at most")
+    chat.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
+    chat.add_argument("--top-k", type=int, default=50, help="sample from the k likeliest tokens (0: all)")
+    chat.add_argument("--seed", type=int, default=0)
+    chat.add_argument("--no-tools", action="store_true", help="do not run the calculator on tool calls")
+    chat.add_argument("--device", default="auto")
+    chat.set_defaults(func=commands.cmd_chat)
+
+    web = sub.add_parser("serve", allow_abbrev=False, help="a local web chat with a mid/SFT model (FastAPI)")
+    web.add_argument("run_dir", metavar="RUN_DIR", help="a mid or sft run directory")
+    web.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
+    web.add_argument("--port", type=int, default=8000)
+    web.add_argument("--max-tokens", type=int, default=512, help="the longest reply a request may ask for")
+    web.add_argument("--temperature", type=float, default=0.6, help="for requests that do not set it (0 = greedy)")
+    web.add_argument("--top-k", type=int, default=50, help="for requests that do not set it (0: all)")
+    web.add_argument("--no-tools", action="store_true", help="do not run the calculator on tool calls")
+    web.add_argument("--device", default="auto")
+    web.set_defaults(func=commands.cmd_serve)
+
+    export = sub.add_parser(
+        "export-tb", allow_abbrev=False, help="replay metrics.jsonl of a run or sweep into TensorBoard event files"
+    )
+    export.add_argument("path", metavar="RUN_DIR|SWEEP_DIR")
+    export.add_argument("--out", default=None, help="default: PATH/tensorboard-export (one folder per run)")
+    export.set_defaults(func=commands.cmd_export_tb)
+
+    upgrade = sub.add_parser(
+        "upgrade",
+        allow_abbrev=False,
+        help="bring run directories written by an older "
+        "lapheads up to the current run-directory contract (config.json only)",
+    )
+    upgrade.add_argument("paths", nargs="+", metavar="RUN_DIR|SWEEP_DIR")
+    upgrade.set_defaults(func=commands.cmd_upgrade)
+
+    analyze = sub.add_parser("analyze", allow_abbrev=False, help="token-geometry metrics of runs, side by side")
+    analyze.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")
+    analyze.add_argument("--layers", default="all", help='"all" or a comma list such as embed,3,6,norm')
+    analyze.add_argument("--max-tokens", type=int, default=1_000_000, help="tokens per layer (a random subset)")
+    analyze.add_argument("--fraction", type=float, default=0.99, help="variance fraction for the spectra")
+    analyze.add_argument("--top-k", type=int, default=100, help="LM: next-token classes for linguistic collapse")
+    analyze.add_argument("--batch-size", type=int, default=256)
+    analyze.add_argument("--ema", action="store_true", help="analyse the EMA weights")
+    analyze.add_argument("--device", default="auto")
+    analyze.add_argument("--out", default=None, help="default: RUN_DIR/report, or <common parent>/analysis")
+    analyze.add_argument("--force", action="store_true", help="recompute even if a cached analysis.json matches")
+    analyze.add_argument("--data-root", default="data", help="--nanochat: where the held-out Shakespeare text is")
+    analyze.add_argument(
+        "--over-training",
+        action="store_true",
+        help="every kept checkpoint of one run, against step (train with --keep-checkpoints 0 to keep them all)",
+    )
+    _nanochat_options(analyze)
+    analyze.set_defaults(func=commands.cmd_analyze)
+
+    mix = sub.add_parser(
+        "mix", allow_abbrev=False, help="what each mix head (a V + b PV, learned) became, over the kept checkpoints"
+    )
+    mix.add_argument("run_dir", metavar="RUN_DIR", help="a run trained with --laplacian-heads mix (or mix heads)")
+    mix.add_argument("--out", default=None, help="default: RUN_DIR/report/mix")
+    mix.set_defaults(func=commands.cmd_mix)
+
+    sweep = sub.add_parser("sweep", allow_abbrev=False, help="a preset over Laplacian specs x seeds, resumable")
+    sweep.add_argument("preset", help="a preset name, or a .json preset file (then --task)")
+    sweep.add_argument("--laplacian-heads", required=True, help="k values 0,1,3,6 or per-layer specs 0;2,2,0,0")
+    sweep.add_argument("--seeds", required=True, help="comma list, e.g. 0,1,2")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    sweep.add_argument("--task", default=None, choices=list(TASKS), help="for preset files")
+    sweep.add_argument("--out", default=None, help="the sweep directory (default: runs/sweeps/<preset>)")
+    sweep.add_argument("--dry-run", action="store_true", help="print one torchrun command per cell instead")
+    sweep.add_argument("--nproc-per-node", type=int, default=8, help="--dry-run: GPUs per cell")
+    sweep.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="cells trained at once, each its own process (CPU: 2 "
+        "one-thread jobs do ~1.7x the work of one two-thread run)",
+    )
+    sweep.add_argument("--threads", type=int, default=None, help="--jobs: threads shared by all jobs (default: CPUs)")
+    sweep.set_defaults(func=commands.cmd_sweep)
+
+    report = sub.add_parser("report", allow_abbrev=False, help="statistics and plots of a sweep")
+    report.add_argument(
+        "sweep_dir", help="a sweep directory, or a report's stats.json to restate with today's statistics"
+    )
+    report.add_argument("--metric", default=None, help="the headline metric (default: the task's)")
+    report.add_argument("--no-geometry", action="store_true", help="skip lapheads analyze on the cells")
+    report.add_argument(
+        "--baseline",
+        default="0",
+        help="the spec every other is compared with, seed by seed (default 0; another goes to report-vs-SPEC/)",
+    )
+    report.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        help="the primary metric's equivalence margin: a gain this large ruled out reads 'excluded' (default: the "
+        "paper's relative error reduction on this baseline's error rate, where the paper reports one)",
+    )
+    report.set_defaults(func=commands.cmd_report)
+
+    data = sub.add_parser("data", allow_abbrev=False, help="list, fetch or tokenise datasets")
+    data.add_argument("action", choices=["list", "fetch", "prepare"])
+    data.add_argument("name", nargs="?", default="fashion-mnist")
+    data.add_argument("--root", default=None, help="the data root (default: data)")
+    data.add_argument("--shards", type=int, default=0, help="fineweb-edu: download the first N shards")
+    data.add_argument("--tokenizer", default="char", help="prepare: char, bpe or gpt2")
+    data.add_argument("--tokenizer-vocab", type=int, default=4096, help="prepare: BPE vocabulary size")
+    data.set_defaults(func=commands.cmd_data)
+    return parser
