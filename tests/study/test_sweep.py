@@ -13,19 +13,19 @@ from scipy import stats
 from lapheads.cli import main
 from lapheads.study import sweep as sweep_module
 from lapheads.study.report import (
-    _row,
     diffusion_against_zero,
     fit_against_test,
     gap_over_training,
     holm,
     late_change,
     paired_test,
-    settled_from,
     summarize,
     verdict,
     welch_t_test,
     write_report,
 )
+from lapheads.study.report.statistics import settled_from
+from lapheads.study.report.tables import _row
 
 
 @pytest.fixture

@@ -50,8 +50,8 @@ def test_check_model_fails_in_one_line_for_a_spec_that_does_not_fit():
 def test_every_loss_like_headline_metric_is_known_to_improve_by_falling():
     """report's "still improving" reads a metric's better direction from LOWER_IS_BETTER: a new task's loss must be
     listed there, or its falling loss would read as getting worse."""
-    from lapheads.study.report import LOWER_IS_BETTER
     from lapheads.tasks import TASKS
+    from lapheads.tasks.metrics import LOWER_IS_BETTER
 
     for task in TASKS.values():
         for label, _, _ in task.headline:

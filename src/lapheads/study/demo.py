@@ -18,6 +18,7 @@ from lapheads.plots import panel_grid
 from lapheads.runs import RunDir, spec_dir_name
 from lapheads.runs.layout import report_folder
 from lapheads.study.analyze import analyze_runs
+from lapheads.tasks.metrics import claim
 from lapheads.tasks.presets import resolve_classify_config
 from lapheads.train.classify import train_classify
 
@@ -45,13 +46,14 @@ def plot_runs(runs: dict[str, RunDir], out: Path) -> list[Path]:
     return paths
 
 
-#: The paper's claims the demo can look at: (claim, the summary rows that measure it, the direction the paper
-#: reports: -1 falls, +1 rises). A geometry claim is read at the last block and after the final norm; spectra both
-#: pooled and per sequence. The verdict is "as claimed" / "opposite" only when every measure agrees, else "mixed".
+#: The paper's claims the demo can look at: (claim, the summary rows that measure it); the direction the paper
+#: reports is each row's (``tasks.metrics.claim``). A geometry claim is read at the last block and after the final
+#: norm; spectra both pooled and per sequence. The verdict is "as claimed" / "opposite" only when every measure
+#: agrees, else "mixed".
 CLAIMS = [
-    ("within-sequence variance falls", ("within-sequence fraction",), -1),
-    ("between-class variance rises", ("between-class fraction",), +1),
-    ("spectra decay faster", ("components for 99%, pooled", "components for 99%, per sequence"), -1),
+    ("within-sequence variance falls", ("within-sequence fraction",)),
+    ("between-class variance rises", ("between-class fraction",)),
+    ("spectra decay faster", ("components for 99%, pooled", "components for 99%, per sequence")),
 ]
 
 
@@ -93,7 +95,8 @@ def _claim_rows(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
             f"| accuracy rises | test top-1 (%), {images:,} images | {base:.2f} | {lap:.2f} | {lap - base:+.2f} | "
             f"{words} (noise ±{band:.2f}) |"
         )
-    for claim, metrics, direction in CLAIMS:
+    for words, metrics in CLAIMS:
+        direction = claim(metrics[0])
         changes, cells = [], []
         for metric in metrics:
             for place, layer_of in (("last block", _last_block), ("after the final norm", lambda a: "norm")):
@@ -107,7 +110,7 @@ def _claim_rows(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
                 cells.append(f"{metric} ({place}): {base:.4g} → {lap:.4g}")
         if changes:
             rows.append(
-                f"| {claim} | {'; '.join(cells)} | | | | {agreement_verdict(changes, direction)} "
+                f"| {words} | {'; '.join(cells)} | | | | {agreement_verdict(changes, direction)} "
                 f"({sum((c > 0) - (c < 0) == direction for c in changes)}/{len(changes)} measures) |"
             )
     return rows

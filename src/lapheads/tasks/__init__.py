@@ -19,38 +19,16 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from lapheads.errors import InputError
+from lapheads.tasks.metrics import (
+    LM_GEOMETRY,
+    VISION_FIGURES,
+    VISION_GEOMETRY,
+    VISION_LAYERS,
+    VISION_OVER_TRAINING,
+    Metric,
+)
 
 __all__ = ["EVALUATIONS", "Evaluation", "Metric", "Task", "TASKS", "get_evaluation", "get_task", "upgrade_run"]
-
-#: (label, source, path): source "metrics" = the last logged value in metrics.jsonl; otherwise the name of a JSON
-#: file in the run's report/ folder ("eval_dino.json", "eval_chat.json") and the keys down to the value
-Metric = tuple[str, str, tuple[str, ...]]
-
-_VISION_GEOMETRY = (
-    ("within-sequence fraction", ("anova", "within_seq_fraction")),
-    ("between-class fraction", ("anova", "between_class_fraction")),
-    ("within / between-class variance", ("anova", "within_to_between_class")),
-    ("within-sequence variance / mean |h|^2", ("anova", "within_seq_scale_free")),
-    ("NC1, sequence means", ("collapse_seq", "nc1")),
-    ("ETF distance, sequence means", ("collapse_seq", "etf_distance")),
-    ("components for 99%, pooled", ("spectrum", "n_components")),
-    ("components for 99%, per sequence", ("spectrum", "n_components_per_seq")),
-    ("token cosine similarity", ("similarity",)),
-)
-_LM_GEOMETRY = (
-    ("CDNV, next-token classes", ("linguistic", "cdnv")),
-    ("NC1, next-token classes", ("linguistic", "nc1")),
-    ("components for 99%, pooled", ("spectrum", "n_components")),
-    ("components for 99%, per sequence", ("spectrum", "n_components_per_seq")),
-    ("token cosine similarity", ("similarity",)),
-)
-_VISION_LAYERS = ("last block", "after the final norm")
-_VISION_FIGURES = ("anova", "collapse", "spectrum", "similarity", "mechanism")
-_VISION_OVER_TRAINING = (
-    "within-sequence fraction",
-    "components for 99%, pooled",
-    "token cosine similarity",
-)
 
 
 def _load(reference: str) -> Any:
@@ -134,10 +112,10 @@ TASKS: dict[str, Task] = {
             check_model="lapheads.train.classify:check_model",
             analyzer="lapheads.evals.geometry:analyze_classify",
             headline=(("test top-1 (%)", "metrics", ("eval_top1",)),),
-            geometry=_VISION_GEOMETRY,
-            geometry_layers=_VISION_LAYERS,
-            figures=_VISION_FIGURES,
-            over_training=_VISION_OVER_TRAINING,
+            geometry=VISION_GEOMETRY,
+            geometry_layers=VISION_LAYERS,
+            figures=VISION_FIGURES,
+            over_training=VISION_OVER_TRAINING,
             upgrade="lapheads.train.classify:recorded_model",
         ),
         Task(
@@ -150,7 +128,7 @@ TASKS: dict[str, Task] = {
             analyzer="lapheads.evals.geometry:analyze_lm",
             headline=(("validation bits per byte", "metrics", ("val_bpb",)),),
             # at the LM head's input (after the final norm), where linguistic-collapse studies measure them
-            geometry=_LM_GEOMETRY,
+            geometry=LM_GEOMETRY,
             geometry_layers=("after the final norm",),
             figures=("linguistic", "spectrum", "similarity", "mechanism"),
             over_training=(
@@ -176,10 +154,10 @@ TASKS: dict[str, Task] = {
                 ("segmentation mIoU (%)", "eval_dino.json", ("segmentation", "miou")),
                 ("PCA foreground IoU (%)", "eval_dino.json", ("pca_foreground_iou",)),
             ),
-            geometry=_VISION_GEOMETRY,
-            geometry_layers=_VISION_LAYERS,
-            figures=_VISION_FIGURES,
-            over_training=_VISION_OVER_TRAINING,
+            geometry=VISION_GEOMETRY,
+            geometry_layers=VISION_LAYERS,
+            figures=VISION_FIGURES,
+            over_training=VISION_OVER_TRAINING,
             upgrade="lapheads.train.dino:recorded_model",
         ),
         Task(

@@ -1,0 +1,263 @@
+"""``lapheads report SWEEP_DIR``: per-spec statistics over seeds, tests against k = 0, plots, geometry against k.
+
+Design choices:
+
+* **Numbers come from the run directories** (metrics.jsonl, report/eval_dino.json, analyze's cached
+  analysis.json), never from logs. DINO cells are evaluated here (``lapheads eval dino``: k-NN, linear probe,
+  segmentation mIoU, PCA pictures of every cell in one grid); each cell's result is cached in its run directory and
+  reused while its checkpoint and the eval options are unchanged.
+* **Statistics, paired**: the arms of a sweep share the seed, hence the initialisation and the data order, so each
+  spec is compared with spec "0" seed by seed: the mean paired difference, its t-based 95% interval and a two-sided
+  paired t-test (Welch's unpaired test only where fewer than two seeds pair up); ``--baseline SPEC`` compares
+  with another spec instead (a per-layer schedule study: early-only against late-only), into report-vs-<SPEC>/.
+  The verdicts follow one rule (:mod:`lapheads.study.verdicts`): the paradigm's primary test alone at alpha 0.05, a
+  declared geometry family Holm-corrected across claims x arms, every other row secondary and uncorrected; each row
+  states its minimum detectable effect at the alpha it faces, "excluded" when a paper-sized gain is ruled out, the
+  exact sign-flip p and the seeds that moved the paper's way; **no claim** for metrics the paper makes none about.
+* **Geometry against k**: ``lapheads analyze`` on every cell (cached per run), the last block's metrics, the same
+  statistics.
+* **The heat-diffusion mechanism**: each head's output-value circuit score (``geometry.mechanism``: positive =
+  the head moves tokens toward their attention-weighted neighbours) read from every cell's analysis, per spec, for
+  the Laplacian and the ordinary heads, averaged over blocks and per block, the null (ordinary heads read as
+  Laplacian) and the Laplacian heads' excess over it; tested against 0 over seeds (one-sample t-test, Holm across
+  the section per spec, MDE at each row's Holm step). The paper's reading predicts an excess > 0.
+  When they turn diffusive: the same scores at every checkpoint the cells kept (read from the weights, no data),
+  tested against 0 step by step, and the step from which on every interval lies on one side of 0.
+* **The gap over training**: a headline metric logged at every evaluation (validation bpb, test top-1) is also
+  compared seed by seed at each evaluated step (mean paired difference and its t-based 95% interval), so a gap
+  that closes or opens with training shows; and each arm's change over the last quarter of training says whether
+  it was still improving, so a short run is not mistaken for a converged one. Classification cells trained with
+  ``--fit-subset`` also get their final top-1 on training images without augmentation beside the test top-1: a
+  model that scores about as well on the images it trained on as on the test set is underfit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lapheads.runs import SweepError, load_sweep, spec_dir_name
+from lapheads.runs.layout import report_folder
+from lapheads.study.report.figures import _plot, _plot_steps
+from lapheads.study.report.statistics import (
+    _done_cells,
+    _geometry_values,
+    collect,
+    diffusion_against_zero,
+    fit_against_test,
+    gap_over_training,
+    holm,
+    late_change,
+    mechanism_over_training,
+    paired_test,
+    summarize,
+    verdict,
+    welch_t_test,
+)
+from lapheads.study.report.tables import (
+    MECHANISM_HEADER,
+    _fit_lines,
+    _gap_lines,
+    _late_change_lines,
+    _mechanism_row,
+    _row,
+    _rule_lines,
+    _settled_text,
+    _step_lines,
+    _table_header,
+)
+from lapheads.study.verdicts import apply_rule
+from lapheads.tasks import get_task
+from lapheads.tasks.metrics import CLAIMS, claim
+
+__all__ = [
+    "CLAIMS",
+    "collect",
+    "diffusion_against_zero",
+    "fit_against_test",
+    "gap_over_training",
+    "holm",
+    "late_change",
+    "load_sweep",
+    "paired_test",
+    "restate",
+    "summarize",
+    "verdict",
+    "welch_t_test",
+    "write_report",
+]
+
+
+def _judge(
+    rows: dict[str, dict[str, dict[str, Any]]], primary_label: str, baseline: str, margin: float | None
+) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, Any]]:
+    """Apply the verdict rule to every row (``primary_label`` the primary test); returns the rows in table order
+    (primary, declared family, secondary) and the rule's record."""
+    primary = {primary_label: rows[primary_label]}
+    others = {label: value for label, value in rows.items() if label != primary_label}
+    rule = apply_rule(primary, others, {label: claim(label) for label in rows}, baseline, margin)
+    declared = [label for label in rule["declared"] if label in others]
+    rest = {label: value for label, value in others.items() if label not in declared}
+    return {**primary, **{label: others[label] for label in declared}, **rest}, rule
+
+
+def restate(stats_file: str | Path, margin: float | None = None) -> str:
+    """The statistics table of an existing stats.json (any version: it keeps every cell's per-seed value),
+    recomputed with the current tests and verdict rule (:mod:`lapheads.study.verdicts`); no run directory needed."""
+
+    try:
+        saved = json.loads(Path(stats_file).read_text())
+        groups = [(label, rows) for label, rows in saved["metrics"].items()]
+        # reports before 2026-11-30 measured geometry at the last block and did not say so in the label
+        groups += [
+            (label if label.endswith(")") else f"{label} (last block)", rows)
+            for label, rows in saved.get("geometry", {}).items()
+        ]
+
+        def values(rows: dict[str, Any]) -> dict[str, dict[int, float]]:
+            return {spec: {int(seed): float(v) for seed, v in row["values"].items()} for spec, row in rows.items()}
+
+        baseline = str(saved.get("baseline", "0"))  # reports before 2026-12-01 always compared with k = 0
+        family = {label: summarize(values(rows), baseline) for label, rows in groups}
+        primary_label = next(iter(saved["metrics"]))
+        mechanism = diffusion_against_zero({label: values(rows) for label, rows in saved.get("mechanism", {}).items()})
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, StopIteration) as err:
+        raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None
+    family, rule = _judge(family, primary_label, baseline, margin)
+    lines = [
+        *_rule_lines(rule),
+        *_table_header(baseline),
+        *[_row(label, spec, stats[spec]) for label, stats in family.items() for spec in stats],
+    ]
+    if mechanism:
+        lines += ["", *MECHANISM_HEADER]
+        lines += [_mechanism_row(label, spec, row) for label, rows in mechanism.items() for spec, row in rows.items()]
+    return "\n".join(lines)
+
+
+def write_report(
+    sweep_dir: str | Path,
+    metric: str | None = None,
+    geometry: bool = True,
+    max_tokens: int = 262_144,
+    baseline: str = "0",
+    margin: float | None = None,
+) -> Path:
+    """Write SWEEP_DIR/report/{report.md, stats.json, metric.png, gap.png, geometry.png (, pca.png)}; returns
+    report.md.
+
+    Args:
+        metric: a key of metrics.jsonl to report instead of the task's headline metrics.
+        geometry: run (or reuse) ``lapheads analyze`` on every finished cell and report the last block's geometry.
+        max_tokens: analyze's token budget per cell.
+        baseline: the spec every other is compared with, seed by seed (a per-layer schedule study compares its
+            schedules with each other this way); other than "0", the report goes to SWEEP_DIR/report-vs-L<spec>/
+            ("3,0" -> report-vs-L3_0) so the k = 0 report stays.
+        margin: the primary metric's equivalence margin (None: the paper's effect on this baseline, where known).
+    """
+
+    sweep_dir = Path(sweep_dir)
+    record = load_sweep(sweep_dir)
+    task, specs = record["task"], record["specs"]
+    if baseline != "0" and baseline not in specs:  # a sweep without k = 0 still reports its arms, untested
+        raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
+    out = report_folder(sweep_dir, None if baseline == "0" else spec_dir_name(baseline))
+    cells = _done_cells(record)
+    pictures = task == "dino" and metric is None and bool(cells)
+    if pictures:
+        from lapheads.evals.dino import eval_dino
+
+        eval_dino([c["run_dir"] for c in cells], out, reuse=True)
+    metrics = [(metric, "metrics", (metric,))] if metric else list(get_task(task).headline)
+    headline = {m[0]: summarize(collect(record, m), baseline) for m in metrics}
+    if not any(row["n"] for rows in headline.values() for row in rows.values()):
+        names = ", ".join(headline)
+        raise SweepError(f"{sweep_dir}: no finished cell has {names}; run or resume the sweep first")
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [
+        f"# Sweep report: {record['preset']} ({task})",
+        "",
+        f"Specs {', '.join(specs)}; seeds {', '.join(map(str, record['seeds']))}; overrides "
+        f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - {baseline}, paired by seed, with its "
+        "t-based 95% interval; p = two-sided paired t-test; verdict: held / opposite (p below the row's alpha, "
+        "with / against the paper's direction), excluded (a paper-sized gain ruled out) or not detected.",
+        "",
+    ]
+    geometry_stats: dict[str, Any] = {}
+    mechanism_stats: dict[str, Any] = {}
+    if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
+        geometry_values, mechanism_values = _geometry_values(record, max_tokens)
+        geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in geometry_values.items()}
+        mechanism_stats = diffusion_against_zero(mechanism_values)
+    table, rule = _judge({**headline, **geometry_stats}, metrics[0][0], baseline, margin)
+    lines += [*_rule_lines(rule), *_table_header(baseline)]
+    lines += [_row(label, s, stats[s]) for label, stats in table.items() for s in specs]
+    _plot(headline, specs, out / "metric.png")
+    lines += ["", "![metric](metric.png)"]
+    gaps = {m[0]: g for m in metrics if (g := gap_over_training(record, m, baseline))}
+    changes = {m[0]: c for m in metrics if (c := late_change(record, m))}
+    for label, by_spec in changes.items():
+        lines += _late_change_lines(label, by_spec)
+    fit = fit_against_test(record, baseline) if metric is None else {}
+    if fit:
+        lines += _fit_lines(fit, baseline)
+    for label, by_spec in gaps.items():
+        lines += _gap_lines(label, by_spec, baseline)
+    if gaps:
+        titles = {f"{label}: gap over training": by_spec for label, by_spec in gaps.items()}
+        _plot_steps(titles, out / "gap.png", "paired difference (95% CI)", lambda spec: f"{spec} - {baseline}")
+        lines += ["", "![gap over training](gap.png)"]
+    if geometry_stats:
+        _plot(geometry_stats, specs, out / "geometry.png")
+        lines += ["![geometry](geometry.png)"]
+    if mechanism_stats:
+        lines += [
+            "",
+            "Heat-diffusion mechanism: each head's whole circuit diag(LayerScale) W_O W_V diag(gamma) against the "
+            "identity on its subspace, normalised by what a rank-D head can attain (`lapheads.geometry.mechanism`; "
+            "+1: the head moves tokens toward their attention-weighted neighbours as a heat step does, -1: away), "
+            "mean over seeds, tested against 0 (one-sample t-test, Holm across these rows per spec). The null: the "
+            "ordinary heads' circuits read as if they were Laplacian (an ordinary-looking circuit in a Laplacian "
+            "head already scores that); the excess rows test the Laplacian heads against it, in their own blocks "
+            "and against the k = 0 run of the same seed. The heat-diffusion reading predicts an excess > 0.",
+            "",
+            *MECHANISM_HEADER,
+        ]
+        lines += [
+            _mechanism_row(label, spec, row) for label, rows in mechanism_stats.items() for spec, row in rows.items()
+        ]
+    emergence: dict[str, Any] = {}
+    if mechanism_stats:
+        emergence = mechanism_over_training(record)
+        for label, by_spec in emergence.items():
+            intro = (
+                f"{label} (mean over blocks) at every kept checkpoint, mean over seeds [95% CI] (seeds); "
+                + "; ".join(f"k = {spec}: {_settled_text(rows)}" for spec, rows in by_spec.items())
+            )
+            lines += _step_lines(intro, by_spec, lambda spec: f"k = {spec}")
+        _plot_steps(emergence, out / "mechanism.png", "mean diffusion score (95% CI)", lambda spec: f"k = {spec}")
+        lines += ["", "![diffusion scores over training](mechanism.png)"]
+    if pictures:
+        lines += ["", "PCA pictures of the teachers' patch tokens (columns: cells, seed-major):", "", "![pca](pca.png)"]
+    (out / "stats.json").write_text(
+        json.dumps(
+            {
+                "baseline": baseline,
+                "rule": rule,
+                "metrics": headline,
+                "geometry": geometry_stats,
+                "mechanism": mechanism_stats,
+                "over_training": gaps,
+                "late_change": changes,
+                "fit": fit,
+                "mechanism_over_training": emergence,
+            },
+            indent=1,
+            default=str,
+        )
+        + "\n"
+    )
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,385 @@
+"""The statistics of a sweep report: paired tests against the baseline arm, Holm, the change over the last
+quarter, the gap over training, geometry and diffusion scores read from every cell's cached analysis."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lapheads.runs import RunDir
+from lapheads.study.verdicts import holm_steps, mde
+from lapheads.tasks import get_task
+from lapheads.tasks.metrics import Metric, better_direction, claim
+
+# the headline metrics, geometry rows and geometry layers of each task are in lapheads.tasks (Task.headline, ...)
+ALPHA, POWER = 0.05, 0.80
+
+
+def welch_t_test(a: list[float], b: list[float]) -> dict[str, float]:
+    """Two-sided Welch t-test of mean(a) - mean(b): t, degrees of freedom, p."""
+    from scipy.special import stdtr
+
+    a_, b_ = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a_) < 2 or len(b_) < 2:
+        return {"t": math.nan, "df": math.nan, "p": math.nan}
+    va, vb = a_.var(ddof=1) / len(a_), b_.var(ddof=1) / len(b_)
+    if va + vb == 0:
+        return {"t": math.nan, "df": math.nan, "p": math.nan}
+    t = (a_.mean() - b_.mean()) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a_) - 1) + vb**2 / (len(b_) - 1))
+    return {"t": float(t), "df": float(df), "p": float(2 * stdtr(df, -abs(t)))}
+
+
+def paired_test(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
+    """Paired comparison of a[s] - b[s] over the seeds s both have: mean difference, its t-based 95% interval, the
+    two-sided paired t-test, and the minimum detectable effect (80% power, alpha 0.05) at the observed spread."""
+    from scipy import stats
+
+    seeds = sorted(set(a) & set(b))
+    diff = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    out: dict[str, Any] = {
+        "n_pairs": len(seeds),
+        "mean_difference": float(diff.mean()) if len(diff) else math.nan,
+        "ci_low": math.nan,
+        "ci_high": math.nan,
+        "t": math.nan,
+        "df": math.nan,
+        "p": math.nan,
+        "mde": math.nan,
+    }
+    if len(diff) < 2:
+        return out
+    df = len(diff) - 1
+    se = float(diff.std(ddof=1)) / math.sqrt(len(diff))
+    critical = float(stats.t.ppf(1 - ALPHA / 2, df))
+    out.update(
+        df=float(df),
+        ci_low=out["mean_difference"] - critical * se,
+        ci_high=out["mean_difference"] + critical * se,
+        mde=(critical + float(stats.t.ppf(POWER, df))) * se,
+    )
+    if se > 0:
+        t = out["mean_difference"] / se
+        out.update(t=float(t), p=float(2 * stats.t.sf(abs(t), df)))
+    return out
+
+
+def holm(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjustment of a family of p-values (NaN entries stay NaN and do not count)."""
+    finite = sorted((p, name) for name, p in p_values.items() if not math.isnan(p))
+    adjusted, running = {name: math.nan for name in p_values}, 0.0
+    for i, (p, name) in enumerate(finite):
+        running = max(running, min(1.0, (len(finite) - i) * p))
+        adjusted[name] = running
+    return adjusted
+
+
+def verdict(difference: float, p_holm: float, mde_: float, direction: int | None) -> str:
+    """The mechanism section's rule: held / opposite when significant after Holm, else not detected (with the MDE
+    at the alpha of the row's Holm step)."""
+    if direction is None:
+        return "no claim"
+    if not math.isnan(p_holm) and p_holm < ALPHA:
+        return "held" if difference * direction > 0 else "opposite"
+    if not math.isnan(mde_):
+        return f"not detected (MDE {mde_:.3g})"
+    return "not detected" if not math.isnan(p_holm) else "not tested (fewer than 2 seeds)"
+
+
+def _final(run_dir: Path, metric: Metric) -> float | None:
+    """One finished run's value of ``metric``, or None where the run has not produced it."""
+    _, source, path = metric
+    run = RunDir(run_dir)
+    if source == "metrics":
+        return run.last_metric(path[0])
+    value: Any = run.read_report(source)
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _done_cells(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Finished cells, seed-major in spec order (the order of the PCA grid's columns)."""
+    cells = [c for c in record["cells"].values() if c.get("status") == "done"]
+    return sorted(cells, key=lambda c: (c["seed"], record["specs"].index(c["spec"])))
+
+
+def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float]]:
+    """{spec: {seed: value of metric}} over the sweep's finished cells."""
+    values: dict[str, dict[int, float]] = {spec: {} for spec in record["specs"]}
+    for cell in _done_cells(record):
+        value = _final(Path(cell["run_dir"]), metric)
+        if value is not None:
+            values[cell["spec"]][cell["seed"]] = value
+    return values
+
+
+def _series(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, dict[int, float]]]:
+    """{spec: {step: {seed: value}}} of a metric logged in metrics.jsonl at every evaluation ({} for others)."""
+    _, source, path = metric
+    if source != "metrics":
+        return {}
+    series: dict[str, dict[int, dict[int, float]]] = {spec: {} for spec in record["specs"]}
+    for cell in _done_cells(record):
+        for entry in RunDir(cell["run_dir"]).read_metrics():
+            if path[0] in entry and "step" in entry:
+                series[cell["spec"]].setdefault(int(entry["step"]), {})[cell["seed"]] = float(entry[path[0]])
+    return series
+
+
+def late_change(record: dict[str, Any], metric: Metric, fraction: float = 0.25) -> dict[str, dict[str, Any]]:
+    """Is the metric still moving at the end? Per spec, each seed's change over the last ``fraction`` of training
+    (last evaluation minus the first evaluation at or after (1 - fraction) of the last step), its mean over seeds,
+    t-based 95% interval, and "still improving" when that interval excludes 0 in the metric's better direction."""
+    better = better_direction(metric[0])
+    out = {}
+    for spec, by_step in _series(record, metric).items():
+        steps = sorted(by_step)
+        if len(steps) < 2:
+            continue
+        start = next(step for step in steps if step >= (1 - fraction) * steps[-1])
+        start = start if start != steps[-1] else steps[-2]
+        change = {
+            seed: by_step[steps[-1]][seed] - v for seed, v in by_step[start].items() if seed in by_step[steps[-1]]
+        }
+        if not change:
+            continue
+        test = paired_test(change, dict.fromkeys(change, 0.0))
+        improving = (  # None: one seed, no interval to decide it
+            None if math.isnan(test["ci_low"]) else (test["ci_low"] > 0 if better > 0 else test["ci_high"] < 0)
+        )
+        out[spec] = {"from_step": start, "to_step": steps[-1], **test, "still_improving": improving}
+    return out
+
+
+_FIT, _TEST = ("fit_top1", "metrics", ("fit_top1",)), ("eval_top1", "metrics", ("eval_top1",))
+
+
+# against the baseline: a regularising bias fits less (fit top-1 down, fit loss up) and generalises better (test
+# loss down); at a fit top-1 near 100% only the losses can still show it
+_AGAINST_BASELINE = {
+    "fit top-1": _FIT,
+    "fit loss": ("fit_loss", "metrics", ("fit_loss",)),
+    "test loss": ("eval_loss", "metrics", ("eval_loss",)),
+}
+
+
+def fit_against_test(record: dict[str, Any], baseline: str = "0") -> dict[str, dict[str, Any]]:
+    """Per spec, the final top-1 on training images without augmentation (``--fit-subset``) and on the test set,
+    their paired difference over seeds (fit - test; near 0: the model does not even fit its training data), and
+    under "against_baseline" the paired differences from the baseline spec of the fit top-1, the fit loss and the
+    test loss (None for the baseline itself, or without baseline cells). {} when no finished cell logged a fit
+    score."""
+    fit, test = collect(record, _FIT), collect(record, _TEST)
+    others = {name: collect(record, metric) for name, metric in _AGAINST_BASELINE.items()}
+    out = {}
+    for spec, by_seed in fit.items():
+        if by_seed:
+            against = None
+            if spec != baseline and fit.get(baseline):
+                against = {name: paired_test(values[spec], values[baseline]) for name, values in others.items()}
+            mean = float(np.mean(list(by_seed.values())))
+            out[spec] = {"fit_top1": mean, **paired_test(by_seed, test[spec]), "against_baseline": against}
+    return out
+
+
+def gap_over_training(record: dict[str, Any], metric: Metric, baseline: str = "0") -> dict[str, list[dict]]:
+    """{spec: [paired_test of spec - baseline at one step, with "step"], ...} for a metric logged in metrics.jsonl
+    at every evaluation; a step is listed where at least one seed has both arms."""
+    series = _series(record, metric)
+    if baseline not in series:
+        return {}
+    gaps = {}
+    for spec, by_step in series.items():
+        if spec == baseline:
+            continue
+        rows = []
+        for step in sorted(set(by_step) & set(series[baseline])):
+            test = paired_test(by_step[step], series[baseline][step])
+            if test["n_pairs"]:
+                rows.append({"step": step, **test})
+        if rows:
+            gaps[spec] = rows
+    return gaps
+
+
+def mechanism_over_training(record: dict[str, Any]) -> dict[str, dict[str, list[dict]]]:
+    """When do heads turn diffusive? {"diffusion score, Laplacian heads" / "... ordinary heads": {spec: [the
+    seeds' mean score over blocks at one step, tested against 0 (``paired_test`` against a zero arm), with
+    "step"], ...}} at every checkpoint the finished cells kept. Read from the weights alone (no data), so each
+    kept step costs one model load."""
+    from lapheads.geometry.mechanism import ov_circuits
+    from lapheads.runs import checkpoint_steps, load_model
+
+    weights = get_task(record["task"]).analyzed_weights
+    scores: dict[str, dict[str, dict[int, dict[int, float]]]] = {}
+    for cell in _done_cells(record):
+        run = RunDir(cell["run_dir"])
+        for step in checkpoint_steps(run):
+            heads = [head for block in ov_circuits(load_model(run, weights, step)) for head in block]
+            for kind, laplacian in (("Laplacian", True), ("ordinary", False)):
+                kind_scores = [head["diffusion"] for head in heads if head["laplacian"] == laplacian]
+                if kind_scores:
+                    by_step = scores.setdefault(f"diffusion score, {kind} heads", {}).setdefault(cell["spec"], {})
+                    by_step.setdefault(step, {})[cell["seed"]] = float(np.mean(kind_scores))
+
+    def against_zero(by_seed: dict[int, float]) -> dict[str, Any]:
+        return paired_test(by_seed, dict.fromkeys(by_seed, 0.0))
+
+    return {
+        label: {
+            spec: [{"step": step, **against_zero(by_seed)} for step, by_seed in sorted(by_step.items())]
+            for spec, by_step in scores[label].items()
+        }
+        for label in sorted(scores, key=lambda label: "ordinary" in label)  # Laplacian heads first
+    }
+
+
+def settled_from(rows: list[dict]) -> tuple[int, int] | None:
+    """(side, step): the first step from which on every step's 95% interval lies on one side of 0 (+1 above,
+    -1 below), that side being the last step's; None when the last step's interval includes 0 (or is undefined)."""
+    settled = None
+    for row in rows:
+        side = 0 if math.isnan(row["ci_low"]) else (1 if row["ci_low"] > 0 else -1 if row["ci_high"] < 0 else 0)
+        if side == 0:  # the interval holds 0 (or there is none): whatever came before does not count
+            settled = None
+        elif settled is None or settled[0] != side:
+            settled = (side, row["step"])
+    return settled
+
+
+def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[str, dict[str, Any]]:
+    """Per spec: n, mean, std, and (if the baseline spec is present) the paired test against it (Welch's unpaired
+    test as well, used in its place when fewer than two seeds pair up)."""
+    out = {}
+    for spec, by_seed in values.items():
+        xs = list(by_seed.values())
+        row: dict[str, Any] = {
+            "n": len(xs),
+            "mean": float(np.mean(xs)) if xs else math.nan,
+            "std": float(np.std(xs, ddof=1)) if len(xs) > 1 else math.nan,
+            "values": by_seed,
+            "baseline": baseline,
+        }
+        if spec != baseline and baseline in values:
+            row["paired"] = paired_test(by_seed, values[baseline])
+            row["welch"] = welch_t_test(xs, list(values[baseline].values()))
+            baseline_values = list(values[baseline].values())
+            row["baseline_mean"] = float(np.mean(baseline_values)) if baseline_values else math.nan
+            row["test"] = "paired" if row["paired"]["n_pairs"] >= 2 else "welch"
+        out[spec] = row
+    return out
+
+
+Values = dict[str, dict[str, dict[int, float]]]  # row label -> spec -> seed -> value
+
+
+def _geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, Values]:
+    """(geometry rows, mechanism rows) from every finished cell's analysis (``lapheads analyze``, cached)."""
+    from lapheads.study.analyze import AnalyzeOptions, analyze_run
+
+    options = AnalyzeOptions(max_tokens=max_tokens)
+    task = get_task(record["task"])
+    metrics, where = task.geometry, task.geometry_layers
+    out: Values = {f"{label} ({w})": {s: {} for s in record["specs"]} for w in where for label, _ in metrics}
+    mechanism: Values = {}
+    for cell in _done_cells(record):
+        analysis = analyze_run(cell["run_dir"], options)
+        for label, value in _diffusion_scores(analysis).items():
+            mechanism.setdefault(label, {s: {} for s in record["specs"]})[cell["spec"]][cell["seed"]] = value
+        layers = {"last block": [n for n in analysis["layers"] if n.isdigit()][-1], "after the final norm": "norm"}
+        for w in where:
+            for label, path in metrics:
+                value: Any = analysis["per_layer"].get(layers[w], {})
+                for key in path:
+                    value = value.get(key) if isinstance(value, dict) else None
+                if value is not None:
+                    out[f"{label} ({w})"][cell["spec"]][cell["seed"]] = float(value)
+    _against_k0(mechanism)
+    return out, mechanism
+
+
+NULL_ROW = "null: ordinary heads read as Laplacian (mean over blocks)"
+
+
+EXCESS_ROW = "Laplacian excess over ordinary heads (same block)"
+
+
+AGAINST_K0_ROW = "Laplacian excess over ordinary heads (k = 0 run, paired by seed)"
+
+
+def _diffusion_scores(analysis: dict[str, Any]) -> dict[str, float]:
+    """Mean diffusion score of a run's Laplacian and of its ordinary heads over every analysed block, the
+    Laplacian heads' per block, the null (ordinary heads' circuits read as if Laplacian) and the Laplacian heads'
+    excess over the null of their own blocks; a kind absent from the run gives no row."""
+    rows: dict[str, float] = {}
+    layers = [(block, layer.get("mechanism") or {}) for block, layer in analysis["per_layer"].items()]
+    for kind, key in (("Laplacian", "laplacian_diffusion"), ("ordinary", "ordinary_diffusion")):
+        heads = [h["diffusion"] for _, m in layers for h in m.get("heads", []) if _kind_of(h) == kind.lower()]
+        if heads:
+            rows[f"diffusion score, {kind} heads (mean over blocks)"] = float(np.mean(heads))
+        if kind == "Laplacian":
+            for block, mechanism in layers:
+                if mechanism.get(key) is not None:
+                    rows[f"diffusion score, Laplacian heads (block {block})"] = float(mechanism[key])
+    null = [
+        h["as_laplacian"]
+        for _, m in layers
+        for h in m.get("heads", [])
+        if _kind_of(h) == "ordinary" and "as_laplacian" in h
+    ]
+    if null:
+        rows[NULL_ROW] = float(np.mean(null))
+    excess = [
+        m["laplacian_diffusion"] - m["ordinary_as_laplacian"]
+        for _, m in layers
+        if m.get("laplacian_diffusion") is not None and m.get("ordinary_as_laplacian") is not None
+    ]
+    if excess:
+        rows[EXCESS_ROW] = float(np.mean(excess))
+    return rows
+
+
+def _kind_of(head: dict[str, Any]) -> str:
+    """A head's kind as analyze recorded it (older analyses: Laplacian or ordinary); only ordinary heads are
+    ordinary here, and only Laplacian heads Laplacian."""
+    return head.get("kind", "laplacian" if head["laplacian"] else "ordinary")
+
+
+def _against_k0(mechanism: Values) -> None:
+    """Add each spec's Laplacian heads minus the k = 0 run's null, seed by seed (the same initialisation and data
+    order: what an ordinary head's circuit would have scored as a Laplacian head in the same training)."""
+    laplacian = mechanism.get("diffusion score, Laplacian heads (mean over blocks)", {})
+    null = mechanism.get(NULL_ROW, {}).get("0", {})
+    rows = {
+        spec: {seed: value - null[seed] for seed, value in by_seed.items() if seed in null}
+        for spec, by_seed in laplacian.items()
+        if spec != "0"
+    }
+    if any(rows.values()):
+        mechanism[AGAINST_K0_ROW] = {spec: by_seed for spec, by_seed in rows.items() if by_seed}
+
+
+def diffusion_against_zero(mechanism: Values) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each row's specs tested against 0 (a one-sample t-test = the paired test against a zero arm)."""
+    family: dict[str, dict[str, dict[str, Any]]] = {}
+    for label, by_spec in sorted(mechanism.items(), key=lambda item: "ordinary" in item[0]):  # Laplacian rows first
+        rows = {}
+        for spec, by_seed in by_spec.items():
+            if by_seed:
+                rows[spec] = summarize({"zero": dict.fromkeys(by_seed, 0.0), spec: by_seed}, baseline="zero")[spec]
+        family[label] = rows
+    for spec in {spec for rows in family.values() for spec in rows}:
+        raw = {label: rows[spec]["paired"]["p"] for label, rows in family.items() if spec in rows}
+        adjusted, faced = holm_steps(raw)
+        for label, p_holm in adjusted.items():
+            row = family[label][spec]
+            values = np.array(list(row["values"].values()), dtype=float)
+            se = float(values.std(ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+            alpha = faced[label] if not math.isnan(faced[label]) else ALPHA
+            row.update(p_holm=p_holm, alpha=alpha, mde_at_alpha=mde(se, len(values) - 1, alpha))
+            row["verdict"] = verdict(row["paired"]["mean_difference"], p_holm, row["mde_at_alpha"], claim(label))
+    return family

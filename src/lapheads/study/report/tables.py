@@ -1,0 +1,173 @@
+"""The markdown rows of a sweep report: each statistic with its interval, MDE, verdict and sign count."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from lapheads.study.report.statistics import _AGAINST_BASELINE, settled_from
+
+
+def _fmt(x: float, spec: str) -> str:
+    """A number for a table cell; an undefined one (a statistic of fewer than 2 seeds) as a dash, not "nan"."""
+    return "–" if math.isnan(x) else format(x, spec)
+
+
+def _mean_std(row: dict[str, Any], spec: str) -> str:
+    return format(row["mean"], spec) + ("" if math.isnan(row["std"]) else f" ± {row['std']:.2g}")
+
+
+_YES_NO = {True: "yes", False: "no"}
+
+
+def _with_interval(row: dict[str, Any]) -> str:
+    """A ``paired_test`` row as "+mean [low, high]" ("+mean" alone where there is no interval: one pair)."""
+    interval = "" if math.isnan(row["ci_low"]) else f" [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
+    return f"{row['mean_difference']:+.3g}{interval}"
+
+
+def _late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        f"{label}, change over the last quarter of training (each seed's last evaluation minus its evaluation at "
+        "the quarter's start; mean [95% CI] over seeds): a model still improving there is not converged.",
+        "",
+        "| Laplacian heads | steps | change [95% CI] | seeds | still improving |",
+        "|---|---|---|---|---|",
+    ]
+    for spec, row in changes.items():
+        lines.append(
+            f"| {spec} | {row['from_step']} -> {row['to_step']} | {_with_interval(row)} | "
+            f"{row['n_pairs']} | {_YES_NO.get(row['still_improving'], 'untested (1 seed)')} |"
+        )
+    return lines
+
+
+def _fit_lines(rows: dict[str, dict[str, Any]], baseline: str) -> list[str]:
+    lines = [
+        "",
+        "Fit: final top-1 on the first training images without augmentation (`--fit-subset`) against the test "
+        "top-1, paired within each cell, mean [95% CI] over seeds. A fit score near the test score means the model "
+        "has not fitted its training data: underfit, where a regularising bias has little to act on. Against "
+        f"k = {baseline}, paired by seed: a regularising bias lowers the fit top-1, raises the fit loss and lowers the "
+        "test loss.",
+        "",
+        "| Laplacian heads | fit top-1 (%) | fit - test [95% CI] | "
+        + " | ".join(f"{name} - at k = {baseline}" for name in _AGAINST_BASELINE)
+        + " | seeds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for spec, row in rows.items():
+        against = row["against_baseline"] or {}
+        columns = [_with_interval(against[name]) if name in against else "–" for name in _AGAINST_BASELINE]
+        lines.append(
+            f"| {spec} | {row['fit_top1']:.2f} | {_with_interval(row)} | {' | '.join(columns)} | {row['n_pairs']} |"
+        )
+    return lines
+
+
+def _step_lines(intro: str, rows_by_spec: dict[str, list[dict]], column: Callable[[str], str]) -> list[str]:
+    """Markdown: one row per step, one column per spec: mean [95% CI] (pairs) of ``paired_test`` rows."""
+    specs = list(rows_by_spec)
+    steps = sorted({row["step"] for rows in rows_by_spec.values() for row in rows})
+    at = {(spec, row["step"]): row for spec, rows in rows_by_spec.items() for row in rows}
+    lines = ["", intro, "", "| step | " + " | ".join(map(column, specs)) + " |", "|---|" + "---|" * len(specs)]
+    for step in steps:
+        cells = []
+        for spec in specs:
+            row = at.get((spec, step))
+            cells.append("" if row is None else f"{_with_interval(row)} ({row['n_pairs']})")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _gap_lines(label: str, gaps: dict[str, list[dict]], baseline: str) -> list[str]:
+    intro = f"{label}, paired gap over training (spec - {baseline} at each evaluation; mean [95% CI] (pairs)):"
+    return _step_lines(intro, gaps, lambda spec: f"{spec} - {baseline}")
+
+
+def _settled_text(rows: list[dict]) -> str:
+    settled = settled_from(rows)
+    if settled is None:
+        return "one seed so far, untested" if rows[-1]["n_pairs"] < 2 else "its interval includes 0 at the last step"
+    sign, step = settled
+    return f"{'diffusive (above 0)' if sign > 0 else 'sharpening (below 0)'} from step {step} on"
+
+
+def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
+    cells = [label, stats.get("role", ""), spec, str(stats["n"]), _mean_std(stats, ".4g")]
+    if "test" in stats:
+        pair = stats["paired"]
+        test = stats[stats["test"]]
+        if stats["test"] == "paired":
+            difference = f"{pair['mean_difference']:+.4g} [{pair['ci_low']:+.3g}, {pair['ci_high']:+.3g}]"
+        elif not math.isnan(test["p"]):  # arms on different seeds: the difference of their means
+            difference = f"{stats['mean'] - stats['baseline_mean']:+.4g} (Welch)"
+        elif pair["n_pairs"]:  # one pair so far: its difference, untested
+            difference = f"{pair['mean_difference']:+.4g} (1 pair)"
+        elif math.isnan(stats["baseline_mean"]):
+            difference = f"– (k = {stats['baseline']} has no value)"
+        else:
+            difference = f"{stats['mean'] - stats['baseline_mean']:+.4g} (unpaired)"
+        holm_p = stats.get("p_holm", math.nan)
+        cells += [
+            difference,
+            f"{_fmt(test['p'], '.3g')} / {_fmt(holm_p, '.3g') if stats.get('role') == 'declared' else '–'} / "
+            f"{_fmt(stats.get('permutation_p', math.nan), '.3g')}",
+            stats.get("signs", ""),
+            f"{_fmt(stats.get('alpha', math.nan), '.2g')}: {_fmt(stats.get('mde_at_alpha', math.nan), '.3g')}",
+            stats.get("verdict", ""),
+        ]
+    else:
+        no_arm = "(baseline)" if spec == stats["baseline"] else f"– (no k = {stats['baseline']} arm)"
+        cells += [no_arm, "", "", "", ""]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _mechanism_row(label: str, spec: str, row: dict[str, Any]) -> str:
+    pair = row["paired"]
+    interval = "" if math.isnan(pair["ci_low"]) else f"[{pair['ci_low']:+.3g}, {pair['ci_high']:+.3g}]"
+    cells = [
+        label,
+        spec,
+        str(row["n"]),
+        _mean_std(row, "+.3g"),
+        interval,
+        f"{_fmt(pair['p'], '.3g')} / {_fmt(row['p_holm'], '.3g')}",
+        f"{_fmt(row['alpha'], '.2g')}: {_fmt(row['mde_at_alpha'], '.3g')}",
+        row["verdict"],
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+MECHANISM_HEADER = [
+    "| quantity | Laplacian heads | n | mean ± std | 95% CI | p raw / Holm | alpha: MDE | verdict |",
+    "|---|---|---|---|---|---|---|---|",
+]
+
+
+def _table_header(baseline: str) -> list[str]:
+    return [
+        f"| metric | role | Laplacian heads | n | mean ± std | difference vs {baseline} [95% CI] | p: t-test / Holm / "
+        "sign-flip | seeds in the paper's direction | alpha: MDE | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+
+def _rule_lines(rule: dict[str, Any]) -> list[str]:
+    """The verdict rule in words, with this report's family and margins (lapheads.study.verdicts)."""
+    margins = "; ".join(
+        f"{label}: {'none (the paper reports no such effect)' if m is None else f'{m:.3g}'}"
+        for label, m in rule["margin"].items()
+    )
+    declared = ", ".join(rule["declared"]) or "none of its rows in this sweep"
+    return [
+        f"Verdict rule (`lapheads.study.verdicts`): the **primary** test ({', '.join(rule['primary'])}) alone at alpha "
+        f"{rule['alpha']}; the **declared** geometry family ({declared}), Holm-corrected across claims x arms "
+        f"({rule['declared_family_size']} tests); every other row **secondary**, raw p, uncorrected. MDE: the "
+        f"difference detected with {rule['power']:.0%} power at the alpha the row faces (its Holm step for "
+        "declared rows), exact noncentral t. Equivalence margin (a gain this large or larger ruled out by a "
+        f"one-sided test reads 'excluded'): {margins}. Beside each t-test p: the exact sign-flip permutation p "
+        "(floor 2/2^n: 0.0625 with 5 pairs) and the seeds that moved in the paper's direction.",
+        "",
+    ]
