@@ -12,7 +12,9 @@ Forms compared side by side in one process (ratios = median time / median time o
 * with ``--kinds``: ``negated``, ``centring``, ``mix`` (the same trailing heads of that head kind, through the op;
                 ``local`` is an ordinary head in the op, its extra matmul lives in the module).
 
-Then whole training steps (forward, backward, optimizer step) of a timm ViT built with ``LaplacianAttention`` (0, 1
+Then fixed training shapes where the op's per-call overhead shows most (ViT-S at B = 4, T = 197 and B = 16,
+T = 256, 2 of 6 heads Laplacian): the op and ``copy`` against plain SDPA as medians of round-by-round ratios with
+a 95% interval. Then whole training steps (forward, backward, optimizer step) of a timm ViT built with ``LaplacianAttention`` (0, 1
 and 3 of 3 heads Laplacian) and of ``lapheads.GPT`` (0, 2 and 4 of 4 heads Laplacian); their ratios are medians of
 round-by-round ratios to k = 0 with a distribution-free 95% interval (``lapheads.bench.interleaved_ratios``), so a
 bar of a percent is judged by its interval, not by one number.
@@ -121,6 +123,54 @@ def bench_op(
     return {"batch": batch, "forms": result}
 
 
+#: training shapes whose op cost is a fixed per-call overhead more than bandwidth: ViT-S at a small batch
+#: (B = 4, T = 197: 196 patches + CLS) and a medium one, 2 of 6 heads Laplacian
+FIXED_SHAPES = ((4, 197, 2), (16, 256, 2))
+
+
+def bench_fixed_shapes(device: torch.device, dtype: torch.dtype, repeats: int) -> dict[tuple[int, int, int], dict]:
+    """The op against plain SDPA at :data:`FIXED_SHAPES`, forward + backward with the model's reshapes, as the median
+    of round-by-round ratios with a distribution-free 95% interval (``interleaved_ratios``)."""
+    results = {}
+    for batch, seq_len, n_lap in FIXED_SHAPES:
+        gen = torch.Generator().manual_seed(batch * seq_len)
+        packed = torch.randn(batch, seq_len, 3, HEADS, HEAD_DIM, generator=gen).to(device, dtype).requires_grad_()
+        grad = torch.randn(batch, seq_len, HEADS * HEAD_DIM, generator=gen).to(device, dtype)
+
+        def step(form: Callable[..., torch.Tensor], packed=packed, grad=grad, b=batch, t=seq_len) -> Callable[[], None]:
+            def run() -> None:
+                packed.grad = None
+                q, k, v = packed.permute(2, 0, 3, 1, 4).unbind(0)
+                form(q, k, v).transpose(1, 2).reshape(b, t, -1).backward(grad)
+
+            return run
+
+        forms = attention_forms(n_lap)
+        steps = {name: step(forms[name]) for name in ("sdpa", "copy", "lapheads")}
+        results[(batch, seq_len, n_lap)] = interleaved_ratios(steps, "sdpa", repeats, warmup=10, device=device)
+    return results
+
+
+def _fixed_lines(fixed: dict[tuple[int, int, int], dict]) -> list[str]:
+    lines = [
+        "",
+        f"Fixed training shapes, {HEADS} heads x {HEAD_DIM}, forward + backward with the reshapes (median of "
+        "round-by-round ratios to plain SDPA, 95% interval; `copy` = SDPA plus one copy of its output, the floor of "
+        "any combine that writes a new output):",
+        "",
+        "| B | T | Laplacian heads | lapheads / sdpa | copy / sdpa | sdpa ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (batch, seq_len, n_lap), r in fixed.items():
+        lap, copy = r["lapheads"], r["copy"]
+        lines.append(
+            f"| {batch} | {seq_len} | {n_lap} | {lap['ratio']:.3f} [{lap['ratio_low']:.3f}, {lap['ratio_high']:.3f}] "
+            f"| {copy['ratio']:.3f} [{copy['ratio_low']:.3f}, {copy['ratio_high']:.3f}] "
+            f"| {r['sdpa']['seconds'] * 1e3:.2f} |"
+        )
+    return lines
+
+
 def bench_vit_step(
     device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 64, compile_model: bool = False
 ) -> dict[str, float]:
@@ -211,7 +261,12 @@ def _step_row(name: str, r: dict[str, float]) -> str:
 
 
 def markdown(
-    op_results: dict[int, dict], vit: dict | None, header: str, gpt: dict | None = None, gpt_arch: str = "nanochat-2025"
+    op_results: dict[int, dict],
+    vit: dict | None,
+    header: str,
+    gpt: dict | None = None,
+    gpt_arch: str = "nanochat-2025",
+    fixed: dict | None = None,
 ) -> str:
     forms = list(next(iter(op_results.values()))["forms"])
     lines = [
@@ -233,6 +288,8 @@ def markdown(
         ratios = " | ".join(f"{row[f]['ratio']:.3f}" for f in forms)
         mems = " | ".join("n/a" if row[f]["peak_mib"] is None else f"{row[f]['peak_mib']:.0f}" for f in forms)
         lines.append(f"| {t} | {res['batch']} | {ratios} | {row['sdpa']['seconds'] * 1e3:.2f} | {mems} |")
+    if fixed:
+        lines += _fixed_lines(fixed)
     if vit:
         lines += [
             "",
@@ -261,6 +318,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--skip-vit", action="store_true")
     parser.add_argument("--skip-gpt", action="store_true")
+    parser.add_argument("--skip-fixed", action="store_true", help="skip the fixed training shapes (ViT-S B = 4, ...)")
     parser.add_argument("--gpt-arch", default="nanochat-2025", choices=["nanochat-2025", "nanochat-2026"])
     parser.add_argument(
         "--compile", action="store_true", help="torch.compile on sdpa and lapheads in the op table, and on each model"
@@ -275,6 +333,7 @@ def main(argv: list[str] | None = None) -> str:
             t, args.laplacian_heads, device, dtype, repeats, compile_forms=args.compile, kinds=args.kinds
         )
         print(f"T={t}: " + ", ".join(f"{n} {r['ratio']:.3f}x" for n, r in op_results[t]["forms"].items()), flush=True)
+    fixed = None if args.skip_fixed else bench_fixed_shapes(device, dtype, max(20, round(200 * args.repeats_scale)))
     vit_repeats = gpt_repeats = max(3, round(20 * args.repeats_scale))  # 20 rounds: a 95% interval from 6th to 15th
     vit = None if args.skip_vit else bench_vit_step(device, dtype, vit_repeats, compile_model=args.compile)
     gpt = (
@@ -287,7 +346,7 @@ def main(argv: list[str] | None = None) -> str:
         f"{args.laplacian_heads} Laplacian, batch x T = {TOKENS_PER_BATCH} tokens, q/k/v from a packed projection and "
         f"the output reshaped to (B, T, H*D){', torch.compile' if args.compile else ', eager'}"
     )
-    table = markdown(op_results, vit, header, gpt, args.gpt_arch)
+    table = markdown(op_results, vit, header, gpt, args.gpt_arch, fixed)
     print(table)
     return table
 

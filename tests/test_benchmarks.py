@@ -138,6 +138,8 @@ def test_cpu_attention_benchmark_writes_the_op_and_whole_step_tables():
     for name in ("vit 0/3 Laplacian", "vit 1/3 Laplacian", "vit 3/3 Laplacian", "gpt 2/4 Laplacian"):
         assert f"| {name} |" in table
     assert "| model | ms/step | ratio, median of rounds [95% CI] |" in table
+    fixed = next(line for line in table.splitlines() if line.startswith("| 4 | 197 | 2 |"))  # ViT-S, B = 4
+    assert re.search(r"\| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", fixed), fixed
 
 
 @pytest.mark.slow

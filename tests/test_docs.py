@@ -1,0 +1,108 @@
+"""Every `lapheads` command in README.md and docs/*.md is one lapheads accepts today: parsed by the real command
+line, its sub-command's options known, a training command's config resolved from its preset and overrides (types
+and ranges checked), a sweep's arms, seeds and preset valid, an evaluation known. Help and dry-run commands are run.
+Commands that need a GPU or data this machine does not have are checked the same way: parsing needs neither."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from lapheads.cli import build_parser, main
+from lapheads.cli.commands import _check_override_names
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _shell_blocks(text: str) -> list[str]:
+    """The contents of the page's fenced blocks that are shell (bash, sh, console or unlabelled)."""
+    blocks, current, language = [], None, ""
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current, language = [], line[3:].strip()
+            else:
+                if language in ("", "bash", "sh", "console"):
+                    blocks.append("\n".join(current))
+                current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def _commands(page: Path) -> list[tuple[str, list[str]]]:
+    """(the line as written, its argv after `lapheads`) of every lapheads command in the page's code blocks."""
+    found = []
+    for block in _shell_blocks(page.read_text()):
+        text = block.replace("\\\n", " ")  # continued lines
+        for line in text.splitlines():
+            for part in line.split("&&"):
+                if not part.strip().startswith(("lapheads ", "torchrun ")):
+                    continue  # prose, folder trees, other tools
+                words = shlex.split(part, comments=True)
+                if "-m" in words and "lapheads" in words[words.index("-m") + 1 : words.index("-m") + 2]:
+                    words = words[words.index("-m") + 1 :]  # torchrun ... -m lapheads ...
+                if words[:1] == ["lapheads"] and len(words) > 1:
+                    found.append((part.strip(), words[1:]))
+    return found
+
+
+CASES = [(page.relative_to(ROOT).as_posix(), line, argv) for page in PAGES for line, argv in _commands(page)]
+
+
+def test_the_pages_have_commands():
+    pages = {page for page, _, _ in CASES}
+    assert {"README.md", "docs/training.md", "docs/language-models.md", "docs/sweeps.md"} <= pages
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("page, line, argv", CASES, ids=[f"{p}: {line[:70]}" for p, line, _ in CASES])
+def test_a_documented_command_is_accepted(page, line, argv, capsys, tmp_path, monkeypatch):
+    from lapheads.study.sweep import parse_seeds, parse_specs
+    from lapheads.tasks import get_evaluation
+    from lapheads.tasks.presets import PRESETS, resolve_config
+
+    if {"-h", "--help"} & set(argv) or "--dry-run" in argv:
+        monkeypatch.chdir(tmp_path)  # a dry run may write its sweep.json under runs/
+        try:
+            status = main(argv)
+        except SystemExit as stop:  # argparse's --help
+            status = stop.code
+        assert status == 0, capsys.readouterr().err
+        return
+    for flag in ("--data-root", "--data-dir"):  # data this machine lacks: a GPU recipe must say what it needs
+        if flag in argv and not Path(argv[argv.index(flag) + 1]).expanduser().exists():
+            comment = line.split("#", 1)[1] if "#" in line else ""
+            assert line.startswith("torchrun") or "GPU" in comment or "data" in comment, f"say what it needs: {line}"
+            argv = [*argv]
+            argv[argv.index(flag) + 1] = str(tmp_path)
+    args, overrides = build_parser().parse_known_args(argv)
+    assert not overrides or getattr(args, "takes_overrides", False), f"unknown options {overrides} in: {line}"
+    if args.command == "train":
+        _check_override_names(args.task, overrides)
+        for option, field in (("base_from", "--base"), ("nanochat_from", "--nanochat")):  # as `train` does
+            if getattr(args, option, None):
+                overrides = [*overrides, field, getattr(args, option)]
+        if not args.resume:
+            resolve_config(args.task, args.preset, args.laplacian_heads, overrides)
+    elif args.command == "sweep":
+        parse_specs(args.laplacian_heads)
+        parse_seeds(args.seeds)
+        assert args.preset in {name for presets in PRESETS.values() for name in presets}, line
+    elif args.command == "eval":
+        get_evaluation(args.task)
+
+
+def test_the_readme_is_a_front_door():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])
+def test_every_relative_link_leads_to_a_file(page):
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
+    missing = [t for t in targets if "://" not in t and not (page.parent / t).exists()]
+    assert not missing, missing
