@@ -484,3 +484,60 @@ def test_fully_masked_rows_give_the_same_documented_value_on_both_paths(k, kind)
     assert (attn[0, :, 2] == 0).all()  # P = 0: ordinary heads output 0, Laplacian heads their own value
     lap = laplacian_head_mask(k, 2)
     assert torch.equal(fused[0, lap, 2], v[0, lap, 2]) and (fused[0, ~lap, 2] == 0).all()
+
+
+def _prefix_lm_mask(t: int, prefix: int) -> torch.Tensor:
+    """Bool (T, T): the first ``prefix`` tokens see each other (bidirectional), the rest are causal."""
+    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    mask[:prefix, :prefix] = True
+    return mask
+
+
+def _gemma3_mask(t: int, image: slice) -> torch.Tensor:
+    """Causal text with one block of image tokens that see each other (Gemma-3 style)."""
+    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    mask[image, image] = True
+    return mask
+
+
+def _own_value_textbook(q, k, v, mask, own):
+    """(I - P) V with P = softmax over the allowed keys and I picking each query's own key ``own[i]``."""
+    logits = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    p = logits.masked_fill(~mask, float("-inf")).softmax(-1)
+    return v[..., own, :] - p @ v
+
+
+@pytest.mark.parametrize("name", ["prefix-lm", "gemma3", "causal", "bidirectional"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_filled_identity_is_each_querys_own_value_under_any_mask(name, fused):
+    torch.manual_seed(0)
+    t = 8
+    mask = {
+        "prefix-lm": _prefix_lm_mask(t, 5),
+        "gemma3": _gemma3_mask(t, slice(2, 6)),
+        "causal": torch.ones(t, t, dtype=torch.bool).tril(),
+        "bidirectional": torch.ones(t, t, dtype=torch.bool),
+    }[name]
+    q, k, v = (torch.randn(2, 3, t, 4, dtype=torch.float64) for _ in range(3))
+    op = laplacian_attention if fused else laplacian_attention_reference
+    out = op(q, k, v, 3, attn_mask=mask, identity="filled")
+    torch.testing.assert_close(out, _own_value_textbook(q, k, v, mask, torch.arange(t)), rtol=0, atol=1e-12)
+    if name == "prefix-lm":  # the rule it replaces reads the prefix's last key for every prefix query
+        wrong = op(q, k, v, 3, attn_mask=mask, identity="last_allowed")
+        assert (wrong - out).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_filled_identity_finds_the_queries_in_a_static_cache(fused):
+    """A static cache of 10 slots holding 6 tokens: the 2 new queries sit at slots 4 and 5, under a prefix-LM mask
+    whose prefix (slots 0-4) is bidirectional; slots 6-9 are empty, so no query sees them."""
+    torch.manual_seed(1)
+    s, t, filled = 10, 2, 6
+    full = _prefix_lm_mask(filled, 5)
+    mask = torch.zeros(t, s, dtype=torch.bool)
+    mask[:, :filled] = full[filled - t :]
+    q = torch.randn(1, 2, t, 4, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, s, 4, dtype=torch.float64) for _ in range(2))
+    op = laplacian_attention if fused else laplacian_attention_reference
+    out = op(q, k, v, 2, attn_mask=mask, identity="filled")
+    torch.testing.assert_close(out, _own_value_textbook(q, k, v, mask, torch.arange(4, 6)), rtol=0, atol=1e-12)

@@ -226,3 +226,42 @@ def test_attention_maps_of_a_left_padded_batch_are_finite_and_change_nothing(k):
     assert torch.isfinite(mapped.logits).all() and all(torch.isfinite(a).all() for a in mapped.attentions)
     torch.testing.assert_close(mapped.logits[0, 3:], plain[0, 3:], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(mapped.logits[1], plain[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_prefix_lm_mask_takes_each_querys_own_value(fused):
+    """Every head Laplacian, a 4D prefix-LM mask (PaliGemma: the prefix bidirectional, the rest causal) and one with
+    a bidirectional image block inside causal text (Gemma-3): the output is (I - P) V with each query's own value."""
+    model = lhf.enable(_build("llama"), 4)
+    module = model.model.layers[0].self_attn
+    torch.manual_seed(2)
+    t = 7
+    prefix = torch.ones(t, t, dtype=torch.bool).tril()
+    prefix[:4, :4] = True
+    image = torch.ones(t, t, dtype=torch.bool).tril()
+    image[1:5, 1:5] = True
+    for mask in (prefix, image):
+        q = torch.randn(2, 4, t, 16)
+        k, v = torch.randn(2, 2, t, 16), torch.randn(2, 2, t, 16)
+        out, weights = lhf.lapheads_attention(
+            module, q, k, v, mask[None, None].expand(2, 1, t, t), scaling=0.25, output_attentions=not fused
+        )
+        kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+        p = ((q @ kk.transpose(-2, -1)) * 0.25).masked_fill(~mask, float("-inf")).softmax(-1)
+        torch.testing.assert_close(out, (vv - p @ vv).transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_attention_maps_come_back_from_every_family(name):
+    """GPT-2's attention takes output_attentions as its own parameter and never passes it on; the maps still come
+    from the textbook path, one (B, H, T, T) per layer, rows summing to 1, and the first layer's P equals SDPA's
+    eager maps (P does not depend on which heads are Laplacian)."""
+    eager = _build(name, attn="eager")
+    model = lhf.enable(copy.deepcopy(eager), 2)
+    batch = torch.randint(0, 100, (2, 6))
+    with torch.no_grad():
+        maps = model(batch, output_attentions=True).attentions
+        reference = eager(batch, output_attentions=True).attentions
+    assert len(maps) == 2 and all(m is not None and m.shape == (2, 4, 6, 6) for m in maps)
+    assert all(torch.allclose(m.sum(-1), torch.ones(2, 4, 6)) for m in maps)
+    torch.testing.assert_close(maps[0], reference[0], rtol=1e-5, atol=1e-6)

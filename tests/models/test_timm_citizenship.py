@@ -50,6 +50,26 @@ def test_features_intermediates_and_fx_feature_extraction():
     torch.testing.assert_close(extractor(x)["b2"], model.blocks[:3](model._pos_embed(model.patch_embed(x))))
 
 
+def test_features_only_on_a_registered_deit3_name_returns_its_feature_maps():
+    features = timm.create_model("deit3_small_3L_patch16_224", features_only=True, img_size=32, out_indices=(3, 11))
+    maps = features.eval()(torch.randn(2, 3, 32, 32))
+    assert [tuple(m.shape) for m in maps] == [(2, 384, 2, 2)] * 2
+    assert vit_laplacian_masks(features) == [[False] * 3 + [True] * 3] * 12
+
+
+@pytest.mark.slow
+def test_features_only_builds_for_every_registered_name():
+    for name in default_cfgs:
+        model_name = name.split(".")[0]
+        features = timm.create_model(model_name, features_only=True, device="meta")
+        assert vit_laplacian_masks(features) == vit_laplacian_masks(timm.create_model(model_name, device="meta"))
+
+
+def test_pretrained_on_a_registered_name_is_refused_with_the_way_to_convert():
+    with pytest.raises(InputError, match="no published weights .*create_vit.*init="):
+        timm.create_model("deit3_base_9L_patch16_224", pretrained=True)
+
+
 @pytest.mark.parametrize("name", ["vit_fmnist_patch4", "deit3_small_3L_patch16_192"])
 def test_a_meta_device_factory_puts_every_tensor_there_and_keeps_the_heads(name):
     model = timm.create_model(name, device="meta")

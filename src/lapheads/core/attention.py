@@ -48,7 +48,38 @@ from lapheads.errors import InputError
 
 __all__ = ["IDENTITIES", "laplacian_attention", "laplacian_attention_reference"]
 
-IDENTITIES = ("aligned", "last_allowed")
+#: Where the identity term reads each query's own value (``identity=``): "aligned", the queries are the last T of the
+#: S keys; "filled", the last T of the keys any query may attend to (a static cache's filled slots; with a dynamic
+#: cache or none it is "aligned" for every mask: causal, sliding, padding, prefix-LM, bidirectional); "last_allowed",
+#: the last key each query's own mask row allows (kept for callers that chose it; wrong under prefix-LM masks).
+IDENTITIES = ("aligned", "filled", "last_allowed")
+
+
+def _check_identity(identity: str, attn_mask: Tensor | None) -> None:
+    if identity not in IDENTITIES or (identity == "last_allowed" and attn_mask is None):
+        raise InputError(
+            f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
+            "'aligned', 'filled', or 'last_allowed' with an attn_mask"
+        )
+
+
+def _filled_index(attn_mask: Tensor, t: int, s: int) -> Tensor:
+    """(T,) key index of each query's own position: the queries are the last T of the keys that any query of any
+    batch row may attend to (no key beyond them is visible to anyone: a static cache's empty slots). On the device,
+    no host sync. Without such empty slots this is S - T + i, whatever the mask's shape."""
+    allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > torch.finfo(attn_mask.dtype).min / 2
+    seen = allowed.reshape(-1, allowed.shape[-1]).any(0)  # (S,): a key some query may see
+    filled = s - seen.flip(0).to(torch.uint8).argmax()  # keys up to the last one seen (S when none is seen)
+    return (torch.arange(t, device=attn_mask.device) + (filled - t)).clamp_min(0)
+
+
+def _own_values(v: Tensor, attn_mask: Tensor | None, t: int, num_heads: int, identity: str) -> Tensor:
+    """v at each query's own position, (B, Hkv, T, D), as ``identity`` says."""
+    if identity == "aligned" or attn_mask is None:
+        return _identity_values(v, t)
+    if identity == "filled":
+        return v.index_select(2, _filled_index(attn_mask, t, v.shape[-2]))
+    return _last_allowed_values(v, attn_mask, num_heads)
 
 
 def _last_allowed_index(attn_mask: Tensor, t: int) -> Tensor:
@@ -168,9 +199,10 @@ def laplacian_attention(
         is_causal: causal attention; when T < S the queries are the last T positions (KV cache).
         dropout_p: attention dropout on P, so Laplacian heads compute (I - drop(P)) V.
         scale: softmax scale; default 1 / sqrt(D).
-        identity: where the identity term reads each query's own value. "aligned": the queries are the last T of
-            the S keys. "last_allowed": the last key ``attn_mask`` lets the query see (causal models with padding,
-            sliding windows or a static cache, where the queries' positions are not the last T); needs a mask.
+        identity: where the identity term reads each query's own value (:data:`IDENTITIES`). "aligned": the
+            queries are the last T of the S keys. "filled": the last T of the keys any query may see (static caches;
+            right for every mask shape). "last_allowed": the last key ``attn_mask`` lets the query see (causal
+            masks only: under a prefix-LM mask it is not the query's own); needs a mask.
         blend: lambda in [0, 1] for Laplacian heads, which then output lambda V + (1 - 2 lambda) P V: 0 is plain
             attention (a function-preserving start when converting a pretrained model), 1 (None) is V - P V. A
             0-dim tensor avoids recompiling as it changes.
@@ -182,11 +214,7 @@ def laplacian_attention(
     """
     h, hkv = _check_qkv(q, k, v)
     _check_options(q, k, attn_mask, dropout_p, blend)
-    if identity not in IDENTITIES or (identity == "last_allowed" and attn_mask is None):
-        raise InputError(
-            f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
-            "'aligned', or 'last_allowed' with an attn_mask"
-        )
+    _check_identity(identity, attn_mask)
     if _is_kinds(laplacian_heads):
         kinds = _check_kinds(laplacian_heads, h, mix, blend)
         if not is_plain_laplacian(kinds):
@@ -214,7 +242,7 @@ def laplacian_attention(
     y = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     if runs is None and lap_mask is None:
         return y  # no Laplacian head: exactly plain SDPA, nothing extra
-    v_self = _identity_values(v, t) if identity == "aligned" else _last_allowed_values(v, attn_mask, h)
+    v_self = _own_values(v, attn_mask, t, h, identity)
     if runs is not None and len(runs) == 1 and hkv == h and blend is None:
         return v_self - y  # every head Laplacian: one subtraction, autograd needs nothing special
     if blocks and not needs_grad:  # inference (decoding): no graph, no sign tensors; one pass block by block
@@ -294,7 +322,7 @@ def _kinds_attention(
         attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
     y = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     alpha, beta, gamma = _kind_coefficients(kinds, mix, y.dtype, y.device)
-    v_self = _identity_values(v, t) if identity == "aligned" else _last_allowed_values(v, attn_mask, h)
+    v_self = _own_values(v, attn_mask, t, h, identity)
     b, d, g = q.shape[0], v.shape[-1], h // hkv
     shape = (hkv, g, 1, 1)
     out = y.view(b, hkv, g, t, d) * beta.view(shape) + v_self.unsqueeze(2) * alpha.view(shape)
@@ -366,19 +394,17 @@ def laplacian_attention_reference(
     """
     h, hkv = _check_qkv(q, k, v)
     _check_options(q, k, attn_mask, dropout_p, blend)
-    if identity not in IDENTITIES or (identity == "last_allowed" and attn_mask is None):
-        raise InputError(
-            f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
-            "'aligned', or 'last_allowed' with an attn_mask"
-        )
+    _check_identity(identity, attn_mask)
     kinds = _check_kinds(laplacian_heads, h, mix, blend) if _is_kinds(laplacian_heads) else None
     if kinds is not None:
         laplacian_heads = [kind == "laplacian" for kind in kinds]
     mask = laplacian_head_mask(laplacian_heads, h).to(q.device)
     t, s = q.shape[-2], k.shape[-2]
-    if identity == "last_allowed":  # before the causal mask below could be folded in
-        index = _last_allowed_index(attn_mask, t)
-        identity_matrix = F.one_hot(index, s).to(q.dtype)  # (B', H', T, S)
+    identity_matrix = None  # before the causal mask below could be folded in
+    if identity == "last_allowed":
+        identity_matrix = F.one_hot(_last_allowed_index(attn_mask, t), s).to(q.dtype)  # (B', H', T, S)
+    elif identity == "filled" and attn_mask is not None:
+        identity_matrix = F.one_hot(_filled_index(attn_mask, t, s), s).to(q.dtype)  # (T, S)
     if hkv != h:
         k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -394,7 +420,7 @@ def laplacian_attention_reference(
     # Laplacian heads their own value
     attn = torch.where(torch.isneginf(logits).all(-1, keepdim=True), 0.0, attn)
     dropped = F.dropout(attn, p=dropout_p) if dropout_p > 0 else attn
-    eye = identity_matrix if identity == "last_allowed" else _shifted_eye(t, s, attn)
+    eye = identity_matrix if identity_matrix is not None else _shifted_eye(t, s, attn)
     if kinds is not None and not is_plain_laplacian(kinds):
         # alpha I + beta P - gamma U, with U uniform over the keys each query may attend to
         alpha, beta, gamma = (c.view(1, h, 1, 1) for c in _kind_coefficients(kinds, mix, attn.dtype, attn.device))

@@ -12,10 +12,11 @@ Design choices:
 * **One registered attention function**, ``"lapheads"`` in ``transformers.AttentionInterface`` (and the same name
   in ``AttentionMaskInterface``, so padding and sliding-window masks are built as for SDPA; without it they would be
   dropped silently). It calls :func:`lapheads.laplacian_attention`, the one op; nothing is re-implemented here.
-* **Whose own value**: in a causal model given a mask (padding, sliding window, static cache), each query's own key
-  is the last key its mask allows: the op's ``identity="last_allowed"``, computed on the device. Without a mask the
-  queries are the last keys (dynamic cache) or, for an empty static cache's prefill, the first ones, where the keys
-  are cut to the queries as transformers' SDPA path does.
+* **Whose own value**: each query's own position, whatever the mask's shape (causal, sliding window, padding,
+  prefix-LM, bidirectional segments as in PaliGemma and Gemma-3): the queries are the last T of the keys that any
+  query may attend to, which is the last T keys of a dynamic cache and the filled slots of a static one (the op's
+  ``identity="filled"``, computed on the device). Without a mask the queries are the last keys or, for an empty
+  static cache's prefill, the first ones, where the keys are cut to the queries as transformers' SDPA path does.
 * **Heads live in the config**: ``enable`` writes ``config.laplacian_heads`` (one bool list per layer, from the one
   spec parser) and ``config.attn_implementation = "lapheads"``, and keeps each layer's mask as a non-persistent
   buffer. A saved model therefore never loads silently as plain attention: plain ``from_pretrained`` without
@@ -66,6 +67,19 @@ def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torc
     return mask.to(device)
 
 
+def _maps_wanted(kwargs: dict) -> bool:
+    """Whether the caller asked for attention maps: ``output_attentions`` handed on to the interface (Llama), or
+    transformers' output collector recording "attentions" (models whose attention never sees the flag: GPT-2)."""
+    if kwargs.get("output_attentions"):
+        return True
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # a transformers without output capturing hands the flag on
+        return False
+    collected = _active_collector.get()
+    return collected is not None and "attentions" in collected
+
+
 def lapheads_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -91,7 +105,7 @@ def lapheads_attention(
     if causal and key.shape[2] > t:  # an empty static cache's prefill: the keys so far are the first T slots
         key, value = key[:, :, :t], value[:, :, :t]
     heads = _layer_mask(module, query.shape[1], query.device)
-    identity = "last_allowed" if attention_mask is not None and causal_module else "aligned"
+    identity = "filled" if attention_mask is not None else "aligned"
     options = dict(
         attn_mask=attention_mask,
         is_causal=causal,
@@ -101,7 +115,7 @@ def lapheads_attention(
         blend=getattr(module, "laplacian_blend", None),
     )
     weights = None
-    if kwargs.get("output_attentions"):  # the textbook path materialises P for attention maps
+    if _maps_wanted(kwargs):  # the textbook path materialises P for attention maps
         out, weights = laplacian_attention_reference(
             query, key, value, heads if heads is not None else 0, return_attn=True, **options
         )

@@ -94,7 +94,10 @@ def create_vit(
         if "attn_layer" not in str(err) and "qk_norm" not in str(err):
             raise
         raise InputError(f"model {name!r} takes no attn_layer; allowed: timm VisionTransformer models") from None
-    if not isinstance(model, VisionTransformer):
+    # features_only=True wraps the VisionTransformer in timm's feature extractor (FeatureGetterNet): its heads are
+    # the inner model's, set the same way
+    inner = getattr(model, "model", None) if timm_kwargs.get("features_only") else model
+    if not isinstance(inner, VisionTransformer):
         raise InputError(f"model {name!r} is a {type(model).__name__}; allowed: timm VisionTransformer models")
     set_laplacian_heads(model, laplacian_heads)
     for attn in (m for m in model.modules() if isinstance(m, LaplacianAttention)):
@@ -112,6 +115,13 @@ def _registered(base: str, laplacian_heads: int, **fixed: Any):
     """A timm entry point: ``base`` with k Laplacian heads per layer, QK-norm, and fixed arguments."""
 
     def build(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+        if pretrained and "state_dict" not in (kwargs.get("pretrained_cfg_overlay") or {}):
+            raise InputError(
+                f"pretrained=True: lapheads' {base.replace('_patch16_224', '')} names have no published weights "
+                "(their QK-norm layers are not in timm's checkpoints); allowed: "
+                f"lapheads.create_vit({base!r}, k, qk_norm=False, pretrained=True, init='switch'|'signflip'|'blend') "
+                "to convert timm's weights, or pretrained_file= a checkpoint of this architecture"
+            )
         kwargs = {**fixed, **kwargs}
         heads = kwargs.pop("laplacian_heads", laplacian_heads)
         _say_input_size(kwargs, channels=3)
