@@ -121,3 +121,33 @@ def test_the_shipped_tasks_run_offline_through_the_cli(lm_run, tmp_path, capsys,
     assert "exact_match,strict-match" in saved["lapheads_gsm8k"]
     assert main(["eval", "lm", str(lm_run), "--harness", "lapheads_hellaswag", "--data-dir", str(tmp_path)]) == 2
     assert "unknown harness task(s) lapheads_hellaswag" in capsys.readouterr().err
+
+
+def test_the_harness_options_pass_through_with_standard_errors_and_lm_evals_own_files(lm_run, tmp_path, capsys):
+    arc = [
+        {
+            "id": f"q{i}",
+            "question": f"Which is {i}?",
+            "choices": {"text": ["one", "two", "three"], "label": ["A", "B", "C"]},
+            "answerKey": "ABC"[i % 3],
+        }
+        for i in range(6)
+    ]
+    (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arc))
+    args = ["eval", "lm", str(lm_run), "--harness", "lapheads_arc_easy", "--data-dir", str(tmp_path), "--limit", "4"]
+    args += ["--num-fewshot", "1", "--batch-size", "2", "--bootstrap-iters", "50", "--log-samples"]
+    args += ["--output-path", str(tmp_path / "out"), "--device", "cpu"]
+    assert main(args) == 0, capsys.readouterr().err
+    saved = json.loads((lm_run / "report" / "eval_harness.json").read_text())
+    stderr = saved["results"]["lapheads_arc_easy"]["acc_stderr,none"]
+    assert isinstance(stderr, float) and stderr > 0  # bootstrap_iters=0 gave "N/A"
+    assert saved["num_fewshot"] == 1
+    (results,) = (tmp_path / "out").rglob("results_*.json")
+    own = json.loads(results.read_text())
+    assert own["n-shot"]["lapheads_arc_easy"] == 1 and own["config"]["limit"] == 4
+    (samples,) = (tmp_path / "out").rglob("samples_lapheads_arc_easy_*.jsonl")
+    assert len(samples.read_text().splitlines()) == 4
+
+
+def test_without_a_device_the_model_goes_where_torch_can_run_it(lm_run):
+    assert LapheadsLM(str(lm_run), device=None).device.type == ("cuda" if torch.cuda.is_available() else "cpu")

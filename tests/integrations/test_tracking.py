@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -12,13 +13,25 @@ from lapheads.train.lm import train_lm
 from tests.conftest import tiny_lm
 
 pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator  # noqa: E402
+
+
+def _events(folder) -> EventAccumulator:
+    events = EventAccumulator(str(folder), size_guidance={"tensors": 0})  # what the TensorBoard server reads
+    events.Reload()
+    return events
 
 
 def _scalars(folder) -> dict[str, list[tuple[int, float]]]:
-    events = EventAccumulator(str(folder))
-    events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    """Every scalar series (float64 tensors) of an event folder, as written."""
+    from tensorboard.util import tensor_util
+
+    events = _events(folder)
+    return {
+        tag: [(e.step, tensor_util.make_ndarray(e.tensor_proto).item()) for e in events.Tensors(tag)]
+        for tag in events.Tags()["tensors"]
+        if events.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
+    }
 
 
 def _jsonl(run, key) -> list[tuple[int, float]]:
@@ -37,7 +50,7 @@ def test_tensorboard_mirrors_metrics_and_a_resumed_run_has_no_duplicate_steps(te
     for key in ("loss", "val_bpb"):
         got = seen[key]
         assert [s for s, _ in got] == [s for s, _ in _jsonl(run, key)]  # step 5 once, not twice
-        assert [v for _, v in got] == pytest.approx([v for _, v in _jsonl(run, key)], rel=1e-6)
+        assert [v for _, v in got] == [v for _, v in _jsonl(run, key)]  # float64: the JSONL's numbers exactly
 
 
 def test_export_tb_replays_a_run_and_a_sweep(text_root, tmp_path, capsys):
@@ -45,13 +58,17 @@ def test_export_tb_replays_a_run_and_a_sweep(text_root, tmp_path, capsys):
     train_lm(tiny_lm(text_root, num_iterations=4, eval_every=4), run)
     assert main(["export-tb", str(run)]) == 0
     seen = _scalars(run / "tensorboard-export" / "run")
-    assert [v for _, v in seen["loss"]] == pytest.approx([v for _, v in _jsonl(run, "loss")], rel=1e-6)
+    assert [v for _, v in seen["loss"]] == [v for _, v in _jsonl(run, "loss")]
+    assert "samples/text_summary" in _events(run / "tensorboard-export" / "run").Tags()["tensors"]  # samples.jsonl
     assert main(["export-tb", str(run)]) == 0  # again: replaced, not doubled
     assert len(_scalars(run / "tensorboard-export" / "run")["loss"]) == len(_jsonl(run, "loss"))
     (tmp_path / "sweep").mkdir()
-    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps({"cells": {"L0-s0": {"run_dir": str(run)}}}))
+    cells = {"L0-s0": {"run_dir": str(run), "spec": "0", "seed": 0}}
+    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps({"cells": cells}))
     assert main(["export-tb", str(tmp_path / "sweep"), "--out", str(tmp_path / "tb")]) == 0
     assert _scalars(tmp_path / "tb" / "L0-s0")["loss"]
+    plugins = _events(tmp_path / "tb" / "L0-s0").PluginTagToContent("hparams")  # one HParams row per cell
+    assert "_hparams_/session_start_info" in plugins
     assert main(["export-tb", str(tmp_path)]) == 2
     assert "holds neither metrics.jsonl nor sweep.json" in capsys.readouterr().err
 
@@ -126,3 +143,13 @@ def test_trackers_can_be_added_when_resuming(text_root, tmp_path, capsys):
     train_lm_stopped(resolve_config("lm", "shakespeare-cpu", None, args[6:]), run, stop_at_step=2)
     assert main(["train", "lm", "--out", str(run), "--resume", "--log", "tensorboard"]) == 0, capsys.readouterr().err
     assert [s for s, _ in _scalars(run / "tensorboard")["loss"]] == [3, 4]  # mirrored from the resume on
+
+
+def test_non_finite_values_are_exported_not_dropped(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"step": 1, "loss": 2.5}, {"step": 2, "loss": float("nan")}, {"step": 3, "loss": float("inf")}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert main(["export-tb", str(run)]) == 0
+    values = [v for _, v in _scalars(run / "tensorboard-export" / "run")["loss"]]
+    assert values[0] == 2.5 and math.isnan(values[1]) and values[2] == math.inf

@@ -183,6 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
         "name (!function) and renders their prompts with an unsandboxed Jinja; use only folders you trust",
     )
     evaluate.add_argument("--data-dir", default=None, help="lm: local <task>.jsonl/.parquet files in the hub's schema")
+    harness = evaluate.add_argument_group("lm --harness (lm-evaluation-harness's options of the same names)")
+    harness.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples per item (task default)")
+    harness.add_argument("--batch-size", type=int, default=8, help="sequences scored at once")
+    harness.add_argument("--limit", type=float, default=None, help="items per task: a count, or a fraction < 1")
+    harness.add_argument(
+        "--bootstrap-iters", type=int, default=100000, help="resamples for the standard errors (0: none)"
+    )
+    harness.add_argument("--log-samples", action="store_true", help="write every item's prompt, answer and score")
+    harness.add_argument("--gen-kwargs", default=None, help="generation options, e.g. temperature=0,max_gen_toks=64")
+    harness.add_argument(
+        "--output-path", default=None, help="lm-eval's own results JSON (default: RUN_DIR/report/lm_eval)"
+    )
     evaluate.add_argument(
         "--max-examples", type=int, default=None, help="lm: the first N items per task; dino: the first N test images"
     )

@@ -45,7 +45,8 @@ class LapheadsLM(TemplateLM):
     Args:
         run_dir: an lm, mid or sft run directory.
         nanochat, step, tokenizer_dir: a nanochat checkpoint folder instead (see ``lapheads.evals.lm.load_lm``).
-        device: "cpu", "cuda", "cuda:0", ... (lm-eval passes strings).
+        device: "cpu", "cuda", "cuda:0", ... (lm-eval passes strings); None or "auto": CUDA where there is one,
+            else the CPU (lm-eval's own CLI passes no device unless told).
         batch_size: sequences scored at once.
         max_gen_toks: generation length when a task does not set it.
     """
@@ -56,8 +57,8 @@ class LapheadsLM(TemplateLM):
         nanochat: str | None = None,
         step: int | None = None,
         tokenizer_dir: str | None = None,
-        device: str = "cpu",
-        batch_size: int | str = 8,
+        device: str | None = "cpu",
+        batch_size: int | str | None = 8,
         max_gen_toks: int = 256,
         **kwargs: Any,
     ) -> None:
@@ -71,9 +72,11 @@ class LapheadsLM(TemplateLM):
             tokenizer_dir=tokenizer_dir,
             device="cpu",
         )
+        if device in (None, "", "auto"):
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model, self.lapheads_tokenizer = lm.model.to(torch.device(device)).eval(), lm.tokenizer
         self._device = torch.device(device)
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" / None: 8
         self.max_length, self.max_gen_toks = self.model.config.sequence_len, int(max_gen_toks)
 
     # -- what TemplateLM needs --------------------------------------------------------------------------------
@@ -179,19 +182,33 @@ def evaluate_harness(
     *,
     data_dir: str | None = None,
     include_path: str | None = None,
-    limit: int | None = None,
+    limit: int | float | None = None,
     device: str = "cpu",
     nanochat: str | None = None,
     step: int | None = None,
     tokenizer_dir: str | None = None,
     out: Path,
+    num_fewshot: int | None = None,
+    batch_size: int = 8,
+    bootstrap_iters: int = 100000,
+    log_samples: bool = False,
+    gen_kwargs: str | None = None,
+    output_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run lm-eval's ``simple_evaluate`` on ``tasks`` (names of the harness, of ``include_path`` or, with
-    ``data_dir``, the shipped ``lapheads_*`` tasks); returns its "results" and writes them into ``out``."""
+    ``data_dir``, the shipped ``lapheads_*`` tasks); returns its "results" (with lm-eval's standard errors, from
+    ``bootstrap_iters`` resamples) and writes them into ``out``. lm-eval's own results JSON (and, with
+    ``log_samples``, its per-sample files) go to ``output_path`` (default: ``out``'s folder / "lm_eval") through
+    lm-eval's ``EvaluationTracker``, as its CLI writes them.
+
+    Args:
+        num_fewshot, batch_size, bootstrap_iters, log_samples, gen_kwargs, limit: lm-eval's options of those names.
+    """
     import json
     import tempfile
 
     from lm_eval import simple_evaluate
+    from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
     from lapheads.io import atomic_write_text
@@ -208,13 +225,29 @@ def evaluate_harness(
                 f"unknown harness task(s) {', '.join(unknown)}; allowed: lm-eval's tasks, those of "
                 f"--include-path, or with --data-dir holding <task>.jsonl: {shipped}"
             )
-        lm = LapheadsLM(run_dir, nanochat=nanochat, step=step, tokenizer_dir=tokenizer_dir, device=device)
-        result = simple_evaluate(
-            model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False, bootstrap_iters=0
+        lm = LapheadsLM(
+            run_dir, nanochat=nanochat, step=step, tokenizer_dir=tokenizer_dir, device=device, batch_size=batch_size
         )
+        tracker = EvaluationTracker(output_path=str(output_path or Path(out).parent / "lm_eval"))
+        result = simple_evaluate(
+            model=lm,
+            tasks=tasks,
+            task_manager=manager,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            bootstrap_iters=bootstrap_iters,
+            log_samples=log_samples,
+            gen_kwargs=gen_kwargs,
+            evaluation_tracker=tracker,
+        )
+        samples = result.pop("samples", None) if log_samples else None
+        tracker.save_results_aggregated(results=result, samples=samples)
+        for task in samples or {}:
+            tracker.save_results_samples(task_name=task, samples=samples[task])
     results = result["results"]
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps({"results": results, "limit": limit}, indent=1, default=str) + "\n")
+    record = {"results": results, "limit": limit, "num_fewshot": num_fewshot, "bootstrap_iters": bootstrap_iters}
+    atomic_write_text(out, json.dumps(record, indent=1, default=str) + "\n")
     return results
 
 
@@ -241,12 +274,18 @@ def cli_harness(args: Any) -> int:
         tasks,
         data_dir=args.data_dir,
         include_path=args.include_path,
-        limit=args.max_examples,
+        limit=args.limit if args.limit is not None else args.max_examples,
         device=device,
         nanochat=args.nanochat,
         step=args.step,
         tokenizer_dir=args.nanochat_tokenizer,
         out=out,
+        num_fewshot=args.num_fewshot,
+        batch_size=args.batch_size,
+        bootstrap_iters=args.bootstrap_iters,
+        log_samples=args.log_samples,
+        gen_kwargs=args.gen_kwargs,
+        output_path=args.output_path,
     )
     for task, metrics in results.items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))

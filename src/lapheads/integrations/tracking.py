@@ -10,6 +10,12 @@ Design choices:
 * **Resume rewrites, never duplicates**: the TensorBoard writer is opened with ``purge_step`` just after the
   resumed step, so events a killed run logged after its last checkpoint are dropped, as the JSONL records are;
   W&B resumes the run id stored in the run directory.
+* **Exact values**: TensorBoard scalars are written as float64 tensors (``new_style``, ``double_precision``), so an
+  event holds the number metrics.jsonl holds, not its float32 rounding; NaN and infinities are written as they are
+  (a diverging run shows where it diverged). W&B keeps Python floats.
+* **A replay shows more than scalars**: ``export_tensorboard`` adds each run's samples (samples.jsonl) as text,
+  its report figures as images and, for a sweep, one HParams entry per cell (spec, seed; final metrics), so
+  TensorBoard's HParams view compares the arms.
 """
 
 from __future__ import annotations
@@ -49,11 +55,18 @@ def check_trackers(spec: str) -> None:
 
 
 def _scalars(record: dict[str, Any]) -> dict[str, float]:
+    """Every number of a record but its step, non-finite ones included."""
     return {
         k: float(v)
         for k, v in record.items()
-        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
     }
+
+
+def _add_scalars(writer: Any, record: dict[str, Any]) -> None:
+    step = int(record.get("step", 0))
+    for key, value in _scalars(record).items():
+        writer.add_scalar(key, value, step, new_style=True, double_precision=True)  # float64: the JSONL's value
 
 
 class Tracker:
@@ -68,10 +81,10 @@ class Tracker:
                 raise InputError(
                     "--log tensorboard needs the tensorboard package; allowed: pip install 'lapheads[tensorboard]'"
                 ) from None
-            # records after the resumed checkpoint's step are logged again (metrics.jsonl drops them likewise)
-            self.writer = SummaryWriter(
-                str(run_path / "tensorboard"), purge_step=start_step + 1 if start_step else None
-            )
+            # records after the resumed checkpoint's step are logged again (metrics.jsonl drops them likewise): every
+            # session starts with a SessionLog.START, and TensorBoard drops what a later START's step supersedes (its
+            # first START only opens the run, so a fresh run writes one at step 0)
+            self.writer = SummaryWriter(str(run_path / "tensorboard"), purge_step=start_step + 1 if start_step else 0)
             if not start_step:
                 self.writer.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", 0)
         else:
@@ -89,8 +102,7 @@ class Tracker:
     def log(self, record: dict[str, Any]) -> None:
         step, values = int(record.get("step", 0)), _scalars(record)
         if self.kind == "tensorboard":
-            for key, value in values.items():
-                self.writer.add_scalar(key, value, step)
+            _add_scalars(self.writer, record)
             self.writer.flush()
         elif values:
             self.writer.log(values, step=step)
@@ -107,14 +119,40 @@ def open_trackers(spec: str, run_path: Path, config: dict[str, Any], start_step:
     return [Tracker(kind, run_path, config, start_step) for kind in parse_trackers(spec)]
 
 
+def _final_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
+    """The last finite value of every metric of a run (HParams' metric columns)."""
+    last: dict[str, float] = {}
+    for record in records:
+        last.update({f"final/{k}": v for k, v in _scalars(record).items() if math.isfinite(v)})
+    return last
+
+
+def _add_samples_and_figures(writer: Any, run: Any) -> None:
+    """A run's generated samples as text at their steps, and its report figures as images."""
+    from lapheads.runs import read_jsonl
+
+    samples, _ = read_jsonl(run.samples_file)
+    for sample in samples:
+        text = f"**prompt:** {sample.get('prompt', '')}\n\n{sample.get('text', '')}"
+        writer.add_text("samples", text, int(sample.get("step", 0)))
+    if run.report_dir.is_dir():
+        import matplotlib.image
+
+        for figure in sorted(run.report_dir.glob("*.png")):
+            image = matplotlib.image.imread(figure)  # (H, W, 3 or 4), floats in [0, 1]
+            writer.add_image(f"figures/{figure.stem}", image[..., :3], 0, dataformats="HWC")
+
+
 def export_tensorboard(path: str | Path, out: str | Path | None = None) -> list[Path]:
     """Replay ``metrics.jsonl`` of a run directory, or of every cell of a sweep directory, into TensorBoard event
-    files under ``out`` (default: ``path/tensorboard-export``), one folder per run; returns the folders."""
+    files under ``out`` (default: ``path/tensorboard-export``), one folder per run, with its samples and report
+    figures, and for a sweep one HParams entry per cell; returns the folders."""
     from torch.utils.tensorboard import SummaryWriter
 
     from lapheads.runs import SWEEP_FILE, RunDir, load_sweep
 
     path = Path(path)
+    cells: dict[str, Any] = {}
     if (path / SWEEP_FILE).is_file():
         cells = load_sweep(path).get("cells", {})
         runs = {name: Path(cell["run_dir"]) for name, cell in cells.items()}
@@ -131,8 +169,12 @@ def export_tensorboard(path: str | Path, out: str | Path | None = None) -> list[
         folder = out / name
         writer = SummaryWriter(str(folder), purge_step=0)  # a second export replaces the first
         for record in records:
-            for key, value in _scalars(record).items():
-                writer.add_scalar(key, value, int(record.get("step", 0)))
+            _add_scalars(writer, record)
+        _add_samples_and_figures(writer, RunDir(run))
+        if name in cells:  # HParams: one row per cell, its arm and seed against its final metrics
+            cell = cells[name]
+            arm = {"spec": str(cell.get("spec", name)), "seed": int(cell.get("seed", 0))}
+            writer.add_hparams(arm, _final_metrics(records), run_name=".")
         writer.close()
         written.append(folder)
     return written
