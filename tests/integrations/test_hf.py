@@ -11,6 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 import lapheads.integrations.hf as lhf  # noqa: E402
+from lapheads.core.heads import HeadSpecError  # noqa: E402
 from lapheads.errors import InputError  # noqa: E402
 
 
@@ -265,3 +266,33 @@ def test_attention_maps_come_back_from_every_family(name):
     assert len(maps) == 2 and all(m is not None and m.shape == (2, 4, 6, 6) for m in maps)
     assert all(torch.allclose(m.sum(-1), torch.ones(2, 4, 6)) for m in maps)
     torch.testing.assert_close(maps[0], reference[0], rtol=1e-5, atol=1e-6)
+
+
+def test_head_kinds_run_in_a_hugging_face_model_and_mix_heads_round_trip(tmp_path):
+    plain = _build("llama")
+    reference = _run(plain, "llama")
+    mixed = lhf.enable(copy.deepcopy(plain), "mix")  # a = 0, b = 1: every head ordinary at the start
+    torch.testing.assert_close(_run(mixed, "llama"), reference, rtol=0, atol=1e-6)
+    laplacian = _run(lhf.enable(copy.deepcopy(plain), 4), "llama")
+    with torch.no_grad():
+        for module in lhf.attention_modules(mixed):
+            module.mix_a.fill_(1.0), module.mix_b.fill_(-1.0)  # the Laplacian point of the plane
+    torch.testing.assert_close(_run(mixed, "llama"), laplacian, rtol=1e-5, atol=1e-5)
+    kinds = lhf.enable(copy.deepcopy(plain), "ordinary/negated/centring/mix")
+    fused = _run(kinds, "llama")
+    torch.testing.assert_close(fused, _run(kinds, "llama", output_attentions=True), rtol=1e-5, atol=1e-5)
+    assert kinds.config.laplacian_head_kinds == [["ordinary", "negated", "centring", "mix"]] * 2
+    with torch.no_grad():
+        lhf.attention_modules(kinds)[1].mix_a.fill_(0.3)
+    fused = _run(kinds, "llama")
+    kinds.save_pretrained(tmp_path / "saved")
+    loaded = lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path / "saved").eval()
+    assert float(lhf.attention_modules(loaded)[1].mix_a[3]) == pytest.approx(0.3)
+    torch.testing.assert_close(_run(loaded, "llama"), fused, rtol=0, atol=1e-6)
+
+
+def test_head_kinds_a_hugging_face_model_cannot_run_are_refused_in_one_line():
+    with pytest.raises(HeadSpecError, match="kind 'local' needs the layer's input tokens"):
+        lhf.enable(_build("llama"), "local:2")
+    with pytest.raises(InputError, match="init='blend' converts Laplacian heads only"):
+        lhf.enable(_build("llama"), "negated:2", init="blend")

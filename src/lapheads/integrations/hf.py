@@ -21,6 +21,10 @@ Design choices:
   spec parser) and ``config.attn_implementation = "lapheads"``, and keeps each layer's mask as a non-persistent
   buffer. A saved model therefore never loads silently as plain attention: plain ``from_pretrained`` without
   ``import lapheads.hf`` fails on the unknown implementation, and :func:`from_pretrained` refuses any other one.
+* **Head kinds** (negated, centring, mix) through the same op: ``config.laplacian_head_kinds`` per layer; a mix
+  head's (a, b) are ``mix_a`` / ``mix_b`` parameters of its attention module (ordinary at the start), saved with the
+  model and restored by :func:`from_pretrained`. "local" heads need the layer's input tokens, which the attention
+  interface does not see: refused in one line.
 * **Converting a pretrained model**: ``init="switch"`` turns the heads Laplacian as they are (their output
   changes); ``"signflip"`` also negates those heads' columns of the output projection, so the P V term is exact and
   only -W_O V is added; ``"blend"`` starts at lambda = 0, exactly the pretrained function, and
@@ -36,7 +40,7 @@ from torch import nn
 
 from lapheads.core.attention import laplacian_attention, laplacian_attention_reference
 from lapheads.core.convert import INITS, BlendSchedule, attention_modules, init_heads, set_blend
-from lapheads.core.heads import parse_laplacian_heads
+from lapheads.core.heads import HeadSpecError, is_plain_laplacian, parse_head_kinds
 from lapheads.errors import InputError
 
 __all__ = ["BlendSchedule", "NAME", "attention_modules", "enable", "from_pretrained", "register", "set_blend"]
@@ -65,6 +69,27 @@ def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torc
             f"{type(module).__name__} has {num_heads} query heads but a Laplacian mask of {tuple(mask.shape)}"
         )
     return mask.to(device)
+
+
+#: the head kinds a Hugging Face model can run: "local" needs the layer's input tokens (its untied W_O' W_V' x),
+#: which transformers' attention interface does not pass
+HF_KINDS = ("ordinary", "laplacian", "negated", "centring", "mix")
+
+
+def _layer_kinds(module: nn.Module) -> tuple[str, ...] | None:
+    """The layer's head kinds when they are more than ordinary and Laplacian heads (None otherwise)."""
+    kinds = getattr(module, "laplacian_kinds", None)
+    if kinds is None and getattr(module, "laplacian_kinds_checked", False) is False:
+        spec, layer = getattr(module.config, "laplacian_head_kinds", None), getattr(module, "layer_idx", None)
+        module.laplacian_kinds_checked = True
+        if spec is not None and layer is not None:
+            kinds = module.laplacian_kinds = tuple(spec[layer])
+            if "mix" in kinds and getattr(module, "mix_a", None) is None:
+                raise InputError(
+                    f"{type(module).__name__} has mix heads whose (a, b) are weights a plain from_pretrained does "
+                    "not load; allowed: lapheads.hf.from_pretrained(model_class, path)"
+                )
+    return kinds
 
 
 def _maps_wanted(kwargs: dict) -> bool:
@@ -105,6 +130,10 @@ def lapheads_attention(
     if causal and key.shape[2] > t:  # an empty static cache's prefill: the keys so far are the first T slots
         key, value = key[:, :, :t], value[:, :, :t]
     heads = _layer_mask(module, query.shape[1], query.device)
+    kinds = _layer_kinds(module)
+    mix = None
+    if kinds is not None:  # other head kinds than ordinary / Laplacian: the op takes the kinds themselves
+        heads, mix = list(kinds), (module.mix_a, module.mix_b) if "mix" in kinds else None
     identity = "filled" if attention_mask is not None else "aligned"
     options = dict(
         attn_mask=attention_mask,
@@ -113,6 +142,7 @@ def lapheads_attention(
         scale=scaling,
         identity=identity,
         blend=getattr(module, "laplacian_blend", None),
+        mix=mix,
     )
     weights = None
     if _maps_wanted(kwargs):  # the textbook path materialises P for attention maps
@@ -180,7 +210,29 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
             "whose attention classes end in 'Attention'"
         )
     num_heads = _num_heads(model)
-    masks = parse_laplacian_heads(laplacian_heads, num_heads, len(modules))
+    layers = parse_head_kinds(laplacian_heads, num_heads, len(modules))
+    masks = [torch.tensor([kind == "laplacian" for kind in kinds]) for kinds in layers]
+    other = sorted({kind for kinds in layers for kind in kinds} - set(HF_KINDS))
+    if other:
+        raise HeadSpecError(
+            f"laplacian_heads={laplacian_heads!r}: kind {other[0]!r} needs the layer's input tokens, which "
+            f"transformers' attention interface does not pass; allowed in Hugging Face models: {', '.join(HF_KINDS)}"
+        )
+    plain = all(is_plain_laplacian(kinds) for kinds in layers)
+    if not plain and init != "switch":
+        raise InputError(f"init={init!r} converts Laplacian heads only; allowed with other head kinds: 'switch'")
+    for module, kinds in zip(modules, layers):
+        module.laplacian_kinds = None if plain else tuple(kinds)
+        module.laplacian_kinds_checked = True
+        if not plain and "mix" in kinds and getattr(module, "mix_a", None) is None:
+            device = next(module.parameters()).device
+            module.mix_a = nn.Parameter(torch.zeros(num_heads, device=device))  # a = 0, b = 1: ordinary at the start
+            module.mix_b = nn.Parameter(torch.ones(num_heads, device=device))
+    if plain:
+        if hasattr(model.config, "laplacian_head_kinds"):
+            del model.config.laplacian_head_kinds
+    else:
+        model.config.laplacian_head_kinds = [list(kinds) for kinds in layers]
     for module, mask in zip(modules, masks):
         device = next(module.parameters()).device
         module.register_buffer("laplacian_mask", mask.to(device), persistent=False)
@@ -216,11 +268,36 @@ def from_pretrained(model_class, path, *args, **kwargs):
             f"attention; allowed: {NAME!r} (or leave it out)"
         )
     model = model_class.from_pretrained(path, *args, config=config, attn_implementation=NAME, **kwargs)
+    kinds = getattr(config, "laplacian_head_kinds", None)
+    if kinds is not None:  # other head kinds; mix heads' (a, b) are weights transformers does not know
+        enable(model, ["/".join(layer) for layer in kinds])
+        _load_mix_weights(model, path)
+        return model
     blend = getattr(config, "laplacian_blend", None)  # a model saved mid-schedule keeps its lambda
     model = enable(model, [list(map(bool, layer)) for layer in spec], init="switch" if blend is None else "blend")
     if blend is not None:
         set_blend(model, float(blend))
     return model
+
+
+def _load_mix_weights(model: nn.Module, path) -> None:
+    """Load the mix heads' (a, b) from a saved model's safetensors files (transformers drops keys it does not
+    expect, so ``from_pretrained`` leaves them at their initial values)."""
+    from pathlib import Path
+
+    from lapheads.io import load_safetensors
+
+    wanted = {name: p for name, p in model.named_parameters() if name.endswith((".mix_a", ".mix_b"))}
+    found: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        tensors = load_safetensors(file)
+        found.update({k: v for k, v in tensors.items() if k in wanted})
+    missing = sorted(set(wanted) - set(found))
+    if missing:
+        raise InputError(f"{path} holds no mix weights {missing[0]!r} (and {len(missing) - 1} more); saved by enable?")
+    with torch.no_grad():
+        for name, value in found.items():
+            wanted[name].copy_(value)
 
 
 try:  # importing lapheads.hf is enough for transformers (pipelines, lm-eval's "hf" model) to load a saved model
