@@ -33,12 +33,54 @@ __all__ = [
     "ThreadPolicy",
     "apply_cli_thread_policy",
     "apply_thread_policy",
+    "ALLOW_LARGE",
     "available_cpus",
+    "available_memory_bytes",
     "busy_cpus",
+    "check_fits",
     "choose_precision",
     "choose_thread_policy",
     "cpu_has_native_bf16",
 ]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Memory: plausibility before allocation
+
+#: set to 1 on a machine that really holds a model larger than lapheads can see it has room for
+ALLOW_LARGE = "LAPHEADS_ALLOW_LARGE"
+
+
+def available_memory_bytes(device: str = "cpu") -> int | None:
+    """Memory a new allocation may take on ``device``: CUDA's free memory, or the CPU's MemAvailable (plus free
+    swap, which a process may still use); None where it cannot be read."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.mem_get_info(torch.device(device))[0])
+        return None
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        kib = int(fields["MemAvailable"].split()[0]) + int(fields.get("SwapFree", "0 kB").split()[0])
+    except (OSError, KeyError, ValueError):
+        return None
+    return kib * 1024
+
+
+def check_fits(what: str, nbytes: float, device: str = "cpu") -> None:
+    """Refuse, before anything is allocated, a tensor set that cannot fit: ``what`` would take ``nbytes`` and the
+    device has less. The message states the estimate; ``LAPHEADS_ALLOW_LARGE=1`` skips the check."""
+    if os.environ.get(ALLOW_LARGE) == "1":
+        return
+    room = available_memory_bytes(device)
+    if room is not None and nbytes > room:
+        from lapheads.errors import InputError
+
+        raise InputError(
+            f"{what} needs ~{nbytes / 2**30:,.1f} GiB of weights but {device} has {room / 2**30:,.1f} GiB available; "
+            f"allowed: a smaller model, or {ALLOW_LARGE}=1 on a machine that holds it"
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -138,3 +138,21 @@ def test_imagefolder_tree(tmp_path):
 def test_unknown_dataset():
     with pytest.raises(DataError, match="unknown dataset 'mnist3d'; allowed: fashion-mnist, cifar10"):
         build_image_data("mnist3d", None, 28)
+
+
+@pytest.mark.parametrize(
+    "labels, data, message",
+    [
+        ([0] * 9 + [10], None, r"label 10 of image 9; allowed: integers 0 to 9 \(cifar10\)"),
+        ([0] * 9 + [-1], None, r"label -1 of image 9"),
+        ([0] * 9 + ["cat"], None, r"label 'cat' of image 9"),
+        ([0] * 10, np.zeros((10, 3000), dtype=np.uint8), r"30000 pixel values, not a whole number of 3 x 32 x 32"),
+    ],
+)
+def test_a_cifar_batch_with_bad_labels_or_pixels_is_one_line(tmp_path, labels, data, message):
+    write_cifar(tmp_path)
+    entry = {"data": np.zeros((10, 3072), dtype=np.uint8) if data is None else data, "labels": labels}
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as f:
+        pickle.dump(entry, f)
+    with pytest.raises(DataError, match=message):
+        build_image_data("cifar10", str(tmp_path), 32)

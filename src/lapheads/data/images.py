@@ -225,9 +225,21 @@ class CIFAR(Dataset):
             entry = _read_batch(folder / file)
             arrays.append(np.asarray(_field(entry, "data", folder / file), dtype=np.uint8))
             labels += list(_field(entry, "labels" if name == "cifar10" else "fine_labels", folder / file))
-        self.data = np.concatenate(arrays).reshape(-1, 3, 32, 32)
+        pixels = np.concatenate(arrays)
+        if pixels.size % (3 * 32 * 32):
+            raise DataError(f"{folder}: {pixels.size} pixel values, not a whole number of 3 x 32 x 32 images")
+        self.data = pixels.reshape(-1, 3, 32, 32)
         if len(self.data) != len(labels):
             raise DataError(f"{folder}: {len(self.data)} images but {len(labels)} labels")
+        num_classes = 10 if name == "cifar10" else 100
+        bad = next(
+            (i for i, c in enumerate(labels) if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < num_classes),
+            None,
+        )
+        if bad is not None:
+            raise DataError(
+                f"{folder}: label {labels[bad]!r} of image {bad}; allowed: integers 0 to {num_classes - 1} ({name})"
+            )
         self.targets = [int(label) for label in labels]
         meta = _read_batch(folder / spec.meta["filename"])
         self.classes = [str(c) for c in _field(meta, spec.meta["key"], folder / spec.meta["filename"])]
@@ -329,6 +341,8 @@ def build_image_data(
                           transform=train_transform or small_image_transforms(img_size, native, mean, std, augment, hflip))
             test = CIFAR(root, dataset, train=False, download=download,
                          transform=small_image_transforms(img_size, native, mean, std, False, hflip))
+        except DataError:
+            raise  # already names the file, the item and what is allowed
         except Exception as err:  # noqa: BLE001 - unpickling, a refused global, a download: all mean "no usable data"
             folder = (torchvision.datasets.CIFAR10 if dataset == "cifar10" else torchvision.datasets.CIFAR100).base_folder
             raise DataError(

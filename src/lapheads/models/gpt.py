@@ -49,6 +49,7 @@ from lapheads.core.attention import laplacian_attention
 from lapheads.core.heads import parse_head_kinds
 from lapheads.core.modules import LaplacianHeadsMixin
 from lapheads.errors import InputError
+from lapheads.hardware import check_fits
 
 __all__ = ["ARCHS", "GPT", "GPTConfig", "KVCache", "sample_token"]
 
@@ -152,6 +153,11 @@ class GPTConfig:
         if ARCHS[self.arch]["round_width"]:  # the fork: round up to whole heads of exactly head_dim
             return -(-base // self.head_dim) * self.head_dim
         return base
+
+    def estimated_params(self) -> int:
+        """The parameter count to within the small vectors, from the config alone (before anything is built): the
+        block matrices (attention ~4 d^2, MLP 8 d^2) and the embedding and head (untied)."""
+        return self.depth * 12 * self.n_embd**2 + 2 * self.padded_vocab_size * self.n_embd
 
     @property
     def n_head(self) -> int:
@@ -438,6 +444,12 @@ class GPT(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
+        if torch.empty(0).device.type != "meta":  # a meta-device build allocates nothing
+            check_fits(
+                f"GPT(depth={config.depth}, width={config.n_embd}, vocab={config.padded_vocab_size}): "
+                f"~{config.estimated_params():,} parameters",
+                4 * config.estimated_params(),  # fp32 weights; training needs ~4x that (grads, optimizer moments)
+            )
         masks = parse_head_kinds(config.laplacian_heads, num_heads=config.n_head, num_layers=config.depth)
         vocab, width = config.padded_vocab_size, config.n_embd
         self.transformer = nn.ModuleDict(

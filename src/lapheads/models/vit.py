@@ -26,6 +26,7 @@ from lapheads.core.convert import init_heads
 from lapheads.core.heads import parse_head_kinds
 from lapheads.core.modules import LaplacianAttention
 from lapheads.errors import InputError
+from lapheads.hardware import check_fits
 from lapheads.io import load_tensor_file
 
 __all__ = ["CPU_VIT_ARGS", "create_vit", "set_laplacian_heads", "vit_head_kinds", "vit_laplacian_masks"]
@@ -88,6 +89,7 @@ def create_vit(
         state_dict = load_tensor_file(pretrained_file)
         overlay = {**(timm_kwargs.get("pretrained_cfg_overlay") or {}), "state_dict": state_dict}
         timm_kwargs.update(pretrained=True, pretrained_cfg_overlay=overlay)
+    _check_size(name, qk_norm, timm_kwargs)
     try:
         model = timm.create_model(name, attn_layer=LaplacianAttention, qk_norm=qk_norm, **timm_kwargs)
     except TypeError as err:
@@ -109,6 +111,30 @@ def create_vit(
             lambda head, a=attn, w=width: (a.proj.weight, slice(head * w, (head + 1) * w), 1),
         )
     return model
+
+
+def _check_size(name: str, qk_norm: bool, timm_kwargs: dict[str, Any]) -> None:
+    """A depth or width given by the caller (a preset's model_kwargs, a config.json record) is checked against the
+    machine's memory before anything is allocated: one block is built on the meta device and scaled by the depth."""
+    if not ({"depth", "embed_dim"} & set(timm_kwargs)) or timm_kwargs.get("device") == "meta":
+        return
+    if torch.empty(0).device.type == "meta":
+        return
+    depth = timm_kwargs.get("depth")
+    probe = {k: v for k, v in timm_kwargs.items() if k not in ("pretrained", "pretrained_cfg_overlay", "device")}
+    if isinstance(depth, int) and not isinstance(depth, bool) and depth > 0:
+        probe["depth"] = 1
+    try:
+        one = timm.create_model(name, qk_norm=qk_norm, device="meta", **probe)
+    except (TypeError, ValueError, RuntimeError):
+        return  # timm's own error comes with the real build below
+    blocks = getattr(one, "blocks", None)
+    per_block = sum(p.numel() for p in blocks[0].parameters()) if blocks is not None and len(blocks) else 0
+    total = sum(p.numel() for p in one.parameters())
+    if probe.get("depth") == 1:
+        total += (depth - 1) * per_block
+    check_fits(f"{name} with {', '.join(f'{k}={timm_kwargs[k]}' for k in ('depth', 'embed_dim') if k in timm_kwargs)}: "
+               f"~{total:,} parameters", 4 * total)  # fmt: skip
 
 
 def _registered(base: str, laplacian_heads: int, **fixed: Any):
