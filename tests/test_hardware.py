@@ -106,3 +106,26 @@ def test_the_busy_line_comes_when_the_load_exceeds_the_cpus(monkeypatch):
     watch = hardware.BusyWatch(skip=0, measure=1)
     lines = [watch.step() for _ in range(3)]
     assert lines[0] is None and "load average is 5.0 on 2 CPU(s)" in lines[1] and lines[2] is None
+
+
+def test_a_model_too_large_for_the_machine_is_refused_before_it_is_built(monkeypatch):
+    import time
+
+    import lapheads
+    from lapheads.errors import InputError
+    from lapheads.models.gpt import GPT, GPTConfig
+
+    start = time.perf_counter()
+    with pytest.raises(InputError, match=r"GPT\(depth=100000.*parameters needs ~[\d,.]+ GiB .*LAPHEADS_ALLOW_LARGE=1"):
+        GPT(GPTConfig(depth=100000))
+    with pytest.raises(InputError, match=r"vit_fmnist_patch4 with depth=100000: ~[\d,]+ parameters needs"):
+        lapheads.create_vit("vit_fmnist_patch4", 0, depth=100000)
+    assert time.perf_counter() - start < 5  # estimated, never allocated
+    assert GPTConfig(depth=20, vocab_size=65536).estimated_params() == 560_988_160  # the paper's d20
+    with torch.device("meta"):  # a meta-device build allocates nothing and is not checked
+        assert GPT(GPTConfig(depth=1000, vocab_size=64)).config.depth == 1000
+    monkeypatch.setattr(hardware, "available_memory_bytes", lambda device="cpu": 10**6)
+    with pytest.raises(InputError, match="needs ~0.0 GiB of weights but cpu has 0.0 GiB"):
+        hardware.check_fits("a model", 2 * 10**6)
+    monkeypatch.setenv(hardware.ALLOW_LARGE, "1")
+    hardware.check_fits("a model", 2 * 10**6)  # the override for machines that really hold it
