@@ -1,0 +1,73 @@
+"""Every file and folder name of a run directory and of a sweep directory, in one place.
+
+No other module of lapheads spells these names (tests/test_architecture.py checks it): they read and write runs
+through :class:`lapheads.runs.RunDir` and the helpers here. The layout itself is documented in docs/design.md
+("The run directory", "The sweep directory").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "ANALYSIS_FILE",
+    "CHECKPOINTS",
+    "CONFIG_FILE",
+    "LATEST",
+    "METRICS_FILE",
+    "REPORT",
+    "SAMPLES_FILE",
+    "STATE_FILE",
+    "SWEEP_FILE",
+    "TOKENIZER",
+    "WEIGHTS",
+    "analysis_file",
+    "nanochat_tokenizer_dir",
+    "report_folder",
+    "step_name",
+    "temporary_step_name",
+]
+
+CONFIG_FILE = "config.json"  # the full resolved config, written before anything else
+METRICS_FILE = "metrics.jsonl"  # one JSON object per logged step or evaluation
+SAMPLES_FILE = "samples.jsonl"  # lm: a generated sample per evaluation
+CHECKPOINTS = "checkpoints"  # step folders and the `latest` pointer
+LATEST = "latest"  # the name of the newest complete step folder
+STATE_FILE = "state.json"  # a checkpoint's trainer state: step, world size, optimizer metadata
+TOKENIZER = "tokenizer"  # lm, mid, sft: the tokenizer the model was trained with (JSON)
+REPORT = "report"  # readers' caches: eval_*.json, analysis*.json, plots
+ANALYSIS_FILE = "analysis.json"  # lapheads analyze's cache of the latest checkpoint
+SWEEP_FILE = "sweep.json"  # a sweep's definition and cell states
+#: the weight files of a checkpoint ``load_model`` may read: a run's model, its EMA (classify --ema-decay), DINO's
+#: teacher
+WEIGHTS = {"model": "model.safetensors", "ema": "ema.safetensors", "teacher": "teacher.safetensors"}
+STEP_PREFIX = "step-"
+TEMPORARY_PREFIX = ".tmp-step-"  # a checkpoint being written; never loaded, removed by --resume
+
+
+def step_name(step: int) -> str:
+    """The folder of step ``step``'s checkpoint: ``step-00000400``."""
+    return f"{STEP_PREFIX}{step:08d}"
+
+
+def temporary_step_name(step: int) -> str:
+    """Where step ``step``'s checkpoint is written before it is published by a rename."""
+    return f"{TEMPORARY_PREFIX}{step:08d}"
+
+
+def analysis_file(step: int | None) -> str:
+    """The analysis cache of the latest checkpoint (None) or of a kept step's."""
+    return ANALYSIS_FILE if step is None else f"analysis-{STEP_PREFIX}{step}.json"  # unpadded, as written since 0.1
+
+
+def report_folder(folder: str | Path, baseline_dir_name: str | None = None) -> Path:
+    """The report/ folder of a run or sweep directory; a sweep compared against another arm than k = 0 writes to
+    ``report-vs-<arm>`` beside it."""
+    name = REPORT if baseline_dir_name is None else f"{REPORT}-vs-{baseline_dir_name}"
+    return Path(folder) / name
+
+
+def nanochat_tokenizer_dir(checkpoint_folder: str | Path) -> Path:
+    """Where nanochat keeps the tokenizer of a checkpoint folder: ``<base>/tokenizer`` beside
+    ``<base>/base_checkpoints/<model>/`` (nanochat's own layout, not a lapheads run)."""
+    return Path(checkpoint_folder).resolve().parent.parent / TOKENIZER

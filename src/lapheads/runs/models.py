@@ -1,0 +1,183 @@
+"""A run's model, rebuilt from the constructor arguments config.json records, its weights and tokenizer."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lapheads.distributed import resolve_device
+from lapheads.errors import CheckpointError, InputError
+from lapheads.io import load_safetensors, state_dict_mismatch
+from lapheads.runs.directory import RunDir, checkpoint_folder
+from lapheads.runs.layout import (
+    WEIGHTS,
+)
+
+
+def load_weights(module: torch.nn.Module, path: Path, prefix: str = "") -> None:
+    """Load a safetensors state dict with strict key and shape checks and a one-line error on mismatch.
+
+    With ``prefix`` only the tensors under it are loaded, the prefix removed (a DINO checkpoint's ``backbone.``).
+    """
+    tensors = load_safetensors(path)
+    if prefix:
+        tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+    detail = state_dict_mismatch(module.state_dict(), tensors)
+    if detail:
+        raise CheckpointError(f"{path} does not match the model ({detail}); was it written by a different config?")
+    module.load_state_dict(tensors, strict=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The model of a run
+
+
+def _vit(**kwargs: Any) -> torch.nn.Module:
+    from lapheads.models.vit import create_vit
+
+    return create_vit(**kwargs)
+
+
+def _gpt(**kwargs: Any) -> torch.nn.Module:
+    from lapheads.models.gpt import GPT, GPTConfig
+
+    return GPT(GPTConfig(**kwargs))
+
+
+#: how a recorded model is rebuilt: ``factory(**kwargs)``
+FACTORIES = {"vit": _vit, "gpt": _gpt}
+
+
+def model_record(factory: str, kwargs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """What training writes as config.json's ``"model"``: the factory, its keyword arguments (JSON) and the prefix
+    under which the weight files hold the model (DINO's ``backbone.``)."""
+    if factory not in FACTORIES:
+        raise InputError(f"model factory {factory!r}; allowed: {', '.join(FACTORIES)}")
+    record = {"factory": factory, "kwargs": json.loads(json.dumps(kwargs))}
+    return record | ({"prefix": prefix} if prefix else {})
+
+
+def build_model(record: dict[str, Any]) -> torch.nn.Module:
+    """The untrained model of a ``model_record``; arguments its constructor does not take are a one-line error."""
+    factory = record.get("factory") if isinstance(record, dict) else None
+    if factory not in FACTORIES or not isinstance(record.get("kwargs"), dict):
+        raise CheckpointError(f"model record {str(record)[:80]}; allowed: factory one of {', '.join(FACTORIES)}")
+    try:
+        return FACTORIES[factory](**record["kwargs"])
+    except TypeError as err:  # an unknown or misspelt constructor argument
+        raise CheckpointError(f"the recorded model arguments do not build a {factory} model: {err}") from None
+
+
+def _record_of(run: RunDir, record: dict[str, Any]) -> dict[str, Any]:
+    model = record.get("model")
+    if isinstance(model, dict) and "factory" not in model and record.get("task") in CONVERSATIONAL_TASKS:
+        model = {"factory": "gpt", "kwargs": model}  # chat runs of lapheads 0.1 recorded GPTConfig's fields only
+    if not isinstance(model, dict) or model.get("factory") not in FACTORIES:
+        raise CheckpointError(
+            f"{run.path} was written before lapheads recorded its model's constructor arguments; "
+            f"convert it with: lapheads upgrade {run.path}"
+        )
+    return model
+
+
+def load_model(
+    run_dir: str | os.PathLike | RunDir,
+    weights: str = "model",
+    step: int | None = None,
+    device: str | torch.device = "cpu",
+) -> torch.nn.Module:
+    """A run's trained model in eval mode, rebuilt from config.json's ``"model"`` alone.
+
+    Args:
+        run_dir: a run directory (any task).
+        weights: "model" (the trained weights), "ema" (classify with --ema-decay) or "teacher" (DINO).
+        step: a kept checkpoint's step; None = the latest.
+        device: "cpu", "cuda", "auto", ...
+    LoRA runs (sft --lora-rank) are rebuilt on the base they were trained from, their adapters merged.
+    """
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    if weights not in WEIGHTS:
+        raise InputError(f"weights {weights!r}; allowed: {', '.join(WEIGHTS)}")
+    record = run.read_config()
+    spec = _record_of(run, record)
+    folder = checkpoint_folder(run, step)
+    file = folder / WEIGHTS[weights]
+    if not file.is_file():
+        raise CheckpointError(
+            f"{file} does not exist; allowed weights of this run: "
+            f"{', '.join(w for w, f in WEIGHTS.items() if (folder / f).is_file())}"
+        )
+    config = record.get("config", {})
+    if config.get("lora_rank"):
+        from lapheads.models.lora import LoraAdapters, apply_lora
+
+        base = _load_source(record, device)  # the adapters were trained on it
+        peft_model = apply_lora(
+            base, config["lora_rank"], config["lora_alpha"], config["lora_dropout"], config["lora_targets"]
+        )
+        load_weights(LoraAdapters(peft_model), file)
+        return peft_model.merge_and_unload().to(resolve_device(device)).eval()
+    model = build_model(spec)
+    load_weights(model, file, spec.get("prefix", ""))
+    return model.to(resolve_device(device)).eval()
+
+
+def _load_source(record: dict[str, Any], device: str | torch.device) -> torch.nn.Module:
+    """The model a chat run recorded it started from: another run (``base_run``) or a nanochat checkpoint."""
+    if record.get("nanochat"):
+        from lapheads.models.nanochat import load_nanochat
+
+        return load_nanochat(record["nanochat"], record["nanochat_step"], resolve_device(device))[0]
+    return load_model(record["base_run"], device=device)
+
+
+def load_run_tokenizer(run_dir: str | os.PathLike | RunDir, vocab_size: int | None = None):
+    """The tokenizer an lm / mid / sft run was trained with (RUN_DIR/tokenizer); with ``vocab_size`` a tokenizer of
+    another size is a one-line error."""
+    from lapheads.data.tokenizers import load_tokenizer
+
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    tokenizer = load_tokenizer(run.tokenizer_dir)
+    if vocab_size is not None and tokenizer.vocab_size != vocab_size:
+        raise CheckpointError(
+            f"{run.path}/tokenizer has {tokenizer.vocab_size} tokens but the model was trained with "
+            f"{vocab_size}; allowed: the run's own tokenizer"
+        )
+    return tokenizer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The sweep directory (written by lapheads.study.sweep, read by lapheads.study.report)
+
+
+GPT_TASKS = ("lm", "mid", "sft")  # the tasks whose runs hold a GPT (config.json "task")
+CONVERSATIONAL_TASKS = ("mid", "sft")  # trained on conversations: chat, serve and the chat evals read them
+
+
+def load_gpt_run(run_dir: str | os.PathLike, device: str = "auto", step: int | None = None):
+    """(config.json's record, model in eval mode, tokenizer) of an lm, mid or sft run; LoRA adapters are merged."""
+    run = RunDir(run_dir)
+    run.task(*GPT_TASKS)
+    record = run.read_config()
+    model = load_model(run, step=step, device=device)
+    return record, model, load_run_tokenizer(run, record.get("vocab_size"))
+
+
+def load_token_shards(run_dir: str | os.PathLike | RunDir):
+    """The token shards an lm run trained on (config.json's ``"tokens"``), or None where they are not here (a run
+    directory copied without its data, a chat run): evaluations that need no shards still work."""
+    from lapheads.data.images import DataError
+    from lapheads.data.text import TokenShards
+
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    folder = run.read_config().get("tokens")
+    if not folder:
+        return None
+    try:
+        return TokenShards.open(folder)
+    except DataError:
+        return None
