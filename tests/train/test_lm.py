@@ -387,7 +387,12 @@ def test_eval_and_generate_take_a_nanochat_checkpoint(tmp_path, capsys, monkeypa
     assert main(["eval", "lm", "--nanochat", str(folder), "--tasks", "arc_easy", "--data-dir", str(tmp_path)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["arc_easy"]["n"] == 4
-    assert (tmp_path / "runs" / "nanochat-d2-step50" / "eval_lm.json").is_file()
+    assert (tmp_path / "runs" / "nanochat-d2-step50" / "report" / "eval_lm.json").is_file()  # where analyze writes
+    pytest.importorskip("lm_eval")
+    harness = ["eval", "lm", "--nanochat", str(folder), "--harness", "lapheads_arc_easy", "--data-dir", str(tmp_path)]
+    assert main([*harness, "--limit", "2", "--bootstrap-iters", "0"]) == 0
+    assert (tmp_path / "runs" / "nanochat-d2-step50" / "report" / "eval_harness.json").is_file()  # the same folder
+    capsys.readouterr()
     assert (
         main(["generate", "--nanochat", str(folder), "--prompt", "the", "--max-tokens", "5", "--temperature", "0"]) == 0
     )

@@ -38,7 +38,7 @@ from lapheads.distributed import Distributed, resolve_device
 from lapheads.errors import InputError
 from lapheads.models.gpt import GPT
 from lapheads.runs import RunDir
-from lapheads.runs.layout import nanochat_tokenizer_dir
+from lapheads.runs.layout import external_report_dir, nanochat_tokenizer_dir
 from lapheads.sandbox import run_program
 
 __all__ = [
@@ -382,7 +382,7 @@ def load_lm(
             f"{model.config.vocab_size}; allowed: the checkpoint's own tokenizer (--nanochat-tokenizer)"
         )
     name = f"nanochat-{folder.resolve().name}-step{meta['step']}"
-    return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, Path("runs") / name, name)
+    return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, external_report_dir(name), name)
 
 
 def stream_text(lm: LoadedLM, prompt: str, max_tokens: int, temperature: float, top_k: int, seed: int):

@@ -30,6 +30,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from lapheads.distributed import resolve_device
 from lapheads.errors import InputError
 from lapheads.runs import RunDir
 
@@ -72,10 +73,9 @@ class LapheadsLM(TemplateLM):
             tokenizer_dir=tokenizer_dir,
             device="cpu",
         )
-        if device in (None, "", "auto"):
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model, self.lapheads_tokenizer = lm.model.to(torch.device(device)).eval(), lm.tokenizer
-        self._device = torch.device(device)
+        self._device = resolve_device("auto" if device in (None, "") else device)
+        self.report_dir = lm.report_dir  # where results of this model go (a nanochat checkpoint's: runs/<name>/report)
+        self.model, self.lapheads_tokenizer = lm.model.to(self._device).eval(), lm.tokenizer
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" / None: 8
         self.max_length, self.max_gen_toks = self.model.config.sequence_len, int(max_gen_toks)
 
@@ -187,7 +187,7 @@ def evaluate_harness(
     nanochat: str | None = None,
     step: int | None = None,
     tokenizer_dir: str | None = None,
-    out: Path,
+    out: Path | None = None,
     num_fewshot: int | None = None,
     batch_size: int = 8,
     bootstrap_iters: int = 100000,
@@ -228,7 +228,8 @@ def evaluate_harness(
         lm = LapheadsLM(
             run_dir, nanochat=nanochat, step=step, tokenizer_dir=tokenizer_dir, device=device, batch_size=batch_size
         )
-        tracker = EvaluationTracker(output_path=str(output_path or Path(out).parent / "lm_eval"))
+        out = Path(out) if out is not None else lm.report_dir / "eval_harness.json"
+        tracker = EvaluationTracker(output_path=str(output_path or out.parent / "lm_eval"))
         result = simple_evaluate(
             model=lm,
             tasks=tasks,
@@ -257,12 +258,8 @@ def cli_harness(args: Any) -> int:
     tasks = [t.strip() for t in args.harness.split(",") if t.strip()]
     if not tasks:
         raise InputError("--harness is empty; allowed: a comma list of lm-eval task names")
-    out = (RunDir(run_dir).report_dir if run_dir else Path("runs") / Path(args.nanochat).name) / "eval_harness.json"
-    device = (
-        "cpu"
-        if args.device == "auto" and not torch.cuda.is_available()
-        else ("cuda" if args.device == "auto" else args.device)
-    )
+    out = RunDir(run_dir).report_dir / "eval_harness.json" if run_dir else None  # nanochat: the model's report/
+    device = str(resolve_device(args.device))
     if args.include_path:
         print(
             f"lapheads eval: --include-path {args.include_path}: its YAMLs run their !function Python and Jinja "

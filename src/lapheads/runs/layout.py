@@ -22,6 +22,7 @@ __all__ = [
     "TOKENIZER",
     "WEIGHTS",
     "analysis_file",
+    "external_report_dir",
     "nanochat_tokenizer_dir",
     "report_folder",
     "step_name",
@@ -71,3 +72,9 @@ def nanochat_tokenizer_dir(checkpoint_folder: str | Path) -> Path:
     """Where nanochat keeps the tokenizer of a checkpoint folder: ``<base>/tokenizer`` beside
     ``<base>/base_checkpoints/<model>/`` (nanochat's own layout, not a lapheads run)."""
     return Path(checkpoint_folder).resolve().parent.parent / TOKENIZER
+
+
+def external_report_dir(name: str) -> Path:
+    """Where every command writes its results for a model that is not a lapheads run (a nanochat checkpoint
+    folder, ``name`` = "nanochat-<model>-step<N>"): ``runs/<name>/report/``, the place a run keeps its own."""
+    return Path("runs") / name / REPORT

@@ -30,7 +30,7 @@ from lapheads.errors import InputError
 from lapheads.evals.geometry import AnalyzeOptions, lm_geometry
 from lapheads.plots import panel_grid
 from lapheads.runs import RunDir, checkpoint_folder, checkpoint_steps
-from lapheads.runs.layout import ANALYSIS_FILE, analysis_file, report_folder
+from lapheads.runs.layout import ANALYSIS_FILE, analysis_file
 from lapheads.tasks import get_task
 
 __all__ = [
@@ -78,7 +78,7 @@ def analyze_nanochat(
         "dataset": "shakespeare (held out)",
         **lm_geometry(lm.model, tokens, config.sequence_len, options, lm.name),
     }
-    out = Path(out) if out is not None else report_folder(lm.report_dir)
+    out = Path(out) if out is not None else lm.report_dir
     out.mkdir(parents=True, exist_ok=True)
     (out / ANALYSIS_FILE).write_text(json.dumps([analysis]) + "\n")
     return [analysis], write_summary([analysis], out, plot_analyses([analysis], out))
