@@ -14,8 +14,9 @@ Forms compared side by side in one process (ratios = median time / median time o
 
 Then fixed training shapes where the op's per-call overhead shows most (ViT-S at B = 4, T = 197 and B = 16,
 T = 256, 2 of 6 heads Laplacian): the op and ``copy`` against plain SDPA as medians of round-by-round ratios with
-a 95% interval. Then whole training steps (forward, backward, optimizer step) of a timm ViT built with ``LaplacianAttention`` (0, 1
-and 3 of 3 heads Laplacian) and of ``lapheads.GPT`` (0, 2 and 4 of 4 heads Laplacian); their ratios are medians of
+a 95% interval. Then whole training steps (forward, backward, optimizer step) of a timm ViT built with
+``LaplacianAttention`` (0, 1 and 3 of 3 heads Laplacian) and of ``lapheads.GPT`` (0, 2 and 4 of 4 heads Laplacian);
+their ratios are medians of
 round-by-round ratios to k = 0 with a distribution-free 95% interval (``lapheads.bench.interleaved_ratios``), so a
 bar of a percent is judged by its interval, not by one number.
 
