@@ -137,7 +137,23 @@ def test_tasks_load_from_local_jsonl_and_parquet_in_the_hub_schema(tmp_path):
     assert load_task("gsm8k", tmp_path)[0]["answer"] == "#### 2"
     assert load_task("mmlu", tmp_path)[0]["choices"] == ["a", "b", "c", "d"]
     (tmp_path / "humaneval.jsonl").write_text(json.dumps({"task_id": "x", "prompt": "p"}) + "\n")
-    with pytest.raises(DataError, match="rows lack test, entry_point"):
+    with pytest.raises(DataError, match="row 1 lacks test, entry_point"):
         load_task("humaneval", tmp_path)
     with pytest.raises(ValueError, match="unknown task 'squad'"):
         load_task("squad", tmp_path)
+
+
+def test_every_row_is_checked_and_unusable_ground_truth_is_counted_not_scored(tmp_path):
+    from lapheads.data.benchmarks import usable_rows
+
+    good = {"question": "q", "choices": ["a", "b", "c", "d"], "answer": 1}
+    rows = [good] * 4 + [{"question": "q", "choices": ["a"]}]  # row 5 lacks its answer
+    (tmp_path / "mmlu.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"task mmlu: row 5 lacks answer; allowed: the schema of cais/mmlu"):
+        load_task("mmlu", tmp_path)
+    mmlu = [good, {**good, "answer": 7}, {**good, "answer": True}, {**good, "answer": 1.5}, good]
+    assert usable_rows("mmlu", mmlu) == ([good, good], [2, 3, 4])
+    arc = {"question": "q", "choices": {"text": ["x", "y"], "label": ["A", "B"]}, "answerKey": "B"}
+    assert usable_rows("arc_easy", [arc, {**arc, "answerKey": "C"}])[1] == [2]
+    gsm = [{"question": "q", "answer": "so #### 42"}, {"question": "q", "answer": "#### unknown"}, {"question": "q"}]
+    assert usable_rows("gsm8k", gsm)[1] == [2, 3]

@@ -50,6 +50,22 @@ def test_features_intermediates_and_fx_feature_extraction():
     torch.testing.assert_close(extractor(x)["b2"], model.blocks[:3](model._pos_embed(model.patch_embed(x))))
 
 
+def test_a_meta_device_build_with_mix_and_local_heads_starts_as_the_plain_model_after_init_weights():
+    """timm's init_weights after to_empty reaches the head kinds' own parameters: mix heads ordinary (a = 0,
+    b = 1), local heads' W_O' zero; so the model computes what the same weights with ordinary heads compute."""
+    model = timm.create_model("vit_fmnist_patch4", laplacian_heads="mix,local:1,mix,0,0,0", device="meta")
+    model = model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    model.init_weights()
+    attn = model.blocks[0].attn
+    assert attn.mix_a.eq(0).all() and attn.mix_b.eq(1).all()
+    assert model.blocks[1].attn.local_o.weight.eq(0).all() and model.blocks[1].attn.local_v.weight.std() > 0.01
+    plain = timm.create_model("vit_fmnist_patch4", laplacian_heads=0)
+    plain.load_state_dict(model.state_dict(), strict=False)  # the same shared weights, ordinary heads
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(model.eval()(x), plain.eval()(x), rtol=1e-5, atol=1e-5)
+
+
 def test_features_only_on_a_registered_deit3_name_returns_its_feature_maps():
     features = timm.create_model("deit3_small_3L_patch16_224", features_only=True, img_size=32, out_indices=(3, 11))
     maps = features.eval()(torch.randn(2, 3, 32, 32))

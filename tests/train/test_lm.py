@@ -115,9 +115,12 @@ def test_eval_lm_scores_val_bpb_and_arc_from_local_files(trained_run, tmp_path, 
         }
         for i in range(6)
     ]
+    rows.append({**rows[0], "answerKey": "D"})  # no such choice: left out and counted, not scored as wrong
     (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["eval", "lm", str(run), "--tasks", "val_bpb,arc_easy", "--data-dir", str(tmp_path)]) == 0
-    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out, err = capsys.readouterr()
+    printed = json.loads(out.strip().splitlines()[-1])
+    assert printed["arc_easy"]["unusable"] == 1 and "1 item(s) with unusable ground truth left out (rows 7)" in err
     assert printed["val_bpb"]["bpb"] == pytest.approx(result["val_bpb"], rel=1e-4)
     assert printed["arc_easy"]["n"] == 6 and printed["arc_easy"]["skipped_too_long"] == 0
     assert printed["arc_easy"]["chance"] == pytest.approx(1 / 3) and 0 <= printed["arc_easy"]["accuracy"] <= 1

@@ -147,10 +147,22 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         self.local_v = torch.nn.Linear(self.qkv.in_features, width, bias=self.qkv.bias is not None, device=device)
         self.local_o = torch.nn.Linear(width, self.proj.out_features, bias=False, device=device)
         if device.type != "meta":
-            torch.nn.init.trunc_normal_(self.local_v.weight, std=0.02)
-            if self.local_v.bias is not None:
-                torch.nn.init.zeros_(self.local_v.bias)
-            torch.nn.init.zeros_(self.local_o.weight)
+            self.init_weights()
+
+    def init_weights(self) -> None:
+        """The head kinds' own parameters at their start: mix heads ordinary (a = 0, b = 1), local heads' W_V' as
+        timm initialises a Linear and W_O' zero. timm's ``init_weights`` calls this after its own pass over the
+        module's Linears (so a model built on the meta device, ``to_empty``-ed and re-initialised starts right);
+        qkv and proj are timm's business and untouched."""
+        with torch.no_grad():
+            if self.mix_a is not None:
+                self.mix_a.zero_()
+                self.mix_b.fill_(1.0)
+            if self.local_v is not None:
+                torch.nn.init.trunc_normal_(self.local_v.weight, std=0.02)
+                if self.local_v.bias is not None:
+                    torch.nn.init.zeros_(self.local_v.bias)
+                torch.nn.init.zeros_(self.local_o.weight)
 
     def forward(
         self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False

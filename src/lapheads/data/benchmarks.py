@@ -9,13 +9,14 @@ file that is not readable, or rows without the task's fields, are a one-line err
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from lapheads.data.images import DataError
 from lapheads.errors import InputError
 
-__all__ = ["HUB_DATASETS", "LETTERS", "load_task", "read_task_rows", "render_mc"]
+__all__ = ["HUB_DATASETS", "LETTERS", "load_task", "read_task_rows", "render_mc", "usable_rows"]
 
 LETTERS = "ABCDEFGHIJ"
 # task -> (hub path, config, split)
@@ -78,11 +79,46 @@ def load_task(task: str, data_dir: str | Path | None = None) -> list[dict[str, A
     if task not in HUB_DATASETS:
         raise InputError(f"unknown task {task!r}; allowed: {', '.join(HUB_DATASETS)}")
     rows = read_task_rows(task, data_dir, HUB_DATASETS[task], label=f"task {task}")
-    missing = [k for k in _REQUIRED[task] if rows and k not in rows[0]]
-    if missing or not rows:
-        raise DataError(f"task {task}: rows lack {', '.join(missing) or 'everything (no rows)'}; allowed: the "
-                        f"schema of {HUB_DATASETS[task][0]}")
+    if not rows:
+        raise DataError(f"task {task}: no rows; allowed: the schema of {HUB_DATASETS[task][0]}")
+    for number, row in enumerate(rows, 1):  # every row, not the first: a bad row 900 is as bad as a bad row 1
+        missing = [k for k in _REQUIRED[task] if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise DataError(f"task {task}: row {number} lacks {', '.join(missing)}; allowed: the schema of "
+                            f"{HUB_DATASETS[task][0]} ({', '.join(_REQUIRED[task])})")
     return rows
+
+
+_NUMBER = re.compile(r"-?[\d,]*\.?\d+")
+
+
+def _ground_truth_usable(task: str, row: dict[str, Any]) -> bool:
+    """Whether a row's reference answer can be scored: an MMLU answer index among its choices, an ARC answerKey
+    among its labels, a number in a GSM8K solution, HumanEval's code as text."""
+    try:
+        if task == "mmlu":
+            answer, choices = row["answer"], row["choices"]
+            return not isinstance(answer, bool) and int(answer) == answer and 0 <= int(answer) < len(choices) <= 10
+        if task in ("arc_easy", "arc_challenge"):
+            labels, texts = list(row["choices"]["label"]), list(row["choices"]["text"])
+            return len(labels) == len(texts) <= 10 and row["answerKey"] in labels
+        if task == "gsm8k":
+            return isinstance(row["answer"], str) and _NUMBER.search(row["answer"].split("####")[-1]) is not None
+        return all(isinstance(row[k], str) for k in _REQUIRED[task])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def usable_rows(task: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+    """(the rows whose ground truth can be scored, the 1-based numbers of those that cannot): an evaluation scores
+    the first and reports how many it left out, instead of scoring an unusable item as a wrong answer."""
+    usable, unusable = [], []
+    for number, row in enumerate(rows, 1):
+        if _ground_truth_usable(task, row):
+            usable.append(row)
+        else:
+            unusable.append(number)
+    return usable, unusable
 
 
 def render_mc(question: str, choices: list[str]) -> str:

@@ -16,6 +16,7 @@ Design choices:
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lapheads.apps.chat import ChatEngine
+from lapheads.data.benchmarks import usable_rows
 from lapheads.data.conversations import gsm8k_conversation, mc_conversation, render_for_completion
 from lapheads.data.images import DataError
 from lapheads.errors import InputError
@@ -140,13 +142,15 @@ def _rows(task: str, data_dir: str | None, max_examples: int | None) -> list[dic
         from lapheads.data.synthetic import generated_items
 
         rows = [{"conversation": c, "reference": ref} for c, ref in generated_items(task, "test")]
-    elif task == "gsm8k":
-        rows = [
-            {"conversation": gsm8k_conversation(r["question"], ""), "reference": extract_number(r["answer"])}
-            for r in load_task("gsm8k", data_dir)
-        ]
     else:
-        rows = load_task(task, data_dir)
+        rows, unusable = usable_rows(task, load_task(task, data_dir))
+        if unusable:  # scored as wrong they would lower the accuracy without a word
+            print(f"lapheads: {task}: {len(unusable)} item(s) with unusable ground truth left out", file=sys.stderr)
+        if task == "gsm8k":
+            rows = [
+                {"conversation": gsm8k_conversation(r["question"], ""), "reference": extract_number(r["answer"])}
+                for r in rows
+            ]
     return rows[:max_examples]
 
 

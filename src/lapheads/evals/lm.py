@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lapheads.data.benchmarks import HUB_DATASETS, LETTERS, load_task, render_mc
+from lapheads.data.benchmarks import HUB_DATASETS, LETTERS, load_task, render_mc, usable_rows
 from lapheads.data.images import DataError
 from lapheads.data.text import validation_windows
 from lapheads.data.tokenizers import Tokenizer
@@ -433,7 +434,18 @@ def run_evals(
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks:
         raise InputError(f"unknown task(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(TASKS)}")
-    rows = {t: load_task(t, data_dir)[:max_examples] for t in tasks if t != "val_bpb"}  # fail early on data
+    rows, unusable = {}, {}
+    for task in tasks:  # every task's data before any scoring: fail early
+        if task != "val_bpb":
+            kept, unusable[task] = usable_rows(task, load_task(task, data_dir))
+            rows[task] = kept[:max_examples]
+            if unusable[task]:  # scored as wrong they would lower the accuracy without a word
+                shown = ", ".join(map(str, unusable[task][:5])) + (", ..." if len(unusable[task]) > 5 else "")
+                print(
+                    f"lapheads: {task}: {len(unusable[task])} item(s) with unusable ground truth left out "
+                    f"(rows {shown})",
+                    file=sys.stderr,
+                )
     lm = load_lm(run_dir, nanochat=nanochat, step=step, tokenizer_dir=tokenizer_dir, device=device)
     model, tokenizer = lm.model, lm.tokenizer
     results: dict[str, Any] = {}
@@ -466,6 +478,8 @@ def run_evals(
             results[task] = score_humaneval(
                 model, tokenizer, rows[task], num_samples=num_samples, ks=ks, progress=progress
             )
+    for task, left_out in unusable.items():
+        results[task]["unusable"] = len(left_out)
     out = lm.report_dir / "eval_lm.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps({"tasks": results, "max_examples": max_examples, "chat": chat}, indent=1) + "\n")
