@@ -93,6 +93,36 @@ class LaplacianHeadsMixin:
         if num_local:
             raise HeadSpecError(f"{type(self).__name__} has no local term; allowed kinds here: all but 'local'")
 
+    @torch.jit.ignore
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: Optional[torch.Tensor],
+        is_causal: bool,
+        return_attn: bool,
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The op on this layer's heads (fused, or the reference path when timm's ``fused_attn`` is off or P is
+        wanted), for any timm attention class with ``attn_drop``, ``scale`` and ``fused_attn``; left to Python by
+        TorchScript, traced as one call by FX."""
+        # not the property: under TorchScript ``self`` is the scripted module, which keeps attributes only
+        trailing = -1 if self._op_heads is None else self._op_heads
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        blend = getattr(self, "laplacian_blend", None)  # lambda of a blend conversion (lapheads.core.convert)
+        kinds_of_heads = self._kinds  # attributes, not methods: under TorchScript self keeps attributes only
+        kinds = None if kinds_of_heads is None else list(kinds_of_heads)
+        mix = None if self.mix_a is None else (self.mix_a, self.mix_b)
+        if self.fused_attn and not return_attn:
+            out = _fused_leaf(
+                q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend, kinds, mix
+            )
+            return out, None
+        out, attn = _reference_leaf(
+            q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend, kinds, mix
+        )
+        return out, attn
+
     @property
     def head_kinds(self) -> tuple[str, ...]:
         """Every head's kind (ordinary / laplacian unless other kinds were given)."""
@@ -203,35 +233,6 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         if self.local_v is not None:  # "local" heads: their untied token-local term, W_O' W_V' x
             out = out + self.local_o(self.local_v(tokens))
         return self.proj_drop(out), attn
-
-    @torch.jit.ignore
-    def _attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        attn_mask: Optional[torch.Tensor],
-        is_causal: bool,
-        return_attn: bool,
-    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The op (fused, or the reference path when timm's ``fused_attn`` is off or P is wanted); left to Python by
-        TorchScript, traced as one call by FX."""
-        # not the property: under TorchScript ``self`` is the scripted module, which keeps attributes only
-        trailing = -1 if self._op_heads is None else self._op_heads
-        dropout_p = self.attn_drop.p if self.training else 0.0
-        blend = getattr(self, "laplacian_blend", None)  # lambda of a blend conversion (lapheads.core.convert)
-        kinds_of_heads = self._kinds  # attributes, not methods: under TorchScript self keeps attributes only
-        kinds = None if kinds_of_heads is None else list(kinds_of_heads)
-        mix = None if self.mix_a is None else (self.mix_a, self.mix_b)
-        if self.fused_attn and not return_attn:
-            out = _fused_leaf(
-                q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend, kinds, mix
-            )
-            return out, None
-        out, attn = _reference_leaf(
-            q, k, v, self.laplacian_mask, trailing, attn_mask, is_causal, dropout_p, self.scale, blend, kinds, mix
-        )
-        return out, attn
 
     def extra_repr(self) -> str:
         if getattr(self, "_kinds", None) is not None:

@@ -1,0 +1,78 @@
+"""Laplacian heads in timm's EVA family (EVA-02, EVA, PE, ...): ``LaplacianEvaAttention``, the same module with the
+one op in place of SDPA.
+
+timm's ``Eva`` takes no ``attn_layer`` argument, so :func:`convert_eva` turns a built model's ``EvaAttention``
+modules into ``LaplacianEvaAttention`` in place (the subclass adds behaviour only: parameters, state dict and
+timm's pretrained weights stay those of the plain model). With 0 Laplacian heads the output is timm's exactly.
+Rotary embeddings are applied to q and k before the op, as in EVA; the identity term is each token's own value.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from timm.layers import apply_rot_embed_cat
+from timm.models.eva import Eva, EvaAttention
+
+from lapheads.core.heads import parse_head_kinds
+from lapheads.core.modules import LaplacianHeadsMixin
+
+__all__ = ["LaplacianEvaAttention", "convert_eva"]
+
+
+class LaplacianEvaAttention(LaplacianHeadsMixin, EvaAttention):
+    """``timm.models.eva.EvaAttention`` whose heads go through ``lapheads.laplacian_attention`` (or the reference
+    path when ``fused_attn`` is off). Built by :func:`convert_eva` from a plain module."""
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: Optional[torch.Tensor] = None,
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        b, n, c = x.shape
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
+        q, k, v = self._qkv(x)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:  # EVA's rotary embedding on the patch tokens, prefix tokens left as they are
+            npt = self.num_prefix_tokens
+            half = getattr(self, "rotate_half", False)
+            q = torch.cat([q[:, :, :npt], apply_rot_embed_cat(q[:, :, npt:], rope, half=half)], dim=2).type_as(v)
+            k = torch.cat([k[:, :, :npt], apply_rot_embed_cat(k[:, :, npt:], rope, half=half)], dim=2).type_as(v)
+        x, _ = self._attend(q, k, v, attn_mask, is_causal, False)
+        x = self.norm(x.transpose(1, 2).reshape(b, n, c))
+        if gate is not None:
+            x = x * gate
+        return self.proj_drop(self.proj(x))
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, H, N, D) as EvaAttention builds them: one fused projection (with its split biases) or three."""
+        b, n, _ = x.shape
+        if self.qkv is None:
+            return tuple(proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2) for proj in self._projections())
+        if self.q_bias is None:
+            qkv = self.qkv(x)
+        else:
+            bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
+            qkv = self.qkv(x) + bias if self.qkv_bias_separate else F.linear(x, self.qkv.weight, bias)
+        return qkv.reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def _projections(self):
+        return self.q_proj, self.k_proj, self.v_proj
+
+
+def convert_eva(model: Eva, laplacian_heads: object) -> Eva:
+    """Give every attention layer of a timm ``Eva`` model its heads (any spec the one parser reads, per layer too;
+    "local" heads need an untied projection EVA does not have and are refused in one line)."""
+    layers = [m for m in model.modules() if isinstance(m, EvaAttention)]
+    kinds = parse_head_kinds(laplacian_heads, num_heads=layers[0].num_heads, num_layers=len(layers))
+    for module, layer_kinds in zip(layers, kinds):
+        if not isinstance(module, LaplacianEvaAttention):
+            module.__class__ = LaplacianEvaAttention  # behaviour only: parameters and state dict are unchanged
+            device = next(module.parameters()).device
+            module._init_laplacian_heads(module.num_heads, [kind == "laplacian" for kind in layer_kinds], device)
+        module.set_laplacian_heads(list(layer_kinds))
+    return model
