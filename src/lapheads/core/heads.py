@@ -38,6 +38,7 @@ __all__ = [
     "nearest_kind",
     "laplacian_head_mask",
     "parse_head_kinds",
+    "parse_head_kinds_per_layer",
     "parse_laplacian_heads",
     "parse_spec_arms",
 ]
@@ -300,6 +301,25 @@ def parse_head_kinds(spec: object, num_heads: int, num_layers: int) -> list[tupl
     if isinstance(spec, Sequence):
         return [_layer_kinds(item, num_heads, f"[layer {i}]") for i, item in enumerate(spec)]
     return [_layer_kinds(spec, num_heads, "")] * num_layers
+
+
+def parse_head_kinds_per_layer(spec: object, heads_per_layer: Sequence[int]) -> list[tuple[str, ...]]:
+    """:func:`parse_head_kinds` for models whose layers have different numbers of heads (Swin's stages): one item
+    for every layer is read against each layer's own head count; one item per layer against that layer's."""
+    num_layers = len(heads_per_layer)
+    if len(set(heads_per_layer)) == 1:
+        return parse_head_kinds(spec, heads_per_layer[0], num_layers)
+    if isinstance(spec, str):
+        items = [p.strip() for p in spec.strip().split(",")]
+        spec = items[0] if len(items) == 1 else items
+    if isinstance(spec, Sequence) and not isinstance(spec, str):
+        if len(spec) != num_layers:
+            raise HeadSpecError(
+                f"laplacian_heads has {len(spec)} entries {_short(spec)} but the model has {num_layers} layers; "
+                "allowed: one item per layer, or one item for all"
+            )
+        return [_layer_kinds(item, heads, f"[layer {i}]") for i, (item, heads) in enumerate(zip(spec, heads_per_layer))]
+    return [_layer_kinds(spec, heads, f"[layer {i}]") for i, heads in enumerate(heads_per_layer)]
 
 
 #: The named points of a mix head's (a, b) (a V + b P V): the kinds the paper and its ablations talk about.

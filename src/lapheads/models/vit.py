@@ -21,6 +21,7 @@ import timm
 import torch
 from timm.models import generate_default_cfgs, register_model
 from timm.models.eva import Eva
+from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import VisionTransformer
 
 from lapheads.core.convert import init_heads
@@ -30,6 +31,7 @@ from lapheads.errors import InputError
 from lapheads.hardware import check_fits
 from lapheads.io import load_tensor_file
 from lapheads.models.eva import convert_eva
+from lapheads.models.swin import convert_swin
 
 __all__ = ["CPU_VIT_ARGS", "create_vit", "set_laplacian_heads", "vit_head_kinds", "vit_laplacian_masks"]
 
@@ -97,20 +99,23 @@ def create_vit(
     except TypeError as err:
         if "attn_layer" not in str(err) and "qk_norm" not in str(err):
             raise
-        model = _eva_or_none(name, qk_norm, timm_kwargs)  # EVA takes no attn_layer: its modules are converted
+        model = _convertible_or_none(name, qk_norm, timm_kwargs)  # EVA, Swin: no attn_layer, modules converted
         if model is None:
             raise InputError(
-                f"model {name!r} takes no attn_layer; allowed: timm VisionTransformer and EVA models"
+                f"model {name!r} takes no attn_layer; allowed: timm VisionTransformer, EVA and Swin models"
             ) from None
     # features_only=True wraps the model in timm's feature extractor (FeatureGetterNet): its heads are the inner
     # model's, set the same way
     inner = getattr(model, "model", None) if timm_kwargs.get("features_only") else model
     if isinstance(inner, Eva):
         convert_eva(model, laplacian_heads)
+    elif isinstance(inner, SwinTransformer):
+        convert_swin(model, laplacian_heads)
     elif isinstance(inner, VisionTransformer):
         set_laplacian_heads(model, laplacian_heads)
     else:
-        raise InputError(f"model {name!r} is a {type(model).__name__}; allowed: timm VisionTransformer and EVA models")
+        allowed = "timm VisionTransformer, EVA and Swin models"
+        raise InputError(f"model {name!r} is a {type(model).__name__}; allowed: {allowed}")
     for attn in (m for m in model.modules() if isinstance(m, LaplacianHeadsMixin)):
         width = attn.proj.in_features // attn.num_heads
         init_heads(
@@ -122,14 +127,15 @@ def create_vit(
     return model
 
 
-def _eva_or_none(name: str, qk_norm: bool, timm_kwargs: dict[str, Any]) -> Eva | None:
-    """``name`` built as timm builds it, if it is an EVA model (its attention is converted afterwards), else None."""
+def _convertible_or_none(name: str, qk_norm: bool, timm_kwargs: dict[str, Any]) -> torch.nn.Module | None:
+    """``name`` built as timm builds it, if it is an EVA or Swin model (its attention is converted afterwards),
+    else None."""
     try:
         model = timm.create_model(name, **({"qk_norm": True} if qk_norm else {}), **timm_kwargs)
     except TypeError:
         return None
     inner = getattr(model, "model", None) if timm_kwargs.get("features_only") else model
-    return model if isinstance(inner, Eva) else None
+    return model if isinstance(inner, (Eva, SwinTransformer)) else None
 
 
 def _check_size(name: str, qk_norm: bool, timm_kwargs: dict[str, Any]) -> None:

@@ -1,0 +1,51 @@
+"""Laplacian heads in timm's Swin Transformer: ``LaplacianWindowAttention``, window attention through the one op.
+
+timm's ``SwinTransformer`` takes no ``attn_layer`` argument, so :func:`convert_swin` turns a built model's
+``WindowAttention`` modules into ``LaplacianWindowAttention`` in place (behaviour only: parameters, state dict and
+timm's weights are the plain model's). Each window is one sequence: a Laplacian head outputs V - P V within its
+window, with P from the relative-position bias and the shifted-window mask as an additive mask (timm's fused path).
+Stages have different head counts, so a spec is read per layer against that layer's heads
+(``parse_head_kinds_per_layer``): an int k makes the trailing k heads of every layer Laplacian.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from timm.models.swin_transformer import SwinTransformer, WindowAttention
+
+from lapheads.core.heads import parse_head_kinds_per_layer
+from lapheads.core.modules import LaplacianHeadsMixin
+
+__all__ = ["LaplacianWindowAttention", "convert_swin"]
+
+
+class LaplacianWindowAttention(LaplacianHeadsMixin, WindowAttention):
+    """``timm.models.swin_transformer.WindowAttention`` whose heads go through ``lapheads.laplacian_attention`` (or
+    the reference path when ``fused_attn`` is off). Built by :func:`convert_swin` from a plain module."""
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        b, n, _ = x.shape  # b = windows x batch
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        attn_mask = self._get_rel_pos_bias()  # (1, H, N, N), additive
+        if mask is not None:  # shifted windows: (windows, N, N) of 0 / -100, the same for every image
+            windows = mask.shape[0]
+            mask = mask.view(1, windows, 1, n, n).expand(b // windows, -1, self.num_heads, -1, -1)
+            attn_mask = attn_mask + mask.reshape(-1, self.num_heads, n, n)
+        x, _ = self._attend(q, k, v, attn_mask.to(q.dtype), False, False)
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(b, n, -1)))
+
+
+def convert_swin(model: SwinTransformer, laplacian_heads: object) -> SwinTransformer:
+    """Give every window-attention layer of a timm ``SwinTransformer`` its heads (any spec the one parser reads,
+    per layer against that layer's head count; "local" heads are refused in one line)."""
+    layers = [m for m in model.modules() if isinstance(m, WindowAttention)]
+    kinds = parse_head_kinds_per_layer(laplacian_heads, [m.num_heads for m in layers])
+    for module, layer_kinds in zip(layers, kinds):
+        if not isinstance(module, LaplacianWindowAttention):
+            module.__class__ = LaplacianWindowAttention  # behaviour only: parameters and state dict are unchanged
+            device = next(module.parameters()).device
+            module._init_laplacian_heads(module.num_heads, [kind == "laplacian" for kind in layer_kinds], device)
+        module.set_laplacian_heads(list(layer_kinds))
+    return model

@@ -1,0 +1,61 @@
+"""Laplacian heads in timm's Swin Transformer through the one op: timm's model at k = 0, (I - P) V per window."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import lapheads
+from lapheads.core.heads import HeadSpecError, parse_head_kinds_per_layer
+from lapheads.models.swin import LaplacianWindowAttention
+
+NAME = "swin_tiny_patch4_window7_224"
+KWARGS = dict(img_size=32, patch_size=2, window_size=4, embed_dim=24, depths=(2, 2), num_heads=(2, 4), num_classes=10)
+
+
+def _pair(spec):
+    torch.manual_seed(0)
+    plain = timm.create_model(NAME, **KWARGS).eval()
+    model = lapheads.create_vit(NAME, spec, **KWARGS).eval()
+    missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)  # timm's own weights
+    assert not unexpected and all(key.endswith(("mix_a", "mix_b")) for key in missing)  # only the kinds' own
+    return plain, model
+
+
+def test_zero_heads_are_timms_swin_and_every_window_attention_is_converted():
+    plain, model = _pair(0)
+    x = torch.randn(2, 3, 32, 32)
+    attention = [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+    assert len(attention) == 4 and all(isinstance(m, LaplacianWindowAttention) for m in attention)
+    torch.testing.assert_close(model(x), plain(x), rtol=0, atol=1e-6)
+
+
+def test_a_shifted_window_block_outputs_v_minus_pv_with_its_bias_and_mask():
+    _, model = _pair(1)
+    block = model.layers[1].blocks[1]  # the shifted block of the 4-head stage
+    attn = block.attn
+    assert attn.laplacian_head_list == [False, False, False, True]
+    windows, n, c = 8, 16, attn.proj.in_features
+    torch.manual_seed(1)
+    x = torch.randn(windows, n, c)
+    mask = torch.where(torch.rand(4, n, n) < 0.3, -100.0, 0.0)  # per window, the same for every image
+    q, k, v = attn.qkv(x).reshape(windows, n, 3, 4, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    logits = q @ k.transpose(-2, -1) * attn.scale + attn._get_rel_pos_bias()
+    logits = logits.view(2, 4, 4, n, n) + mask.view(1, 4, 1, n, n)
+    p = logits.view(windows, 4, n, n).softmax(-1)
+    heads = torch.where(torch.tensor([False, False, False, True]).view(1, 4, 1, 1), v - p @ v, p @ v)
+    expected = attn.proj(heads.transpose(1, 2).reshape(windows, n, c))
+    torch.testing.assert_close(attn(x, mask), expected, rtol=1e-5, atol=1e-6)
+    attn.fused_attn = False  # the textbook path agrees
+    torch.testing.assert_close(attn(x, mask), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_spec_is_read_against_each_stages_own_head_count():
+    assert parse_head_kinds_per_layer(2, [2, 4]) == [("laplacian",) * 2, ("ordinary",) * 2 + ("laplacian",) * 2]
+    assert parse_head_kinds_per_layer("0,negated:1", [2, 4])[1] == ("ordinary",) * 3 + ("negated",)
+    with pytest.raises(HeadSpecError, match=r"laplacian_heads\[layer 0\]=3 is out of range; allowed: 0 to 2"):
+        parse_head_kinds_per_layer(3, [2, 4])
+    _, model = _pair("0,0,mix,mix")
+    model(torch.randn(1, 3, 32, 32)).sum().backward()
+    assert model.layers[1].blocks[0].attn.mix_a.grad is not None
