@@ -114,3 +114,28 @@ def test_nanochats_pickled_tokenizer_loads_without_running_code_and_saves_as_jso
     )
     with pytest.raises(TokenizerError, match="state is a str .*allowed: its data"):
         Tokenizer.nanochat(tmp_path / "named")
+
+
+def test_a_crafted_tokenizer_file_is_one_line_even_when_the_library_panics(tmp_path, tokenizers, monkeypatch):
+    """tokenizers is Rust: a regex it cannot build is an Exception, a panic a BaseException (pyo3's PanicException);
+    both are one TokenizerError naming the file."""
+    import json
+
+    import tokenizers as hf
+
+    tokenizers["bpe"].save(tmp_path / "tok")
+    state = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
+    state["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": "a{99999999}"}
+    (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(state))
+    with pytest.raises(TokenizerError, match=r"tokenizer.json is missing or corrupt: .*too big number"):
+        load_tokenizer(tmp_path / "tok")
+
+    class PanicException(BaseException):  # what pyo3 raises when Rust code panics
+        pass
+
+    def panic(path):
+        raise PanicException("called `Result::unwrap()` on an `Err` value")
+
+    monkeypatch.setattr(hf.Tokenizer, "from_file", panic)
+    with pytest.raises(TokenizerError, match=r"is missing or corrupt: called `Result::unwrap\(\)`"):
+        load_tokenizer(tmp_path / "tok")

@@ -270,7 +270,9 @@ def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
 
         try:
             tokenizer = Tokenizer(meta["kind"], HFTokenizer.from_file(str(folder / "tokenizer.json")), bos=meta["bos"])
-        except Exception as err:  # tokenizers raises a bare Exception on bad files
+        except BaseException as err:  # noqa: BLE001 - a bare Exception on bad files; a Rust panic is a BaseException
+            if isinstance(err, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise
             raise TokenizerError(f"{folder / 'tokenizer.json'} is missing or corrupt: {str(err)[:100]}") from None
     if tokenizer.vocab_size != meta["vocab_size"]:
         raise TokenizerError(f"{folder}: vocab size {tokenizer.vocab_size} != recorded {meta['vocab_size']}")
