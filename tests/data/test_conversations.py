@@ -138,3 +138,25 @@ def test_generated_tasks_are_fixed_correct_and_held_out(task):
         output = [p["text"] for p in parts if p["type"] == "python_output"][0]
         assert str(eval(call)) == output == reference  # noqa: S307 - our own generated expressions
         assert parts[-1]["text"].endswith(f"#### {reference}")
+
+
+@pytest.mark.parametrize(
+    "source, rows, message",
+    [
+        ("smoltalk", [{"messages": [{"role": "user", "content": "hi"}]}, {"text": "x"}],
+         r"conversation source smoltalk: row 2 lacks messages"),
+        ("smoltalk", [{"messages": [{"role": "user", "content": "hi"}]}, {"messages": [{"role": "bot", "content": ""}]}],
+         r"conversation source smoltalk: row 2 has messages .*allowed: a non-empty list of \{role"),
+        ("smoltalk", [{"messages": []}], r"row 1 has messages '\[\]'"),
+        ("mmlu_aux", [{"question": "q", "choices": ["a", "b"], "answer": 1}, {"question": "q", "choices": ["a"], "answer": 3}],
+         r"conversation source mmlu_aux: row 2 is unusable \(answer 3 of 1 choices\)"),
+        ("gsm8k_train", [{"question": "q", "answer": "#### 1"}, {"question": "q"}],
+         r"conversation source gsm8k_train: row 2 lacks answer"),
+    ],
+)
+def test_every_row_of_a_conversation_source_is_checked(tmp_path, source, rows, message):
+    from lapheads.data.images import DataError
+
+    (tmp_path / f"{source}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=message):
+        conversation_mixture(source.replace("_train", ""), tmp_path, seed=0)

@@ -159,30 +159,63 @@ def gsm8k_conversation(question: str, answer: str) -> Conversation:
     return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": parts}]}
 
 
-def _rows(name: str, data_dir: str | Path | None, hub: tuple[str, str | None, str] | None) -> list[dict[str, Any]]:
+def _rows(
+    name: str, data_dir: str | Path | None, hub: tuple[str, str | None, str] | None, keys: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """The rows of a source, each checked for ``keys`` (the row number in the error: a bad row 9,000 is as bad as a
+    bad row 1)."""
     from lapheads.data.benchmarks import read_task_rows
 
-    return read_task_rows(name, data_dir, hub)
+    rows = read_task_rows(name, data_dir, hub)
+    for number, row in enumerate(rows, 1):
+        missing = [k for k in keys if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise DataError(f"conversation source {name}: row {number} lacks {', '.join(missing)}; allowed: rows "
+                            f"with {', '.join(keys)} (the hub's schema)")
+    return rows
+
+
+def _messages(name: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows whose "messages" are a list of {"role", "content"}; anything else is a one-line error naming the row."""
+    for number, row in enumerate(rows, 1):
+        messages = row["messages"]
+        if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and "content" in m
+            for m in messages
+        ):
+            raise DataError(f"conversation source {name}: row {number} has messages {str(messages)[:60]!r}; allowed: "
+                            "a non-empty list of {role: system|user|assistant, content}")
+    return [{"messages": row["messages"]} for row in rows]
 
 
 def _smoltalk(data_dir):
-    return [{"messages": row["messages"]} for row in _rows("smoltalk", data_dir, ("HuggingFaceTB/smol-smoltalk", None,
-                                                                                   "train"))]
+    return _messages("smoltalk", _rows("smoltalk", data_dir, ("HuggingFaceTB/smol-smoltalk", None, "train"),
+                                       ("messages",)))
 
 
 def _mmlu_aux(data_dir):
-    rows = _rows("mmlu_aux", data_dir, ("cais/mmlu", "auxiliary_train", "train"))
+    rows = _rows("mmlu_aux", data_dir, ("cais/mmlu", "auxiliary_train", "train"), ())
     rows = [row.get("train", row) for row in rows]  # the hub nests each auxiliary row under "train"
-    return [mc_conversation(r["question"], list(r["choices"]), int(r["answer"])) for r in rows]
+    conversations = []
+    for number, r in enumerate(rows, 1):
+        try:
+            choices, answer = list(r["choices"]), int(r["answer"])
+            if not 0 <= answer < len(choices):
+                raise ValueError(f"answer {answer} of {len(choices)} choices")
+            conversations.append(mc_conversation(r["question"], choices, answer))
+        except (KeyError, TypeError, ValueError) as err:
+            raise DataError(f"conversation source mmlu_aux: row {number} is unusable ({str(err)[:60]}); allowed: "
+                            "question, choices and an answer index among them") from None
+    return conversations
 
 
 def _gsm8k(data_dir):
-    return [gsm8k_conversation(r["question"], r["answer"]) for r in _rows("gsm8k_train", data_dir,
-                                                                           ("openai/gsm8k", "main", "train"))]
+    rows = _rows("gsm8k_train", data_dir, ("openai/gsm8k", "main", "train"), ("question", "answer"))
+    return [gsm8k_conversation(r["question"], r["answer"]) for r in rows]
 
 
 def _identity(data_dir):
-    return [{"messages": row["messages"]} for row in _rows("identity", data_dir, None)]
+    return _messages("identity", _rows("identity", data_dir, None, ("messages",)))
 
 
 def _generated(task: str, split: str):
