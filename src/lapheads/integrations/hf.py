@@ -80,7 +80,8 @@ def _layer_kinds(module: nn.Module) -> tuple[str, ...] | None:
     """The layer's head kinds when they are more than ordinary and Laplacian heads (None otherwise)."""
     kinds = getattr(module, "laplacian_kinds", None)
     if kinds is None and getattr(module, "laplacian_kinds_checked", False) is False:
-        spec, layer = getattr(module.config, "laplacian_head_kinds", None), getattr(module, "layer_idx", None)
+        config, layer = getattr(module, "config", None), getattr(module, "layer_idx", None)
+        spec = getattr(config, "laplacian_head_kinds", None)
         module.laplacian_kinds_checked = True
         if spec is not None and layer is not None:
             kinds = module.laplacian_kinds = tuple(spec[layer])
