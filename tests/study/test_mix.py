@@ -62,3 +62,25 @@ def test_a_run_without_mix_heads_is_a_one_line_error(tiny_config, tmp_path, caps
     train_classify(tiny_config, tmp_path / "run")
     assert main(["mix", str(tmp_path / "run")]) == 2
     assert "has no mix heads" in capsys.readouterr().err
+
+
+def test_mix_scalars_can_learn_at_their_own_rate(tiny_config, tmp_path):
+    """--mix-lr-scale puts the mix heads' (a, b) in an optimizer group at lr x the scale (timm's scheduler keeps the
+    ratio); the same run at scale 1 moves them less. Without mix heads or at 1 the groups are timm's own."""
+    from lapheads.runs import load_model
+    from lapheads.train.classify import _param_groups, train_classify
+
+    moved = {}
+    for scale in (1.0, 30.0):
+        cfg = dataclasses.replace(tiny_config, laplacian_heads="mix", lr=3e-3, mix_lr_scale=scale)
+        train_classify(cfg, tmp_path / f"s{scale}")
+        model = load_model(tmp_path / f"s{scale}")
+        moved[scale] = max(
+            float((m.mix_b - 1).abs().max()) for m in model.modules() if getattr(m, "mix_b", None) is not None
+        )
+    assert moved[30.0] > 3 * moved[1.0] > 0
+    cfg = dataclasses.replace(tiny_config, laplacian_heads="mix", mix_lr_scale=30.0)
+    model = lapheads.create_vit("vit_fmnist_patch4", "mix", patch_size=7, depth=2)
+    groups = _param_groups(cfg)(model)
+    assert groups[-1]["lr_scale"] == 30.0 and len(groups[-1]["params"]) == 4  # a and b of 2 blocks
+    assert _param_groups(dataclasses.replace(cfg, mix_lr_scale=1.0)) is None

@@ -89,6 +89,12 @@ class ClassifyConfig(RunConfig):
         "weight of the decisiveness penalty on mix heads' (a, b): towards a named kind (lapheads.study.mix; 0: off)",
         NON_NEGATIVE,
     )
+    mix_lr_scale: float = option(
+        1.0,
+        "mix heads' (a, b) learn at lr x this (two scalars per head move slowly at a matrix LR; the GPT gives them "
+        "nanochat's scalar LR)",
+        POSITIVE,
+    )
     # optimisation
     epochs: float = option(1.0, "training length in epochs (fractions allowed)", POSITIVE)
     batch_size: int = option(128, "global batch: images per optimizer step, over all processes", POSITIVE)
@@ -214,6 +220,27 @@ def _collate(dataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
 
 
+def _param_groups(cfg: ClassifyConfig):
+    """None (timm's own weight-decay groups), or with ``mix_lr_scale`` != 1 those groups plus one for the mix
+    heads' (a, b) at lr x the scale (timm's schedulers honour a group's ``lr_scale``), without weight decay."""
+    if cfg.mix_lr_scale == 1.0:
+        return None
+
+    def groups(model: torch.nn.Module) -> list[dict[str, Any]]:
+        from timm.optim import param_groups_weight_decay
+
+        mix = [p for name, p in model.named_parameters() if name.endswith(("mix_a", "mix_b"))]
+        if not mix:
+            return param_groups_weight_decay(model, cfg.weight_decay)
+        ids = {id(p) for p in mix}
+        plain = param_groups_weight_decay(model, cfg.weight_decay)
+        for group in plain:
+            group["params"] = [p for p in group["params"] if id(p) not in ids]
+        return [*plain, {"params": mix, "weight_decay": 0.0, "lr_scale": cfg.mix_lr_scale}]
+
+    return groups
+
+
 def train_classify(
     cfg: ClassifyConfig,
     run_dir: str | Path,
@@ -267,7 +294,9 @@ def train_classify(
     from timm.scheduler import CosineLRScheduler
     from timm.utils import ModelEmaV3
 
-    optimizer = create_optimizer_v2(model, opt=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = create_optimizer_v2(
+        model, opt=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, param_group_fn=_param_groups(cfg)
+    )
     sampler = GlobalBatchSampler(len(train_set), micro_batch, accum_steps, dist_.rank, dist_.world_size, cfg.seed)
     total_steps = max(1, math.ceil(cfg.epochs * sampler.steps_per_epoch))
     warmup_steps = min(total_steps - 1, round(cfg.warmup_epochs * sampler.steps_per_epoch))
