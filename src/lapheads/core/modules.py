@@ -27,7 +27,7 @@ from lapheads.core.heads import (
     laplacian_head_mask,
 )
 
-__all__ = ["LaplacianAttention", "LaplacianHeadsMixin", "decisiveness_penalty"]
+__all__ = ["LaplacianAttention", "LaplacianHeadsMixin", "convert_attention", "decisiveness_penalty"]
 
 
 class LaplacianHeadsMixin:
@@ -238,6 +238,20 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         if getattr(self, "_kinds", None) is not None:
             return f"head_kinds={list(self._kinds)}"
         return f"laplacian_heads={format_head_mask(self._laplacian_host)}"
+
+
+def convert_attention(
+    modules: Sequence[torch.nn.Module], laplacian_class: type, kinds_per_layer: Sequence[Sequence[str]]
+) -> None:
+    """Turn timm attention modules of a family without ``attn_layer`` (EVA, Swin) into ``laplacian_class`` in
+    place: the class gains only behaviour (the mixin's heads and the op), so parameters and state dict stay the
+    family's own; each module then gets its layer's kinds."""
+    for module, kinds in zip(modules, kinds_per_layer):
+        if not isinstance(module, laplacian_class):
+            module.__class__ = laplacian_class
+            device = next(module.parameters()).device
+            module._init_laplacian_heads(module.num_heads, [kind == "laplacian" for kind in kinds], device)
+        module.set_laplacian_heads(list(kinds))
 
 
 def decisiveness_penalty(model: torch.nn.Module) -> torch.Tensor:

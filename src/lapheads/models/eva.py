@@ -17,7 +17,7 @@ from timm.layers import apply_rot_embed_cat
 from timm.models.eva import Eva, EvaAttention
 
 from lapheads.core.heads import parse_head_kinds
-from lapheads.core.modules import LaplacianHeadsMixin
+from lapheads.core.modules import LaplacianHeadsMixin, convert_attention
 
 __all__ = ["LaplacianEvaAttention", "convert_eva"]
 
@@ -68,11 +68,7 @@ def convert_eva(model: Eva, laplacian_heads: object) -> Eva:
     """Give every attention layer of a timm ``Eva`` model its heads (any spec the one parser reads, per layer too;
     "local" heads need an untied projection EVA does not have and are refused in one line)."""
     layers = [m for m in model.modules() if isinstance(m, EvaAttention)]
-    kinds = parse_head_kinds(laplacian_heads, num_heads=layers[0].num_heads, num_layers=len(layers))
-    for module, layer_kinds in zip(layers, kinds):
-        if not isinstance(module, LaplacianEvaAttention):
-            module.__class__ = LaplacianEvaAttention  # behaviour only: parameters and state dict are unchanged
-            device = next(module.parameters()).device
-            module._init_laplacian_heads(module.num_heads, [kind == "laplacian" for kind in layer_kinds], device)
-        module.set_laplacian_heads(list(layer_kinds))
+    convert_attention(
+        layers, LaplacianEvaAttention, parse_head_kinds(laplacian_heads, layers[0].num_heads, len(layers))
+    )
     return model

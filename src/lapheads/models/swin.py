@@ -16,7 +16,7 @@ import torch
 from timm.models.swin_transformer import SwinTransformer, WindowAttention
 
 from lapheads.core.heads import parse_head_kinds_per_layer
-from lapheads.core.modules import LaplacianHeadsMixin
+from lapheads.core.modules import LaplacianHeadsMixin, convert_attention
 
 __all__ = ["LaplacianWindowAttention", "convert_swin"]
 
@@ -41,11 +41,7 @@ def convert_swin(model: SwinTransformer, laplacian_heads: object) -> SwinTransfo
     """Give every window-attention layer of a timm ``SwinTransformer`` its heads (any spec the one parser reads,
     per layer against that layer's head count; "local" heads are refused in one line)."""
     layers = [m for m in model.modules() if isinstance(m, WindowAttention)]
-    kinds = parse_head_kinds_per_layer(laplacian_heads, [m.num_heads for m in layers])
-    for module, layer_kinds in zip(layers, kinds):
-        if not isinstance(module, LaplacianWindowAttention):
-            module.__class__ = LaplacianWindowAttention  # behaviour only: parameters and state dict are unchanged
-            device = next(module.parameters()).device
-            module._init_laplacian_heads(module.num_heads, [kind == "laplacian" for kind in layer_kinds], device)
-        module.set_laplacian_heads(list(layer_kinds))
+    convert_attention(
+        layers, LaplacianWindowAttention, parse_head_kinds_per_layer(laplacian_heads, [m.num_heads for m in layers])
+    )
     return model
