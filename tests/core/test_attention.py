@@ -522,9 +522,8 @@ def test_the_filled_identity_is_each_querys_own_value_under_any_mask(name, fused
     op = laplacian_attention if fused else laplacian_attention_reference
     out = op(q, k, v, 3, attn_mask=mask, identity="filled")
     torch.testing.assert_close(out, _own_value_textbook(q, k, v, mask, torch.arange(t)), rtol=0, atol=1e-12)
-    if name == "prefix-lm":  # the rule it replaces reads the prefix's last key for every prefix query
-        wrong = op(q, k, v, 3, attn_mask=mask, identity="last_allowed")
-        assert (wrong - out).abs().max() > 0.1
+    # "last_allowed", the earlier name, is the same rule (it used to read the prefix's last key for every prefix query)
+    torch.testing.assert_close(op(q, k, v, 3, attn_mask=mask, identity="last_allowed"), out, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -6,7 +6,7 @@
   a Laplacian head's dq, dk and dv equals feeding it -g; dv then gains g at the query's own position. No
   sign-flipped copy of g, no gradient of zeros for the ordinary heads' identity term, no extra accumulation pass.
 * ``_LaplacianCombine`` multiplies by a per-head sign and adds the masked value where that does not apply (a GQA
-  group mixing the two kinds, a blend, the "last_allowed" identity, a mask that needs a gradient, inference).
+  group mixing the two kinds, a blend, an identity read from the mask, a mask that needs a gradient, inference).
 * GQA/MQA: v is viewed per kv group and broadcast to its query heads, never copied.
 """
 

@@ -50,8 +50,8 @@ __all__ = ["IDENTITIES", "laplacian_attention", "laplacian_attention_reference"]
 
 #: Where the identity term reads each query's own value (``identity=``): "aligned", the queries are the last T of the
 #: S keys; "filled", the last T of the keys any query may attend to (a static cache's filled slots; with a dynamic
-#: cache or none it is "aligned" for every mask: causal, sliding, padding, prefix-LM, bidirectional); "last_allowed",
-#: the last key each query's own mask row allows (kept for callers that chose it; wrong under prefix-LM masks).
+#: cache or none it is "aligned" for every mask: causal, sliding, padding, prefix-LM, bidirectional). "last_allowed"
+#: is the earlier name of "filled" (it read each query's last allowed key, which a prefix-LM mask moves off the query).
 IDENTITIES = ("aligned", "filled", "last_allowed")
 
 
@@ -73,35 +73,11 @@ def _filled_index(attn_mask: Tensor, t: int, s: int) -> Tensor:
     return (torch.arange(t, device=attn_mask.device) + (filled - t)).clamp_min(0)
 
 
-def _own_values(v: Tensor, attn_mask: Tensor | None, t: int, num_heads: int, identity: str) -> Tensor:
+def _own_values(v: Tensor, attn_mask: Tensor | None, t: int, identity: str) -> Tensor:
     """v at each query's own position, (B, Hkv, T, D), as ``identity`` says."""
     if identity == "aligned" or attn_mask is None:
         return _identity_values(v, t)
-    if identity == "filled":
-        return v.index_select(2, _filled_index(attn_mask, t, v.shape[-2]))
-    return _last_allowed_values(v, attn_mask, num_heads)
-
-
-def _last_allowed_index(attn_mask: Tensor, t: int) -> Tensor:
-    """(B', H', T) index of the last key each query may attend to under ``attn_mask`` (bool, True = attend, or
-    additive float); computed on the device, no host sync. Under causal, padding, sliding-window and static-cache
-    masks that key is the query's own position."""
-    allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > torch.finfo(attn_mask.dtype).min / 2
-    while allowed.dim() < 4:
-        allowed = allowed.unsqueeze(0)
-    allowed = allowed.expand(*allowed.shape[:2], t, allowed.shape[-1])
-    s = allowed.shape[-1]
-    return (s - 1) - allowed.flip(-1).to(torch.uint8).argmax(-1)
-
-
-def _last_allowed_values(v: Tensor, attn_mask: Tensor, num_heads: int) -> Tensor:
-    """v at each query's last allowed key: (B, Hkv, T, D)."""
-    b, hkv, _, d = v.shape
-    index = _last_allowed_index(attn_mask, attn_mask.shape[-2])
-    if index.shape[1] == num_heads and num_heads != hkv:  # per-query-head masks: one per kv group is enough
-        index = index[:, :: num_heads // hkv]
-    index = index.expand(b, hkv, index.shape[-1])
-    return torch.gather(v, 2, index.unsqueeze(-1).expand(b, hkv, index.shape[-1], d))
+    return v.index_select(2, _filled_index(attn_mask, t, v.shape[-2]))
 
 
 def _causal_mask(t: int, s: int, device: torch.device) -> Tensor:
@@ -200,9 +176,8 @@ def laplacian_attention(
         dropout_p: attention dropout on P, so Laplacian heads compute (I - drop(P)) V.
         scale: softmax scale; default 1 / sqrt(D).
         identity: where the identity term reads each query's own value (:data:`IDENTITIES`). "aligned": the
-            queries are the last T of the S keys. "filled": the last T of the keys any query may see (static caches;
-            right for every mask shape). "last_allowed": the last key ``attn_mask`` lets the query see (causal
-            masks only: under a prefix-LM mask it is not the query's own); needs a mask.
+            queries are the last T of the S keys. "filled" (or its earlier name "last_allowed", which needs a
+            mask): the last T of the keys any query may see (static caches; right for every mask shape).
         blend: lambda in [0, 1] for Laplacian heads, which then output lambda V + (1 - 2 lambda) P V: 0 is plain
             attention (a function-preserving start when converting a pretrained model), 1 (None) is V - P V. A
             0-dim tensor avoids recompiling as it changes.
@@ -242,7 +217,7 @@ def laplacian_attention(
     y = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     if runs is None and lap_mask is None:
         return y  # no Laplacian head: exactly plain SDPA, nothing extra
-    v_self = _own_values(v, attn_mask, t, h, identity)
+    v_self = _own_values(v, attn_mask, t, identity)
     if runs is not None and len(runs) == 1 and hkv == h and blend is None:
         return v_self - y  # every head Laplacian: one subtraction, autograd needs nothing special
     if blocks and not needs_grad:  # inference (decoding): no graph, no sign tensors; one pass block by block
@@ -322,7 +297,7 @@ def _kinds_attention(
         attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
     y = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     alpha, beta, gamma = _kind_coefficients(kinds, mix, y.dtype, y.device)
-    v_self = _own_values(v, attn_mask, t, h, identity)
+    v_self = _own_values(v, attn_mask, t, identity)
     b, d, g = q.shape[0], v.shape[-1], h // hkv
     shape = (hkv, g, 1, 1)
     out = y.view(b, hkv, g, t, d) * beta.view(shape) + v_self.unsqueeze(2) * alpha.view(shape)
@@ -401,9 +376,7 @@ def laplacian_attention_reference(
     mask = laplacian_head_mask(laplacian_heads, h).to(q.device)
     t, s = q.shape[-2], k.shape[-2]
     identity_matrix = None  # before the causal mask below could be folded in
-    if identity == "last_allowed":
-        identity_matrix = F.one_hot(_last_allowed_index(attn_mask, t), s).to(q.dtype)  # (B', H', T, S)
-    elif identity == "filled" and attn_mask is not None:
+    if identity != "aligned" and attn_mask is not None:
         identity_matrix = F.one_hot(_filled_index(attn_mask, t, s), s).to(q.dtype)  # (T, S)
     if hkv != h:
         k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)

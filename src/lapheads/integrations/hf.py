@@ -35,6 +35,8 @@ Design choices:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -93,16 +95,24 @@ def _layer_kinds(module: nn.Module) -> tuple[str, ...] | None:
     return kinds
 
 
+@functools.cache
+def _output_collector():
+    """transformers' output collector (a context variable), or None where this transformers has none; looked up
+    once, not on every attention call."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # a transformers without output capturing hands the flag on
+        return None
+    return _active_collector
+
+
 def _maps_wanted(kwargs: dict) -> bool:
     """Whether the caller asked for attention maps: ``output_attentions`` handed on to the interface (Llama), or
     transformers' output collector recording "attentions" (models whose attention never sees the flag: GPT-2)."""
     if kwargs.get("output_attentions"):
         return True
-    try:
-        from transformers.utils.output_capturing import _active_collector
-    except ImportError:  # a transformers without output capturing hands the flag on
-        return False
-    collected = _active_collector.get()
+    collector = _output_collector()
+    collected = None if collector is None else collector.get()
     return collected is not None and "attentions" in collected
 
 
@@ -195,7 +205,8 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
 
     Args:
         model: a transformers ``PreTrainedModel`` whose attention goes through the attention interface.
-        laplacian_heads: any spec :func:`lapheads.parse_laplacian_heads` accepts.
+        laplacian_heads: any spec :func:`lapheads.core.heads.parse_head_kinds` reads (k, "0,2,2,0", per-layer
+            masks, head kinds but local).
         init: "switch", "signflip" or "blend" (see the module docstring).
 
     Returns:

@@ -146,7 +146,8 @@ def _check_size(name: str, qk_norm: bool, timm_kwargs: dict[str, Any]) -> None:
     if torch.empty(0).device.type == "meta":
         return
     depth = timm_kwargs.get("depth")
-    probe = {k: v for k, v in timm_kwargs.items() if k not in ("pretrained", "pretrained_cfg_overlay", "device")}
+    skip = ("pretrained", "pretrained_cfg_overlay", "device", "features_only", "out_indices", "feature_cfg")
+    probe = {k: v for k, v in timm_kwargs.items() if k not in skip}  # the bare model: its blocks are counted
     if isinstance(depth, int) and not isinstance(depth, bool) and depth > 0:
         probe["depth"] = 1
     try:
