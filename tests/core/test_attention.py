@@ -221,6 +221,47 @@ def test_training_gradients_of_the_fused_op_equal_the_reference(spec, hkv, case)
             torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("kernel", ["flash", "math"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_training_path_calls_sdpas_own_kernels_and_matches_sdpa_through_autograd_bit_for_bit(kernel, causal):
+    """Where SDPA's dispatcher picks its CPU flash kernel, the training path calls that kernel and its backward
+    directly (no re-entrant autograd call); output and gradients equal SDPA differentiated by autograd with the
+    combine written out, bit for bit. Under ``sdpa_kernel(MATH)`` the dispatcher's choice is respected."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from lapheads.core import _autograd
+
+    calls = []
+    direct = _autograd._CPU_FLASH
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return direct(*args, **kwargs)
+
+    q, k, v = (x.float() for x in qkv(t=T, s=T, seed=3))
+    grad_out = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(4))
+    lap = torch.tensor([False, False, True, True]).view(1, H, 1, 1)
+    backend = SDPBackend.FLASH_ATTENTION if kernel == "flash" else SDPBackend.MATH
+    results = []
+    for form in ("ours", "autograd"):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        with sdpa_kernel(backend), pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_autograd, "_CPU_FLASH", counting)
+            if form == "ours":
+                out = laplacian_attention(*leaves, 2, is_causal=causal)
+            else:
+                y = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+                out = torch.where(lap, leaves[2] - y, y)
+            out.backward(grad_out)
+        results.append([out.detach(), *(x.grad for x in leaves)])
+    assert len(calls) == (1 if kernel == "flash" else 0)
+    for ours, theirs in zip(*results):
+        if kernel == "flash":
+            assert torch.equal(ours, theirs)
+        else:
+            torch.testing.assert_close(ours, theirs)
+
+
 def test_the_training_path_frees_what_it_saved_after_backward():
     """As any autograd node: after a backward without retain_graph its saved tensors (and SDPA's inner graph) are
     gone even while the caller still holds the output, so a held loss does not keep a step's attention alive."""

@@ -16,6 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+# the overloads themselves, looked up once: the op's per-call cost is what small shapes feel
+_CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_CPU_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
 
 class _LaplacianCombine(torch.autograd.Function):
     """out = sign * y + lap * v per head: sign = -1, lap = 1 on Laplacian heads; sign = 1, lap = 0 on the others.
@@ -51,18 +55,19 @@ def _combine_runs(y: Tensor, v_self: Tensor, runs: tuple[tuple[int, int, bool], 
     y is (B, H, T, D) and v_self (B, Hkv, T, D) with H = Hkv * group; every run starts and ends on a group boundary
     (GQA: the query heads that share a kv head are of one kind), so v_self broadcasts over each group, uncopied.
     """
-    b, h, t, d = y.shape
     # y's own layout: SDPA on a packed qkv projection returns (B, T, H, D) strides, so the caller's
     # transpose(1, 2).reshape(B, T, H * D) before the output projection stays a free view
     out = torch.empty_like(y)
-    y_groups, out_groups = y.view(b, h // group, group, t, d), out.view(b, h // group, group, t, d)
-    v_groups = v_self.unsqueeze(2)
-    for start, stop, is_laplacian in runs:
-        kv = slice(start // group, stop // group)
-        if is_laplacian:
-            torch.sub(v_groups[:, kv], y_groups[:, kv], out=out_groups[:, kv])
-        else:
-            out_groups[:, kv].copy_(y_groups[:, kv])
+    for start, stop, is_laplacian in runs:  # narrow, not indexing: a view at a fraction of the Python cost
+        y_run, out_run = y.narrow(1, start, stop - start), out.narrow(1, start, stop - start)
+        if not is_laplacian:
+            out_run.copy_(y_run)
+        elif group == 1:
+            torch.sub(v_self.narrow(1, start, stop - start), y_run, out=out_run)
+        else:  # v_self broadcast over each group of query heads, uncopied
+            kv = v_self.narrow(1, start // group, (stop - start) // group).unsqueeze(2)
+            shape = (y.shape[0], -1, group, *y.shape[2:])
+            torch.sub(kv, y_run.view(shape), out=out_run.view(shape))
     return out
 
 
@@ -70,50 +75,69 @@ class _LaplacianSDPA(torch.autograd.Function):
     """SDPA and the combine as one autograd node, for heads known as blocks (``runs``) that do not split a kv group.
 
     Forward runs SDPA on detached inputs inside its own small graph (SDPA saves what it always saves) and writes
-    the output block by block. Backward: dq, dk, dv = SDPA's backward of g itself; on each Laplacian block they
+    the output block by block; where SDPA would run its CPU flash kernel (``cpu_flash``), that kernel and its
+    backward are called directly instead, saving the re-entrant autograd call (most of the op's fixed cost at small
+    shapes) with the very same kernels, so outputs and gradients stay bit-identical to SDPA's.
+    Backward: dq, dk, dv = SDPA's backward of g itself; on each Laplacian block they
     are negated in place (the backward is linear in g, head by head; under GQA every query head of a kv group is
     Laplacian, so the kv head's summed gradient flips as a whole) and dv gains g (summed over the group) at each
     query's own position, the last T of the S keys. Gradients equal those of ``v_self - y`` through autograd.
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, sdpa: dict, runs: tuple) -> Tensor:  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, sdpa: dict, runs: tuple, cpu_flash: bool) -> Tensor:  # type: ignore[override]
         group = q.shape[1] // k.shape[1]
-        with torch.enable_grad():
-            leaves = [x.detach().requires_grad_(x.requires_grad) for x in (q, k, v)]
-            y = _sdpa(*leaves, **sdpa)
-        # saved, not set on ctx: autograd frees saved tensors (and with y, SDPA's small graph) after a backward
-        # without retain_graph, even while the caller still holds the output
-        ctx.save_for_backward(y, *leaves)
-        ctx.runs, ctx.group = runs, group
-        return _combine_runs(y.detach(), _identity_values(v, q.shape[-2]), runs, group)
+        ctx.runs, ctx.group, ctx.sdpa = runs, group, sdpa
+        if cpu_flash:  # the kernel F.scaled_dot_product_attention itself runs here, called without its autograd node
+            y, logsumexp = _CPU_FLASH(q, k, v, sdpa["dropout_p"], sdpa["is_causal"], scale=sdpa["scale"])
+            ctx.save_for_backward(y, q, k, v, logsumexp)
+        else:
+            with torch.enable_grad():
+                leaves = [x.detach().requires_grad_(x.requires_grad) for x in (q, k, v)]
+                y = _sdpa(*leaves, **sdpa)
+            # saved, not set on ctx: autograd frees saved tensors (and with y, SDPA's small graph) after a backward
+            # without retain_graph, even while the caller still holds the output
+            ctx.save_for_backward(y, *leaves)
+            y = y.detach()
+        ctx.cpu_flash = cpu_flash
+        return _combine_runs(y, _identity_values(v, q.shape[-2]), runs, group)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         y, *leaves = ctx.saved_tensors
-        wanted = [leaf for leaf in leaves if leaf.requires_grad]
-        # retain_graph: a caller's retain_graph=True runs this again; otherwise the small graph goes with ctx's tensors
-        found = iter(torch.autograd.grad(y, wanted, grad, retain_graph=True, create_graph=torch.is_grad_enabled()))
-        grads = [next(found) if leaf.requires_grad else None for leaf in leaves]
+        if ctx.cpu_flash:  # SDPA's own backward kernel, as its autograd node would call it: bit-identical gradients
+            *leaves, logsumexp = leaves
+            sdpa = ctx.sdpa
+            grads = _CPU_FLASH_BACKWARD(
+                grad, *leaves, y, logsumexp, sdpa["dropout_p"], sdpa["is_causal"], scale=sdpa["scale"]
+            )
+            if not all(ctx.needs_input_grad[:3]):
+                grads = [g if wanted else None for g, wanted in zip(grads, ctx.needs_input_grad)]
+        else:
+            wanted = [leaf for leaf in leaves if leaf.requires_grad]
+            # retain_graph: a caller's retain_graph=True runs this again; else the small graph goes with ctx's tensors
+            grad_enabled = torch.is_grad_enabled()
+            found = iter(torch.autograd.grad(y, wanted, grad, retain_graph=True, create_graph=grad_enabled))
+            grads = [next(found) if leaf.requires_grad else None for leaf in leaves]
         t, s, group = grad.shape[-2], leaves[2].shape[-2], ctx.group
         dq, dk, dv = grads
-        for start, stop, is_laplacian in ctx.runs:
+        for start, stop, is_laplacian in ctx.runs:  # narrow, not indexing: a view at a fraction of the Python cost
             if not is_laplacian:
                 continue
-            kv = slice(start // group, stop // group)
+            kv_start, kv_len = start // group, (stop - start) // group
             if dq is not None:
-                dq[:, start:stop].neg_()
+                dq.narrow(1, start, stop - start).neg_()
             if dk is not None:
-                dk[:, kv].neg_()
+                dk.narrow(1, kv_start, kv_len).neg_()
             if dv is not None:
-                g_block = grad[:, start:stop]
+                g_block, dv_block = grad.narrow(1, start, stop - start), dv.narrow(1, kv_start, kv_len)
                 if group > 1:  # the group's query heads all read their kv head's value
                     g_block = g_block.unflatten(1, (-1, group)).sum(2)
                 if t == s:  # one pass: dv = g - dv
-                    torch.sub(g_block, dv[:, kv], out=dv[:, kv])
+                    torch.sub(g_block, dv_block, out=dv_block)
                 else:  # KV cache: only the last T key positions are the queries' own
-                    dv[:, kv].neg_()[..., s - t :, :].add_(g_block)
-        return dq, dk, dv, None, None
+                    dv_block.neg_().narrow(2, s - t, t).add_(g_block)
+        return dq, dk, dv, None, None, None
 
 
 def _head_runs(mask: Tensor) -> tuple[tuple[int, int, bool], ...]:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend
 
 from lapheads.core._autograd import (
     _combine_runs,
@@ -54,6 +55,8 @@ __all__ = ["IDENTITIES", "laplacian_attention", "laplacian_attention_reference"]
 #: is the earlier name of "filled" (it read each query's last allowed key, which a prefix-LM mask moves off the query).
 IDENTITIES = ("aligned", "filled", "last_allowed")
 
+_FLASH = int(SDPBackend.FLASH_ATTENTION)
+
 
 def _check_identity(identity: str, attn_mask: Tensor | None) -> None:
     if identity not in IDENTITIES or (identity == "last_allowed" and attn_mask is None):
@@ -80,12 +83,38 @@ def _own_values(v: Tensor, attn_mask: Tensor | None, t: int, identity: str) -> T
     return v.index_select(2, _filled_index(attn_mask, t, v.shape[-2]))
 
 
+def _runs_cpu_flash(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, scale: float | None
+) -> bool:
+    """Whether F.scaled_dot_product_attention would run its CPU flash kernel here (its own dispatcher decides, so
+    ``torch.nn.attention.sdpa_kernel`` is respected): the op then calls that kernel and its backward directly,
+    without the re-entrant autograd call that is most of its fixed cost at small shapes. No mask: SDPA converts
+    a bool mask before that kernel, which the direct call would have to repeat."""
+    if q.device.type != "cpu" or attn_mask is not None:
+        return False
+    gqa = q.shape[1] != k.shape[1]
+    return torch._fused_sdp_choice(q, k, v, None, dropout_p, is_causal, scale=scale, enable_gqa=gqa) == _FLASH
+
+
 def _causal_mask(t: int, s: int, device: torch.device) -> Tensor:
     """Bool (T, S) mask, True = attend; aligned bottom-right so query i sits at key position S - T + i."""
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if (  # the common case in one expression (the op's per-call cost); any failure is explained below
+        len(qs) == len(ks) == len(vs) == 4
+        and qs[0] == ks[0] == vs[0]
+        and ks[1] == vs[1] != 0
+        and qs[1] % ks[1] == 0
+        and ks[2] == vs[2] >= qs[2]
+        and qs[3] == ks[3]
+        and q.dtype == k.dtype == v.dtype
+        and q.dtype.is_floating_point
+        and q.device == k.device == v.device
+    ):
+        return qs[1], ks[1]
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise InputError(
             f"q, k, v must be 4-D (B, H, T, D); got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
@@ -213,7 +242,9 @@ def laplacian_attention(
         and not (attn_mask is not None and attn_mask.requires_grad)
     ):
         sdpa = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-        return _LaplacianSDPA.apply(q, k, v, sdpa, runs)
+        return _LaplacianSDPA.apply(
+            q, k, v, sdpa, runs, _runs_cpu_flash(q, k, v, attn_mask, dropout_p, is_causal, scale)
+        )
     y = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     if runs is None and lap_mask is None:
         return y  # no Laplacian head: exactly plain SDPA, nothing extra
