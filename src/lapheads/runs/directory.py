@@ -205,6 +205,15 @@ def _within_run(run: RunDir, path: Path) -> Path:
     return path
 
 
+def files_within(folder: Path) -> Path:
+    """``folder`` itself, if nothing in it is a symlink: a checkpoint's or tokenizer's files are the run's own,
+    never a link to a file elsewhere (a step folder linked out is refused by ``latest_checkpoint``)."""
+    linked = next((entry for entry in folder.iterdir() if entry.is_symlink()), None) if folder.is_dir() else None
+    if linked is not None:
+        raise CheckpointError(f"{linked} is a symlink; allowed: files inside the run directory")
+    return folder
+
+
 def latest_checkpoint(run: RunDir) -> Path | None:
     pointer = run.checkpoints / LATEST
     if not pointer.is_file():
@@ -216,7 +225,7 @@ def latest_checkpoint(run: RunDir) -> Path | None:
     folder = run.checkpoints / name
     if not folder.is_dir():
         raise CheckpointError(f"{pointer} points at {folder}, which does not exist")
-    return _within_run(run, folder)
+    return files_within(_within_run(run, folder))
 
 
 def checkpoint_folder(run: RunDir, step: int | None = None) -> Path:
@@ -233,7 +242,7 @@ def checkpoint_folder(run: RunDir, step: int | None = None) -> Path:
             f"{run.path} has no checkpoint of step {step}; allowed: {kept} (train with "
             "--keep-checkpoints 0 to keep them all)"
         )
-    return _within_run(run, folder)
+    return files_within(_within_run(run, folder))
 
 
 def checkpoint_steps(run: RunDir) -> list[int]:

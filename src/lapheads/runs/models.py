@@ -12,7 +12,7 @@ import torch
 from lapheads.distributed import resolve_device
 from lapheads.errors import CheckpointError, InputError
 from lapheads.io import load_safetensors, state_dict_mismatch
-from lapheads.runs.directory import RunDir, checkpoint_folder
+from lapheads.runs.directory import RunDir, checkpoint_folder, files_within
 from lapheads.runs.layout import (
     WEIGHTS,
 )
@@ -76,6 +76,11 @@ def _record_of(run: RunDir, record: dict[str, Any]) -> dict[str, Any]:
     model = record.get("model")
     if isinstance(model, dict) and "factory" not in model and record.get("task") in CONVERSATIONAL_TASKS:
         model = {"factory": "gpt", "kwargs": model}  # chat runs of lapheads 0.1 recorded GPTConfig's fields only
+    if isinstance(model, dict) and "factory" in model and model["factory"] not in FACTORIES:
+        raise CheckpointError(
+            f"{run.path}/config.json records model factory {str(model['factory'])[:60]!r}; allowed: "
+            f"{', '.join(FACTORIES)}"
+        )
     if not isinstance(model, dict) or model.get("factory") not in FACTORIES:
         raise CheckpointError(
             f"{run.path} was written before lapheads recorded its model's constructor arguments; "
@@ -141,7 +146,9 @@ def load_run_tokenizer(run_dir: str | os.PathLike | RunDir, vocab_size: int | No
     from lapheads.data.tokenizers import load_tokenizer
 
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    tokenizer = load_tokenizer(run.tokenizer_dir)
+    if run.tokenizer_dir.is_symlink():
+        raise CheckpointError(f"{run.tokenizer_dir} is a symlink; allowed: files inside the run directory")
+    tokenizer = load_tokenizer(files_within(run.tokenizer_dir))
     if vocab_size is not None and tokenizer.vocab_size != vocab_size:
         raise CheckpointError(
             f"{run.path}/tokenizer has {tokenizer.vocab_size} tokens but the model was trained with "

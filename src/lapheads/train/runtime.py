@@ -37,6 +37,7 @@ from lapheads.runs import (
 )
 from lapheads.runs.checkpoints import NonFiniteLossError, kept_checkpoint, load_checkpoint, save_checkpoint
 from lapheads.runs.layout import (
+    CHECKPOINTS,
     METRICS_FILE,
 )
 
@@ -248,10 +249,11 @@ def start_or_resume(
             notice(f"{run.path} holds a run that never wrote a checkpoint; starting it over")
             for name in logs:
                 (run.path / name).unlink(missing_ok=True)
-        elif any((run.path / name).exists() for name in logs):  # config.json comes first: these are not ours
+        elif found := [n for n in (*logs, CHECKPOINTS) if (run.path / n).exists() or (run.path / n).is_symlink()]:
+            # config.json comes first: logs or a checkpoints folder without it are not ours (a run writes into them)
             raise ConfigError(
-                f"{run.path} holds {', '.join(n for n in logs if (run.path / n).exists())} but no config.json: not a "
-                "lapheads run; refusing to write there (nothing was changed); allowed: a new --out"
+                f"{run.path} holds {', '.join(found)} but no config.json: not a lapheads run; refusing to write there "
+                "(nothing was changed); allowed: a new --out"
             )
         run.write_config(task, config, {"world_size": dist_.world_size, **extra_record})
     if dist_.is_main and isinstance(extra_record.get("precision"), dict):
