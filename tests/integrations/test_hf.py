@@ -124,6 +124,22 @@ def test_a_left_padded_row_equals_the_unpadded_sequence(name):
     torch.testing.assert_close(together[0, 3:], alone[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 2], ids=["one row", "every row right-padded"])
+def test_a_right_padded_row_equals_the_unpadded_sequence(rows):
+    """Trailing padding hides the last keys from every query; each real token must still read its own value (the
+    rule once took hidden trailing keys for a static cache's empty slots and shifted every identity by the pad)."""
+    model = lhf.enable(_build("llama"), "2,1")
+    torch.manual_seed(4)
+    ids = torch.randint(1, 100, (rows, 9))
+    batch = torch.cat([ids, torch.zeros(rows, 3, dtype=torch.long)], 1)
+    mask = torch.ones_like(batch)
+    mask[:, 9:] = 0
+    with torch.no_grad():
+        alone = model(ids).logits
+        together = model(batch, attention_mask=mask).logits
+    torch.testing.assert_close(together[:, :9], alone, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.slow
 def test_the_spec_survives_saving_and_plain_loading_refuses_it(tmp_path):
     model = lhf.enable(_build("llama"), "0,2")

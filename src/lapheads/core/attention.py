@@ -50,8 +50,9 @@ from lapheads.errors import InputError
 __all__ = ["IDENTITIES", "laplacian_attention", "laplacian_attention_reference"]
 
 #: Where the identity term reads each query's own value (``identity=``): "aligned", the queries are the last T of the
-#: S keys; "filled", the last T of the keys any query may attend to (a static cache's filled slots; with a dynamic
-#: cache or none it is "aligned" for every mask: causal, sliding, padding, prefix-LM, bidirectional). "last_allowed"
+#: S keys; "filled", the same when T == S, else the last T of the keys any query may attend to (a static cache's
+#: filled slots; with a dynamic cache or none it is "aligned" for every mask: causal, sliding, left or right padding,
+#: prefix-LM, bidirectional). "last_allowed"
 #: is the earlier name of "filled" (it read each query's last allowed key, which a prefix-LM mask moves off the query).
 IDENTITIES = ("aligned", "filled", "last_allowed")
 
@@ -67,9 +68,12 @@ def _check_identity(identity: str, attn_mask: Tensor | None) -> None:
 
 
 def _filled_index(attn_mask: Tensor, t: int, s: int) -> Tensor:
-    """(T,) key index of each query's own position: the queries are the last T of the keys that any query of any
-    batch row may attend to (no key beyond them is visible to anyone: a static cache's empty slots). On the device,
-    no host sync. Without such empty slots this is S - T + i, whatever the mask's shape."""
+    """(T,) key index of each query's own position: with T == S the queries are the keys themselves (whatever the
+    mask: trailing padding hides keys from everyone, yet each query is still its own key); with T < S the last T of
+    the keys that any query of any batch row may attend to (no key beyond them is visible to anyone: a static
+    cache's empty slots). On the device, no host sync. Without such empty slots this is S - T + i."""
+    if t == s:
+        return torch.arange(t, device=attn_mask.device)
     allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > torch.finfo(attn_mask.dtype).min / 2
     seen = allowed.reshape(-1, allowed.shape[-1]).any(0)  # (S,): a key some query may see
     filled = s - seen.flip(0).to(torch.uint8).argmax()  # keys up to the last one seen (S when none is seen)
