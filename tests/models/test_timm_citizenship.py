@@ -86,6 +86,36 @@ def test_pretrained_on_a_registered_name_is_refused_with_the_way_to_convert():
         timm.create_model("deit3_base_9L_patch16_224", pretrained=True)
 
 
+@pytest.mark.parametrize(
+    "name, base, kwargs",
+    [
+        ("eva02_tiny_{k}L_patch14_224", "eva02_tiny_patch14_224", dict(img_size=28)),
+        ("swin_tiny_{k}L_patch4_window7_224", "swin_tiny_patch4_window7_224", dict(embed_dim=24)),
+    ],
+    ids=["eva", "swin"],
+)
+def test_registered_eva_and_swin_names_are_timms_architecture_with_their_heads(name, base, kwargs):
+    from lapheads.core.modules import LaplacianHeadsMixin
+
+    torch.manual_seed(0)
+    plain = timm.create_model(base, **kwargs).eval()
+    zero = timm.create_model(name.format(k=0), **kwargs).eval()
+    assert zero.load_state_dict(plain.state_dict()) is not None  # timm's own weights, key for key
+    x = torch.randn(1, 3, kwargs.get("img_size", 224), kwargs.get("img_size", 224))
+    with torch.no_grad():
+        torch.testing.assert_close(zero(x), plain(x), rtol=0, atol=1e-6)  # k = 0: timm's function (as test_swin)
+    two = timm.create_model(name.format(k=2), **kwargs)
+    layers = [m for m in two.modules() if isinstance(m, LaplacianHeadsMixin)]
+    assert layers and all(m.laplacian_head_list[-2:] == [True, True] and not any(m.laplacian_head_list[:-2])
+                          for m in layers)  # fmt: skip
+    assert not two.pretrained_cfg.get("hf_hub_id") and two.pretrained_cfg["architecture"] == name.format(k=2)
+    assert timm.data.resolve_data_config(model=two)["mean"] == timm.data.resolve_data_config(model=plain)["mean"]
+    features = timm.create_model(name.format(k=2), features_only=True, out_indices=(1,), **kwargs).eval()
+    assert [m for m in features.modules() if isinstance(m, LaplacianHeadsMixin)] and len(features(x)) == 1
+    with pytest.raises(InputError, match=r"no published weights .*then lapheads.models.\w+.convert_\w+\(model, 2\)"):
+        timm.create_model(name.format(k=2), pretrained=True)
+
+
 @pytest.mark.parametrize("name", ["vit_fmnist_patch4", "deit3_small_3L_patch16_192"])
 def test_a_meta_device_factory_puts_every_tensor_there_and_keeps_the_heads(name):
     model = timm.create_model(name, device="meta")
@@ -140,15 +170,19 @@ def test_conversion_inits_of_a_pretrained_timm_vit(tmp_path):
 # timm's own model tests
 
 
-NAMES = [
-    "vit_fmnist_patch4",
-    "vit_lite_7_patch4_32",
-    "deit3_small_0L_patch16_192",
-    "deit3_small_3L_patch16_224",
-    "deit3_base_5L_patch16_224",
-    "deit3_large_2L_patch16_192",
-]
-REFERENCE = "deit3_small_patch16_224"  # timm's own DeiT-III
+#: lapheads' names and the timm name each must pass timm's tests alongside (its own architecture family)
+NAMES = {
+    "vit_fmnist_patch4": "deit3_small_patch16_224",
+    "vit_lite_7_patch4_32": "deit3_small_patch16_224",
+    "deit3_small_0L_patch16_192": "deit3_small_patch16_224",
+    "deit3_small_3L_patch16_224": "deit3_small_patch16_224",
+    "deit3_base_5L_patch16_224": "deit3_small_patch16_224",
+    "deit3_large_2L_patch16_192": "deit3_small_patch16_224",
+    "eva02_tiny_0L_patch14_224": "eva02_tiny_patch14_224",
+    "eva02_tiny_2L_patch14_224": "eva02_tiny_patch14_224",
+    "swin_tiny_0L_patch4_window7_224": "swin_tiny_patch4_window7_224",
+    "swin_tiny_2L_patch4_window7_224": "swin_tiny_patch4_window7_224",
+}
 
 
 def _timm_tests(cache: Path) -> Path:
@@ -188,12 +222,12 @@ def _timm_tests(cache: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_deit3():
+def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_own():
     tests = _timm_tests(Path(sys.prefix) / "share" / "lapheads-timm-tests")
     conftest = tests / "conftest.py"
     if "import lapheads" not in conftest.read_text():
         conftest.write_text(conftest.read_text() + "\nimport lapheads  # noqa: F401 - lapheads' names join timm's\n")
-    names = " or ".join([*NAMES, REFERENCE])
+    names = " or ".join(sorted({*NAMES, *NAMES.values()}))
     done = subprocess.run(
         [
             sys.executable,
@@ -220,12 +254,13 @@ def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_d
         r"^(PASSED|FAILED|SKIPPED|ERROR) test_models\.py::(\w+)\[\w+-([\w.]+)\]", done.stdout, re.M
     ):
         outcomes.setdefault(name, {})[test] = status
-    reference = {t for t, s in outcomes.get(REFERENCE, {}).items() if s == "PASSED"}
-    assert len(reference) >= 5, done.stdout[-3000:]
-    for name in NAMES:
+    for name, reference_name in NAMES.items():
+        reference = {t for t, s in outcomes.get(reference_name, {}).items() if s == "PASSED"}
+        assert len(reference) >= 5, f"{reference_name}: {outcomes.get(reference_name)}\n{done.stdout[-3000:]}"
         ran = outcomes.get(name, {})
-        # timm collects its forward_intermediates tests by module (its own model files), so they do not run for
-        # lapheads' module; test_features_intermediates_and_fx_feature_extraction above covers them
+        # timm collects its forward_intermediates tests by module (its own model files), so they run for lapheads'
+        # EVA names (registered from lapheads.models.eva) but not for its ViT and Swin modules;
+        # test_features_intermediates_and_fx_feature_extraction above covers those
         expected = {t for t in reference if t in ran or "intermediates" not in t}
         passed = {t for t, s in ran.items() if s == "PASSED"}
         assert expected <= passed, f"{name}: {sorted(expected - passed)} fail\n{done.stdout[-3000:]}"

@@ -14,10 +14,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from timm.layers import apply_rot_embed_cat
+from timm.models import generate_default_cfgs, register_model
 from timm.models.eva import Eva, EvaAttention
 
 from lapheads.core.heads import parse_head_kinds
 from lapheads.core.modules import LaplacianHeadsMixin, convert_attention
+from lapheads.models.registry import converted_entry, untrained_cfg
 
 __all__ = ["LaplacianEvaAttention", "convert_eva"]
 
@@ -49,19 +51,21 @@ class LaplacianEvaAttention(LaplacianHeadsMixin, EvaAttention):
         return self.proj_drop(self.proj(x))
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v (B, H, N, D) as EvaAttention builds them: one fused projection (with its split biases) or three."""
+        """q, k, v (B, H, N, D) as EvaAttention builds them: one fused projection (with its split biases) or three;
+        written as timm writes it, so TorchScript compiles it too."""
         b, n, _ = x.shape
-        if self.qkv is None:
-            return tuple(proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2) for proj in self._projections())
-        if self.q_bias is None:
-            qkv = self.qkv(x)
-        else:
-            bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
-            qkv = self.qkv(x) + bias if self.qkv_bias_separate else F.linear(x, self.qkv.weight, bias)
-        return qkv.reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-
-    def _projections(self):
-        return self.q_proj, self.k_proj, self.v_proj
+        if self.qkv is not None:
+            if self.q_bias is None:
+                qkv = self.qkv(x)
+            else:
+                bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
+                qkv = self.qkv(x) + bias if self.qkv_bias_separate else F.linear(x, self.qkv.weight, bias)
+            qkv = qkv.reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+            return qkv[0], qkv[1], qkv[2]
+        q = self.q_proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
+        k = self.k_proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
+        v = self.v_proj(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
+        return q, k, v
 
 
 def convert_eva(model: Eva, laplacian_heads: object) -> Eva:
@@ -72,3 +76,11 @@ def convert_eva(model: Eva, laplacian_heads: object) -> Eva:
         layers, LaplacianEvaAttention, parse_head_kinds(laplacian_heads, layers[0].num_heads, len(layers))
     )
     return model
+
+
+# timm names: EVA-02 tiny (3 heads) with k Laplacian heads per layer, e.g. eva02_tiny_1L_patch14_224; registered from
+# this module (timm's registry then files them under "eva", beside timm's own EVA names)
+_BASE, _HEADS = "eva02_tiny_patch14_224", 3
+default_cfgs = generate_default_cfgs({f"eva02_tiny_{k}L_patch14_224": untrained_cfg(_BASE) for k in range(_HEADS + 1)})
+for _k in range(_HEADS + 1):
+    register_model(converted_entry(f"eva02_tiny_{_k}L_patch14_224", _BASE, convert_eva, _k, __name__))

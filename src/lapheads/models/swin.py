@@ -13,10 +13,12 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from timm.models import generate_default_cfgs, register_model
 from timm.models.swin_transformer import SwinTransformer, WindowAttention
 
 from lapheads.core.heads import parse_head_kinds_per_layer
 from lapheads.core.modules import LaplacianHeadsMixin, convert_attention
+from lapheads.models.registry import converted_entry, untrained_cfg
 
 __all__ = ["LaplacianWindowAttention", "convert_swin"]
 
@@ -45,3 +47,13 @@ def convert_swin(model: SwinTransformer, laplacian_heads: object) -> SwinTransfo
         layers, LaplacianWindowAttention, parse_head_kinds_per_layer(laplacian_heads, [m.num_heads for m in layers])
     )
     return model
+
+
+# timm names: Swin-T (3, 6, 12, 24 heads per stage) with the trailing k heads of every layer Laplacian, e.g.
+# swin_tiny_1L_patch4_window7_224
+_BASE, _MIN_HEADS = "swin_tiny_patch4_window7_224", 3
+default_cfgs = generate_default_cfgs(
+    {f"swin_tiny_{k}L_patch4_window7_224": untrained_cfg(_BASE) for k in range(_MIN_HEADS + 1)}
+)
+for _k in range(_MIN_HEADS + 1):
+    register_model(converted_entry(f"swin_tiny_{_k}L_patch4_window7_224", _BASE, convert_swin, _k, __name__))
