@@ -140,6 +140,30 @@ def test_a_right_padded_row_equals_the_unpadded_sequence(rows):
     torch.testing.assert_close(together[:, :9], alone, rtol=1e-4, atol=1e-4)
 
 
+def test_a_config_with_laplacian_heads_runs_them_however_the_model_is_built_or_loaded(tmp_path):
+    """transformers does not save the attn_implementation a config was built with: a model built straight from a
+    config with Laplacian heads, saved and loaded with transformers' own from_pretrained, runs them (it ran SDPA,
+    silently, before); asking for another implementation is a one-line error."""
+    config = transformers.LlamaConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=37, attn_implementation="lapheads",
+    )  # fmt: skip
+    config.laplacian_heads = [[False, False, False, True]] * 2
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, 99, (2, 7))
+    model.save_pretrained(tmp_path)
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config._attn_implementation == "lapheads"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    for other in ("sdpa", "eager"):
+        with pytest.raises(InputError, match=f"attn_implementation='{other}' on a model whose config has Laplacian"):
+            transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation=other)
+        with pytest.raises(InputError, match="would run plain attention and drop them"):
+            loaded.set_attn_implementation(other)
+
+
 @pytest.mark.slow
 def test_the_spec_survives_saving_and_plain_loading_refuses_it(tmp_path):
     model = lhf.enable(_build("llama"), "0,2")

@@ -166,12 +166,42 @@ def lapheads_attention(
 
 
 def register() -> None:
-    """Register ``"lapheads"`` as an attention implementation and its mask (SDPA's) with transformers."""
-    from transformers import AttentionInterface
+    """Register ``"lapheads"`` as an attention implementation and its mask (SDPA's) with transformers, and make a
+    model whose config has Laplacian heads run them: built or loaded without an ``attn_implementation`` it gets
+    "lapheads" (transformers does not save the one a config was built with), and any other one is a one-line
+    error instead of plain attention that silently drops the heads."""
+    from transformers import AttentionInterface, PreTrainedModel
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(NAME, lapheads_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
+    check = PreTrainedModel._check_and_adjust_attn_implementation
+    if not getattr(check, "_lapheads", False):  # once, however often register() is called
+        PreTrainedModel._check_and_adjust_attn_implementation = _keep_laplacian_heads(check)
+
+
+def _has_laplacian_heads(config) -> bool:
+    layers = getattr(config, "laplacian_heads", None) or []
+    kinds = getattr(config, "laplacian_head_kinds", None) or []
+    return any(any(layer) for layer in layers) or any(k != "ordinary" for layer in kinds for k in layer)
+
+
+def _keep_laplacian_heads(check):
+    """transformers' attention-implementation check, first asking: does this config have Laplacian heads?"""
+
+    @functools.wraps(check)
+    def checked(self, attn_implementation, *args, **kwargs):
+        if _has_laplacian_heads(getattr(self, "config", None)):
+            if attn_implementation not in (None, NAME):
+                raise InputError(
+                    f"attn_implementation={attn_implementation!r} on a model whose config has Laplacian heads would "
+                    f"run plain attention and drop them; allowed: {NAME!r} (or none: it is chosen)"
+                )
+            attn_implementation = NAME
+        return check(self, attn_implementation, *args, **kwargs)
+
+    checked._lapheads = True
+    return checked
 
 
 def _num_heads(model: nn.Module) -> int:
