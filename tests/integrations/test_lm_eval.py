@@ -151,3 +151,41 @@ def test_the_harness_options_pass_through_with_standard_errors_and_lm_evals_own_
 
 def test_without_a_device_the_model_goes_where_torch_can_run_it(lm_run):
     assert LapheadsLM(str(lm_run), device=None).device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_a_chat_template_prompts_an_sft_run_in_its_own_chat_turns(sft_run):
+    from lapheads.data.conversations import render_for_completion
+
+    lm = LapheadsLM(str(sft_run), device="cpu")
+    tokenizer = lm.lapheads_tokenizer
+    start = tokenizer.special_id("<|user_start|>")
+    assert start not in lm.tok_encode("<|user_start|>hi")  # before chat templating: a task's text is text
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2? Ünïcode ok"}]
+    prompt = lm.apply_chat_template(history)
+    assert prompt.startswith("<|user_start|>Be brief.") and prompt.endswith("<|user_end|><|assistant_start|>")
+    assert lm.tok_encode(prompt) == render_for_completion(tokenizer, {"messages": history})[1:]  # BOS: per request
+    started = lm.apply_chat_template([*history, {"role": "assistant", "content": "The answer"}], False)
+    assert started == prompt + "The answer"
+    assert lm.tokenizer_name.startswith("lapheads-") and "<|assistant_start|>" in lm.chat_template(True)
+
+
+def test_the_harness_applies_the_chat_template_with_fewshot_as_multiturn(sft_run, tmp_path, capsys):
+    arc = [
+        {
+            "id": f"q{i}",
+            "question": f"Which is {i}?",
+            "choices": {"text": ["one", "two", "three"], "label": ["A", "B", "C"]},
+            "answerKey": "ABC"[i % 3],
+        }
+        for i in range(4)
+    ]
+    (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arc))
+    args = ["eval", "lm", str(sft_run), "--harness", "lapheads_arc_easy", "--data-dir", str(tmp_path), "--limit", "2"]
+    args += ["--num-fewshot", "1", "--apply-chat-template", "--fewshot-as-multiturn", "--log-samples"]
+    args += ["--bootstrap-iters", "0", "--output-path", str(tmp_path / "out"), "--device", "cpu"]
+    assert main(args) == 0, capsys.readouterr().err
+    saved = json.loads((sft_run / "report" / "eval_harness.json").read_text())
+    assert saved["apply_chat_template"] is True and saved["fewshot_as_multiturn"] is True
+    (samples,) = (tmp_path / "out").rglob("samples_lapheads_arc_easy_*.jsonl")
+    prompt = json.loads(samples.read_text().splitlines()[0])["arguments"]["gen_args_0"]["arg_0"]
+    assert prompt.count("<|user_start|>") == 2 and prompt.endswith("<|assistant_start|>")  # 1 shot + the question

@@ -195,6 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     harness.add_argument(
         "--output-path", default=None, help="lm-eval's own results JSON (default: RUN_DIR/report/lm_eval)"
     )
+    harness.add_argument(
+        "--apply-chat-template",
+        action="store_true",
+        help="prompt in the run's own chat turns (<|user_start|> ... <|assistant_start|>), as mid / SFT runs were "
+        "trained",
+    )
+    harness.add_argument("--fewshot-as-multiturn", action="store_true", help="few-shot examples as chat turns")
+    harness.add_argument("--system-instruction", default=None, help="a system prompt (leads the first user turn)")
     evaluate.add_argument(
         "--max-examples", type=int, default=None, help="lm: the first N items per task; dino: the first N test images"
     )

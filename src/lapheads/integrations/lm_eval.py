@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from lapheads.data.tokenizers import CHAT_TOKENS
 from lapheads.distributed import resolve_device
 from lapheads.errors import InputError
 from lapheads.runs import RunDir
@@ -77,6 +79,8 @@ class LapheadsLM(TemplateLM):
         self.report_dir = lm.report_dir  # where results of this model go (a nanochat checkpoint's: runs/<name>/report)
         self.model, self.lapheads_tokenizer = lm.model.to(self._device).eval(), lm.tokenizer
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" / None: 8
+        self._chat = False  # set by apply_chat_template: prompts then hold the run's chat tokens
+        self._chat_split = "(" + "|".join(re.escape(token) for token in CHAT_TOKENS) + ")"
         self.max_length, self.max_gen_toks = self.model.config.sequence_len, int(max_gen_toks)
 
     # -- what TemplateLM needs --------------------------------------------------------------------------------
@@ -90,7 +94,51 @@ class LapheadsLM(TemplateLM):
         return self._device
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
-        return self.lapheads_tokenizer.encode(string)
+        if not self._chat:  # special-token strings inside a task's text are text, never control tokens
+            return self.lapheads_tokenizer.encode(string)
+        ids = []  # a chat-templated prompt: its chat tokens (written by apply_chat_template) are the real ones
+        for piece in re.split(self._chat_split, string):
+            if piece in CHAT_TOKENS:
+                ids.append(self.lapheads_tokenizer.special_id(piece))
+            elif piece:
+                ids.extend(self.lapheads_tokenizer.encode(piece))
+        return ids
+
+    # -- chat templates (lm-eval's --apply_chat_template): the conversation format the run was trained on -----
+
+    @property
+    def tokenizer_name(self) -> str:
+        tokenizer = self.lapheads_tokenizer
+        return f"lapheads-{tokenizer.kind}-{tokenizer.vocab_size}"
+
+    def chat_template(self, chat_template: bool | str = False) -> str:
+        return "lapheads/nanochat: <|user_start|>...<|user_end|><|assistant_start|>...<|assistant_end|>"
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The prompt of ``chat_history`` as the run's chat turns (``render_for_completion``, as lapheads' chat evals
+        prompt a mid / SFT model), written as text whose chat tokens ``tok_encode`` reads back as themselves; the
+        BOS is left out (every request starts with one). Without ``add_generation_prompt`` the last message is the
+        assistant's started answer, continued inside its turn."""
+        from lapheads.data.conversations import render_for_completion
+
+        self._chat = True
+        messages = [dict(m) for m in chat_history]
+        prefix = ""
+        if not add_generation_prompt and messages and messages[-1]["role"] == "assistant":
+            prefix = messages.pop()["content"]
+        ids = render_for_completion(self.lapheads_tokenizer, {"messages": messages})[1:]  # BOS: added per request
+        specials = {self.lapheads_tokenizer.special_id(token): token for token in CHAT_TOKENS}
+        text, run = [], []
+        for token in [*ids, None]:
+            if token is None or token in specials:
+                if run:  # ordinary ids between chat tokens: byte-level BPE decodes and re-encodes them exactly
+                    text.append(self.lapheads_tokenizer.decode(run))
+                    run = []
+                if token is not None:
+                    text.append(specials[token])
+            else:
+                run.append(token)
+        return "".join(text) + prefix
 
     @torch.no_grad()
     def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
@@ -194,6 +242,9 @@ def evaluate_harness(
     log_samples: bool = False,
     gen_kwargs: str | None = None,
     output_path: str | Path | None = None,
+    apply_chat_template: bool = False,
+    fewshot_as_multiturn: bool = False,
+    system_instruction: str | None = None,
 ) -> dict[str, Any]:
     """Run lm-eval's ``simple_evaluate`` on ``tasks`` (names of the harness, of ``include_path`` or, with
     ``data_dir``, the shipped ``lapheads_*`` tasks); returns its "results" (with lm-eval's standard errors, from
@@ -202,7 +253,9 @@ def evaluate_harness(
     lm-eval's ``EvaluationTracker``, as its CLI writes them.
 
     Args:
-        num_fewshot, batch_size, bootstrap_iters, log_samples, gen_kwargs, limit: lm-eval's options of those names.
+        num_fewshot, batch_size, bootstrap_iters, log_samples, gen_kwargs, limit, apply_chat_template,
+            fewshot_as_multiturn, system_instruction: lm-eval's options of those names (the chat template is the
+            run's own chat turns: what mid / SFT runs were trained on).
     """
     import json
     import tempfile
@@ -240,6 +293,9 @@ def evaluate_harness(
             log_samples=log_samples,
             gen_kwargs=gen_kwargs,
             evaluation_tracker=tracker,
+            apply_chat_template=apply_chat_template,
+            fewshot_as_multiturn=fewshot_as_multiturn,
+            system_instruction=system_instruction,
         )
         samples = result.pop("samples", None) if log_samples else None
         tracker.save_results_aggregated(results=result, samples=samples)
@@ -247,7 +303,8 @@ def evaluate_harness(
             tracker.save_results_samples(task_name=task, samples=samples[task])
     results = result["results"]
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"results": results, "limit": limit, "num_fewshot": num_fewshot, "bootstrap_iters": bootstrap_iters}
+    record = {"results": results, "limit": limit, "num_fewshot": num_fewshot, "bootstrap_iters": bootstrap_iters,
+              "apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn}  # fmt: skip
     atomic_write_text(out, json.dumps(record, indent=1, default=str) + "\n")
     return results
 
@@ -283,6 +340,9 @@ def cli_harness(args: Any) -> int:
         log_samples=args.log_samples,
         gen_kwargs=args.gen_kwargs,
         output_path=args.output_path,
+        apply_chat_template=args.apply_chat_template,
+        fewshot_as_multiturn=args.fewshot_as_multiturn,
+        system_instruction=args.system_instruction,
     )
     for task, metrics in results.items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
