@@ -49,25 +49,29 @@ class _LaplacianCombine(torch.autograd.Function):
         return grad_y, grad_v, None, None, None
 
 
-def _combine_runs(y: Tensor, v_self: Tensor, runs: tuple[tuple[int, int, bool], ...], group: int = 1) -> Tensor:
-    """Ordinary heads' y copied, Laplacian heads' v_self - y, one block of consecutive heads at a time.
+def _combine_runs(
+    y: Tensor, v_self: Tensor, runs: tuple[tuple[int, int, bool], ...], group: int = 1, in_place: bool = False
+) -> Tensor:
+    """Ordinary heads' y copied (or, ``in_place``, kept: a y nobody else holds), Laplacian heads' v_self - y, one
+    block of consecutive heads at a time.
 
     y is (B, H, T, D) and v_self (B, Hkv, T, D) with H = Hkv * group; every run starts and ends on a group boundary
     (GQA: the query heads that share a kv head are of one kind), so v_self broadcasts over each group, uncopied.
     """
-    # y's own layout: SDPA on a packed qkv projection returns (B, T, H, D) strides, so the caller's
-    # transpose(1, 2).reshape(B, T, H * D) before the output projection stays a free view
-    out = torch.empty_like(y)
+    # a clone keeps y's own layout: SDPA on a packed qkv projection returns (B, T, H, D) strides, so the caller's
+    # transpose(1, 2).reshape(B, T, H * D) before the output projection stays a free view; one contiguous copy, then
+    # the Laplacian blocks in place, is faster than copying the ordinary blocks one strided block at a time
+    out = y if in_place else y.clone()
     for start, stop, is_laplacian in runs:  # narrow, not indexing: a view at a fraction of the Python cost
-        y_run, out_run = y.narrow(1, start, stop - start), out.narrow(1, start, stop - start)
         if not is_laplacian:
-            out_run.copy_(y_run)
-        elif group == 1:
-            torch.sub(v_self.narrow(1, start, stop - start), y_run, out=out_run)
+            continue
+        out_run = out.narrow(1, start, stop - start)
+        if group == 1:
+            torch.sub(v_self.narrow(1, start, stop - start), out_run, out=out_run)
         else:  # v_self broadcast over each group of query heads, uncopied
             kv = v_self.narrow(1, start // group, (stop - start) // group).unsqueeze(2)
-            shape = (y.shape[0], -1, group, *y.shape[2:])
-            torch.sub(kv, y_run.view(shape), out=out_run.view(shape))
+            grouped = out_run.view(y.shape[0], -1, group, *y.shape[2:])
+            torch.sub(kv, grouped, out=grouped)
     return out
 
 

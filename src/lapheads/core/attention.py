@@ -255,8 +255,8 @@ def laplacian_attention(
     v_self = _own_values(v, attn_mask, t, identity)
     if runs is not None and len(runs) == 1 and hkv == h and blend is None:
         return v_self - y  # every head Laplacian: one subtraction, autograd needs nothing special
-    if blocks and not needs_grad:  # inference (decoding): no graph, no sign tensors; one pass block by block
-        return _combine_runs(y, v_self, runs, g)
+    if blocks and not needs_grad:  # inference (decoding): no graph; SDPA's fresh output turned Laplacian in place
+        return _combine_runs(y, v_self, runs, g, in_place=True)
     if lap_mask is None:  # an int spec: its mask is needed only from here on
         lap_mask = torch.arange(h, device=q.device) >= runs[-1][0]
     if blend is not None:
