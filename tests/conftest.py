@@ -4,11 +4,63 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import os
 import struct
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+
+def processes_with(text: str) -> list[int]:
+    """The pids whose command line contains ``text`` (a run's unique marker: what a sandbox must not leave behind)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if text.encode() in open(f"/proc/{entry.name}/cmdline", "rb").read():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.fixture(params=["boundary", "guard only"])
+def layers(request, monkeypatch):
+    """A sandbox case run with bubblewrap (where installed) and with the in-process guard alone."""
+    from lapheads import sandbox
+
+    if request.param == "boundary":
+        if sandbox.boundary_tool() is None:
+            pytest.skip("bubblewrap is not usable here (quickstart.sh test installs it where it can)")
+    else:
+        monkeypatch.setattr(sandbox, "boundary_tool", lambda: None)
+    return request.param
+
+
+def peer_tests(package: str, version: str, cache: Path) -> Path:
+    """A peer's ``tests/`` folder from the sdist of ``package==version`` on PyPI (cached in ``cache``); skips the
+    calling test, saying what pip said, where PyPI cannot be reached."""
+    folder = cache / f"{package}-{version}" / "tests"
+    if folder.is_dir():
+        return folder
+    cache.mkdir(parents=True, exist_ok=True)
+    fetched = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q", "-d", str(cache),
+         f"{package}=={version}"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    sdist = cache / f"{package}-{version}.tar.gz"
+    if fetched.returncode != 0 or not sdist.is_file():
+        said = (fetched.stderr or fetched.stdout).strip().splitlines()[-1:]
+        pytest.skip(f"{package}'s test suite needs its sdist from PyPI ({package}=={version}); pip said: {said}")
+    with tarfile.open(sdist) as archive:
+        members = [m for m in archive.getmembers() if m.name.startswith(f"{package}-{version}/tests/")]
+        archive.extractall(cache, members=members, filter="data")
+    return folder
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:

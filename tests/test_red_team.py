@@ -26,18 +26,7 @@ import pytest
 
 from lapheads import sandbox
 from lapheads.sandbox import run_program
-
-
-@pytest.fixture(params=["boundary", "guard only"])
-def layers(request, monkeypatch):
-    """Scoring and resource cases run with bubblewrap (where installed) and with the in-process guard alone."""
-    if request.param == "boundary":
-        if sandbox.boundary_tool() is None:
-            pytest.skip("bubblewrap is not usable here (quickstart.sh test installs it where it can)")
-    else:
-        monkeypatch.setattr(sandbox, "boundary_tool", lambda: None)
-    return request.param
-
+from tests.conftest import processes_with
 
 # ------------------------------------------------------------------------------------------------------------------
 # Sandbox scoring: a HumanEval-shaped program (solution, tests, check(entry_point)) passes only if its checks ran
@@ -340,18 +329,6 @@ BOUNDED = {
 }
 
 
-def _processes_with(text: str) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if text.encode() in open(f"/proc/{entry.name}/cmdline", "rb").read():
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
 @pytest.mark.parametrize("name", sorted(BOUNDED))
 def test_bounded(name, layers):
     import resource
@@ -365,7 +342,7 @@ def test_bounded(name, layers):
     assert result.status == expect, (name, result)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KB
     time.sleep(0.2)
-    assert _processes_with(marker) == []
+    assert processes_with(marker) == []
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import uuid
 from pathlib import Path
 
 from lapheads.sandbox import run_program
+from tests.conftest import processes_with
 
 
 def test_passing_and_failing_programs():
@@ -54,7 +55,8 @@ def test_memory_is_limited():
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Truthful scoring: only a program whose last statement ran passes (the red-team cases of issue 28)
+# Truthful scoring: only a program whose last statement ran passes; every exit trick, escape and bomb of issue 28
+# is a row of tests/test_red_team.py
 
 import os  # noqa: E402
 import time  # noqa: E402
@@ -62,35 +64,6 @@ import time  # noqa: E402
 import pytest  # noqa: E402
 
 from lapheads import sandbox  # noqa: E402
-
-WRONG_THEN_EXIT = {
-    "exit()": "exit()\n",
-    "quit()": "quit()\n",
-    "SystemExit(0)": "raise SystemExit(0)\n",
-    "sys.exit(0)": "import sys\nsys.exit(0)\n",
-    "os._exit(0)": "import os\nos._exit(0)\n",
-    "atexit + os._exit": "import atexit, os\natexit.register(lambda: os._exit(0))\n",
-    "KeyboardInterrupt": "raise KeyboardInterrupt\n",
-}
-
-
-@pytest.fixture(params=["boundary", "guard only"])
-def layers(request, monkeypatch):
-    """Every scoring case runs with bubblewrap (where installed) and with the in-process guard alone."""
-    if request.param == "boundary":
-        if sandbox.boundary_tool() is None:
-            pytest.skip("bubblewrap is not usable here (quickstart.sh test installs it where it can)")
-    else:
-        monkeypatch.setattr(sandbox, "boundary_tool", lambda: None)
-    return request.param
-
-
-@pytest.mark.parametrize("trick", sorted(WRONG_THEN_EXIT))
-def test_a_wrong_answer_that_exits_before_its_checks_fails(trick, layers):
-    # the wrong answer's assertion would fail; the exit comes before it, so the checks never ran
-    program = "def add(a, b):\n    return a - b\n" + WRONG_THEN_EXIT[trick] + "assert add(2, 3) == 5\n"
-    result = run_program(program)
-    assert result.status == "failed", (trick, result)
 
 
 def test_an_exit_after_a_failing_check_registered_in_atexit_fails(layers):
@@ -117,18 +90,6 @@ def test_humaneval_scores_a_right_answer_with_exit_zero_and_a_right_one_one():
     assert out["samples"]["passed"] == 1 and out["samples"]["failed"] == 1
 
 
-def _processes_with(text: str) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if text.encode() in open(f"/proc/{entry.name}/cmdline", "rb").read():
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
 ESCAPED_CHILD = """
 import sys, time
 for name in ("ctypes", "_ctypes"):
@@ -150,7 +111,7 @@ def test_a_setsid_child_is_killed_and_the_call_keeps_its_deadline(parent_sleeps,
     assert time.monotonic() - start <= 3 + 2
     assert result.status == ("timeout" if parent_sleeps else "passed")
     time.sleep(0.2)
-    assert _processes_with(seconds) == []
+    assert processes_with(seconds) == []
 
 
 def test_an_output_flood_is_drained_with_a_cap_and_a_deadline(layers):
@@ -165,69 +126,6 @@ def test_an_output_flood_is_drained_with_a_cap_and_a_deadline(layers):
 
 def test_stdin_is_closed(layers):
     assert run_program("import sys\nassert sys.stdin.read() == ''\n").status == "passed"
-
-
-# Escapes that only the boundary stops: each writes, deletes, reads or connects outside; with bubblewrap none of
-# them reaches the caller (the program may "succeed" inside its own namespaces, which is harmless).
-def _escapes(victim, secret_env):
-    return {
-        "io.FileIO write": f"import io\nio.FileIO({str(victim.parent / 'w1')!r}, 'w').write(b'x')\n",
-        "_io.open write": f"import _io\n_io.open({str(victim.parent / 'w2')!r}, 'w').write('x')\n",
-        "posix.open write": f"import posix\nposix.close(posix.open({str(victim.parent / 'w3')!r}, 0o101))\n",
-        "dir_fd unlink": f"import os\nfd = os.open({str(victim.parent)!r}, os.O_RDONLY)\n"
-        "os.unlink('victim', dir_fd=fd)\n",
-        "posix.unlink": f"import posix\nposix.unlink({str(victim)!r})\n",
-        "reload(os) unlink": f"import importlib, os\nimportlib.reload(os)\nos.unlink({str(victim)!r})\n",
-        "sqlite3 file": f"import sqlite3\nsqlite3.connect({str(victim.parent / 'w4')!r})"
-        ".execute('create table t(x)')\n",
-        "mkfifo": f"import os\nos.mkfifo({str(victim.parent / 'w5')!r})\n",
-        "posix_spawn": "import posix\n"
-        f"posix.posix_spawn('/bin/sh', ['sh', '-c', 'touch {victim.parent / 'w6'}'], {{}})\n",
-        "ctypes unlink": "import sys\nfor n in ('ctypes', '_ctypes'):\n    sys.modules.pop(n, None)\nimport ctypes\n"
-        f"ctypes.CDLL(None).unlink({str(victim).encode()!r})\n",
-        "parent environ": "import os\nprint(open(f'/proc/{os.getppid()}/environ', 'rb').read())\n",
-        "read caller file": f"print(open({str(victim)!r}).read())\n",
-        "network": "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)\nprint('connected')\n",
-    }
-
-
-ESCAPES = sorted(_escapes(Path("/nowhere/victim"), ""))
-
-
-@pytest.mark.parametrize("case", ESCAPES)
-def test_the_boundary_contains_what_the_guard_cannot(case, tmp_path, monkeypatch):
-    if sandbox.boundary_tool() is None:
-        pytest.skip("bubblewrap is not usable here")
-    monkeypatch.setenv("LAPHEADS_TEST_SECRET", "s3cr3t-value")
-    victim = tmp_path / "victim"
-    victim.write_text("caller's data")
-    result = run_program(_escapes(victim, "s3cr3t-value")[case], timeout=5)
-    assert victim.read_text() == "caller's data"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim"]
-    assert "s3cr3t-value" not in result.output and "caller's data" not in result.output
-    assert "connected" not in result.output
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        "io.FileIO write",
-        "_io.open write",
-        "posix.open write",
-        "dir_fd unlink",
-        "posix.unlink",
-        "reload(os) unlink",
-        "mkfifo",
-        "posix_spawn",
-    ],
-)
-def test_the_guard_alone_refuses_the_one_line_stdlib_escapes(case, tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "boundary_tool", lambda: None)
-    victim = tmp_path / "victim"
-    victim.write_text("caller's data")
-    result = run_program(_escapes(victim, "")[case], timeout=5)
-    assert result.status == "failed" and "sandbox:" in result.output, result
-    assert victim.read_text() == "caller's data" and sorted(p.name for p in tmp_path.iterdir()) == ["victim"]
 
 
 def test_the_writable_space_has_a_disk_quota():

@@ -29,6 +29,20 @@ def harness_lm(lm_run):
     return LapheadsLM(str(lm_run), device="cpu", batch_size=3)
 
 
+def _write_arc(folder, n: int) -> None:
+    """n ARC-Easy items in the hub's schema, as ``--data-dir`` reads them."""
+    arc = [
+        {
+            "id": f"q{i}",
+            "question": f"Which is {i}?",
+            "choices": {"text": ["one", "two", "three"], "label": ["A", "B", "C"]},
+            "answerKey": "ABC"[i % 3],
+        }
+        for i in range(n)
+    ]
+    (folder / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arc))
+
+
 def _request(kind: str, args: tuple, i: int = 0) -> Instance:
     return Instance(request_type=kind, doc={}, arguments=args, idx=i)
 
@@ -124,16 +138,7 @@ def test_the_shipped_tasks_run_offline_through_the_cli(lm_run, tmp_path, capsys,
 
 
 def test_the_harness_options_pass_through_with_standard_errors_and_lm_evals_own_files(lm_run, tmp_path, capsys):
-    arc = [
-        {
-            "id": f"q{i}",
-            "question": f"Which is {i}?",
-            "choices": {"text": ["one", "two", "three"], "label": ["A", "B", "C"]},
-            "answerKey": "ABC"[i % 3],
-        }
-        for i in range(6)
-    ]
-    (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arc))
+    _write_arc(tmp_path, 6)
     args = ["eval", "lm", str(lm_run), "--harness", "lapheads_arc_easy", "--data-dir", str(tmp_path), "--limit", "4"]
     args += ["--num-fewshot", "1", "--batch-size", "2", "--bootstrap-iters", "50", "--log-samples"]
     args += ["--output-path", str(tmp_path / "out"), "--device", "cpu"]
@@ -170,16 +175,7 @@ def test_a_chat_template_prompts_an_sft_run_in_its_own_chat_turns(sft_run):
 
 
 def test_the_harness_applies_the_chat_template_with_fewshot_as_multiturn(sft_run, tmp_path, capsys):
-    arc = [
-        {
-            "id": f"q{i}",
-            "question": f"Which is {i}?",
-            "choices": {"text": ["one", "two", "three"], "label": ["A", "B", "C"]},
-            "answerKey": "ABC"[i % 3],
-        }
-        for i in range(4)
-    ]
-    (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arc))
+    _write_arc(tmp_path, 4)
     args = ["eval", "lm", str(sft_run), "--harness", "lapheads_arc_easy", "--data-dir", str(tmp_path), "--limit", "2"]
     args += ["--num-fewshot", "1", "--apply-chat-template", "--fewshot-as-multiturn", "--log-samples"]
     args += ["--bootstrap-iters", "0", "--output-path", str(tmp_path / "out"), "--device", "cpu"]

@@ -15,10 +15,11 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import peer_tests
 
 transformers = pytest.importorskip("transformers")
 
@@ -97,21 +98,7 @@ FAMILIES = {
 
 def _suite(cache: Path) -> Path:
     """The sdist's tests/ as a package (cached in the environment), with lapheads' stand-ins and testers."""
-    version = transformers.__version__
-    folder = cache / f"transformers-{version}" / "tests"
-    if not (folder / "test_modeling_common.py").is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q", "-d", str(cache),
-             f"transformers=={version}"],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        sdist = cache / f"transformers-{version}.tar.gz"
-        if fetched.returncode != 0 or not sdist.is_file():
-            pytest.skip(f"needs transformers=={version}'s sdist from PyPI; pip said: {fetched.stderr.strip()[-200:]}")
-        with tarfile.open(sdist) as archive:
-            members = [m for m in archive.getmembers() if m.name.startswith(f"transformers-{version}/tests/")]
-            archive.extractall(cache, members=members, filter="data")
+    folder = peer_tests("transformers", transformers.__version__, cache)
     (folder / "__init__.py").touch()
     for package, mixin in (("exporters", "ExportTesterMixin"), ("generation", "GenerationTesterMixin")):
         (folder / package).mkdir(exist_ok=True)

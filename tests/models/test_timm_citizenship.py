@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 import warnings
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import lapheads  # noqa: F401 - registers the names
 from lapheads.core.convert import BlendSchedule, set_blend
 from lapheads.errors import InputError
 from lapheads.models.vit import create_vit, default_cfgs, vit_laplacian_masks
+from tests.conftest import peer_tests
 
 
 @pytest.mark.parametrize("spec", [2, "0,1,2,3,2,1"])
@@ -185,45 +185,9 @@ NAMES = {
 }
 
 
-def _timm_tests(cache: Path) -> Path:
-    """timm's tests/ from the sdist of the installed timm version (PyPI), cached beside the environment."""
-    folder = cache / f"timm-{timm.__version__}" / "tests"
-    if (folder / "test_models.py").is_file():
-        return folder
-    cache.mkdir(parents=True, exist_ok=True)
-    fetched = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-binary",
-            ":all:",
-            "--no-deps",
-            "-q",
-            "-d",
-            str(cache),
-            f"timm=={timm.__version__}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    sdist = cache / f"timm-{timm.__version__}.tar.gz"
-    if fetched.returncode != 0 or not sdist.is_file():
-        pytest.skip(
-            f"timm's test suite needs its sdist from PyPI (timm=={timm.__version__}); pip said: "
-            f"{(fetched.stderr or fetched.stdout).strip().splitlines()[-1:]}"
-        )
-    with tarfile.open(sdist) as archive:
-        members = [m for m in archive.getmembers() if m.name.startswith(f"timm-{timm.__version__}/tests/")]
-        archive.extractall(cache, members=members, filter="data")
-    return folder
-
-
 @pytest.mark.slow
 def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_own():
-    tests = _timm_tests(Path(sys.prefix) / "share" / "lapheads-timm-tests")
+    tests = peer_tests("timm", timm.__version__, Path(sys.prefix) / "share" / "lapheads-timm-tests")
     conftest = tests / "conftest.py"
     if "import lapheads" not in conftest.read_text():
         conftest.write_text(conftest.read_text() + "\nimport lapheads  # noqa: F401 - lapheads' names join timm's\n")
