@@ -175,8 +175,16 @@ def register() -> None:
 
     AttentionInterface.register(NAME, lapheads_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
-    check = PreTrainedModel._check_and_adjust_attn_implementation
-    if not getattr(check, "_lapheads", False):  # once, however often register() is called
+    check = getattr(PreTrainedModel, "_check_and_adjust_attn_implementation", None)
+    if check is None:  # a transformers without the hook: say so rather than fail the import
+        import warnings
+
+        warnings.warn(
+            "lapheads: this transformers has no PreTrainedModel._check_and_adjust_attn_implementation, so a config "
+            "with Laplacian heads loaded without attn_implementation='lapheads' may run plain attention",
+            stacklevel=2,
+        )
+    elif not getattr(check, "_lapheads", False):  # once, however often register() is called
         PreTrainedModel._check_and_adjust_attn_implementation = _keep_laplacian_heads(check)
 
 
