@@ -222,8 +222,8 @@ def test_training_gradients_of_the_fused_op_equal_the_reference(spec, hkv, case)
 
 
 @pytest.mark.parametrize("kernel", ["flash", "math"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_training_path_calls_sdpas_own_kernels_and_matches_sdpa_through_autograd_bit_for_bit(kernel, causal):
+@pytest.mark.parametrize("causal, mask", [(False, None), (True, None), (False, "bool"), (False, "float")])
+def test_training_path_calls_sdpas_own_kernels_and_matches_sdpa_through_autograd_bit_for_bit(kernel, causal, mask):
     """Where SDPA's dispatcher picks its CPU flash kernel, the training path calls that kernel and its backward
     directly (no re-entrant autograd call); output and gradients equal SDPA differentiated by autograd with the
     combine written out, bit for bit. Under ``sdpa_kernel(MATH)`` the dispatcher's choice is respected."""
@@ -240,6 +240,12 @@ def test_training_path_calls_sdpas_own_kernels_and_matches_sdpa_through_autograd
 
     q, k, v = (x.float() for x in qkv(t=T, s=T, seed=3))
     grad_out = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(4))
+    attn_mask = None
+    if mask is not None:  # padding-like, with one query that may see no key at all
+        attn_mask = torch.rand(B, 1, T, T, generator=torch.Generator().manual_seed(5)) > 0.4
+        attn_mask[0, 0, 2] = False
+        if mask == "float":
+            attn_mask = torch.zeros(attn_mask.shape).masked_fill_(~attn_mask, float("-inf"))
     lap = torch.tensor([False, False, True, True]).view(1, H, 1, 1)
     backend = SDPBackend.FLASH_ATTENTION if kernel == "flash" else SDPBackend.MATH
     results = []
@@ -248,9 +254,9 @@ def test_training_path_calls_sdpas_own_kernels_and_matches_sdpa_through_autograd
         with sdpa_kernel(backend), pytest.MonkeyPatch.context() as patch:
             patch.setattr(_autograd, "_CPU_FLASH", counting)
             if form == "ours":
-                out = laplacian_attention(*leaves, 2, is_causal=causal)
+                out = laplacian_attention(*leaves, 2, is_causal=causal, attn_mask=attn_mask)
             else:
-                y = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+                y = F.scaled_dot_product_attention(*leaves, is_causal=causal, attn_mask=attn_mask)
                 out = torch.where(lap, leaves[2] - y, y)
             out.backward(grad_out)
         results.append([out.detach(), *(x.grad for x in leaves)])

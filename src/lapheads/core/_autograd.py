@@ -93,8 +93,12 @@ class _LaplacianSDPA(torch.autograd.Function):
         group = q.shape[1] // k.shape[1]
         ctx.runs, ctx.group, ctx.sdpa = runs, group, sdpa
         if cpu_flash:  # the kernel F.scaled_dot_product_attention itself runs here, called without its autograd node
-            y, logsumexp = _CPU_FLASH(q, k, v, sdpa["dropout_p"], sdpa["is_causal"], scale=sdpa["scale"])
-            ctx.save_for_backward(y, q, k, v, logsumexp)
+            mask = sdpa["attn_mask"]
+            if mask is not None and mask.dtype == torch.bool:  # as SDPA hands a bool mask to this kernel
+                mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+            kernel = dict(attn_mask=mask, scale=sdpa["scale"])
+            y, logsumexp = _CPU_FLASH(q, k, v, sdpa["dropout_p"], sdpa["is_causal"], **kernel)
+            ctx.save_for_backward(y, q, k, v, logsumexp, mask)
         else:
             with torch.enable_grad():
                 leaves = [x.detach().requires_grad_(x.requires_grad) for x in (q, k, v)]
@@ -110,10 +114,10 @@ class _LaplacianSDPA(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         y, *leaves = ctx.saved_tensors
         if ctx.cpu_flash:  # SDPA's own backward kernel, as its autograd node would call it: bit-identical gradients
-            *leaves, logsumexp = leaves
+            *leaves, logsumexp, mask = leaves
             sdpa = ctx.sdpa
             grads = _CPU_FLASH_BACKWARD(
-                grad, *leaves, y, logsumexp, sdpa["dropout_p"], sdpa["is_causal"], scale=sdpa["scale"]
+                grad, *leaves, y, logsumexp, sdpa["dropout_p"], sdpa["is_causal"], attn_mask=mask, scale=sdpa["scale"]
             )
             if not all(ctx.needs_input_grad[:3]):
                 grads = [g if wanted else None for g, wanted in zip(grads, ctx.needs_input_grad)]

@@ -92,12 +92,12 @@ def _runs_cpu_flash(
 ) -> bool:
     """Whether F.scaled_dot_product_attention would run its CPU flash kernel here (its own dispatcher decides, so
     ``torch.nn.attention.sdpa_kernel`` is respected): the op then calls that kernel and its backward directly,
-    without the re-entrant autograd call that is most of its fixed cost at small shapes. No mask: SDPA converts
-    a bool mask before that kernel, which the direct call would have to repeat."""
-    if q.device.type != "cpu" or attn_mask is not None:
+    without the re-entrant autograd call that is most of its fixed cost at small shapes. A bool mask is converted
+    as SDPA converts it; a float mask must already be of q's dtype (SDPA's own rule)."""
+    if q.device.type != "cpu" or (attn_mask is not None and attn_mask.dtype not in (torch.bool, q.dtype)):
         return False
     gqa = q.shape[1] != k.shape[1]
-    return torch._fused_sdp_choice(q, k, v, None, dropout_p, is_causal, scale=scale, enable_gqa=gqa) == _FLASH
+    return torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=gqa) == _FLASH
 
 
 def _causal_mask(t: int, s: int, device: torch.device) -> Tensor:
