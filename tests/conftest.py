@@ -41,6 +41,22 @@ def layers(request, monkeypatch):
     return request.param
 
 
+def timm_and_lapheads(name: str, spec, **kwargs):
+    """(timm's model, lapheads' model with heads ``spec``) of ``name``, in eval mode, sharing timm's own weights;
+    asserts the state dicts differ only by the head kinds' own parameters."""
+    import timm
+    import torch
+
+    import lapheads
+
+    torch.manual_seed(0)
+    plain = timm.create_model(name, **kwargs).eval()
+    model = lapheads.create_vit(name, spec, **kwargs).eval()
+    missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and all(key.endswith(("mix_a", "mix_b")) for key in missing)  # only the kinds' own
+    return plain, model
+
+
 def peer_tests(package: str, version: str, cache: Path) -> Path:
     """A peer's ``tests/`` folder from the sdist of ``package==version`` on PyPI (cached in ``cache``); skips the
     calling test, saying what pip said, where PyPI cannot be reached."""

@@ -14,32 +14,17 @@ import lapheads.integrations.hf as lhf  # noqa: E402
 from lapheads.core.heads import HeadSpecError  # noqa: E402
 from lapheads.errors import InputError  # noqa: E402
 
+#: the small decoder both Llama and Mistral are built at (GQA: 4 query heads over 2 key/value heads)
+SMALL = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+
 
 def _llama():
-    config = transformers.LlamaConfig(
-        vocab_size=100,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(config)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL))
 
 
 def _mistral():
-    config = transformers.MistralConfig(
-        vocab_size=100,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        sliding_window=4,
-    )
-    return transformers.MistralForCausalLM(config)
+    return transformers.MistralForCausalLM(transformers.MistralConfig(**SMALL, sliding_window=4))
 
 
 def _gpt2():

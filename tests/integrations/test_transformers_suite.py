@@ -100,14 +100,15 @@ def _suite(cache: Path) -> Path:
     """The sdist's tests/ as a package (cached in the environment), with lapheads' stand-ins and testers."""
     folder = peer_tests("transformers", transformers.__version__, cache)
     (folder / "__init__.py").touch()
-    for package, mixin in (("exporters", "ExportTesterMixin"), ("generation", "GenerationTesterMixin")):
-        (folder / package).mkdir(exist_ok=True)
-        (folder / package / "__init__.py").touch()
-        name = "test_export.py" if package == "exporters" else "test_utils.py"
-        if not (folder / package / name).is_file():  # the sdist lacks these testers: empty stand-ins
-            (folder / package / name).write_text(
-                f"class {mixin}:\n    pass  # not in the sdist; its tests do not run\n"
-            )
+    for module, mixin in (
+        ("exporters/test_export.py", "ExportTesterMixin"),
+        ("generation/test_utils.py", "GenerationTesterMixin"),
+    ):
+        path = folder / module
+        path.parent.mkdir(exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        if not path.is_file():  # the sdist lacks these testers: empty stand-ins
+            path.write_text(f"class {mixin}:\n    pass  # not in the sdist; its tests do not run\n")
     for family, names in FAMILIES.items():
         (folder / f"test_lapheads_{family}.py").write_text(TESTER.format(**names))
     return folder

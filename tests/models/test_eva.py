@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import pytest
-import timm
 import torch
 
 import lapheads
 from lapheads.core.heads import HeadSpecError
 from lapheads.models.eva import LaplacianEvaAttention
+from tests.conftest import timm_and_lapheads
 
 NAME, KWARGS = "eva02_tiny_patch14_224", dict(img_size=28, num_classes=10)
 
 
 def _pair(spec):
-    torch.manual_seed(0)
-    plain = timm.create_model(NAME, **KWARGS).eval()
-    model = lapheads.create_vit(NAME, spec, **KWARGS).eval()
-    missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)  # timm's own weights
-    assert not unexpected and all(key.endswith(("mix_a", "mix_b")) for key in missing)  # only the kinds' own
-    return plain, model
+    return timm_and_lapheads(NAME, spec, **KWARGS)
 
 
 def test_zero_heads_are_timms_eva_exactly_and_the_state_dict_is_unchanged():

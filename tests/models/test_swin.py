@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import pytest
-import timm
 import torch
 
-import lapheads
 from lapheads.core.heads import HeadSpecError, parse_head_kinds_per_layer
 from lapheads.models.swin import LaplacianWindowAttention
+from tests.conftest import timm_and_lapheads
 
 NAME = "swin_tiny_patch4_window7_224"
 KWARGS = dict(img_size=32, patch_size=2, window_size=4, embed_dim=24, depths=(2, 2), num_heads=(2, 4), num_classes=10)
 
 
 def _pair(spec):
-    torch.manual_seed(0)
-    plain = timm.create_model(NAME, **KWARGS).eval()
-    model = lapheads.create_vit(NAME, spec, **KWARGS).eval()
-    missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)  # timm's own weights
-    assert not unexpected and all(key.endswith(("mix_a", "mix_b")) for key in missing)  # only the kinds' own
-    return plain, model
+    return timm_and_lapheads(NAME, spec, **KWARGS)
 
 
 def test_zero_heads_are_timms_swin_and_every_window_attention_is_converted():

@@ -206,8 +206,10 @@ def _within_run(run: RunDir, path: Path) -> Path:
 
 
 def files_within(folder: Path) -> Path:
-    """``folder`` itself, if nothing in it is a symlink: a checkpoint's or tokenizer's files are the run's own,
-    never a link to a file elsewhere (a step folder linked out is refused by ``latest_checkpoint``)."""
+    """``folder`` itself, if neither it nor anything in it is a symlink: a checkpoint's or tokenizer's files are the
+    run's own, never a link to a file elsewhere."""
+    if folder.is_symlink():
+        raise CheckpointError(f"{folder} is a symlink; allowed: files inside the run directory")
     linked = next((entry for entry in folder.iterdir() if entry.is_symlink()), None) if folder.is_dir() else None
     if linked is not None:
         raise CheckpointError(f"{linked} is a symlink; allowed: files inside the run directory")

@@ -146,8 +146,6 @@ def load_run_tokenizer(run_dir: str | os.PathLike | RunDir, vocab_size: int | No
     from lapheads.data.tokenizers import load_tokenizer
 
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    if run.tokenizer_dir.is_symlink():
-        raise CheckpointError(f"{run.tokenizer_dir} is a symlink; allowed: files inside the run directory")
     tokenizer = load_tokenizer(files_within(run.tokenizer_dir))
     if vocab_size is not None and tokenizer.vocab_size != vocab_size:
         raise CheckpointError(
