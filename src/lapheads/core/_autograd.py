@@ -1,12 +1,13 @@
 """The op's autograd machinery (private): SDPA plus the Laplacian combine as few passes as the kinds allow.
 
-* ``_LaplacianSDPA`` runs SDPA on its own small graph and writes the output head block by head block (ordinary
-  heads copied, Laplacian heads v - y). Its backward hands the incoming gradient to SDPA's backward *unchanged* and
+* ``_LaplacianSDPA`` runs SDPA (on the CPU, SDPA's own flash kernel called directly; elsewhere SDPA on its own
+  small graph) and writes the output: one copy of y, then the Laplacian head blocks turned into v - y in place.
+  Its backward hands the incoming gradient to SDPA's backward *unchanged* and
   then fixes the Laplacian heads in place: SDPA's backward is linear in the output gradient, per head, so negating
   a Laplacian head's dq, dk and dv equals feeding it -g; dv then gains g at the query's own position. No
   sign-flipped copy of g, no gradient of zeros for the ordinary heads' identity term, no extra accumulation pass.
 * ``_LaplacianCombine`` multiplies by a per-head sign and adds the masked value where that does not apply (a GQA
-  group mixing the two kinds, a blend, an identity read from the mask, a mask that needs a gradient, inference).
+  group mixing the two kinds, a blend, an identity read from the mask, a mask that needs a gradient).
 * GQA/MQA: v is viewed per kv group and broadcast to its query heads, never copied.
 """
 
@@ -82,10 +83,11 @@ class _LaplacianSDPA(torch.autograd.Function):
     the output block by block; where SDPA would run its CPU flash kernel (``cpu_flash``), that kernel and its
     backward are called directly instead, saving the re-entrant autograd call (most of the op's fixed cost at small
     shapes) with the very same kernels, so outputs and gradients stay bit-identical to SDPA's.
-    Backward: dq, dk, dv = SDPA's backward of g itself; on each Laplacian block they
-    are negated in place (the backward is linear in g, head by head; under GQA every query head of a kv group is
-    Laplacian, so the kv head's summed gradient flips as a whole) and dv gains g (summed over the group) at each
-    query's own position, the last T of the S keys. Gradients equal those of ``v_self - y`` through autograd.
+
+    Backward: dq, dk, dv = SDPA's backward of g itself; on each Laplacian block they are negated in place (the
+    backward is linear in g, head by head; under GQA every query head of a kv group is Laplacian, so the kv head's
+    summed gradient flips as a whole) and dv gains g (summed over the group) at each query's own position, the
+    last T of the S keys. Gradients equal those of ``v_self - y`` through autograd.
     """
 
     @staticmethod
@@ -96,8 +98,9 @@ class _LaplacianSDPA(torch.autograd.Function):
             mask = sdpa["attn_mask"]
             if mask is not None and mask.dtype == torch.bool:  # as SDPA hands a bool mask to this kernel
                 mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
-            kernel = dict(attn_mask=mask, scale=sdpa["scale"])
-            y, logsumexp = _CPU_FLASH(q, k, v, sdpa["dropout_p"], sdpa["is_causal"], **kernel)
+            y, logsumexp = _CPU_FLASH(
+                q, k, v, sdpa["dropout_p"], sdpa["is_causal"], attn_mask=mask, scale=sdpa["scale"]
+            )
             ctx.save_for_backward(y, q, k, v, logsumexp, mask)
         else:
             with torch.enable_grad():
