@@ -338,3 +338,13 @@ def cmd_data(args: argparse.Namespace) -> int:
             "--download on `train`; ImageNet must be placed as an ImageFolder by hand)"
         )
     return 0
+
+
+def cmd_kernel(args: argparse.Namespace) -> int:
+    from lapheads.core import native
+
+    if args.action == "build" and (args.force or not native.library_path().is_file()):
+        print("kernel: building the compiled CPU node (about 30 s)", flush=True)
+        native.build(force=args.force, verbose=args.verbose)
+    print(f"kernel: {native.status()}")
+    return 0

@@ -335,6 +335,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(func=commands.cmd_report)
 
+    kernel = sub.add_parser(
+        "kernel", allow_abbrev=False, help="build the op's compiled CPU training node once (~30 s), or say its state"
+    )
+    kernel.add_argument("action", choices=["build", "status"])
+    kernel.add_argument("--force", action="store_true", help="build: rebuild even where it is built")
+    kernel.add_argument("--verbose", action="store_true", help="build: show the compiler's output")
+    kernel.set_defaults(func=commands.cmd_kernel)
+
     data = sub.add_parser("data", allow_abbrev=False, help="list, fetch or tokenise datasets")
     data.add_argument("action", choices=["list", "fetch", "prepare"])
     data.add_argument("name", nargs="?", default="fashion-mnist")

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -95,9 +97,7 @@ class _LaplacianSDPA(torch.autograd.Function):
         group = q.shape[1] // k.shape[1]
         ctx.runs, ctx.group, ctx.sdpa = runs, group, sdpa
         if cpu_flash:  # the kernel F.scaled_dot_product_attention itself runs here, called without its autograd node
-            mask = sdpa["attn_mask"]
-            if mask is not None and mask.dtype == torch.bool:  # as SDPA hands a bool mask to this kernel
-                mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+            mask = _flash_mask(sdpa["attn_mask"], q)
             y, logsumexp = _CPU_FLASH(
                 q, k, v, sdpa["dropout_p"], sdpa["is_causal"], attn_mask=mask, scale=sdpa["scale"]
             )
@@ -149,6 +149,20 @@ class _LaplacianSDPA(torch.autograd.Function):
                 else:  # KV cache: only the last T key positions are the queries' own
                     dv_block.neg_().narrow(2, s - t, t).add_(g_block)
         return dq, dk, dv, None, None, None
+
+
+def _flash_mask(mask: Tensor | None, q: Tensor) -> Tensor | None:
+    """The mask as SDPA hands it to its CPU flash kernel: a bool mask (True = attend) as 0 / -inf of q's dtype."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+
+
+@functools.cache  # a model has a handful of distinct runs; the op's per-call cost is what small shapes feel
+def _laplacian_blocks(runs: tuple[tuple[int, int, bool], ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(starts, stops) of the Laplacian runs: the compiled node's form of ``runs``."""
+    blocks = [(start, stop) for start, stop, is_laplacian in runs if is_laplacian]
+    return tuple(start for start, _ in blocks), tuple(stop for _, stop in blocks)
 
 
 def _head_runs(mask: Tensor) -> tuple[tuple[int, int, bool], ...]:

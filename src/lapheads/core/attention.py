@@ -26,11 +26,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend
 
+from lapheads.core import native
 from lapheads.core._autograd import (
     _combine_runs,
+    _flash_mask,
     _head_runs,
     _head_runs_of,
     _identity_values,
+    _laplacian_blocks,
     _LaplacianCombine,
     _LaplacianSDPA,
     _sdpa,
@@ -245,10 +248,12 @@ def laplacian_attention(
         and needs_grad
         and not (attn_mask is not None and attn_mask.requires_grad)
     ):
+        cpu_flash = _runs_cpu_flash(q, k, v, attn_mask, dropout_p, is_causal, scale)
+        if cpu_flash and (node := native.module()) is not None:  # the same node compiled: no Python Function cost
+            starts, stops = _laplacian_blocks(runs)
+            return node.laplacian_sdpa(q, k, v, _flash_mask(attn_mask, q), dropout_p, is_causal, scale, starts, stops)
         sdpa = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-        return _LaplacianSDPA.apply(
-            q, k, v, sdpa, runs, _runs_cpu_flash(q, k, v, attn_mask, dropout_p, is_causal, scale)
-        )
+        return _LaplacianSDPA.apply(q, k, v, sdpa, runs, cpu_flash)
     y = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     if runs is None and lap_mask is None:
         return y  # no Laplacian head: exactly plain SDPA, nothing extra
