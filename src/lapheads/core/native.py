@@ -175,7 +175,6 @@ def build(force: bool = False, verbose: bool = False) -> Path:
     return path
 
 
-
 def _quiet_import_cpp_extension() -> ModuleType:
     """torch.utils.cpp_extension, without its import-time warning about CUDA on a machine without it."""
     logger = logging.getLogger("torch.utils.cpp_extension")
