@@ -13,12 +13,13 @@ Forms compared side by side in one process (ratios = median time / median time o
                 ``local`` is an ordinary head in the op, its extra matmul lives in the module).
 
 Then fixed training shapes where the op's per-call overhead shows most (ViT-S at B = 4, T = 197 and B = 16,
-T = 256, 2 of 6 heads Laplacian): the op and ``copy`` against plain SDPA as medians of round-by-round ratios with
-a 95% interval. Then whole training steps (forward, backward, optimizer step) of a timm ViT built with
-``LaplacianAttention`` (0, 1 and 3 of 3 heads Laplacian) and of ``lapheads.GPT`` (0, 2 and 4 of 4 heads Laplacian);
-their ratios are medians of
-round-by-round ratios to k = 0 with a distribution-free 95% interval (``lapheads.bench.interleaved_ratios``), so a
-bar of a percent is judged by its interval, not by one number.
+T = 256, 2 of 6 heads Laplacian): the op (on the CPU its compiled training node where ``lapheads kernel build`` has
+built it, ``lapheads.core.native``), the op on its Python node, and ``copy`` against plain SDPA as medians of
+round-by-round ratios with a 95% interval. Then whole training steps (forward, backward, optimizer step) of a
+timm ViT built with ``LaplacianAttention`` (0, 1 and 3 of 3 heads Laplacian) and of ``lapheads.GPT`` (0, 2 and 4
+of 4 heads Laplacian); their ratios are medians of round-by-round ratios to k = 0 with a distribution-free 95%
+interval (``lapheads.bench.interleaved_ratios``), so a bar of a percent is judged by its interval, not by one
+number.
 
     python benchmarks/attention.py                      # full table (a few minutes on 2 CPU cores)
     python benchmarks/attention.py --seq-lens 256 1024 --repeats-scale 0.3   # quicker
@@ -37,6 +38,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from lapheads import LaplacianAttention, laplacian_attention, laplacian_attention_reference
 from lapheads.bench import interleaved_ratios, machine_summary, peak_memory_mib, time_interleaved
+from lapheads.core import native
 
 HEADS, HEAD_DIM = 6, 64  # ViT-S attention: 6 heads of 64
 TOKENS_PER_BATCH = 4096  # batch = 4096 // T, so every T does comparable work per call and T = 4096 still fits
@@ -148,26 +150,37 @@ def bench_fixed_shapes(device: torch.device, dtype: torch.dtype, repeats: int) -
 
         forms = attention_forms(n_lap)
         steps = {name: step(forms[name]) for name in ("sdpa", "copy", "lapheads")}
+        if device.type == "cpu" and native.module() is not None:  # the same op on its Python node, side by side
+            steps["python node"] = step(lambda q, k, v, n=n_lap: _on_python_node(q, k, v, n))
         results[(batch, seq_len, n_lap)] = interleaved_ratios(steps, "sdpa", repeats, warmup=10, device=device)
     return results
+
+
+def _on_python_node(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_lap: int) -> torch.Tensor:
+    """The op with its compiled CPU node switched off: the node is chosen in forward, and backward follows it."""
+    with native.disabled():
+        return laplacian_attention(q, k, v, n_lap)
+
+
+def _ratio_cell(r: dict | None) -> str:
+    return "-" if r is None else f"{r['ratio']:.3f} [{r['ratio_low']:.3f}, {r['ratio_high']:.3f}]"
 
 
 def _fixed_lines(fixed: dict[tuple[int, int, int], dict]) -> list[str]:
     lines = [
         "",
         f"Fixed training shapes, {HEADS} heads x {HEAD_DIM}, forward + backward with the reshapes (median of "
-        "round-by-round ratios to plain SDPA, 95% interval; `copy` = SDPA plus one copy of its output, the floor of "
-        "any combine that writes a new output):",
+        "round-by-round ratios to plain SDPA, 95% interval; lapheads = the op as it runs here, `python node` = the "
+        "same op with its compiled CPU node off, `copy` = SDPA plus one copy of its output, the floor of any combine "
+        "that writes a new output):",
         "",
-        "| B | T | Laplacian heads | lapheads / sdpa | copy / sdpa | sdpa ms |",
-        "|---|---|---|---|---|---|",
+        "| B | T | Laplacian heads | lapheads / sdpa | python node / sdpa | copy / sdpa | sdpa ms |",
+        "|---|---|---|---|---|---|---|",
     ]
     for (batch, seq_len, n_lap), r in fixed.items():
-        lap, copy = r["lapheads"], r["copy"]
         lines.append(
-            f"| {batch} | {seq_len} | {n_lap} | {lap['ratio']:.3f} [{lap['ratio_low']:.3f}, {lap['ratio_high']:.3f}] "
-            f"| {copy['ratio']:.3f} [{copy['ratio_low']:.3f}, {copy['ratio_high']:.3f}] "
-            f"| {r['sdpa']['seconds'] * 1e3:.2f} |"
+            f"| {batch} | {seq_len} | {n_lap} | {_ratio_cell(r['lapheads'])} | {_ratio_cell(r.get('python node'))} "
+            f"| {_ratio_cell(r['copy'])} | {r['sdpa']['seconds'] * 1e3:.2f} |"
         )
     return lines
 
@@ -347,6 +360,8 @@ def main(argv: list[str] | None = None) -> str:
         f"{args.laplacian_heads} Laplacian, batch x T = {TOKENS_PER_BATCH} tokens, q/k/v from a packed projection and "
         f"the output reshaped to (B, T, H*D){', torch.compile' if args.compile else ', eager'}"
     )
+    if device.type == "cpu":
+        header += f"; the op's CPU training node: {'compiled' if native.module() else 'Python'}"
     table = markdown(op_results, vit, header, gpt, args.gpt_arch, fixed)
     print(table)
     return table

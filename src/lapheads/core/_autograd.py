@@ -6,6 +6,8 @@
   then fixes the Laplacian heads in place: SDPA's backward is linear in the output gradient, per head, so negating
   a Laplacian head's dq, dk and dv equals feeding it -g; dv then gains g at the query's own position. No
   sign-flipped copy of g, no gradient of zeros for the ordinary heads' identity term, no extra accumulation pass.
+  ``csrc/laplacian_sdpa.cpp`` is its CPU flash path in C++, step for step (``lapheads.core.native``); keep the two
+  in step: tests/core/test_native.py compares them bit for bit.
 * ``_LaplacianCombine`` multiplies by a per-head sign and adds the masked value where that does not apply (a GQA
   group mixing the two kinds, a blend, an identity read from the mask, a mask that needs a gradient).
 * GQA/MQA: v is viewed per kv group and broadcast to its query heads, never copied.

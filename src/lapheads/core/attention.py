@@ -7,6 +7,9 @@ V - P V instead of P V (Zhang & Papyan, arXiv 2602.09297). Design choices:
   ``F.scaled_dot_product_attention`` and then, in one elementwise pass, turns the Laplacian heads' y into v - y.
   No T x T tensor exists on this path and there is no Python loop over heads (the autograd machinery:
   ``lapheads.core._autograd``; under torch.compile the combine is one expression Inductor fuses).
+* **On the CPU, a compiled training node where built.** The training path's autograd node (SDPA's CPU flash kernel,
+  its backward and the Laplacian fix-ups) also exists in C++ (``lapheads.core.native``, ``lapheads kernel build``):
+  bit-identical, without the Python autograd.Function's per-call cost; the Python node is the fallback.
 * **The identity uses the query's own position.** With a KV cache (T < S) the T queries are the last T positions
   of the S keys, so the identity term is v[..., S - T:, :]; a causal mask is aligned the same way (bottom right).
 * **GQA/MQA.** v is broadcast from its Hkv heads to the H query heads inside the combine, never copied.
