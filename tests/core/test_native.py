@@ -171,6 +171,12 @@ def test_building_without_a_compiler_is_one_line_naming_it(own_cache, monkeypatc
     assert not any(own_cache.rglob("*.so"))  # nothing half-written
 
 
+def test_building_without_ninja_says_how_to_get_it(own_cache, monkeypatch):
+    monkeypatch.setattr(native, "_path_with_ninja", lambda: str(own_cache / "empty"))
+    with pytest.raises(InputError, match="ninja not found; allowed: pip install ninja"):
+        native.build()
+
+
 def test_kernel_status_is_one_line(own_cache, capsys):
     assert main(["kernel", "status"]) == 0
     out = capsys.readouterr().out.strip()

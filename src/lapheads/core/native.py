@@ -125,16 +125,14 @@ def status() -> str:
     return f"built at {path}; the op uses it on the CPU"
 
 
-def _ninja_on_path() -> dict[str, str]:
+def _path_with_ninja() -> str:
     """PATH with pip's ninja binary (``pip install ninja``) ahead, where that package is installed."""
-    env = dict(os.environ)
+    path = os.environ.get("PATH", "")
     try:
         import ninja  # type: ignore[import-not-found]
-
-        env["PATH"] = os.pathsep.join([ninja.BIN_DIR, env.get("PATH", "")])
     except ImportError:
-        pass
-    return env
+        return path
+    return os.pathsep.join([ninja.BIN_DIR, path])
 
 
 def build(force: bool = False, verbose: bool = False) -> Path:
@@ -150,13 +148,13 @@ def build(force: bool = False, verbose: bool = False) -> Path:
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise InputError(f"no C++ compiler {compiler!r} on PATH; allowed: install one (e.g. apt-get install g++)")
-    env = _ninja_on_path()
-    if shutil.which("ninja", path=env["PATH"]) is None:
+    search_path = _path_with_ninja()
+    if shutil.which("ninja", path=search_path) is None:
         raise InputError("ninja not found; allowed: pip install ninja (or your system's ninja package)")
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".build-") as work:
         saved_path = os.environ.get("PATH", "")
-        os.environ["PATH"] = env["PATH"]  # cpp_extension finds ninja on this process's PATH
+        os.environ["PATH"] = search_path  # cpp_extension finds ninja on this process's PATH
         try:
             cpp_extension.load(
                 name=_NAME,
