@@ -311,3 +311,21 @@ def test_a_model_of_several_head_kinds_trains_resumes_identically_and_reloads(ti
     model = load_model(RunDir(tmp_path / "full"))
     assert [list(block.attn.head_kinds) for block in model.blocks] == record["head_kinds"]
     assert torch.equal(model.blocks[1].attn.mix_b.detach(), a["blocks.1.attn.mix_b"])
+
+
+def test_a_cpu_run_says_once_how_to_get_the_compiled_node_where_it_is_not_built(tiny_config, tmp_path, capsys):
+    from lapheads.core import native
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LAPHEADS_NATIVE_DIR", str(tmp_path / "no-native"))
+        native._load.cache_clear()
+        try:
+            train_classify(tiny_config, tmp_path / "run", stop_at_step=1)
+        finally:
+            patch.undo()
+            native._load.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("compiled CPU node is not built") == 1 and "lapheads kernel build" in err
+    if native.module() is not None:  # where it is built, a run says nothing about it
+        train_classify(tiny_config, tmp_path / "run2", stop_at_step=1)
+        assert "compiled CPU node" not in capsys.readouterr().err

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from lapheads.config import NON_NEGATIVE, POSITIVE, ConfigError, Domain, one_of, option
+from lapheads.core import native
 from lapheads.core.heads import HEAD_SPEC
 from lapheads.distributed import Distributed, StoppedError, peer_failures, setup_distributed
 from lapheads.errors import CheckpointError, InputError
@@ -258,6 +259,11 @@ def start_or_resume(
         run.write_config(task, config, {"world_size": dist_.world_size, **extra_record})
     if dist_.is_main and isinstance(extra_record.get("precision"), dict):
         notice(f"precision: {extra_record['precision']['reason']}")
+    if dist_.is_main and dist_.device.type == "cpu" and native.enabled() and native.module() is None:
+        notice(  # the defaults should be fast on the user's CPU: say once how to get the compiled node
+            "attention: the op's compiled CPU node is not built, so it runs its Python node (the same numbers, ~2% "
+            "slower per attention call at small shapes); `lapheads kernel build` compiles it once (~30 s)"
+        )
     if dist_.is_main and config.get("log"):
         from lapheads.integrations.tracking import open_trackers
 
