@@ -196,3 +196,22 @@ def test_build_from_scratch_then_the_op_uses_it(own_cache):
     assert compiled_name.startswith("torch::autograd::CppNode")
     for ours, theirs in zip(compiled, python, strict=True):
         assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("identity", ["filled", "last_allowed"])
+def test_a_padded_batch_with_T_equal_S_takes_the_one_node_path_whatever_the_identity_rule(node, identity):
+    """transformers passes identity="filled" with every mask; with T == S that rule is "aligned" (each query is its
+    own key), so a right-padded training batch gets the one-node path and the very same numbers."""
+    q, k, v = _inputs(6, 6, 12, 12)
+    mask = torch.ones(2, 1, 12, 12, dtype=torch.bool).tril()
+    mask[1, :, :, 9:] = False  # right padding in the second row
+    grad = torch.randn(2, 6, 12, 16)
+    results = {}
+    for rule in ("aligned", identity):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        out = laplacian_attention(*leaves, 2, attn_mask=mask, identity=rule)
+        assert "LaplacianSDPA" in out.grad_fn.name()
+        out.backward(grad)
+        results[rule] = [out.detach(), *(x.grad for x in leaves)]
+    for ours, theirs in zip(results["aligned"], results[identity], strict=True):
+        assert torch.equal(ours, theirs)

@@ -229,6 +229,8 @@ def laplacian_attention(
     h, hkv = _check_qkv(q, k, v)
     _check_options(q, k, attn_mask, dropout_p, blend)
     _check_identity(identity, attn_mask)
+    if q.shape[-2] == k.shape[-2]:  # with T == S every rule reads each query's own key (_filled_index): "aligned",
+        identity = "aligned"  # so a padded batch (transformers passes "filled") takes the one-node training path too
     if _is_kinds(laplacian_heads):
         kinds = _check_kinds(laplacian_heads, h, mix, blend)
         if not is_plain_laplacian(kinds):
