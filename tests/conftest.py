@@ -57,18 +57,21 @@ def timm_and_lapheads(name: str, spec, **kwargs):
     return plain, model
 
 
+def pip_download(requirement: str, folder: Path, *, wheel: bool, timeout: int) -> subprocess.CompletedProcess:
+    """``pip download`` of one distribution without its dependencies into ``folder``: its wheel, or its sdist."""
+    folder.mkdir(parents=True, exist_ok=True)
+    only = ["--only-binary", ":all:"] if wheel else ["--no-binary", ":all:"]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", *only, "-q", "-d", str(folder), requirement]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
 def peer_tests(package: str, version: str, cache: Path) -> Path:
     """A peer's ``tests/`` folder from the sdist of ``package==version`` on PyPI (cached in ``cache``); skips the
     calling test, saying what pip said, where PyPI cannot be reached."""
     folder = cache / f"{package}-{version}" / "tests"
     if folder.is_dir():
         return folder
-    cache.mkdir(parents=True, exist_ok=True)
-    fetched = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q", "-d", str(cache),
-         f"{package}=={version}"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    fetched = pip_download(f"{package}=={version}", cache, wheel=False, timeout=600)
     sdist = cache / f"{package}-{version}.tar.gz"
     if fetched.returncode != 0 or not sdist.is_file():
         said = (fetched.stderr or fetched.stdout).strip().splitlines()[-1:]

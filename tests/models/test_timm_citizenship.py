@@ -18,7 +18,7 @@ import lapheads  # noqa: F401 - registers the names
 from lapheads.core.convert import BlendSchedule, set_blend
 from lapheads.errors import InputError
 from lapheads.models.vit import create_vit, default_cfgs, vit_laplacian_masks
-from tests.conftest import peer_tests
+from tests.conftest import peer_tests, pip_download
 
 
 @pytest.mark.parametrize("spec", [2, "0,1,2,3,2,1"])
@@ -243,12 +243,7 @@ def test_the_module_parity_tests_pass_at_the_oldest_supported_timm(tmp_path):
     cache = Path(sys.prefix) / "share" / "lapheads-timm-floor"
     site = cache / f"timm-{OLDEST_TIMM}"
     if not (site / "timm" / "__init__.py").is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", str(cache),
-             f"timm=={OLDEST_TIMM}"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        fetched = pip_download(f"timm=={OLDEST_TIMM}", cache, wheel=True, timeout=300)
         wheels = sorted(cache.glob(f"timm-{OLDEST_TIMM}-*.whl"))
         if fetched.returncode != 0 or not wheels:
             pytest.skip(f"needs timm=={OLDEST_TIMM}'s wheel from PyPI; pip said: {fetched.stderr.strip()[-200:]}")

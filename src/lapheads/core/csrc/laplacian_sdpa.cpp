@@ -26,7 +26,7 @@ struct LaplacianSDPA : public torch::autograd::Function<LaplacianSDPA> {
                                                                           scale);
     // saved, not kept in saved_data: autograd frees saved tensors after a backward without retain_graph
     variable_list saved{y, q, k, v, logsumexp};
-    if (attn_mask.has_value()) {  // never a gradient's input: the op sends a mask needing one to the Python node
+    if (attn_mask.has_value()) {  // never a gradient's input: the op sends a mask needing one to its general combine
       saved.push_back(*attn_mask);
     }
     ctx->save_for_backward(saved);
