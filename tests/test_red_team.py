@@ -479,6 +479,24 @@ def test_serve(case, server):
     assert isinstance(error, str) and case.says in error and "\n" not in error, (case.name, payload)
 
 
+@pytest.mark.parametrize("limit", [1_000, 2_000, 100_000])
+def test_serve_nesting_guard_ignores_the_recursion_limit(limit, server):
+    """torch.compile raises the interpreter's recursion limit (1000 -> 2000): serve's guard must not depend on it."""
+    import sys
+
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        for body in (b"[" * 1_500 + b"]" * 1_500, b'{"a":' * 17 + b"1" + b"}" * 17):
+            response = server.post("/chat/completions", content=body, headers={"content-type": "application/json"})
+            assert response.status_code == 400 and "nests too deeply" in response.json()["error"], response.text
+        brackets_in_a_string = {"messages": [{"role": "user", "content": "[" * 5_000}]}
+        response = server.post("/chat/completions", json=brackets_in_a_string)
+        assert "nests too deeply" not in response.text
+    finally:
+        sys.setrecursionlimit(previous)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # The Python API: every bad argument to the op (fused and reference path alike) is a one-line lapheads error that
 # names the value, never a raw torch error

@@ -22,6 +22,7 @@ Design choices:
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -45,6 +46,25 @@ class ServeLimits:
     max_messages: int = 64
     max_message_chars: int = 8_000
     max_tokens: int = 512
+
+
+#: the deepest JSON nesting a request may have (a chat request needs 3: object, messages list, message object)
+MAX_JSON_DEPTH = 16
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def _json_depth(raw: bytes) -> int:
+    """The deepest bracket nesting of a JSON text, counted before it is parsed: strings removed, then one scan of
+    the brackets. ``json.loads`` alone guards nesting only through the interpreter's recursion limit, which
+    anything else in the process may raise (torch.compile does, 1000 -> 2000)."""
+    depth = deepest = 0
+    for byte in _JSON_STRING.sub(b'""', raw):
+        if byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
 
 
 def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: int) -> dict[str, Any]:
@@ -143,6 +163,8 @@ def create_app(
             raw += chunk
             if len(raw) > limits.max_request_bytes:
                 return refuse(413, f"request of over {limits.max_request_bytes} bytes; allowed: at most that")
+        if _json_depth(bytes(raw)) > MAX_JSON_DEPTH:
+            return refuse(400, 'the request nests too deeply; allowed: {"messages": [{"role", "content"}]}')
         try:
             body = _check_request(json.loads(bytes(raw) or b"null"), limits, temperature, top_k)
             prompt = render_for_completion(engine.tokenizer, {"messages": body["messages"]})
