@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -16,8 +18,8 @@ from lapheads.core import (
 )
 from lapheads.models.vit import vit_head_kinds
 
-KINDS = ("ordinary", "laplacian", "negated", "local", "centring", "mix")
-MIXED = ("ordinary", "negated", "centring", "mix")  # one model, several kinds
+KINDS = ("ordinary", "laplacian", "negated", "local", "untied", "sum", "centring", "exclusive", "mix")
+MIXED = ("exclusive", "sum", "centring", "mix")  # one model, several kinds
 
 
 def _qkv(h=4, hkv=4, t=6, s=6, seed=0, grad=False):
@@ -172,3 +174,64 @@ def test_a_vit_of_mix_heads_at_init_has_the_ordinary_models_logits():
 
 def test_every_kind_is_named():
     assert set(KINDS) == set(HEAD_KINDS)
+
+
+def _by_hand(q, k, v, is_causal=False):
+    """softmax(q k^T / sqrt(D)) v per head, with explicit loops' worth of einsum: no lapheads code."""
+    logits = torch.einsum("bhtd,bhsd->bhts", q, k) / q.shape[-1] ** 0.5
+    if is_causal:
+        logits = logits.masked_fill(~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+    return torch.einsum("bhts,bhsd->bhtd", logits.softmax(-1), v)
+
+
+@pytest.mark.parametrize("op", [laplacian_attention, laplacian_attention_reference])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sum_and_exclusive_heads_equal_a_hand_computation(op, is_causal):
+    q, k, v = _qkv()
+    y = _by_hand(q, k, v, is_causal)
+    assert torch.allclose(op(q, k, v, ("sum",) * 4, is_causal=is_causal), v + y, atol=1e-12, rtol=0)
+    # XSA: z_i = y_i - (y_i . v_i / |v_i|^2) v_i, token by token
+    z = torch.empty_like(y)
+    for b, h, i in torch.cartesian_prod(torch.arange(2), torch.arange(4), torch.arange(6)).tolist():
+        own = v[b, h, i]
+        z[b, h, i] = y[b, h, i] - (y[b, h, i] @ own) / (own @ own) * own
+    out = op(q, k, v, ("exclusive",) * 4, is_causal=is_causal)
+    assert torch.allclose(out, z, atol=1e-12, rtol=0)
+    assert torch.allclose((out * v).sum(-1), torch.zeros(2, 4, 6, dtype=v.dtype), atol=1e-12)  # orthogonal to v
+    mixed = op(q, k, v, ("ordinary", "sum", "exclusive", "laplacian"), is_causal=is_causal)
+    assert torch.allclose(mixed, torch.stack([y[:, 0], (v + y)[:, 1], z[:, 2], (v - y)[:, 3]], 1), atol=1e-12)
+
+
+def test_an_exclusive_head_of_a_zero_value_outputs_its_attention():
+    q, k, v = _qkv()
+    v[0, :, 2] = 0.0  # token 2 of sequence 0 has a zero value: nothing to project out
+    out = laplacian_attention(q, k, v, ("exclusive",) * 4)
+    assert torch.isfinite(out).all() and torch.allclose(out[0, :, 2], _by_hand(q, k, v)[0, :, 2], atol=1e-12)
+
+
+def test_untied_heads_start_as_the_laplacian_model_of_the_same_seed_and_then_untie():
+    torch.manual_seed(0)
+    laplacian = lapheads.create_vit("vit_fmnist_patch4", 3, patch_size=7, depth=2).eval()
+    torch.manual_seed(0)
+    untied = lapheads.create_vit("vit_fmnist_patch4", "untied:3", patch_size=7, depth=2).eval()
+    shared = laplacian.state_dict()
+    own = untied.state_dict()
+    assert set(own) - set(shared) == {f"blocks.{i}.attn.untied_{n}" for i in range(2) for n in ("v", "v_bias", "o")}
+    assert all(torch.equal(own[name], value) for name, value in shared.items())  # no random draw: same weights
+    x = torch.randn(2, 1, 28, 28)
+    assert torch.allclose(untied(x), laplacian(x), atol=1e-5, rtol=0)  # -W_O P V + W_O W_V x = W_O (V - P V)
+    for fused in (True, False):  # the reference path too
+        for model in (untied, laplacian):
+            for block in model.blocks:
+                block.attn.fused_attn = fused
+        assert torch.allclose(untied(x), laplacian(x), atol=1e-5, rtol=0)
+    untied.train()
+    untied(x).sum().backward()
+    assert untied.blocks[0].attn.untied_o.grad.abs().sum() > 0 and untied.blocks[0].attn.untied_v.grad.abs().sum() > 0
+    assert torch.allclose(torch.jit.script(untied.eval())(x), untied(x))
+
+
+def test_untied_heads_are_refused_where_a_model_has_no_local_term():
+    config = lapheads.GPTConfig(depth=2, vocab_size=64, sequence_len=16, aspect_ratio=32, head_dim=32)
+    with pytest.raises(HeadSpecError, match="untied"):
+        lapheads.GPT(dataclasses.replace(config, laplacian_heads="untied:1"))

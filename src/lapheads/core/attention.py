@@ -14,8 +14,9 @@ V - P V instead of P V (Zhang & Papyan, arXiv 2602.09297). Design choices:
   of the S keys, so the identity term is v[..., S - T:, :]; a causal mask is aligned the same way (bottom right).
 * **GQA/MQA.** v is broadcast from its Hkv heads to the H query heads inside the combine, never copied.
 * **Dropout acts on P.** SDPA drops entries of P, so a Laplacian head computes (I - drop(P)) V.
-* **Head kinds** (``lapheads.core.heads``): negated, local, centring and mix heads are one SDPA call plus one
-  elementwise expression of V, P V and the attended mean, differentiated by autograd.
+* **Head kinds** (``lapheads.core.heads``): negated, local, untied, sum, centring, exclusive and mix heads are one
+  SDPA call plus one elementwise expression of V, P V and the attended mean (exclusive heads: minus P V's component
+  along the token's own value), differentiated by autograd.
 * **A textbook reference path** (``laplacian_attention_reference``) materialises P and applies its operator
   explicitly. It serves attention maps (``return_attn=True``) and is the parity reference for the fused path.
 """
@@ -43,6 +44,7 @@ from lapheads.core._autograd import (
 )
 from lapheads.core.heads import (
     KIND_COEFFICIENTS,
+    PROJECTING_KINDS,
     HeadSpec,
     _check_count,
     _check_mask_tensor,
@@ -208,8 +210,8 @@ def laplacian_attention(
         k: keys (B, Hkv, S, D) with H % Hkv == 0 (GQA/MQA when Hkv < H).
         v: values (B, Hkv, S, D).
         laplacian_heads: int k (the trailing k heads are Laplacian), a bool mask of length H, or H head kinds
-            (:data:`HEAD_KINDS`: ordinary, laplacian, negated, local, centring, mix; a "local" head is ordinary
-            here, its module adds the untied local term).
+            (:data:`HEAD_KINDS`; a "local" head is ordinary here and an "untied" one negated: their module adds
+            the untied local term).
         attn_mask: optional bool (True = attend) or additive float mask broadcastable to (B, H, T, S).
         is_causal: causal attention; when T < S the queries are the last T positions (KV cache).
         dropout_p: attention dropout on P, so Laplacian heads compute (I - drop(P)) V.
@@ -350,7 +352,19 @@ def _kinds_attention(
         mean = _attended_mean(v, q, attn_mask, is_causal, scale)
         mean = mean.view(b, hkv, g, t, d) if mean.shape[1] == h else mean.unsqueeze(2)
         out = out + mean * gamma.view(shape)
-    return out.view(b, h, t, d)
+    out = out.view(b, h, t, d)
+    if PROJECTING_KINDS.intersection(kinds):
+        own = v_self.unsqueeze(2).expand(b, hkv, g, t, d).reshape(b, h, t, d)
+        out = _exclude_own_value(out, own, kinds)
+    return out
+
+
+def _exclude_own_value(out: Tensor, own: Tensor, kinds: Sequence[str]) -> Tensor:
+    """Exclusive heads' z = y - (y . n) n with n = v / |v| the token's own value direction (XSA, arXiv 2603.09078;
+    ``F.normalize``'s eps keeps a zero value's z = y); other heads unchanged. out, own: (B, H, T, D)."""
+    n = F.normalize(own, dim=-1)
+    exclusive = torch.tensor([kind in PROJECTING_KINDS for kind in kinds], device=out.device).view(1, -1, 1, 1)
+    return torch.where(exclusive, out - (out * n).sum(-1, keepdim=True) * n, out)
 
 
 def _resolve_heads(
@@ -445,9 +459,12 @@ def laplacian_attention_reference(
         allowed = torch.isfinite(logits).to(attn.dtype)
         uniform = allowed / allowed.sum(-1, keepdim=True).clamp_min(1)
         operator = alpha * eye + beta * dropped + gamma * uniform
-    else:
-        weight = 1.0 if blend is None else blend
-        operator = torch.where(mask.view(1, h, 1, 1), weight * eye + (1 - 2 * weight) * dropped, dropped)
+        out = operator @ v
+        if PROJECTING_KINDS.intersection(kinds):
+            out = _exclude_own_value(out, eye @ v, kinds)
+        return (out, attn) if return_attn else out
+    weight = 1.0 if blend is None else blend
+    operator = torch.where(mask.view(1, h, 1, 1), weight * eye + (1 - 2 * weight) * dropped, dropped)
     out = operator @ v
     return (out, attn) if return_attn else out
 

@@ -30,7 +30,9 @@ __all__ = [
     "HEAD_SPEC",
     "HEAD_SPEC_PATTERN",
     "KIND_COEFFICIENTS",
+    "LOCAL_TERM_KINDS",
     "NAMED_POINTS",
+    "PROJECTING_KINDS",
     "HeadSpec",
     "HeadSpecError",
     "format_head_mask",
@@ -195,20 +197,34 @@ def format_head_mask(mask: Tensor) -> str:
 
 
 #: Every kind a head can be. A Laplacian head is an ordinary head with its P V term negated plus a token-local
-#: term V (W_V x through W_O), the two tied by sharing W_V and W_O; the other kinds take those parts apart.
-HEAD_KINDS = ("ordinary", "laplacian", "negated", "local", "centring", "mix")
-#: Per fixed kind, the coefficients of (the head's own value V, P V, the mean of the attended values): ordinary
-#: P V; laplacian V - P V; negated -P V (the Laplacian head without its local term); local P V, plus an untied
-#: token-local term its module adds; centring V - mean(V) over the attended positions (no attention at all).
-#: mix (a V + b P V, learnable a, b; a = 0, b = 1 at init) takes its coefficients from the module.
+#: term V (W_V x through W_O), the two tied by sharing W_V and W_O; the other kinds take those parts apart:
+#: negated (the P V sign alone: an ordinary head with W_O negated, hence a placebo, kept only as one), local (an
+#: ordinary head plus an untied local term that starts at zero), untied (the Laplacian head with only the tie
+#: released: its own W_V', W_O' start equal to W_V, W_O), sum (V + P V: the same tied local term without the
+#: cancellation (I - P) 1 = 0 the paper names as the mechanism), centring (V minus the attended mean: no attention),
+#: exclusive (XSA, arXiv 2603.09078: P V minus its projection on the token's own value) and mix (learnable a, b).
+HEAD_KINDS = ("ordinary", "laplacian", "negated", "local", "untied", "sum", "centring", "exclusive", "mix")
+#: Per kind, the coefficients of (the head's own value V, P V, the mean of the attended values): ordinary P V;
+#: laplacian V - P V; negated -P V; local P V, plus an untied token-local term its module adds; untied -P V, plus
+#: its module's local term (started as W_O W_V); sum V + P V; centring V - mean(V) over the attended positions;
+#: exclusive P V, from which the op then removes the component along V (:data:`PROJECTING_KINDS`). mix (a V + b P V,
+#: learnable a, b; a = 0, b = 1 at init) takes its coefficients from the module.
 KIND_COEFFICIENTS = {
     "ordinary": (0.0, 1.0, 0.0),
     "laplacian": (1.0, -1.0, 0.0),
     "negated": (0.0, -1.0, 0.0),
     "local": (0.0, 1.0, 0.0),
+    "untied": (0.0, -1.0, 0.0),
+    "sum": (1.0, 1.0, 0.0),
     "centring": (1.0, 0.0, -1.0),
+    "exclusive": (0.0, 1.0, 0.0),
     "mix": (0.0, 1.0, 0.0),
 }
+#: kinds whose output is not linear in (V, P V, mean): exclusive heads remove P V's component along the token's own
+#: value, z = y - (y . v / |v|^2) v
+PROJECTING_KINDS = frozenset({"exclusive"})
+#: kinds whose module adds a token-local term W_O' W_V' x beside the op's output (untied from W_V, W_O)
+LOCAL_TERM_KINDS = ("local", "untied")
 _KIND_ITEM = re.compile(r"^[a-z]+(:\d+)?(\+[a-z]+:\d+)*$")
 _KIND_NAME = "(" + "|".join(HEAD_KINDS) + ")"
 _SPEC_ITEM = rf"\s*(\d+|{_KIND_NAME}(:\d+)?(\+{_KIND_NAME}:\d+)*|{_KIND_NAME}(/{_KIND_NAME})+)\s*"

@@ -52,7 +52,7 @@ class LaplacianHeadsMixin:
     def set_laplacian_heads(self, laplacian_heads: HeadSpec | Sequence[str]) -> None:
         """Choose which heads are Laplacian (no parameters change), or give every head a kind
         (:data:`HEAD_KINDS`): "mix" heads gain their learnable (a, b) (``mix_a`` = 0, ``mix_b`` = 1: ordinary at
-        the start), "local" heads the module's untied local term (:meth:`_make_local`)."""
+        the start), "local" and "untied" heads the module's untied local term (:meth:`_make_local`)."""
         num_heads = len(self.laplacian_mask)
         kinds = None
         if _is_kinds(laplacian_heads):
@@ -65,7 +65,11 @@ class LaplacianHeadsMixin:
             self.mix_b = torch.nn.Parameter(torch.ones(num_heads, device=device))
         else:
             self.mix_a = self.mix_b = None
-        self._make_local(sum(kind == "local" for kind in (self._kinds or ())))
+        kinds_of_heads = self._kinds or ()
+        self._make_local(
+            sum(kind == "local" for kind in kinds_of_heads),
+            [h for h, kind in enumerate(kinds_of_heads) if kind == "untied"],
+        )
         mask = laplacian_head_mask(laplacian_heads, num_heads)
         if mask.device.type != "cpu":  # a spec given as a device tensor, or built under a device context
             mask = mask.to("cpu") if mask.device.type != "meta" else torch.zeros(len(mask), dtype=torch.bool)
@@ -88,10 +92,12 @@ class LaplacianHeadsMixin:
         self._sync_laplacian_mask()  # to_empty() leaves buffers uninitialised; the host copy is the truth
         return module
 
-    def _make_local(self, num_local: int) -> None:
-        """The untied token-local term of "local" heads; a module without one refuses such heads."""
-        if num_local:
-            raise HeadSpecError(f"{type(self).__name__} has no local term; allowed kinds here: all but 'local'")
+    def _make_local(self, num_local: int, untied_heads: list[int]) -> None:
+        """The untied token-local term of "local" and "untied" heads; a module without one refuses such heads."""
+        if num_local or untied_heads:
+            raise HeadSpecError(
+                f"{type(self).__name__} has no local term; allowed kinds here: all but 'local' and 'untied'"
+            )
 
     @torch.jit.ignore
     def _attend(
@@ -164,26 +170,43 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         if not hasattr(self, "gate"):  # timm before gated attention
             self.gate = None
         self.local_v = self.local_o = None
+        self.untied_v = self.untied_v_bias = self.untied_o = None
+        self._untied_heads: list[int] = []
         self._init_laplacian_heads(num_heads, laplacian_heads, kwargs.get("device"))
 
-    def _make_local(self, num_local: int) -> None:
+    def _make_local(self, num_local: int, untied_heads: list[int]) -> None:
         """ "local" heads: their own value (W_V', initialised as timm's ViT initialises a Linear) and output
-        (W_O', zero, like the model's output projections at the start) weights, untied from W_V and W_O."""
-        if not num_local:
-            self.local_v = self.local_o = None
-            return
+        (W_O', zero, like the model's output projections at the start) weights, untied from W_V and W_O.
+        "untied" heads: W_V', W_O' (and W_V's bias) that start as copies of their head's W_V and W_O, so the head
+        starts as exactly the Laplacian head (-W_O P V + W_O W_V x) and training only releases the tie. They are
+        plain Parameters filled by copying (no random draw), so a model with untied heads starts from the same
+        weights as the Laplacian model of the same seed."""
         device = self.qkv.weight.device
-        width = num_local * self.head_dim
-        self.local_v = torch.nn.Linear(self.qkv.in_features, width, bias=self.qkv.bias is not None, device=device)
-        self.local_o = torch.nn.Linear(width, self.proj.out_features, bias=False, device=device)
-        if device.type != "meta":
+        if num_local:
+            width = num_local * self.head_dim
+            self.local_v = torch.nn.Linear(self.qkv.in_features, width, bias=self.qkv.bias is not None, device=device)
+            self.local_o = torch.nn.Linear(width, self.proj.out_features, bias=False, device=device)
+        else:
+            self.local_v = self.local_o = None
+        self._untied_heads = list(untied_heads)
+        if untied_heads:
+            if not isinstance(self.norm, torch.nn.Identity):  # proj(norm(heads)) is no sum over heads to copy
+                raise HeadSpecError("'untied' heads need scale_norm=False (a norm before proj mixes the heads)")
+            width = len(untied_heads) * self.head_dim
+            empty = lambda *shape: torch.nn.Parameter(torch.empty(*shape, device=device))  # noqa: E731
+            self.untied_v = empty(width, self.qkv.in_features)
+            self.untied_v_bias = empty(width) if self.qkv.bias is not None else None
+            self.untied_o = empty(self.proj.out_features, width)
+        else:
+            self.untied_v = self.untied_v_bias = self.untied_o = None
+        if (num_local or untied_heads) and device.type != "meta":
             self.init_weights()
 
     def init_weights(self) -> None:
         """The head kinds' own parameters at their start: mix heads ordinary (a = 0, b = 1), local heads' W_V' as
-        timm initialises a Linear and W_O' zero. timm's ``init_weights`` calls this after its own pass over the
-        module's Linears (so a model built on the meta device, ``to_empty``-ed and re-initialised starts right);
-        qkv and proj are timm's business and untouched."""
+        timm initialises a Linear and W_O' zero, untied heads' W_V', W_O' copies of their head's W_V, W_O. timm's
+        ``init_weights`` calls this after its own pass over the module's Linears (so a model built on the meta
+        device, ``to_empty``-ed and re-initialised starts right); qkv and proj are timm's business and untouched."""
         with torch.no_grad():
             if self.mix_a is not None:
                 self.mix_a.zero_()
@@ -193,6 +216,14 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
                 if self.local_v.bias is not None:
                     torch.nn.init.zeros_(self.local_v.bias)
                 torch.nn.init.zeros_(self.local_o.weight)
+            if self.untied_v is not None:
+                hd, start = self.head_dim, 2 * self.attn_dim  # qkv's rows: (q, k, v) x heads x head_dim
+                v_rows = [slice(start + h * hd, start + (h + 1) * hd) for h in self._untied_heads]
+                self.untied_v.copy_(torch.cat([self.qkv.weight[rows] for rows in v_rows]))
+                if self.untied_v_bias is not None:
+                    self.untied_v_bias.copy_(torch.cat([self.qkv.bias[rows] for rows in v_rows]))
+                columns = [self.proj.weight[:, h * hd : (h + 1) * hd] for h in self._untied_heads]
+                self.untied_o.copy_(torch.cat(columns, dim=1))
 
     def forward(
         self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
@@ -232,6 +263,10 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         out = self.proj(x)
         if self.local_v is not None:  # "local" heads: their untied token-local term, W_O' W_V' x
             out = out + self.local_o(self.local_v(tokens))
+        if self.untied_o is not None:  # "untied" heads: W_O' W_V' x, started as the Laplacian head's W_O W_V x
+            out = out + torch.nn.functional.linear(
+                torch.nn.functional.linear(tokens, self.untied_v, self.untied_v_bias), self.untied_o
+            )
         return self.proj_drop(out), attn
 
     def extra_repr(self) -> str:

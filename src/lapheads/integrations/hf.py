@@ -73,9 +73,9 @@ def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torc
     return mask.to(device)
 
 
-#: the head kinds a Hugging Face model can run: "local" needs the layer's input tokens (its untied W_O' W_V' x),
+#: the head kinds a Hugging Face model can run: "local" and "untied" need the layer's input tokens (W_O' W_V' x),
 #: which transformers' attention interface does not pass
-HF_KINDS = ("ordinary", "laplacian", "negated", "centring", "mix")
+HF_KINDS = ("ordinary", "laplacian", "negated", "sum", "centring", "exclusive", "mix")
 
 
 def _layer_kinds(module: nn.Module) -> tuple[str, ...] | None:

@@ -46,7 +46,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lapheads.core.attention import laplacian_attention
-from lapheads.core.heads import parse_head_kinds
+from lapheads.core.heads import HeadSpecError, parse_head_kinds
 from lapheads.core.modules import LaplacianHeadsMixin
 from lapheads.errors import InputError
 from lapheads.hardware import check_fits
@@ -336,9 +336,11 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
         # survives meta-device builds and to_empty (LaplacianHeadsMixin)
         self._init_laplacian_heads(self.n_head, laplacian_mask)
 
-    def _make_local(self, num_local: int) -> None:
+    def _make_local(self, num_local: int, untied_heads: list[int]) -> None:
         """ "local" heads: their own value and output weights (W_V', W_O'), untied from c_v and c_proj; init_weights
-        starts W_O' at zero like every output projection."""
+        starts W_O' at zero like every output projection. ("untied" heads: lapheads' timm ViTs.)"""
+        if untied_heads:
+            raise HeadSpecError("the GPT has no 'untied' heads; allowed here: every other kind (untied: the timm ViTs)")
         if not num_local:
             self.local_v = self.local_o = None
             return
