@@ -256,9 +256,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from lapheads.study.records import load_plan
     from lapheads.study.sweep import parse_seeds, parse_specs, run_sweep
 
-    specs, seeds = parse_specs(args.laplacian_heads), parse_seeds(args.seeds)
+    plan = load_plan(args.plan) if args.plan else None
+    if (args.laplacian_heads is None or args.seeds is None) and plan is None:
+        raise UserError("sweep needs --laplacian-heads and --seeds (or a --plan that declares them)")
+    specs = parse_specs(args.laplacian_heads) if args.laplacian_heads is not None else plan.arms
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else plan.seeds
     if args.jobs < 1 or (args.threads is not None and args.threads < 1):
         raise UserError(f"--jobs {args.jobs} --threads {args.threads}: allowed: integers >= 1")
     out = args.out or str(Path("runs") / "sweeps" / Path(args.preset).stem)
@@ -273,6 +278,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         nproc=args.nproc_per_node,
         jobs=args.jobs,
         threads=args.threads,
+        records=args.records,
+        plan=args.plan,
     )
     if not args.dry_run:
         print(f"sweep: {len(record['cells'])} cells done in {out}; next: lapheads report {out}")

@@ -298,8 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", allow_abbrev=False, help="a preset over Laplacian specs x seeds, resumable")
     sweep.add_argument("preset", help="a preset name, or a .json preset file (then --task)")
-    sweep.add_argument("--laplacian-heads", required=True, help="k values 0,1,3,6 or per-layer specs 0;2,2,0,0")
-    sweep.add_argument("--seeds", required=True, help="comma list, e.g. 0,1,2")
+    sweep.add_argument(
+        "--laplacian-heads", default=None, help="k values 0,1,3,6 or specs 0;2,2,0,0;sum:3 (default: the plan's arms)"
+    )
+    sweep.add_argument("--seeds", default=None, help="comma list, e.g. 0,1,2 (default: the plan's)")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     sweep.add_argument("--task", default=None, choices=list(TASKS), help="for preset files")
     sweep.add_argument("--out", default=None, help="the sweep directory (default: runs/sweeps/<preset>)")
@@ -313,11 +315,21 @@ def build_parser() -> argparse.ArgumentParser:
         "one-thread jobs do ~1.7x the work of one two-thread run)",
     )
     sweep.add_argument("--threads", type=int, default=None, help="--jobs: threads shared by all jobs (default: CPUs)")
+    sweep.add_argument(
+        "--records",
+        default=None,
+        metavar="DIR",
+        help="write each finished cell's record here (commit it); cells recorded here are skipped",
+    )
+    sweep.add_argument(
+        "--plan", default=None, metavar="PLAN", help="the study's pre-registered plan.json (needs --records)"
+    )
     sweep.set_defaults(func=commands.cmd_sweep)
 
     report = sub.add_parser("report", allow_abbrev=False, help="statistics and plots of a sweep")
     report.add_argument(
-        "sweep_dir", help="a sweep directory, or a report's stats.json to restate with today's statistics"
+        "sweep_dir",
+        help="a sweep directory, a folder of cell records (sweep --records), or a report's stats.json to restate",
     )
     report.add_argument("--metric", default=None, help="the headline metric (default: the task's)")
     report.add_argument("--no-geometry", action="store_true", help="skip lapheads analyze on the cells")

@@ -16,6 +16,7 @@ __all__ = [
     "LATEST",
     "METRICS_FILE",
     "REPORT",
+    "PLAN_FILE",
     "SAMPLES_FILE",
     "STATE_FILE",
     "SWEEP_FILE",
@@ -24,6 +25,7 @@ __all__ = [
     "analysis_file",
     "external_report_dir",
     "nanochat_tokenizer_dir",
+    "record_file",
     "report_folder",
     "step_name",
     "temporary_step_name",
@@ -39,6 +41,8 @@ TOKENIZER = "tokenizer"  # lm, mid, sft: the tokenizer the model was trained wit
 REPORT = "report"  # readers' caches: eval_*.json, analysis*.json, plots
 ANALYSIS_FILE = "analysis.json"  # lapheads analyze's cache of the latest checkpoint
 SWEEP_FILE = "sweep.json"  # a sweep's definition and cell states
+PLAN_FILE = "plan.json"  # a records folder's pre-registered plan (lapheads sweep --plan), copied in unchanged
+RECORD_SUFFIX = ".json"  # a cell's record: <cell name>.json in the records folder
 #: the weight files of a checkpoint ``load_model`` may read: a run's model, its EMA (classify --ema-decay), DINO's
 #: teacher
 WEIGHTS = {"model": "model.safetensors", "ema": "ema.safetensors", "teacher": "teacher.safetensors"}
@@ -54,6 +58,11 @@ def step_name(step: int) -> str:
 def temporary_step_name(step: int) -> str:
     """Where step ``step``'s checkpoint is written before it is published by a rename."""
     return f"{TEMPORARY_PREFIX}{step:08d}"
+
+
+def record_file(cell_name: str) -> str:
+    """A cell's record in a records folder: ``L3-s0.json``."""
+    return f"{cell_name}{RECORD_SUFFIX}"
 
 
 def analysis_file(step: int | None) -> str:

@@ -27,11 +27,17 @@ def load_sweep(sweep_dir: str | os.PathLike) -> dict[str, Any]:
     """A sweep directory's sweep.json (its specs, seeds, overrides and cells with their status)."""
     file = Path(sweep_dir) / SWEEP_FILE
     try:
-        return json.loads(file.read_text())
+        record = json.loads(file.read_text())
     except FileNotFoundError:
         raise SweepError(f"{sweep_dir} holds no sweep ({SWEEP_FILE} missing); run `lapheads sweep` first") from None
-    except json.JSONDecodeError as err:
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise SweepError(f"{file} is corrupt: {err}") from None
+    cells = record.get("cells") if isinstance(record, dict) else None
+    if not isinstance(cells, dict) or not all(isinstance(cell, dict) for cell in cells.values()):
+        raise SweepError(f"{file} is corrupt: no cells object; allowed: a sweep.json lapheads wrote")
+    for name, cell in cells.items():  # a cell is SWEEP_DIR/<name> wherever the sweep was copied or moved to
+        cell["run_dir"] = str(Path(sweep_dir) / Path(str(cell.get("run_dir") or name)).name)
+    return record
 
 
 # ----------------------------------------------------------------------------------------------------------------

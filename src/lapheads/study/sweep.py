@@ -9,6 +9,13 @@ Design choices:
   full config and seed); finished cells are skipped, an interrupted cell resumes from its last checkpoint.
   ``--dry-run`` prints one ``torchrun`` command per cell for a cluster scheduler instead.
 * **Spec lists**: ``0,1,3,6`` are k values; per-layer specs are separated by ``;`` (``0;2,2,0,0``).
+* **Records outlive the machine** (``--records DIR``): each finished cell's record (``lapheads.runs.records``) is
+  written into DIR; a cell whose record is there with the same config is skipped (another config: refused in one
+  line, never overwritten), so a sweep continues from a folder of committed records on a fresh machine.
+* **A plan is declared before the first cell** (``--plan PLAN``): the sweep must be exactly the plan's (preset,
+  arms, seeds, overrides); the plan is copied into the records folder and its sha256 stamped into every record.
+* **A sweep's own axes are its own**: ``--set seed=`` and ``--set laplacian_heads=`` are refused (they would make
+  every cell the same run), and seeds and specs are normalised before duplicates are checked.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +47,10 @@ def parse_seeds(text: str) -> list[int]:
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items or not all(re.fullmatch(r"\d+", item) for item in items):
         raise SweepError(f"--seeds {text!r}: allowed: a non-empty comma list of integers like 0,1,2")
-    return [int(item) for item in items]
+    seeds = [int(item) for item in items]
+    if len(set(seeds)) < len(seeds):  # "0,00" is seed 0 twice
+        raise SweepError(f"--seeds {text!r} repeats a seed; allowed: distinct integers")
+    return seeds
 
 
 def cell_name(spec: str, seed: int) -> str:
@@ -106,6 +117,9 @@ def _finished(run_dir: Path) -> bool:
     return RunDir(run_dir).finished()
 
 
+_AXES = ("seed", "laplacian_heads")  # set per cell by the sweep itself
+
+
 def _overrides(sets: list[str]) -> list[str]:
     """``--set key=value`` -> ``--key value``; ``{spec}`` and ``{seed}`` in a value stay for :func:`_for_cell`."""
     out = []
@@ -113,6 +127,11 @@ def _overrides(sets: list[str]) -> list[str]:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise SweepError(f"--set {item!r}: allowed: key=value (a config field of the preset)")
+        if key.strip().replace("-", "_") in _AXES:
+            raise SweepError(
+                f"--set {item!r}: {key.strip()} is an axis of the sweep (every cell has its own); allowed: "
+                "--seeds and --laplacian-heads"
+            )
         out += [f"--{key.strip().replace('_', '-')}", value]
     return out
 
@@ -136,6 +155,8 @@ def run_sweep(
     log=print,
     jobs: int = 1,
     threads: int | None = None,
+    records: str | Path | None = None,
+    plan: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run (or print, with ``dry_run``) every cell of the sweep; returns the sweep record.
 
@@ -143,19 +164,27 @@ def run_sweep(
         jobs: cells trained at once, each in its own process with ``threads // jobs`` threads (on a small CPU, two
             one-thread runs do ~1.7x the work of one two-thread run); 1 trains the cells in this process.
         threads: the threads all jobs share (default: the CPU count).
+        records: a folder for the cells' records (committable): finished cells write theirs there, cells with a
+            record there are skipped.
+        plan: a plan file (``lapheads.study.records.Plan``) the sweep must match; needs ``records``.
     """
     from lapheads.io import atomic_write_text
+    from lapheads.study.records import install_plan, load_plan
     from lapheads.tasks.presets import resolve_config
 
     task = _task_of(preset, task)
     overrides = _overrides(sets or [])
+    if plan is not None:
+        if records is None:
+            raise SweepError("--plan needs --records DIR: the plan is kept with the records it governs")
+        _check_against_plan(load_plan(plan), preset, task, specs, seeds, sets or [], plan)
     for cell in sweep_cells(Path(out), specs, seeds[:1]):  # every cell's config and spec, before anything runs
         get_task(task).check(resolve_config(task, preset, cell.spec, _for_cell(overrides, cell)))
     sweep_dir = Path(out)
     definition = {"preset": preset, "task": task, "specs": specs, "seeds": seeds, "overrides": overrides}
     record_file = sweep_dir / SWEEP_FILE
     if record_file.exists():
-        added = _extension(json.loads(record_file.read_text()), definition, sweep_dir)
+        added = _extension(_read_sweep(record_file), definition, sweep_dir)
         if added:
             log(f"sweep: extending {sweep_dir} with {added}")
     cells = sweep_cells(sweep_dir, specs, seeds)
@@ -166,26 +195,33 @@ def run_sweep(
             )
         return {
             **definition,
-            "cells": {c.name: {"spec": c.spec, "seed": c.seed, "run_dir": str(c.run_dir)} for c in cells},
+            "cells": {c.name: {"spec": c.spec, "seed": c.seed, "run_dir": c.run_dir.name} for c in cells},
         }
+    plan_ = install_plan(plan, records) if plan is not None else None
+    recorder = None if records is None else _Recorder(Path(records), definition, plan_, task, preset, overrides)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    record = {**definition, "cells": {}}
+    record = {**definition, "records": None if records is None else str(records), "cells": {}}
 
     def save() -> None:
         atomic_write_text(record_file, json.dumps(record, indent=1) + "\n")
 
     todo = []
     for cell in cells:
-        entry = {"spec": cell.spec, "seed": cell.seed, "run_dir": str(cell.run_dir)}
-        if _finished(cell.run_dir):
+        entry = {"spec": cell.spec, "seed": cell.seed, "run_dir": cell.run_dir.name}  # relative: a sweep moves whole
+        if recorder is not None and recorder.has(cell):
+            record["cells"][cell.name] = {**entry, "status": "recorded"}
+            log(f"sweep: {cell.name} has its record in {records}, skipped")
+        elif _finished(cell.run_dir):
             record["cells"][cell.name] = {**entry, "status": "done"}
             log(f"sweep: {cell.name} finished before, skipped")
+            if recorder is not None:
+                recorder.write(cell, None, threads or 0)
         else:
             record["cells"][cell.name] = {**entry, "status": "pending"}
             todo.append(cell)
     save()
     if jobs > 1:
-        _run_parallel(todo, sweep_dir, task, preset, overrides, record, save, log, jobs, threads)
+        _run_parallel(todo, sweep_dir, task, preset, overrides, record, save, log, jobs, threads, recorder)
         return record
     import torch
 
@@ -199,12 +235,83 @@ def run_sweep(
             resume = RunDir(cell.run_dir).exists()
             log(f"sweep: {cell.name} {'resuming' if resume else 'training'} into {cell.run_dir}")
             cfg = resolve_config(task, preset, cell.spec, [*_for_cell(overrides, cell), "--seed", str(cell.seed)])
+            began = time.monotonic()
             _train(task)(cfg, cell.run_dir, resume=resume)
+            if recorder is not None:
+                recorder.write(cell, time.monotonic() - began, torch.get_num_threads())
             record["cells"][cell.name]["status"] = "done"
             save()
     finally:
         torch.set_num_threads(previous)
     return record
+
+
+def _read_sweep(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SweepError(
+            f"{path} is corrupt ({type(err).__name__}: {err}); allowed: a sweep.json lapheads wrote"
+        ) from None
+
+
+def _check_against_plan(
+    plan, preset: str, task: str, specs: list[str], seeds: list[int], sets: list[str], path
+) -> None:
+    """The sweep must be the plan's, field for field (a plan that a sweep may deviate from is no plan)."""
+    wanted = {
+        "preset": plan.preset,
+        "task": plan.task,
+        "arms": plan.arms,
+        "seeds": plan.seeds,
+        "overrides": plan.overrides,
+    }
+    given = {"preset": preset, "task": task, "arms": specs, "seeds": seeds, "overrides": list(sets)}
+    for key, value in wanted.items():
+        if given[key] != value:
+            raise SweepError(
+                f"--plan {path} declares {key} {value!r}; this sweep has {given[key]!r}; allowed: the plan's"
+            )
+
+
+class _Recorder:
+    """The records folder of a sweep: which cells have a record, and writing a finished cell's."""
+
+    def __init__(self, folder: Path, definition: dict[str, Any], plan, task: str, preset: str, overrides: list[str]):
+        self.folder, self.definition, self.plan = folder, definition, plan
+        self.task, self.preset, self.overrides = task, preset, overrides
+
+    def config(self, cell: Cell) -> dict[str, Any]:
+        import dataclasses
+
+        from lapheads.tasks.presets import resolve_config
+
+        argv = [*_for_cell(self.overrides, cell), "--seed", str(cell.seed)]
+        return dataclasses.asdict(resolve_config(self.task, self.preset, cell.spec, argv))
+
+    def has(self, cell: Cell) -> bool:
+        from lapheads.study.records import check_record, record_or_none
+
+        found = record_or_none(self.folder, cell.name, self.config(cell))
+        if found is not None:
+            check_record(found, self.plan)
+        return found is not None
+
+    def write(self, cell: Cell, wall_seconds: float | None, threads: int) -> None:
+        from lapheads.runs.records import write_record
+        from lapheads.study.records import build_record
+
+        data = build_record(
+            cell.run_dir,
+            name=cell.name,
+            spec=cell.spec,
+            seed=cell.seed,
+            sweep=self.definition,
+            plan_sha256=None if self.plan is None else self.plan.sha256,
+            threads=threads or None,
+            wall_seconds=wall_seconds,
+        )
+        write_record(self.folder, data)
 
 
 def _run_parallel(
@@ -218,13 +325,16 @@ def _run_parallel(
     log,
     jobs: int,
     threads: int | None,
+    recorder: _Recorder | None = None,
 ) -> None:
-    """Train ``cells`` as ``jobs`` concurrent ``lapheads train`` processes; this process alone writes sweep.json.
-    Each cell's output goes to SWEEP_DIR/logs/<cell>.log; a failed cell is recorded and the others go on."""
+    """Train ``cells`` as ``jobs`` concurrent ``lapheads train`` processes; this process alone writes sweep.json
+    (and the records, each as its cell finishes, with one thread). Each cell's output goes to
+    SWEEP_DIR/logs/<cell>.log; a failed cell is recorded and the others go on."""
     import os
     import subprocess
     import sys
-    import time
+
+    import torch
 
     per_job = max(1, (threads or os.cpu_count() or 1) // jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(per_job), "MKL_NUM_THREADS": str(per_job)}
@@ -242,11 +352,8 @@ def _run_parallel(
             ]
             logs.mkdir(parents=True, exist_ok=True)
             handle = open(logs / f"{cell.name}.log", "a")
-            running[cell.name] = (
-                cell,
-                subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env),
-                handle,
-            )
+            process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env)
+            running[cell.name] = (cell, process, handle, time.monotonic())
             record["cells"][cell.name]["status"] = "running"
             save()
             log(
@@ -254,12 +361,19 @@ def _run_parallel(
                 f"({per_job} thread{'s' if per_job > 1 else ''}; log {logs / (cell.name + '.log')})"
             )
         time.sleep(0.5)
-        for name, (cell, proc, handle) in list(running.items()):
+        for name, (cell, proc, handle, began) in list(running.items()):
             if proc.poll() is None:
                 continue
             handle.close()
             del running[name]
             done = proc.returncode == 0 and _finished(cell.run_dir)
+            if done and recorder is not None:
+                previous = torch.get_num_threads()
+                torch.set_num_threads(per_job)  # beside the cells still training
+                try:
+                    recorder.write(cell, time.monotonic() - began, per_job)
+                finally:
+                    torch.set_num_threads(previous)
             record["cells"][name]["status"] = "done" if done else "failed"
             save()
             if not done:

@@ -256,7 +256,9 @@ def start_or_resume(
                 f"{run.path} holds {', '.join(found)} but no config.json: not a lapheads run; refusing to write there "
                 "(nothing was changed); allowed: a new --out"
             )
-        run.write_config(task, config, {"world_size": dist_.world_size, **extra_record})
+        run.write_config(
+            task, config, {"world_size": dist_.world_size, "threads": torch.get_num_threads(), **extra_record}
+        )
     if dist_.is_main and isinstance(extra_record.get("precision"), dict):
         notice(f"precision: {extra_record['precision']['reason']}")
     if dist_.is_main and dist_.device.type == "cpu" and native.enabled() and native.module() is None:

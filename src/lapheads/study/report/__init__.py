@@ -37,7 +37,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lapheads.runs import SweepError, load_sweep, spec_dir_name
+from lapheads.runs import SWEEP_FILE, SweepError, load_sweep, spec_dir_name
 from lapheads.runs.layout import report_folder
 from lapheads.study.report.figures import _plot, _plot_steps
 from lapheads.study.report.statistics import (
@@ -157,14 +157,18 @@ def write_report(
         margin: the primary metric's equivalence margin (None: the paper's effect on this baseline, where known).
     """
 
+    from lapheads.study.records import declaration, records_sweep
+
     sweep_dir = Path(sweep_dir)
-    record = load_sweep(sweep_dir)
+    from_records = not (sweep_dir / SWEEP_FILE).exists() and sweep_dir.is_dir() and any(sweep_dir.glob("*.json"))
+    record = records_sweep(sweep_dir) if from_records else load_sweep(sweep_dir)
     task, specs = record["task"], record["specs"]
     if baseline != "0" and baseline not in specs:  # a sweep without k = 0 still reports its arms, untested
         raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
     out = report_folder(sweep_dir, None if baseline == "0" else spec_dir_name(baseline))
     cells = _done_cells(record)
-    pictures = task == "dino" and metric is None and bool(cells)
+    declared = declaration(record.get("records"), cells)
+    pictures = task == "dino" and metric is None and bool(cells) and not from_records  # pictures need the weights
     if pictures:
         from lapheads.evals.dino import eval_dino
 
@@ -191,6 +195,7 @@ def write_report(
         geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in geometry_values.items()}
         mechanism_stats = diffusion_against_zero(mechanism_values)
     table, rule = _judge({**headline, **geometry_stats}, metrics[0][0], baseline, margin)
+    rule["declaration"] = declared
     lines += [*_rule_lines(rule), *_table_header(baseline)]
     lines += [_row(label, s, stats[s]) for label, stats in table.items() for s in specs]
     _plot(headline, specs, out / "metric.png")

@@ -4,7 +4,6 @@ quarter, the gap over training, geometry and diffusion scores read from every ce
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -89,10 +88,15 @@ def verdict(difference: float, p_holm: float, mde_: float, direction: int | None
     return "not detected" if not math.isnan(p_holm) else "not tested (fewer than 2 seeds)"
 
 
-def _final(run_dir: Path, metric: Metric) -> float | None:
-    """One finished run's value of ``metric``, or None where the run has not produced it."""
+def reader(cell: dict[str, Any]) -> Any:
+    """What a cell's numbers are read from: its record (``"source"``, a ``lapheads.runs.records.CellRecord``) or its
+    run directory; both answer ``read_metrics``, ``last_metric`` and ``read_report``."""
+    return cell["source"] if cell.get("source") is not None else RunDir(cell["run_dir"])
+
+
+def _final(run: Any, metric: Metric) -> float | None:
+    """One finished cell's value of ``metric``, or None where the run has not produced it."""
     _, source, path = metric
-    run = RunDir(run_dir)
     if source == "metrics":
         return run.last_metric(path[0])
     value: Any = run.read_report(source)
@@ -103,7 +107,7 @@ def _final(run_dir: Path, metric: Metric) -> float | None:
 
 def _done_cells(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Finished cells, seed-major in spec order (the order of the PCA grid's columns)."""
-    cells = [c for c in record["cells"].values() if c.get("status") == "done"]
+    cells = [c for c in record["cells"].values() if c.get("status") in ("done", "recorded")]
     return sorted(cells, key=lambda c: (c["seed"], record["specs"].index(c["spec"])))
 
 
@@ -111,7 +115,7 @@ def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float
     """{spec: {seed: value of metric}} over the sweep's finished cells."""
     values: dict[str, dict[int, float]] = {spec: {} for spec in record["specs"]}
     for cell in _done_cells(record):
-        value = _final(Path(cell["run_dir"]), metric)
+        value = _final(reader(cell), metric)
         if value is not None:
             values[cell["spec"]][cell["seed"]] = value
     return values
@@ -124,7 +128,7 @@ def _series(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, dict[
         return {}
     series: dict[str, dict[int, dict[int, float]]] = {spec: {} for spec in record["specs"]}
     for cell in _done_cells(record):
-        for entry in RunDir(cell["run_dir"]).read_metrics():
+        for entry in reader(cell).read_metrics():
             if path[0] in entry and "step" in entry:
                 series[cell["spec"]].setdefault(int(entry["step"]), {})[cell["seed"]] = float(entry[path[0]])
     return series
@@ -217,14 +221,18 @@ def mechanism_over_training(record: dict[str, Any]) -> dict[str, dict[str, list[
     weights = get_task(record["task"]).analyzed_weights
     scores: dict[str, dict[str, dict[int, dict[int, float]]]] = {}
     for cell in _done_cells(record):
-        run = RunDir(cell["run_dir"])
-        for step in checkpoint_steps(run):
-            heads = [head for block in ov_circuits(load_model(run, weights, step)) for head in block]
+        if cell.get("source") is not None:  # a record keeps every kept checkpoint's scores
+            by_step = cell["source"].checkpoint_heads
+        else:
+            run = RunDir(cell["run_dir"])
+            by_step = {step: ov_circuits(load_model(run, weights, step)) for step in checkpoint_steps(run)}
+        for step, blocks in sorted(by_step.items()):
+            heads = [head for block in blocks for head in block]
             for kind, laplacian in (("Laplacian", True), ("ordinary", False)):
                 kind_scores = [head["diffusion"] for head in heads if head["laplacian"] == laplacian]
                 if kind_scores:
-                    by_step = scores.setdefault(f"diffusion score, {kind} heads", {}).setdefault(cell["spec"], {})
-                    by_step.setdefault(step, {})[cell["seed"]] = float(np.mean(kind_scores))
+                    series = scores.setdefault(f"diffusion score, {kind} heads", {}).setdefault(cell["spec"], {})
+                    series.setdefault(step, {})[cell["seed"]] = float(np.mean(kind_scores))
 
     def against_zero(by_seed: dict[int, float]) -> dict[str, Any]:
         return paired_test(by_seed, dict.fromkeys(by_seed, 0.0))
@@ -287,7 +295,9 @@ def _geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, V
     out: Values = {f"{label} ({w})": {s: {} for s in record["specs"]} for w in where for label, _ in metrics}
     mechanism: Values = {}
     for cell in _done_cells(record):
-        analysis = analyze_run(cell["run_dir"], options)
+        analysis = cell["source"].analysis if cell.get("source") is not None else analyze_run(cell["run_dir"], options)
+        if analysis is None:
+            continue
         for label, value in _diffusion_scores(analysis).items():
             mechanism.setdefault(label, {s: {} for s in record["specs"]})[cell["spec"]][cell["seed"]] = value
         layers = {"last block": [n for n in analysis["layers"] if n.isdigit()][-1], "after the final norm": "norm"}

@@ -161,7 +161,17 @@ def _rule_lines(rule: dict[str, Any]) -> list[str]:
         for label, m in rule["margin"].items()
     )
     declared = ", ".join(rule["declared"]) or "none of its rows in this sweep"
+    when = rule.get("declaration")
+    stamp = []
+    if when is not None:
+        stamp = [
+            f"Family **declared before the data** (plan sha256 {when['plan_sha256'][:12]}: {when['why']})."
+            if when["before_data"]
+            else f"Family **declared after the data** ({when['why']}): read its corrections as exploratory.",
+            "",
+        ]
     return [
+        *stamp,
         f"Verdict rule (`lapheads.study.verdicts`): the **primary** test ({', '.join(rule['primary'])}) alone at alpha "
         f"{rule['alpha']}; the **declared** geometry family ({declared}), Holm-corrected across claims x arms "
         f"({rule['declared_family_size']} tests); every other row **secondary**, raw p, uncorrected. MDE: the "

@@ -1,0 +1,177 @@
+"""Cell records: what outlives a machine. One small, typed, versioned JSON file per finished sweep cell.
+
+A sweep cell's run directory holds checkpoints (megabytes) and lives on one machine; its record holds everything a
+report reads (the config and seed, the environment, every logged evaluation, the analysis, the per-head mechanism
+scores at every kept checkpoint, the wall time) in a few hundred KB, so it can be committed or synced and the sweep
+continued, and reported, anywhere. Design choices:
+
+* **Typed and versioned**: ``format`` and ``version`` are checked on every read; a file that is not a record, or
+  of another version, is a one-line error, never a half-read.
+* **Written once, atomically, when the cell has finished** (temp file, then rename): a folder of records never
+  holds a half-done cell. An existing record is never overwritten: a cell whose record is there is skipped when its
+  config is the same, and refused (one line naming the first differing key) when it is not.
+* **The reader interface of a run directory**: :class:`CellRecord` answers ``read_metrics``, ``last_metric`` and
+  ``read_report`` as :class:`lapheads.runs.RunDir` does, so ``lapheads report`` reads records and run directories
+  through one path.
+* **A plan's hash in every record**: the sha256 of the plan file the sweep ran under (None without one), so a
+  report can say whether its family was declared before the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lapheads.errors import LapheadsError
+from lapheads.io import atomic_write_text
+from lapheads.runs.layout import PLAN_FILE, record_file
+
+__all__ = [
+    "RECORD_FORMAT",
+    "RECORD_VERSION",
+    "CellRecord",
+    "RecordError",
+    "config_difference",
+    "environment",
+    "file_sha256",
+    "load_records",
+    "read_record",
+    "write_record",
+]
+
+RECORD_FORMAT = "lapheads cell record"
+RECORD_VERSION = 1
+#: the CPU flags that decide which kernels (and so which rounding) a CPU runs: kept in every record
+_KERNEL_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "neon", "sve")
+
+
+class RecordError(LapheadsError, ValueError):
+    """A record or records folder that cannot be used; one-line message."""
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def environment(threads: int) -> dict[str, Any]:
+    """Where a cell ran: versions, git revision, CPU model and kernel flags, threads (the CPU kind varies between
+    machines, and results move with it: a report pairs seeds within one environment)."""
+    import torch
+
+    import lapheads
+    from lapheads.hardware import _cpu_flags
+    from lapheads.runs.directory import _git_revision
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = _cpu_flags()
+    return {
+        "lapheads_version": lapheads.__version__,
+        "git_revision": _git_revision(),
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_model": model,
+        "cpu_flags": sorted(flag for flag in _KERNEL_FLAGS if flag in flags),
+        "torch_cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+        "threads": threads,
+    }
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One finished cell, read from its record file (or built in memory from its run directory)."""
+
+    data: dict[str, Any]
+    path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.data["cell"]["name"]
+
+    @property
+    def spec(self) -> str:
+        return self.data["cell"]["spec"]
+
+    @property
+    def seed(self) -> int:
+        return int(self.data["cell"]["seed"])
+
+    @property
+    def analysis(self) -> dict[str, Any] | None:
+        return self.data.get("analysis")
+
+    @property
+    def checkpoint_heads(self) -> dict[int, list[list[dict[str, Any]]]]:
+        """{step: per block, per head: the mechanism scores read from that kept checkpoint's weights}."""
+        return {int(step): blocks for step, blocks in (self.data.get("checkpoint_heads") or {}).items()}
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        return list(self.data["metrics"])
+
+    def last_metric(self, name: str) -> Any:
+        values = [entry[name] for entry in self.data["metrics"] if name in entry]
+        return values[-1] if values else None
+
+    def read_report(self, name: str) -> dict[str, Any] | None:
+        return (self.data.get("reports") or {}).get(name)
+
+
+def _check(data: Any, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
+        raise RecordError(f"{where} is not a lapheads cell record (no format {RECORD_FORMAT!r})")
+    if data.get("version") != RECORD_VERSION:
+        raise RecordError(
+            f"{where} is a cell record of version {data.get('version')!r}; allowed: version {RECORD_VERSION}"
+        )
+    for key in ("cell", "sweep", "config", "metrics", "environment"):
+        if key not in data:
+            raise RecordError(f"{where} lacks {key!r}; allowed: a complete cell record (lapheads sweep --records)")
+    return data
+
+
+def read_record(path: str | os.PathLike) -> CellRecord:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RecordError(f"{path} cannot be read as a cell record ({type(err).__name__}: {err})") from None
+    return CellRecord(_check(data, str(path)), path)
+
+
+def write_record(records_dir: str | os.PathLike, data: dict[str, Any]) -> Path:
+    """Write a finished cell's record into ``records_dir`` atomically; an existing record is never overwritten."""
+    data = _check({"format": RECORD_FORMAT, "version": RECORD_VERSION, **data}, "the record to write")
+    path = Path(records_dir) / record_file(data["cell"]["name"])
+    if path.exists():
+        raise RecordError(f"{path} exists; a record is written once (remove it yourself to redo the cell)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(data, indent=None, separators=(",", ":"), default=str) + "\n")
+    return path
+
+
+def load_records(records_dir: str | os.PathLike) -> list[CellRecord]:
+    """Every record in ``records_dir`` (the plan and other files beside them are not records), by name."""
+    folder = Path(records_dir)
+    if not folder.is_dir():
+        raise RecordError(f"{folder} is not a folder of cell records")
+    return [read_record(p) for p in sorted(folder.glob("*.json")) if p.name != PLAN_FILE]
+
+
+def config_difference(recorded: dict[str, Any], wanted: dict[str, Any]) -> str | None:
+    """The first key whose value differs between two cell configs ("key: recorded -> wanted"), None when equal."""
+    for key in sorted(set(recorded) | set(wanted)):
+        if recorded.get(key, "<absent>") != wanted.get(key, "<absent>"):
+            return f"{key}: {recorded.get(key, '<absent>')!r} recorded, {wanted.get(key, '<absent>')!r} now"
+    return None

@@ -1,0 +1,250 @@
+"""A finished cell's record (``lapheads.runs.records``) built from its run directory, and the sweep's plan.
+
+Design choices:
+
+* **One builder for both paths**: ``lapheads sweep --records`` writes what :func:`build_record` returns, and
+  ``lapheads report SWEEP_DIR`` builds the same records in memory from the run directories, so a report from a
+  records folder and one from the run directories are the same computation on the same numbers.
+* **Everything a report reads, nothing it does not**: config, environment, every metrics.jsonl entry, the report/
+  JSONs an evaluation left (eval_dino.json, eval_chat.json), ``lapheads analyze`` at the latest checkpoint (geometry
+  at every block and after the final norm, per-head mechanism scores with each head's kind), the weight-only
+  mechanism scores of every kept checkpoint, the wall time. No weights.
+* **A plan is data, fixed before the first cell** (:class:`Plan`): the study's preset, arms, seeds and overrides
+  (the sweep must be exactly that), its primary endpoint, the declared family, the contrasts with their claimed
+  direction ("fewer" / "more" of a metric's paper direction, or "no claim"), margins, n and the stopping rule. It
+  is copied unchanged into the records folder as plan.json and its sha256 stamped into every record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from lapheads.runs import RunDir, checkpoint_steps, load_model
+from lapheads.runs.layout import PLAN_FILE, record_file
+from lapheads.runs.records import CellRecord, RecordError, config_difference, environment, file_sha256, read_record
+from lapheads.tasks import get_task
+
+__all__ = [
+    "DIRECTIONS",
+    "Plan",
+    "build_record",
+    "check_record",
+    "declaration",
+    "install_plan",
+    "load_plan",
+    "record_or_none",
+    "records_sweep",
+]
+
+#: what a contrast may claim: "paper" (the arm moves each metric the way the paper says Laplacian heads move it,
+#: relative to the baseline), "reverse" (the baseline is the more-Laplacian arm: the opposite), "no claim"
+DIRECTIONS = ("paper", "reverse", "no claim")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A pre-registered study (plan.json). Every field is required except ``notes``."""
+
+    study: str
+    preset: str
+    task: str
+    arms: list[str]
+    seeds: list[int]
+    overrides: list[str]  # --set KEY=VALUE items, precision and threads pinned here
+    primary: str  # the primary endpoint's report label, e.g. "within-sequence fraction (after the final norm)"
+    family: list[str]  # the declared family: report labels Holm-corrected across the contrasts
+    contrasts: list[dict[str, str]]  # {"arm", "baseline", "direction"}: the compared pairs, with their claim
+    margins: dict[str, float]  # equivalence margins by label (TOST), in the label's unit
+    alpha: float
+    stopping: str  # the stopping rule, in words
+    notes: str = ""
+
+    @property
+    def sha256(self) -> str:
+        return self._sha256  # type: ignore[attr-defined]
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and check a plan file; a bad plan is one line naming the field and what is allowed."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RecordError(f"--plan {path}: cannot be read as JSON ({type(err).__name__}: {err})") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"--plan {path}: allowed: a JSON object with the fields of a plan")
+    fields = {f.name: f for f in dataclasses.fields(Plan)}
+    missing = [name for name, f in fields.items() if f.default is dataclasses.MISSING and name not in data]
+    unknown = sorted(set(data) - set(fields))
+    if missing or unknown:
+        raise RecordError(f"--plan {path}: missing {missing}, unknown {unknown}; allowed fields: {', '.join(fields)}")
+    plan = Plan(**data)
+    for contrast in plan.contrasts:
+        if set(contrast) != {"arm", "baseline", "direction"} or contrast["direction"] not in DIRECTIONS:
+            raise RecordError(
+                f"--plan {path}: contrast {contrast!r}; allowed: {{arm, baseline, direction}} with direction one of "
+                f"{', '.join(DIRECTIONS)}"
+            )
+        for side in ("arm", "baseline"):
+            if contrast[side] not in plan.arms:
+                raise RecordError(
+                    f"--plan {path}: contrast {side} {contrast[side]!r} is not one of the arms {plan.arms}"
+                )
+    if not (0 < plan.alpha < 1):
+        raise RecordError(f"--plan {path}: alpha {plan.alpha!r}; allowed: a number in (0, 1)")
+    object.__setattr__(plan, "_sha256", file_sha256(path))
+    return plan
+
+
+def install_plan(plan_path: str | Path, records_dir: str | Path) -> Plan:
+    """Copy the plan into the records folder (unchanged, so its hash is the file's) or check the one there."""
+    plan = load_plan(plan_path)
+    target = Path(records_dir) / PLAN_FILE
+    if target.exists():
+        if file_sha256(target) != plan.sha256:
+            raise RecordError(
+                f"{target} holds another plan (sha256 {file_sha256(target)[:12]}, this one {plan.sha256[:12]}); a "
+                "records folder keeps the plan it started with; allowed: the same plan, or another --records"
+            )
+    else:
+        if list(Path(records_dir).glob("*.json")):
+            raise RecordError(
+                f"{records_dir} already holds records made without this plan; a plan is declared before the first "
+                "cell; allowed: another --records"
+            )
+        Path(records_dir).mkdir(parents=True, exist_ok=True)
+        target.write_bytes(Path(plan_path).read_bytes())
+    return plan
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    from lapheads.train.runtime import RESUME_FREE
+
+    normal = json.loads(json.dumps(config, default=str))
+    return {key: value for key, value in normal.items() if key not in RESUME_FREE}
+
+
+def record_or_none(records_dir: str | Path, cell_name: str, config: dict[str, Any]) -> CellRecord | None:
+    """The cell's record in ``records_dir`` if it is there and holds this config; a record of another config is
+    refused in one line (never overwritten)."""
+    path = Path(records_dir) / record_file(cell_name)
+    if not path.exists():
+        return None
+    record = read_record(path)
+    difference = config_difference(_comparable(record.data["cell"]["config"]), _comparable(config))
+    if difference:
+        raise RecordError(
+            f"{path} records cell {cell_name} with another config ({difference}); allowed: the same sweep, or "
+            "another --records (a record is never overwritten)"
+        )
+    return record
+
+
+def check_record(record: CellRecord, plan: Plan | None) -> None:
+    """A record found for a sweep with a plan must carry that plan's hash."""
+    stamped = record.data.get("plan_sha256")
+    if plan is not None and stamped != plan.sha256:
+        raise RecordError(
+            f"{record.path} was made under plan {str(stamped)[:12]}, not this plan ({plan.sha256[:12]}); allowed: "
+            "the plan its folder holds"
+        )
+
+
+def build_record(
+    run_dir: str | Path,
+    *,
+    name: str,
+    spec: str,
+    seed: int,
+    sweep: dict[str, Any],
+    plan_sha256: str | None = None,
+    threads: int | None = None,
+    wall_seconds: float | None = None,
+    max_tokens: int = 262_144,
+) -> dict[str, Any]:
+    """Everything a report reads from one finished cell's run directory (see the module docstring)."""
+    from lapheads.geometry.mechanism import ov_circuits
+    from lapheads.study.analyze import AnalyzeOptions, analyze_run
+
+    run = RunDir(run_dir)
+    config = run.read_config()
+    task = get_task(config["task"])
+    analysis = None
+    if task.geometry and task.analyzer is not None:
+        analysis = analyze_run(run.path, AnalyzeOptions(max_tokens=max_tokens))
+    heads = {}
+    if task.analyzer is not None:
+        for step in checkpoint_steps(run):
+            heads[str(step)] = ov_circuits(load_model(run, task.analyzed_weights, step))
+    reports = {}
+    if run.report_dir.is_dir():
+        for path in sorted(run.report_dir.glob("eval_*.json")):
+            reports[path.name] = json.loads(path.read_text())
+    env = environment(threads if threads is not None else int(config.get("threads") or 0))
+    env["precision"] = config.get("precision")
+    return {
+        "cell": {"name": name, "spec": spec, "seed": seed, "config": config["config"]},
+        "sweep": {key: sweep[key] for key in ("preset", "task", "overrides")},
+        "sweep_arms": {"specs": sweep["specs"], "seeds": sweep["seeds"]},
+        "plan_sha256": plan_sha256,
+        "config": config,
+        "environment": env,
+        "metrics": run.read_metrics(),
+        "reports": reports,
+        "analysis": analysis,
+        "checkpoint_heads": heads,
+        "wall_seconds": wall_seconds,
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def records_sweep(folder: str | Path) -> dict[str, Any]:
+    """A folder of records as the sweep record ``lapheads report`` reads (cells carry their record as "source"),
+    with the plan it was declared under; records of different presets, tasks or overrides are refused."""
+    from lapheads.runs.records import load_records
+
+    found = load_records(folder)
+    if not found:
+        raise RecordError(f"{folder} holds no cell records; allowed: a sweep directory or a --records folder")
+    recipes = {json.dumps(r.data["sweep"], sort_keys=True) for r in found}
+    if len(recipes) > 1:
+        raise RecordError(f"{folder} mixes records of {len(recipes)} sweeps (preset, task, overrides differ)")
+    plan_file = Path(folder) / PLAN_FILE
+    plan = load_plan(plan_file) if plan_file.exists() else None
+    specs: list[str] = list(plan.arms) if plan else []
+    seeds: list[int] = list(plan.seeds) if plan else []
+    for r in found:
+        specs += [r.spec] if r.spec not in specs else []
+        seeds += [r.seed] if r.seed not in seeds else []
+    sweep = found[0].data["sweep"]
+    return {
+        **sweep,
+        "specs": [spec for spec in specs if any(r.spec == spec for r in found)],
+        "seeds": sorted(seeds),
+        "records": str(folder),
+        "cells": {r.name: {"spec": r.spec, "seed": r.seed, "status": "recorded", "source": r} for r in found},
+    }
+
+
+def declaration(records_folder: str | Path | None, cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether a report's family was declared before the data: a plan.json in the records folder whose sha256
+    every reported cell's record carries. Anything else (no plan, a record without its hash, cells reported from
+    run directories alone) is "declared after the data"."""
+    plan_file = None if records_folder is None else Path(records_folder) / PLAN_FILE
+    if plan_file is None or not plan_file.exists() or not cells:
+        return {"before_data": False, "plan_sha256": None, "why": "no plan in a records folder"}
+    sha = file_sha256(plan_file)
+    stamped = []
+    for cell in cells:
+        source = cell.get("source")
+        if source is None:  # a cell read from its run directory: its record (if any) is where the stamp is
+            path = Path(records_folder) / record_file(Path(cell["run_dir"]).name)
+            source = read_record(path) if path.exists() else None
+        stamped.append(None if source is None else source.data.get("plan_sha256"))
+    unstamped = sum(s != sha for s in stamped)
+    why = "every record carries the plan's sha256" if not unstamped else f"{unstamped} cell(s) without the plan's hash"
+    return {"before_data": not unstamped, "plan_sha256": sha, "why": why}

@@ -1,0 +1,157 @@
+"""Cell records and plans: a sweep continues from committed records on a fresh machine, and reports from them alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+from lapheads.cli import main
+from lapheads.runs.records import RECORD_FORMAT, RecordError, read_record, write_record
+from lapheads.study import sweep as sweep_module
+from lapheads.study.records import load_plan
+
+
+@pytest.fixture
+def tiny_preset(tiny_config, tmp_path):
+    path = tmp_path / "tiny.json"
+    cfg = dataclasses.replace(tiny_config, epochs=0.25, eval_every_epochs=0.125, log_every=4)  # two evaluations
+    path.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k != "laplacian_heads"}))
+    return path
+
+
+def _plan(tmp_path, tiny_preset, **changes):
+    plan = {
+        "study": "tiny decomposition",
+        "preset": str(tiny_preset),
+        "task": "classify",
+        "arms": ["0", "1", "sum:1"],
+        "seeds": [0, 1, 2],
+        "overrides": ["amp=false"],
+        "primary": "within-sequence fraction (after the final norm)",
+        "family": ["within-sequence fraction (after the final norm)"],
+        "contrasts": [
+            {"arm": "1", "baseline": "0", "direction": "paper"},
+            {"arm": "sum:1", "baseline": "1", "direction": "no claim"},
+        ],
+        "margins": {},
+        "alpha": 0.05,
+        "stopping": "fixed n = 3 seeds",
+        **changes,
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan, indent=1))
+    return path
+
+
+def _sweep_args(tiny_preset, out, records, plan=None, seeds="0,1,2"):
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0;1;sum:1", "--seeds", seeds]
+    args += ["--out", str(out), "--records", str(records), "--set", "amp=false"]
+    return args + (["--plan", str(plan)] if plan else [])
+
+
+def test_a_sweep_continues_from_its_records_and_reports_from_them_alone(tiny_preset, tmp_path, monkeypatch, capsys):
+    out, records = tmp_path / "sweep", tmp_path / "records"
+    plan = _plan(tmp_path, tiny_preset)
+    assert main(_sweep_args(tiny_preset, out, records, plan)) == 0
+    names = sorted(p.name for p in records.glob("*.json"))
+    assert names == sorted(["plan.json"] + [f"{a}-s{s}.json" for a in ("L0", "L1", "Lsum-1") for s in (0, 1, 2)])
+    assert (records / "plan.json").read_bytes() == plan.read_bytes()  # copied unchanged: its hash is the file's
+    record = read_record(records / "L1-s0.json")
+    assert record.data["format"] == RECORD_FORMAT and record.data["plan_sha256"] == load_plan(plan).sha256
+    assert record.data["cell"] == {**record.data["cell"], "name": "L1-s0", "spec": "1", "seed": 0}
+    assert record.data["environment"]["threads"] >= 1 and "cpu_flags" in record.data["environment"]
+    assert record.data["environment"]["precision"]["autocast_bf16"] is False  # pinned by the plan
+    assert record.data["analysis"]["per_layer"]["norm"]["anova"]["within_seq_fraction"] > 0
+    assert record.data["checkpoint_heads"] and (records / "L1-s0.json").stat().st_size < 500_000
+
+    assert main(["report", str(out)]) == 0
+    from_runs = json.loads((out / "report" / "stats.json").read_text())
+    # a fresh machine: git holds the records and the plan, nothing else
+    shutil.rmtree(out)
+    assert main(["report", str(records)]) == 0
+    report = (records / "report" / "report.md").read_text()
+    assert json.loads((records / "report" / "stats.json").read_text()) == from_runs
+    assert "declared before the data" in report
+
+    trained = []
+    monkeypatch.setattr(sweep_module, "_train", lambda task: lambda *a, **k: trained.append(a))
+    capsys.readouterr()
+    assert main(_sweep_args(tiny_preset, out, records, plan)) == 0  # the same command again: nothing to train
+    assert trained == [] and capsys.readouterr().out.count("has its record") == 9
+
+
+def test_a_record_of_another_config_is_refused_and_never_overwritten(tiny_preset, tmp_path, capsys):
+    out, records = tmp_path / "sweep", tmp_path / "records"
+    assert main(_sweep_args(tiny_preset, out, records, seeds="0")) == 0
+    before = (records / "L1-s0.json").read_bytes()
+    args = _sweep_args(tiny_preset, tmp_path / "other", records, seeds="0") + ["--set", "lr=0.01"]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "L0-s0.json records cell L0-s0 with another config (lr:" in err[0]
+    assert (records / "L1-s0.json").read_bytes() == before
+    with pytest.raises(RecordError, match="written once"):
+        write_record(records, read_record(records / "L1-s0.json").data)
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"seeds": [0, 1]}, "declares seeds [0, 1]"),
+        ({"overrides": []}, "declares overrides []"),
+        ({"arms": ["0", "1"], "contrasts": []}, "declares arms ['0', '1']"),
+        ({"contrasts": [{"arm": "1", "baseline": "2", "direction": "paper"}]}, "is not one of the arms"),
+        ({"contrasts": [{"arm": "1", "baseline": "0", "direction": "up"}]}, "direction one of paper, reverse"),
+        ({"alpha": 2}, "alpha 2"),
+    ],
+)
+def test_a_sweep_must_be_its_plan(changes, says, tiny_preset, tmp_path, capsys):
+    plan = _plan(tmp_path, tiny_preset, **changes)
+    assert main(_sweep_args(tiny_preset, tmp_path / "sweep", tmp_path / "records", plan)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "records").exists()  # nothing written before the plan holds
+
+
+def test_a_records_folder_keeps_the_plan_it_started_with(tiny_preset, tmp_path, capsys):
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "plan.json").write_text(json.dumps({"another": "plan"}))
+    plan = _plan(tmp_path, tiny_preset)
+    assert main(_sweep_args(tiny_preset, tmp_path / "sweep", records, plan, seeds="0,1,2")) == 2
+    assert "holds another plan" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("sets", "says"),
+    [(["seed=5"], "seed is an axis of the sweep"), (["laplacian_heads=2"], "laplacian_heads is an axis")],
+)
+def test_a_sweeps_own_axes_cannot_be_overridden(sets, says, tiny_preset, tmp_path, capsys):
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0,1", "--seeds", "0"]
+    args += ["--out", str(tmp_path / "s"), *[x for s in sets for x in ("--set", s)]]
+    assert main(args) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_seeds_are_normalised_before_duplicates_are_checked(tiny_preset, tmp_path, capsys):
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0", "--seeds", "0,00"]
+    assert main([*args, "--out", str(tmp_path / "s")]) == 2
+    assert "repeats a seed" in capsys.readouterr().err
+
+
+def test_a_copied_sweep_reports_its_own_cells_and_a_corrupt_one_is_one_line(tiny_preset, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0,1", "--seeds", "0,1"]
+    assert main([*args, "--out", str(out)]) == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    shutil.rmtree(out)  # the original is gone: the copy must not read it
+    assert main(["report", str(copy), "--no-geometry"]) == 0
+    (copy / "sweep.json").write_text("{not json")
+    capsys.readouterr()
+    assert main(["report", str(copy)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "corrupt" in err[0]
