@@ -38,3 +38,17 @@ def test_unknown_subcommand_fails_with_one_line(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'nope'" in err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], []])
+def test_help_and_version_answer_without_torch_or_a_busy_probe(argv):
+    """`lapheads --help` is the parser alone: torch (seconds to import) and the busy-CPU probe never start."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "lapheads", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "lapheads" in done.stdout, done.stderr[-500:]
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert "torch" not in imported and "lapheads.hardware" not in imported and "machine is busy" not in done.stderr

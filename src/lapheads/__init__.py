@@ -10,27 +10,51 @@ import os as _os
 import sys as _sys
 from importlib.metadata import PackageNotFoundError, version
 
+_COMMAND = bool(_sys.argv) and _os.path.basename(_sys.argv[0]) in ("lapheads", "-m")
+# `lapheads`, `lapheads --help` and `lapheads --version` answer from the parser alone: no torch, no busy probe
+_ANSWERS_ALONE = _COMMAND and (_sys.argv[1:] in ([], ["-h"], ["--help"], ["--version"]))
+
 # The lapheads command (not a library import) picks its threads and OpenMP wait policy from the free CPUs, which
 # only takes effect before torch loads OpenMP: see lapheads.hardware.
-if _sys.argv and _os.path.basename(_sys.argv[0]) in ("lapheads", "-m") and "torch" not in _sys.modules:
+if _COMMAND and not _ANSWERS_ALONE and "torch" not in _sys.modules:
     from lapheads.hardware import apply_cli_thread_policy
 
     apply_cli_thread_policy(_sys.argv[1:])
 
-from lapheads import _moved
+_PUBLIC = {
+    "HeadSpec": "lapheads.core",
+    "HeadSpecError": "lapheads.core",
+    "LaplacianAttention": "lapheads.core",
+    "laplacian_attention": "lapheads.core",
+    "laplacian_attention_reference": "lapheads.core",
+    "laplacian_head_mask": "lapheads.core",
+    "parse_laplacian_heads": "lapheads.core",
+    "GPT": "lapheads.models",
+    "GPTConfig": "lapheads.models",
+    "create_vit": "lapheads.models",
+    "load_nanochat": "lapheads.models",
+}
 
-_moved.install()  # old import paths (lapheads.attention, lapheads.hf, ...) of modules that moved into folders
+if not _ANSWERS_ALONE:
+    from lapheads.core import (  # noqa: E402
+        HeadSpec,
+        HeadSpecError,
+        LaplacianAttention,
+        laplacian_attention,
+        laplacian_attention_reference,
+        laplacian_head_mask,
+        parse_laplacian_heads,
+    )
+    from lapheads.models import GPT, GPTConfig, create_vit, load_nanochat  # noqa: E402 also registers timm names
+else:
 
-from lapheads.core import (  # noqa: E402
-    HeadSpec,
-    HeadSpecError,
-    LaplacianAttention,
-    laplacian_attention,
-    laplacian_attention_reference,
-    laplacian_head_mask,
-    parse_laplacian_heads,
-)
-from lapheads.models import GPT, GPTConfig, create_vit, load_nanochat  # noqa: E402 also registers lapheads' timm model names
+    def __getattr__(name: str):  # the command's quick answers import nothing; a later use still finds the name
+        if name in _PUBLIC:
+            import importlib
+
+            return getattr(importlib.import_module(_PUBLIC[name]), name)
+        raise AttributeError(f"module 'lapheads' has no attribute {name!r}")
+
 
 try:
     __version__ = version("lapheads")

@@ -174,7 +174,7 @@ def cpu_description() -> str:
     """The CPU's model name, its CPU count and the flags that decide precision defaults (for benchmark tables)."""
     from pathlib import Path
 
-    from lapheads.hardware import _cpu_flags
+    from lapheads.hardware import cpu_flags
 
     name = "unknown CPU"
     cpuinfo = Path("/proc/cpuinfo")
@@ -182,7 +182,7 @@ def cpu_description() -> str:
         if line.startswith("model name"):
             name = line.split(":", 1)[1].strip()
             break
-    have = _cpu_flags()
+    have = cpu_flags()
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
     flags = ", ".join(f"{f} {'yes' if f in have else 'no'}" for f in wanted)
     import os

@@ -31,6 +31,7 @@ __all__ = [
     "BusyWatch",
     "Precision",
     "ThreadPolicy",
+    "cpu_flags",
     "apply_cli_thread_policy",
     "apply_thread_policy",
     "ALLOW_LARGE",
@@ -98,7 +99,8 @@ class Precision:
         return {"autocast_bf16": self.autocast, "reason": self.reason}
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -111,7 +113,7 @@ def _cpu_flags() -> set[str]:
 @functools.cache
 def cpu_has_native_bf16() -> bool:
     """Whether the CPU computes bf16 natively (AVX-512-BF16 or AMX-BF16; Apple/ARM: the bf16 extension)."""
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if flags & {"avx512_bf16", "amx_bf16", "bf16"}:
         return True
     if not flags:  # not Linux: ask torch what its kernels were built to use

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from lapheads.errors import LapheadsError
-from lapheads.runs.layout import CONFIG_FILE, SWEEP_FILE
 
 
 class UserError(LapheadsError):
@@ -173,6 +172,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
+    from lapheads.runs.layout import CONFIG_FILE, SWEEP_FILE
     from lapheads.tasks import upgrade_run
 
     for path in args.paths:

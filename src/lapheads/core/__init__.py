@@ -1,7 +1,4 @@
-"""The thing a user imports: the head-spec parser, the op, the timm module and the conversion of pretrained heads.
-
-``lapheads.attention`` (the name before this package) is this package: every name it held is here.
-"""
+"""The thing a user imports: the head-spec parser, the op, the timm module and the conversion of pretrained heads."""
 
 from lapheads.core.attention import IDENTITIES, laplacian_attention, laplacian_attention_reference
 from lapheads.core.heads import (

@@ -100,7 +100,7 @@ def _output_collector():
     """transformers' output collector (a context variable), or None where this transformers has none; looked up
     once, not on every attention call."""
     try:
-        from transformers.utils.output_capturing import _active_collector
+        from transformers.utils.output_capturing import _active_collector  # noqa: PLC2701 - the only hook for output_attentions
     except ImportError:  # a transformers without output capturing hands the flag on
         return None
     return _active_collector

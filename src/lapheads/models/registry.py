@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from timm.models import get_pretrained_cfg
-from timm.models._registry import model_entrypoint
+from timm.models._registry import model_entrypoint  # noqa: PLC2701 - timm has no public entry-point lookup
 
 from lapheads.errors import InputError
 

@@ -234,7 +234,7 @@ def _say_input_size(kwargs: dict[str, Any], channels: int) -> None:
 def _small_vit(name: str, args: dict[str, Any], pretrained: bool, kwargs: dict[str, Any]) -> VisionTransformer:
     """A lapheads-registered small ViT: LaplacianAttention in every block (timm's numbers and state dict at k = 0),
     and ``laplacian_heads=SPEC`` accepted by ``timm.create_model`` like the deit3_*_kL names."""
-    from timm.models.vision_transformer import _create_vision_transformer
+    from timm.models.vision_transformer import _create_vision_transformer  # noqa: PLC2701 - timm builds its ViTs only through it
 
     heads = kwargs.pop("laplacian_heads", 0)
     kwargs.setdefault("attn_layer", LaplacianAttention)

@@ -36,7 +36,7 @@ def notice(message: str) -> None:
     print(f"lapheads: {message}", file=sys.stderr, flush=True)
 
 
-def _git_revision() -> str | None:
+def git_revision() -> str | None:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
@@ -78,7 +78,7 @@ class RunDir:
             "config": config,
             "lapheads_version": lapheads.__version__,
             "torch_version": torch.__version__,
-            "git_revision": _git_revision(),
+            "git_revision": git_revision(),
             **(extra or {}),
         }
         atomic_write_text(self.config_file, json.dumps(record, indent=2) + "\n")

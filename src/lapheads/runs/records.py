@@ -64,8 +64,8 @@ def environment(threads: int) -> dict[str, Any]:
     import torch
 
     import lapheads
-    from lapheads.hardware import _cpu_flags
-    from lapheads.runs.directory import _git_revision
+    from lapheads.hardware import cpu_flags
+    from lapheads.runs.directory import git_revision
 
     model = platform.processor() or platform.machine()
     try:
@@ -75,10 +75,10 @@ def environment(threads: int) -> dict[str, Any]:
                 break
     except OSError:
         pass
-    flags = _cpu_flags()
+    flags = cpu_flags()
     return {
         "lapheads_version": lapheads.__version__,
-        "git_revision": _git_revision(),
+        "git_revision": git_revision(),
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
