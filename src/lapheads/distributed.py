@@ -20,18 +20,79 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from lapheads.errors import InputError, LapheadsError
 
-__all__ = ["Distributed", "StoppedError", "peer_failures", "resolve_device", "setup_distributed"]
+__all__ = [
+    "Distributed",
+    "Interrupted",
+    "StopRequests",
+    "StoppedError",
+    "peer_failures",
+    "resolve_device",
+    "setup_distributed",
+]
 
 
 class StoppedError(LapheadsError, RuntimeError):
     """The run was stopped from outside (SIGTERM from torchrun after another rank died, a cancelled job) or lost a
     peer process; what was written stays, and ``--resume`` continues."""
+
+
+class Interrupted(StoppedError):
+    """Ctrl-C or SIGTERM in a one-process run: the step in progress finished and was checkpointed; the command
+    exits 130 (the shell's code for an interrupted program) with one line saying where it stopped."""
+
+    exit_code = 130
+
+
+class StopRequests:
+    """SIGINT / SIGTERM while a one-process run trains become a request the loop answers at the end of its step
+    (checkpoint, one line, exit 130) instead of a traceback that loses every step since the last checkpoint. A second
+    signal while the checkpoint is written is taken as "stop now" (Python's default). Inactive in torchrun jobs,
+    where the ranks would have to agree on the step (torchrun's own SIGTERM handling stays), and off the main
+    thread, where signals cannot be caught."""
+
+    def __init__(self, active: bool = True) -> None:
+        self.active = active and threading.current_thread() is threading.main_thread()
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequests":
+        if self.active:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._request)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _request(self, signum: int, frame: object) -> None:
+        if self.signum is not None:  # asked twice: stop now
+            signal.signal(signum, signal.SIG_DFL)
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def stop_if_requested(self, step: int, where: object, progress: Any = None) -> None:
+        """Raise :class:`Interrupted` after the caller has checkpointed ``step`` (``where``: the run directory);
+        the progress bar is closed first, so the line stands on its own."""
+        if self.signum is not None:
+            if progress is not None:
+                progress.close()
+            raise Interrupted(
+                f"interrupted ({signal.Signals(self.signum).name}) at step {step}; saved a checkpoint of step {step} "
+                f"in {where}; --resume continues from it"
+            )
 
 
 _RESUME_HINT = "checkpoints written so far are intact; run the same command with --resume to continue"

@@ -329,3 +329,36 @@ def test_a_cpu_run_says_once_how_to_get_the_compiled_node_where_it_is_not_built(
     if native.module() is not None:  # where it is built, a run says nothing about it
         train_classify(tiny_config, tmp_path / "run2", stop_at_step=1)
         assert "compiled CPU node" not in capsys.readouterr().err
+
+
+def test_ctrl_c_checkpoints_the_interrupted_step_says_so_in_one_line_and_resume_continues(
+    tiny_config, tmp_path, monkeypatch, capsys
+):
+    import signal
+
+    cfg = dataclasses.replace(tiny_config, augment=True, drop_path=0.1)  # random augmentation: the RNG state counts
+    full = train_classify(cfg, tmp_path / "full")
+    preset = tmp_path / "tiny.json"
+    preset.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items()}))
+    real_step = classify.optimizer_step
+
+    def interrupted_at_step_5(optimizers, step, *args, **kwargs):
+        real_step(optimizers, step, *args, **kwargs)
+        if step == 4:  # 0-based: the fifth step; Ctrl-C arrives while it runs
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(classify, "optimizer_step", interrupted_at_step_5)
+    argv = ["train", "classify", "--preset", str(preset), "--out", str(tmp_path / "split")]
+    capsys.readouterr()
+    assert main(argv) == 130
+    said = [line for line in capsys.readouterr().err.splitlines() if "interrupted" in line]
+    assert said == [
+        f"lapheads train: interrupted (SIGINT) at step 5; saved a checkpoint of step 5 in {tmp_path / 'split'}; "
+        "--resume continues from it"
+    ]
+    assert (tmp_path / "split" / "checkpoints" / "latest").read_text().strip() == "step-00000005"  # not an eval step
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    monkeypatch.setattr(classify, "optimizer_step", real_step)
+    assert main([*argv, "--resume"]) == 0
+    a, b = final_weights(tmp_path / "full"), final_weights(tmp_path / "split")
+    assert full["step"] == 8 and all(torch.equal(a[k], b[k]) for k in a)

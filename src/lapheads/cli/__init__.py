@@ -57,5 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     except (LapheadsError, OSError) as err:  # anything else is a bug and keeps its traceback
         if os.environ.get("LAPHEADS_DEBUG"):
             raise
-        print(f"lapheads {args.command}: error: {one_line(err)}", file=sys.stderr)
-        return 2
+        code = getattr(err, "exit_code", 2)  # 130: interrupted, with its checkpoint saved (not an error of input)
+        print(f"lapheads {args.command}: {'' if code == 130 else 'error: '}{one_line(err)}", file=sys.stderr)
+        return code

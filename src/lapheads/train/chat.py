@@ -39,7 +39,7 @@ from tqdm import tqdm
 from lapheads.config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, ConfigError, Domain, option, validate_config
 from lapheads.data.conversations import Conversation, conversation_mixture, parse_mixture, render_conversation
 from lapheads.data.tokenizers import Tokenizer
-from lapheads.distributed import Distributed, setup_distributed
+from lapheads.distributed import Distributed, StopRequests, setup_distributed
 from lapheads.errors import InputError
 from lapheads.hardware import BusyWatch
 from lapheads.models.gpt import GPT
@@ -437,54 +437,56 @@ def train_chat(
     last_eval: dict[str, float] = evaluate(0) if start_step == 0 else {}
     tick = time.perf_counter()
     step = start_step
-    while step < total_steps:
-        busy.begin()  # evaluations and checkpoints are not the step's pace
-        if stop_at_step is not None and step >= stop_at_step:
-            progress.close()
-            return {"step": step, "stopped": True}
-        micro_batches = batches.step(step)
-        loss_sum, tokens = torch.zeros((), device=dist_.device), 0
-        for a, (x, y) in enumerate(micro_batches):
-            x, y = x.to(dist_.device), y.to(dist_.device)
-            tokens += int((y >= 0).sum())
-            sync = a == len(micro_batches) - 1 or not dist_.enabled
-            with contextlib.nullcontext() if sync else train_model.no_sync():
-                with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
-                    loss = forward_model(x, y)
-                (loss / len(micro_batches)).backward()
-            loss_sum += loss.detach()
-        mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
-        check_finite_loss(mean_loss, step, run, hint, progress)
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(trained.parameters(), cfg.grad_clip)
-        multiplier = _lr_multiplier(step, total_steps, cfg.warmdown_ratio)
-        for opt in optimizers.values():
-            for group in opt.param_groups:
-                group["lr"] = group["initial_lr"] * multiplier
-        optimizer_step(list(optimizers.values()), step, run, hint, progress)
-        (peft_model or model).zero_grad(set_to_none=True)
-        step += 1
-        progress.update(1)
-        if (busy_line := busy.step()) and dist_.is_main:
-            progress.write(busy_line)
-        if step % cfg.log_every == 0 or step == total_steps:
-            elapsed, tick = time.perf_counter() - tick, time.perf_counter()
-            progress.set_postfix(loss=f"{mean_loss:.4f}", lrm=f"{multiplier:.2f}")
-            if dist_.is_main:
-                run.log(
-                    {
-                        "step": step,
-                        "loss": mean_loss,
-                        "lr_multiplier": multiplier,
-                        "trained_tokens": tokens,
-                        "seconds": elapsed,
-                    }
-                )
-        if step % cfg.eval_every == 0 or step == total_steps:
-            last_eval = evaluate(step)
-            save_checkpoint(run, step, dist_, trained, optimizers, {}, keep=cfg.keep_checkpoints)
-        elif cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            save_checkpoint(run, step, dist_, trained, optimizers, {}, keep=cfg.keep_checkpoints)
+    with StopRequests(active=not dist_.enabled) as stop:
+        while step < total_steps:
+            busy.begin()  # evaluations and checkpoints are not the step's pace
+            if stop_at_step is not None and step >= stop_at_step:
+                progress.close()
+                return {"step": step, "stopped": True}
+            micro_batches = batches.step(step)
+            loss_sum, tokens = torch.zeros((), device=dist_.device), 0
+            for a, (x, y) in enumerate(micro_batches):
+                x, y = x.to(dist_.device), y.to(dist_.device)
+                tokens += int((y >= 0).sum())
+                sync = a == len(micro_batches) - 1 or not dist_.enabled
+                with contextlib.nullcontext() if sync else train_model.no_sync():
+                    with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
+                        loss = forward_model(x, y)
+                    (loss / len(micro_batches)).backward()
+                loss_sum += loss.detach()
+            mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
+            check_finite_loss(mean_loss, step, run, hint, progress)
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(trained.parameters(), cfg.grad_clip)
+            multiplier = _lr_multiplier(step, total_steps, cfg.warmdown_ratio)
+            for opt in optimizers.values():
+                for group in opt.param_groups:
+                    group["lr"] = group["initial_lr"] * multiplier
+            optimizer_step(list(optimizers.values()), step, run, hint, progress)
+            (peft_model or model).zero_grad(set_to_none=True)
+            step += 1
+            progress.update(1)
+            if (busy_line := busy.step()) and dist_.is_main:
+                progress.write(busy_line)
+            if step % cfg.log_every == 0 or step == total_steps:
+                elapsed, tick = time.perf_counter() - tick, time.perf_counter()
+                progress.set_postfix(loss=f"{mean_loss:.4f}", lrm=f"{multiplier:.2f}")
+                if dist_.is_main:
+                    run.log(
+                        {
+                            "step": step,
+                            "loss": mean_loss,
+                            "lr_multiplier": multiplier,
+                            "trained_tokens": tokens,
+                            "seconds": elapsed,
+                        }
+                    )
+            if step % cfg.eval_every == 0 or step == total_steps:
+                last_eval = evaluate(step)
+                save_checkpoint(run, step, dist_, trained, optimizers, {}, keep=cfg.keep_checkpoints)
+            elif (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or stop.requested:
+                save_checkpoint(run, step, dist_, trained, optimizers, {}, keep=cfg.keep_checkpoints)
+            stop.stop_if_requested(step, run.path, progress)
     progress.close()
     if peft_model is not None and dist_.is_main:
         peft_model.save_pretrained(str(run.path / "adapter"))  # peft's own format: PeftModel.from_pretrained reads it

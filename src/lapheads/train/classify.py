@@ -29,7 +29,7 @@ from tqdm import tqdm
 from lapheads.config import NON_NEGATIVE, POSITIVE, RATE, ConfigError, one_of, option, validate_config
 from lapheads.core.modules import decisiveness_penalty
 from lapheads.data.images import DATASETS, build_image_data, check_data_root
-from lapheads.distributed import setup_distributed
+from lapheads.distributed import StopRequests, setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.classify import evaluate_classifier, evaluate_fit, fit_images
 from lapheads.hardware import BusyWatch
@@ -351,84 +351,89 @@ def train_classify(
     tick, seen = time.perf_counter(), 0
     model.train()
     step = start_step
-    while step < total_steps:
-        busy.begin()  # evaluations and checkpoints are not the step's pace
-        if stop_at_step is not None and step >= stop_at_step:
-            progress.close()
-            return {"step": step, "stopped": True}
-        step, micro_batches = next(batches)
-        loss_sum = torch.zeros((), device=dist_.device)
-        for a, indices in enumerate(micro_batches):
-            images, labels = _collate(train_set, indices)
-            images, labels = images.to(dist_.device, non_blocking=True), labels.to(dist_.device, non_blocking=True)
-            if mixup is not None:
-                images, labels = mixup(images, labels)
-            sync = a == len(micro_batches) - 1 or not dist_.enabled
-            with contextlib.nullcontext() if sync else train_model.no_sync():
-                with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
-                    loss = loss_fn(forward_model(images), labels)
-                # the logged loss stays the task's; the optional penalty only joins the gradient
-                objective = loss + cfg.mix_penalty * decisiveness_penalty(model) if cfg.mix_penalty else loss
-                (objective / len(micro_batches)).backward()
-            loss_sum += loss.detach()
-            seen += len(indices) * dist_.world_size
-        mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
-        hint = "lower --lr" if cfg.clip_grad else "lower --lr or set --clip-grad 1.0"
-        check_finite_loss(mean_loss, step, run, hint, progress)
-        if cfg.clip_grad:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-        optimizer_step([optimizer], step, run, hint, progress)
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step_update(step + 1)
-        if ema is not None:
-            ema.update(model, step=step + 1)
-        step += 1
-        progress.update(1)
-        if (busy_line := busy.step()) and dist_.is_main:
-            progress.write(busy_line)
-        lr = optimizer.param_groups[0]["lr"]
-        if step % cfg.log_every == 0 or step == total_steps:
-            elapsed = time.perf_counter() - tick
-            rate = seen / elapsed if elapsed > 0 else 0.0
-            tick, seen = time.perf_counter(), 0
-            progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", img_s=f"{rate:.0f}")
-            if dist_.is_main:
-                run.log(
-                    {
-                        "step": step,
-                        "epoch": step / sampler.steps_per_epoch,
-                        "loss": mean_loss,
-                        "lr": lr,
-                        "images_per_s": rate,
-                    }
-                )
-        if step % steps_per_eval == 0 or step == total_steps:
-            eval_batch = micro_batch * 2
-            last_eval = evaluate_classifier(model, eval_set, dist_, eval_batch, precision.autocast, cfg.num_workers)
+    with StopRequests(active=not dist_.enabled) as stop:
+        while step < total_steps:
+            busy.begin()  # evaluations and checkpoints are not the step's pace
+            if stop_at_step is not None and step >= stop_at_step:
+                progress.close()
+                return {"step": step, "stopped": True}
+            step, micro_batches = next(batches)
+            loss_sum = torch.zeros((), device=dist_.device)
+            for a, indices in enumerate(micro_batches):
+                images, labels = _collate(train_set, indices)
+                images, labels = images.to(dist_.device, non_blocking=True), labels.to(dist_.device, non_blocking=True)
+                if mixup is not None:
+                    images, labels = mixup(images, labels)
+                sync = a == len(micro_batches) - 1 or not dist_.enabled
+                with contextlib.nullcontext() if sync else train_model.no_sync():
+                    with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
+                        loss = loss_fn(forward_model(images), labels)
+                    # the logged loss stays the task's; the optional penalty only joins the gradient
+                    objective = loss + cfg.mix_penalty * decisiveness_penalty(model) if cfg.mix_penalty else loss
+                    (objective / len(micro_batches)).backward()
+                loss_sum += loss.detach()
+                seen += len(indices) * dist_.world_size
+            mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
+            hint = "lower --lr" if cfg.clip_grad else "lower --lr or set --clip-grad 1.0"
+            check_finite_loss(mean_loss, step, run, hint, progress)
+            if cfg.clip_grad:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+            optimizer_step([optimizer], step, run, hint, progress)
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step_update(step + 1)
             if ema is not None:
-                ema_eval = evaluate_classifier(
-                    ema.module, eval_set, dist_, eval_batch, precision.autocast, cfg.num_workers
+                ema.update(model, step=step + 1)
+            step += 1
+            progress.update(1)
+            if (busy_line := busy.step()) and dist_.is_main:
+                progress.write(busy_line)
+            lr = optimizer.param_groups[0]["lr"]
+            if step % cfg.log_every == 0 or step == total_steps:
+                elapsed = time.perf_counter() - tick
+                rate = seen / elapsed if elapsed > 0 else 0.0
+                tick, seen = time.perf_counter(), 0
+                progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", img_s=f"{rate:.0f}")
+                if dist_.is_main:
+                    run.log(
+                        {
+                            "step": step,
+                            "epoch": step / sampler.steps_per_epoch,
+                            "loss": mean_loss,
+                            "lr": lr,
+                            "images_per_s": rate,
+                        }
+                    )
+            if step % steps_per_eval == 0 or step == total_steps:
+                eval_batch = micro_batch * 2
+                last_eval = evaluate_classifier(model, eval_set, dist_, eval_batch, precision.autocast, cfg.num_workers)
+                if ema is not None:
+                    ema_eval = evaluate_classifier(
+                        ema.module, eval_set, dist_, eval_batch, precision.autocast, cfg.num_workers
+                    )
+                    last_eval.update({f"ema_{k}": v for k, v in ema_eval.items()})
+                if fit_set is not None:
+                    last_eval.update(
+                        evaluate_fit(model, fit_set, dist_, eval_batch, precision.autocast, cfg.num_workers)
+                    )
+                if dist_.is_main:
+                    run.log({"step": step, "epoch": step / sampler.steps_per_epoch, **last_eval})
+                    progress.write(f"step {step}: " + ", ".join(f"{k} {v:.2f}" for k, v in last_eval.items()))
+            if (
+                (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                or step % steps_per_eval == 0
+                or step == total_steps
+                or stop.requested
+            ):
+                save_checkpoint(
+                    run,
+                    step,
+                    dist_,
+                    model,
+                    optimizer,
+                    {"epoch": step / sampler.steps_per_epoch},
+                    extra,
+                    keep=cfg.keep_checkpoints,
                 )
-                last_eval.update({f"ema_{k}": v for k, v in ema_eval.items()})
-            if fit_set is not None:
-                last_eval.update(evaluate_fit(model, fit_set, dist_, eval_batch, precision.autocast, cfg.num_workers))
-            if dist_.is_main:
-                run.log({"step": step, "epoch": step / sampler.steps_per_epoch, **last_eval})
-                progress.write(f"step {step}: " + ", ".join(f"{k} {v:.2f}" for k, v in last_eval.items()))
-        if (
-            (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-            or step % steps_per_eval == 0
-            or step == total_steps
-        ):
-            save_checkpoint(
-                run,
-                step,
-                dist_,
-                model,
-                optimizer,
-                {"epoch": step / sampler.steps_per_epoch},
-                extra,
-                keep=cfg.keep_checkpoints,
-            )
+            stop.stop_if_requested(step, run.path, progress)
     progress.close()
     return {"step": step, "num_params": num_params, **last_eval}

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from lapheads.config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, ConfigError, Domain, one_of, option, validate_config
 from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.data.multicrop import MultiCropAugmentation, collate_crops
-from lapheads.distributed import setup_distributed
+from lapheads.distributed import StopRequests, setup_distributed
 from lapheads.errors import InputError
 from lapheads.hardware import BusyWatch
 from lapheads.models.dino import (
@@ -291,63 +291,66 @@ def train_dino(
     tick, seen, mean_loss = time.perf_counter(), 0, math.nan
     student.train()
     step = start_step
-    while step < total_steps:
-        busy.begin()  # evaluations and checkpoints are not the step's pace
-        if stop_at_step is not None and step >= stop_at_step:
-            progress.close()
-            return {"step": step, "stopped": True}
-        step, (indices,) = next(batches)
-        epoch = step // per_epoch
-        for i, group in enumerate(optimizer.param_groups):
-            group["lr"] = float(lr_schedule[step])
-            if i == 0:
-                group["weight_decay"] = float(wd_schedule[step])
-        crops, _ = collate_crops([train_set[i] for i in indices])
-        crops = [c.to(dist_.device, non_blocking=True) for c in crops]
-        with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
-            with torch.no_grad():
-                teacher_output = teacher(crops[:2])  # only the global crops pass through the teacher
-            student_output = forward_model(crops)
-            loss = loss_fn(student_output.float(), teacher_output.float(), epoch)
-        mean_loss = dist_.all_reduce_sum(loss.detach().clone()).item() / dist_.world_size
-        hint = "lower --lr or --clip-grad" if cfg.clip_grad else "lower --lr or set --clip-grad 3.0"
-        check_finite_loss(mean_loss, step, run, hint, progress)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.clip_grad:
-            _clip_per_parameter(student, cfg.clip_grad)
-        cancel_last_layer_gradients(epoch, student, cfg.freeze_last_layer)
-        optimizer_step([optimizer], step, run, hint, progress)
-        update_teacher(student, teacher, float(momentum_schedule[step]))
-        seen += len(indices) * dist_.world_size
-        step += 1
-        progress.update(1)
-        if (busy_line := busy.step()) and dist_.is_main:
-            progress.write(busy_line)
-        if step % cfg.log_every == 0 or step == total_steps:
-            elapsed = time.perf_counter() - tick
-            rate = seen / elapsed if elapsed > 0 else 0.0
-            tick, seen = time.perf_counter(), 0
-            progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr_schedule[step - 1]:.2e}", img_s=f"{rate:.0f}")
-            if dist_.is_main:
-                run.log(
-                    {
-                        "step": step,
-                        "epoch": step / per_epoch,
-                        "loss": mean_loss,
-                        "lr": float(lr_schedule[step - 1]),
-                        "weight_decay": float(wd_schedule[step - 1]),
-                        "teacher_momentum": float(momentum_schedule[step - 1]),
-                        "images_per_s": rate,
-                    }
+    with StopRequests(active=not dist_.enabled) as stop:
+        while step < total_steps:
+            busy.begin()  # evaluations and checkpoints are not the step's pace
+            if stop_at_step is not None and step >= stop_at_step:
+                progress.close()
+                return {"step": step, "stopped": True}
+            step, (indices,) = next(batches)
+            epoch = step // per_epoch
+            for i, group in enumerate(optimizer.param_groups):
+                group["lr"] = float(lr_schedule[step])
+                if i == 0:
+                    group["weight_decay"] = float(wd_schedule[step])
+            crops, _ = collate_crops([train_set[i] for i in indices])
+            crops = [c.to(dist_.device, non_blocking=True) for c in crops]
+            with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
+                with torch.no_grad():
+                    teacher_output = teacher(crops[:2])  # only the global crops pass through the teacher
+                student_output = forward_model(crops)
+                loss = loss_fn(student_output.float(), teacher_output.float(), epoch)
+            mean_loss = dist_.all_reduce_sum(loss.detach().clone()).item() / dist_.world_size
+            hint = "lower --lr or --clip-grad" if cfg.clip_grad else "lower --lr or set --clip-grad 3.0"
+            check_finite_loss(mean_loss, step, run, hint, progress)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.clip_grad:
+                _clip_per_parameter(student, cfg.clip_grad)
+            cancel_last_layer_gradients(epoch, student, cfg.freeze_last_layer)
+            optimizer_step([optimizer], step, run, hint, progress)
+            update_teacher(student, teacher, float(momentum_schedule[step]))
+            seen += len(indices) * dist_.world_size
+            step += 1
+            progress.update(1)
+            if (busy_line := busy.step()) and dist_.is_main:
+                progress.write(busy_line)
+            if step % cfg.log_every == 0 or step == total_steps:
+                elapsed = time.perf_counter() - tick
+                rate = seen / elapsed if elapsed > 0 else 0.0
+                tick, seen = time.perf_counter(), 0
+                progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr_schedule[step - 1]:.2e}", img_s=f"{rate:.0f}")
+                if dist_.is_main:
+                    run.log(
+                        {
+                            "step": step,
+                            "epoch": step / per_epoch,
+                            "loss": mean_loss,
+                            "lr": float(lr_schedule[step - 1]),
+                            "weight_decay": float(wd_schedule[step - 1]),
+                            "teacher_momentum": float(momentum_schedule[step - 1]),
+                            "images_per_s": rate,
+                        }
+                    )
+            if (
+                (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                or step % steps_per_checkpoint == 0
+                or step == total_steps
+                or stop.requested
+            ):
+                save_checkpoint(
+                    run, step, dist_, student, optimizer, {"epoch": step / per_epoch}, extra, keep=cfg.keep_checkpoints
                 )
-        if (
-            (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-            or step % steps_per_checkpoint == 0
-            or step == total_steps
-        ):
-            save_checkpoint(
-                run, step, dist_, student, optimizer, {"epoch": step / per_epoch}, extra, keep=cfg.keep_checkpoints
-            )
+            stop.stop_if_requested(step, run.path, progress)
     progress.close()
     return {"step": step, "num_params": num_params, "loss": mean_loss}

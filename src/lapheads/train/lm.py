@@ -55,7 +55,7 @@ from lapheads.data.text import (
     shard_tokenizer_dir,
 )
 from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
-from lapheads.distributed import Distributed, setup_distributed
+from lapheads.distributed import Distributed, StopRequests, setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.lm import evaluate_bpb
 from lapheads.hardware import BusyWatch
@@ -482,64 +482,73 @@ def train_lm(
     tick, seen = time.perf_counter(), 0
     model.train()
     step = start_step
-    while step < total_steps:
-        busy.begin()  # evaluations and checkpoints are not the step's pace
-        if stop_at_step is not None and step >= stop_at_step:
-            progress.close()
-            return {"step": step, "stopped": True}
-        micro_batches = batches.step(step)
-        loss_sum = torch.zeros((), device=dist_.device)
-        for a, (x, y) in enumerate(micro_batches):
-            x, y = x.to(dist_.device, non_blocking=True), y.to(dist_.device, non_blocking=True)
-            sync = a == len(micro_batches) - 1 or not dist_.enabled
-            with contextlib.nullcontext() if sync else train_model.no_sync():
-                with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
-                    loss = forward_model(x, y)
-                (loss / len(micro_batches)).backward()
-            loss_sum += loss.detach()
-        seen += cfg.total_batch_size
-        mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
-        hint = "lower --matrix-lr / --embedding-lr / --unembedding-lr"
-        check_finite_loss(mean_loss, step, run, hint, progress)
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        multiplier = lr_multiplier(step, total_steps, cfg)
-        for opt in optimizers.values():
-            for group in opt.param_groups:
-                group["lr"] = group["initial_lr"] * multiplier
-        for group in optimizers["muon"].param_groups:
-            group["momentum"] = muon_momentum(step, cfg, total_steps)
-            group["weight_decay"] = muon_weight_decay(step, total_steps, cfg)
-        optimizer_step(list(optimizers.values()), step, run, hint, progress)
-        model.zero_grad(set_to_none=True)
-        step += 1
-        progress.update(1)
-        if (busy_line := busy.step()) and dist_.is_main:
-            progress.write(busy_line)
-        if step % cfg.log_every == 0 or step == total_steps:
-            elapsed = time.perf_counter() - tick
-            rate = seen / elapsed if elapsed > 0 else 0.0
-            tick, seen = time.perf_counter(), 0
-            progress.set_postfix(loss=f"{mean_loss:.4f}", lrm=f"{multiplier:.2f}", tok_s=f"{rate:.0f}")
-            if dist_.is_main:
-                run.log(
-                    {
-                        "step": step,
-                        "loss": mean_loss,
-                        "lr_multiplier": multiplier,
-                        "tokens_per_s": rate,
-                        "tokens": step * cfg.total_batch_size,
-                    }
+    with StopRequests(active=not dist_.enabled) as stop:
+        while step < total_steps:
+            busy.begin()  # evaluations and checkpoints are not the step's pace
+            if stop_at_step is not None and step >= stop_at_step:
+                progress.close()
+                return {"step": step, "stopped": True}
+            micro_batches = batches.step(step)
+            loss_sum = torch.zeros((), device=dist_.device)
+            for a, (x, y) in enumerate(micro_batches):
+                x, y = x.to(dist_.device, non_blocking=True), y.to(dist_.device, non_blocking=True)
+                sync = a == len(micro_batches) - 1 or not dist_.enabled
+                with contextlib.nullcontext() if sync else train_model.no_sync():
+                    with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
+                        loss = forward_model(x, y)
+                    (loss / len(micro_batches)).backward()
+                loss_sum += loss.detach()
+            seen += cfg.total_batch_size
+            mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
+            hint = "lower --matrix-lr / --embedding-lr / --unembedding-lr"
+            check_finite_loss(mean_loss, step, run, hint, progress)
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            multiplier = lr_multiplier(step, total_steps, cfg)
+            for opt in optimizers.values():
+                for group in opt.param_groups:
+                    group["lr"] = group["initial_lr"] * multiplier
+            for group in optimizers["muon"].param_groups:
+                group["momentum"] = muon_momentum(step, cfg, total_steps)
+                group["weight_decay"] = muon_weight_decay(step, total_steps, cfg)
+            optimizer_step(list(optimizers.values()), step, run, hint, progress)
+            model.zero_grad(set_to_none=True)
+            step += 1
+            progress.update(1)
+            if (busy_line := busy.step()) and dist_.is_main:
+                progress.write(busy_line)
+            if step % cfg.log_every == 0 or step == total_steps:
+                elapsed = time.perf_counter() - tick
+                rate = seen / elapsed if elapsed > 0 else 0.0
+                tick, seen = time.perf_counter(), 0
+                progress.set_postfix(loss=f"{mean_loss:.4f}", lrm=f"{multiplier:.2f}", tok_s=f"{rate:.0f}")
+                if dist_.is_main:
+                    run.log(
+                        {
+                            "step": step,
+                            "loss": mean_loss,
+                            "lr_multiplier": multiplier,
+                            "tokens_per_s": rate,
+                            "tokens": step * cfg.total_batch_size,
+                        }
+                    )
+            if step % cfg.eval_every == 0 or step == total_steps:
+                last_eval = evaluate(step)
+            if (
+                (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                or step % cfg.eval_every == 0
+                or step == total_steps
+                or stop.requested
+            ):
+                save_checkpoint(
+                    run,
+                    step,
+                    dist_,
+                    model,
+                    optimizers,
+                    {"tokens": step * cfg.total_batch_size},
+                    keep=cfg.keep_checkpoints,
                 )
-        if step % cfg.eval_every == 0 or step == total_steps:
-            last_eval = evaluate(step)
-        if (
-            (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-            or step % cfg.eval_every == 0
-            or step == total_steps
-        ):
-            save_checkpoint(
-                run, step, dist_, model, optimizers, {"tokens": step * cfg.total_batch_size}, keep=cfg.keep_checkpoints
-            )
+            stop.stop_if_requested(step, run.path, progress)
     progress.close()
     return {"step": step, "num_params": num_params, **last_eval}
