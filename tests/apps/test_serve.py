@@ -271,3 +271,67 @@ def test_an_error_during_generation_ends_the_stream_with_an_error_event(engine, 
     with client.stream("POST", "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}) as r:
         events = [json.loads(line[len("data: ") :]) for line in r.iter_lines() if line.startswith("data: ")]
     assert "token" in events[0] and events[-1] == {"error": "generation failed: device lost second line"}
+
+
+@pytest.fixture(scope="module")
+def openai_server(engine):
+    """A real uvicorn server on a free loopback port, in a thread: what the openai client talks to."""
+    import threading
+
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = create_app(engine, "tiny", ServeLimits(max_request_bytes=4000, max_tokens=24), temperature=0.0)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(300):
+        if server.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_the_openai_client_streams_and_completes_a_reply_equal_to_the_engines(openai_server, engine):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=openai_server, api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    messages = [{"role": "user", "content": QUESTIONS[0]}]
+    expected = _expected(engine, messages)
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected and len(chunks) > 3
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert chunks[-1].usage.completion_tokens > 0 and chunks[-1].usage.prompt_tokens > 0
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=24)
+    assert whole.object == "chat.completion" and whole.choices[0].message.content == expected
+    assert whole.choices[0].finish_reason in ("stop", "length") and whole.usage.total_tokens > whole.usage.prompt_tokens
+    short = client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=2)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "status", "says"),
+    [
+        ({"model": "gpt-4o"}, 404, "model 'gpt-4o'; allowed: 'tiny'"),
+        ({"n": 2}, 400, "n=2 is not supported"),
+        ({"stop": ["\n"]}, 400, "stop=['\\n'] is not supported"),
+        ({"top_p": 0.5}, 400, "top_p=0.5 is not supported"),
+        ({"max_tokens": 10_000}, 400, "max_tokens 10000; allowed"),
+        ({"messages": []}, 400, "'messages' must be a non-empty list"),
+    ],
+)
+def test_the_openai_client_gets_openais_error_objects(openai_server, options, status, says):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=openai_server, api_key="unused", max_retries=0)
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **options}
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(**request)
+    assert caught.value.status_code == status and says in caught.value.body["message"], caught.value.body

@@ -95,8 +95,11 @@ class ChatEngine:
         temperature: float = 0.0,
         top_k: int | None = None,
         seed: int = 0,
+        outcome: dict[str, Any] | None = None,
     ) -> Iterator[str]:
-        """Yield the reply's text piece by piece; ``prompt_ids`` end with ``<|assistant_start|>``."""
+        """Yield the reply's text piece by piece; ``prompt_ids`` end with ``<|assistant_start|>``. ``outcome``, when
+        given, is filled once the reply ends: ``finish_reason`` ("stop": the model ended its turn; "length":
+        ``max_tokens`` or the context ran out) and ``completion_tokens`` (the model's and the tool's tokens)."""
         model, limit = self.model, self.model.config.sequence_len
         if not prompt_ids:
             raise InputError("an empty prompt; allowed: a rendered conversation")
@@ -111,9 +114,11 @@ class ChatEngine:
         reply: list[int] = []
         shown, call = "", None  # text yielded so far; the tokens of an open tool call
         stops = {self.ids["assistant_end"], self.tokenizer.bos_id}
+        finish = "length"
         while len(reply) < max_tokens and cache.pos < limit:
             token = int(sample_token(logits, temperature, top_k or None, generator))
             if token in stops:
+                finish = "stop"
                 break
             new = [token]
             if token == self.ids["python_start"]:
@@ -135,6 +140,8 @@ class ChatEngine:
                 break
             logits = model(torch.tensor([new], device=device), kv_cache=cache)[:, -1]
         text = self.display(reply)
+        if outcome is not None:
+            outcome.update(finish_reason=finish, completion_tokens=len(reply))
         if text != shown and text.startswith(shown):
             yield text[len(shown) :]
 

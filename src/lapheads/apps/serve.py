@@ -25,6 +25,8 @@ import json
 import re
 import sys
 import threading
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,41 @@ def _json_depth(raw: bytes) -> int:
     return deepest
 
 
+def _from_openai(body: Any) -> dict[str, Any]:
+    """An OpenAI chat-completions request as this server's own (the same checks follow); what it cannot do (n > 1,
+    stop sequences, nucleus sampling, tools, penalties) is refused by name, never silently ignored."""
+    if not isinstance(body, dict):
+        raise LapheadsError('the request is not a JSON object; allowed: {"model", "messages": [...]}')
+    out = {"messages": body.get("messages")}
+    if body.get("temperature") is not None:
+        out["temperature"] = body["temperature"]
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None:
+        out["max_tokens"] = limit
+    if body.get("top_k") is not None:  # an extension vLLM and llama.cpp also take
+        out["top_k"] = body["top_k"]
+    unsupported = {
+        "n": body.get("n") not in (None, 1),
+        "stop": body.get("stop") not in (None, [], ""),
+        "top_p": body.get("top_p") not in (None, 1, 1.0),
+        "tools": bool(body.get("tools")),
+        "frequency_penalty": body.get("frequency_penalty") not in (None, 0, 0.0),
+        "presence_penalty": body.get("presence_penalty") not in (None, 0, 0.0),
+        "response_format": body.get("response_format") not in (None, {"type": "text"}),
+    }
+    refused = [key for key, bad in unsupported.items() if bad]
+    if refused:
+        raise LapheadsError(
+            f"{refused[0]}={body[refused[0]]!r} is not supported; allowed: n 1, no stop sequences, top_p 1, no tools, "
+            "no penalties, text responses (top_k and temperature sample)"
+        )
+    stream = body.get("stream", False)
+    options = body.get("stream_options") or {}
+    if not isinstance(stream, bool) or not isinstance(options, dict):
+        raise LapheadsError(f"stream {stream!r}, stream_options {options!r}; allowed: true/false and an object")
+    return {**out, "stream": stream, "include_usage": bool(options.get("include_usage"))}
+
+
 def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: int) -> dict[str, Any]:
     """The validated request, or a LapheadsError naming what is wrong."""
     if not isinstance(body, dict):
@@ -100,7 +137,7 @@ def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: in
         if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
             words = "a number" if name == "temperature" else "an integer"
             raise LapheadsError(f"{name} {value!r}; allowed: {words} in [{low}, {high}]")
-    return {"messages": messages, **options}
+    return {"messages": messages, **options, "stream": body.get("stream"), "include_usage": body.get("include_usage")}
 
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -144,8 +181,13 @@ def create_app(
     def refuse(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
 
-    @app.post("/chat/completions")
-    async def complete(request: Request):
+    def refuse_openai(status: int, message: str) -> JSONResponse:  # OpenAI's error object, as its clients read it
+        kind = {404: "not_found_error", 413: "invalid_request_error", 500: "server_error"}.get(status)
+        error = {"message": message, "type": kind or "invalid_request_error", "param": None, "code": None}
+        return JSONResponse({"error": error}, status_code=status)
+
+    async def read_request(request: Request, refuse, openai: bool = False):
+        """(the checked request, the rendered prompt) or the refusal: Host, Origin, type, size, nesting, schema."""
         host = _hostname(request.headers.get("host", ""))
         if allowed_hosts is not None and host not in allowed_hosts:
             return refuse(403, f"Host {host!r}; allowed: {', '.join(allowed_hosts)} (this server's own names)")
@@ -166,7 +208,12 @@ def create_app(
         if _json_depth(bytes(raw)) > MAX_JSON_DEPTH:
             return refuse(400, 'the request nests too deeply; allowed: {"messages": [{"role", "content"}]}')
         try:
-            body = _check_request(json.loads(bytes(raw) or b"null"), limits, temperature, top_k)
+            body = json.loads(bytes(raw) or b"null")
+            if openai:
+                if isinstance(body, dict) and body.get("model") not in (None, name):
+                    return refuse(404, f"model {body.get('model')!r}; allowed: {name!r} (GET /v1/models)")
+                body = _from_openai(body)
+            body = _check_request(body, limits, temperature, top_k)
             prompt = render_for_completion(engine.tokenizer, {"messages": body["messages"]})
             if len(prompt) >= engine.model.config.sequence_len:
                 raise LapheadsError(
@@ -177,25 +224,94 @@ def create_app(
             return refuse(400, 'the request nests too deeply; allowed: {"messages": [{"role", "content"}]}')
         except (LapheadsError, ValueError) as err:
             return refuse(400, " ".join(str(err).split()))
+        return body, prompt
 
-        pieces = engine.stream(prompt, body["max_tokens"], body["temperature"], body["top_k"] or None, seed=0)
-        try:
+    def first_piece(body: dict[str, Any], prompt: list[int], outcome: dict[str, Any]):
+        """The reply's generator and its first piece (an error here is still a JSON error, before any byte)."""
+        pieces = engine.stream(
+            prompt, body["max_tokens"], body["temperature"], body["top_k"] or None, seed=0, outcome=outcome
+        )
+        with model_lock:
+            return pieces, next(pieces, None)
+
+    def rest(pieces, first):
+        """The pieces after the first, one model step at a time under the lock (other requests interleave)."""
+        piece = first
+        while piece is not None:
+            yield piece
             with model_lock:
-                first = next(pieces, None)  # an error here is still a JSON error, before any byte is streamed
+                piece = next(pieces, None)
+
+    @app.post("/chat/completions")
+    async def complete(request: Request):
+        """The web page's endpoint: server-sent events {"token"} ... {"done": true} (or {"error"})."""
+        checked = await read_request(request, refuse)
+        if isinstance(checked, JSONResponse):
+            return checked
+        try:
+            pieces, first = first_piece(*checked, {})
         except Exception as err:  # noqa: BLE001 - the client gets one line; the server keeps running
             return refuse(500, f"generation failed: {' '.join(str(err).split())[:200]}")
 
         def events():
-            piece = first
             try:
-                while piece is not None:
+                for piece in rest(pieces, first):
                     yield f"data: {json.dumps({'token': piece})}\n\n"
-                    with model_lock:  # one token of one request at a time; other requests interleave
-                        piece = next(pieces, None)
             except Exception as err:  # noqa: BLE001 - mid-stream: end the stream with an error event
                 yield f"data: {json.dumps({'error': 'generation failed: ' + ' '.join(str(err).split())[:200]})}\n\n"
                 return
             yield f"data: {json.dumps({'done': True})}\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "lapheads"}]}
+
+    @app.post("/v1/chat/completions")
+    async def openai_complete(request: Request):
+        """OpenAI's chat completions (as vLLM, llama.cpp's server and Ollama offer): a chat.completion object, or
+        with "stream": true chat.completion.chunk events ending in [DONE]."""
+        checked = await read_request(request, refuse_openai, openai=True)
+        if isinstance(checked, JSONResponse):
+            return checked
+        body, prompt = checked
+        outcome: dict[str, Any] = {}
+        try:
+            pieces, first = first_piece(body, prompt, outcome)
+        except Exception as err:  # noqa: BLE001
+            return refuse_openai(500, f"generation failed: {' '.join(str(err).split())[:200]}")
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
+
+        def usage() -> dict[str, int]:
+            done = outcome.get("completion_tokens", 0)
+            return {"prompt_tokens": len(prompt), "completion_tokens": done, "total_tokens": len(prompt) + done}
+
+        if not body["stream"]:
+            try:
+                text = "".join(rest(pieces, first))
+            except Exception as err:  # noqa: BLE001
+                return refuse_openai(500, f"generation failed: {' '.join(str(err).split())[:200]}")
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
+            choice["finish_reason"] = outcome.get("finish_reason", "stop")
+            return {**head, "object": "chat.completion", "choices": [choice], "usage": usage()}
+
+        def chunk(delta: dict[str, str], finish: str | None = None, **extra: Any) -> str:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': [choice], **extra})}\n\n"
+
+        def events():
+            yield chunk({"role": "assistant", "content": ""})
+            try:
+                for piece in rest(pieces, first):
+                    yield chunk({"content": piece})
+            except Exception as err:  # noqa: BLE001 - mid-stream: OpenAI's error object as the last event
+                message = "generation failed: " + " ".join(str(err).split())[:200]
+                yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
+                return
+            extra = {"usage": usage()} if body["include_usage"] else {}
+            yield chunk({}, outcome.get("finish_reason", "stop"), **extra)
+            yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
