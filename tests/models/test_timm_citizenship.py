@@ -259,3 +259,31 @@ def test_the_module_parity_tests_pass_at_the_oldest_supported_timm(tmp_path):
         env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).parents[2],
     )  # fmt: skip
     assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "kwargs"),
+    [
+        ("vit_fmnist_patch4", 3, {"patch_size": 7}),
+        ("vit_fmnist_patch4", "0,1,2,3,1,0", {"patch_size": 7}),
+        ("vit_fmnist_patch4", "sum:1+exclusive:1", {"patch_size": 7}),
+        ("vit_fmnist_patch4", "mix", {"patch_size": 7}),
+        ("vit_fmnist_patch4", "centring:1+untied:1", {"patch_size": 7}),
+        ("eva02_tiny_1L_patch14_224", None, {"img_size": 112}),
+        ("swin_tiny_1L_patch4_window7_224", None, {"img_size": 112}),
+    ],
+)
+def test_torchscript_saves_and_reloads_with_the_same_output_and_torch_export_round_trips(name, spec, kwargs, tmp_path):
+    import torch
+
+    options = {**kwargs, **({} if spec is None else {"laplacian_heads": spec})}
+    model = timm.create_model(name, num_classes=10, **options).eval()
+    channels, size = (1, 28) if name == "vit_fmnist_patch4" else (3, 112)
+    x = torch.randn(2, channels, size, size)
+    expected = model(x)
+    torch.jit.save(torch.jit.script(model), tmp_path / "model.pt")
+    reloaded = torch.jit.load(tmp_path / "model.pt")  # a fresh load: the scripted op, no lapheads Python call
+    assert torch.allclose(reloaded(x), expected, atol=1e-5, rtol=0)
+    exported = torch.export.export(model, (x,))
+    torch.export.save(exported, tmp_path / "model.pt2")
+    assert torch.allclose(torch.export.load(tmp_path / "model.pt2").module()(x), expected, atol=1e-5, rtol=0)

@@ -24,6 +24,7 @@ V - P V instead of P V (Zhang & Papyan, arXiv 2602.09297). Design choices:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Optional  # TorchScript reads Optional in scripted_attention's signature
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,7 @@ from lapheads.core.heads import (
 )
 from lapheads.errors import InputError
 
-__all__ = ["IDENTITIES", "laplacian_attention", "laplacian_attention_reference"]
+__all__ = ["IDENTITIES", "laplacian_attention", "laplacian_attention_reference", "scripted_attention"]
 
 #: Where the identity term reads each query's own value (``identity=``): "aligned", the queries are the last T of the
 #: S keys; "filled", the same when T == S, else the last T of the keys any query may attend to (a static cache's
@@ -472,3 +473,39 @@ def laplacian_attention_reference(
 def _shifted_eye(t: int, s: int, like: Tensor) -> Tensor:
     """(T, S) matrix with ones at (i, S - T + i): each query's own key position."""
     return torch.ones(t, s, dtype=like.dtype, device=like.device).tril(s - t).triu(s - t)
+
+
+def scripted_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    coefficients: Tensor,
+    exclusive: Tensor,
+    attn_mask: Optional[Tensor],
+    is_causal: bool,
+    dropout_p: float,
+    scale: float,
+) -> Tensor:
+    """The op in the form TorchScript compiles and saves (``torch.jit.save``): one SDPA call, then per head
+    alpha V + beta P V + gamma mean(V) and the exclusive heads' projection, for self-attention (T == S, H == Hkv:
+    the timm models' case). ``coefficients`` (3, H): each head's (alpha, beta, gamma) (:data:`KIND_COEFFICIENTS`,
+    mix heads' learned (a, b)); ``exclusive`` (H,) bool. The same numbers as ``laplacian_attention`` up to
+    rounding (a test pins it); eager code never takes this path."""
+    y = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+    )
+    alpha, beta, gamma = coefficients[0].view(1, -1, 1, 1), coefficients[1].view(1, -1, 1, 1), coefficients[2]
+    out = y * beta + v * alpha
+    if bool((gamma != 0).any()):  # centring heads: the mean of the keys each query may attend to
+        if attn_mask is None and not is_causal:
+            mean = v.mean(-2, keepdim=True)
+        else:
+            zeros = torch.zeros_like(q)
+            mean = F.scaled_dot_product_attention(
+                zeros, torch.zeros_like(k), v, attn_mask=attn_mask, is_causal=is_causal
+            )
+        out = out + mean * gamma.view(1, -1, 1, 1)
+    if bool(exclusive.any()):
+        n = F.normalize(v, dim=-1)
+        out = torch.where(exclusive.view(1, -1, 1, 1), out - (out * n).sum(-1, keepdim=True) * n, out)
+    return out

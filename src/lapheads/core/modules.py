@@ -15,9 +15,11 @@ import torch
 from timm.layers import Attention
 from torch import Tensor
 
-from lapheads.core.attention import laplacian_attention, laplacian_attention_reference
+from lapheads.core.attention import laplacian_attention, laplacian_attention_reference, scripted_attention
 from lapheads.core.heads import (
+    KIND_COEFFICIENTS,
     NAMED_POINTS,
+    PROJECTING_KINDS,
     HeadSpec,
     HeadSpecError,
     _is_kinds,
@@ -47,6 +49,12 @@ class LaplacianHeadsMixin:
         self.register_buffer(
             "laplacian_mask", torch.zeros(num_heads, dtype=torch.bool, device=device), persistent=False
         )
+        # what the scripted op reads (TorchScript keeps tensors, not head-kind names); rebuilt with the mask
+        self.register_buffer("head_coefficients", torch.zeros(3, num_heads, device=device), persistent=False)
+        self.register_buffer(
+            "head_exclusive", torch.zeros(num_heads, dtype=torch.bool, device=device), persistent=False
+        )
+        self.register_buffer("head_is_mix", torch.zeros(num_heads, dtype=torch.bool, device=device), persistent=False)
         self.set_laplacian_heads(laplacian_heads)
 
     def set_laplacian_heads(self, laplacian_heads: HeadSpec | Sequence[str]) -> None:
@@ -86,6 +94,14 @@ class LaplacianHeadsMixin:
         self._buffers["laplacian_mask"] = (
             self._laplacian_host.to(device, copy=True) if device.type != "meta" else self.laplacian_mask
         )
+        if device.type == "meta":
+            return
+        kinds = self.head_kinds
+        self._buffers["head_coefficients"] = torch.tensor(
+            [KIND_COEFFICIENTS[kind] for kind in kinds], dtype=torch.float32, device=device
+        ).T.contiguous()
+        self._buffers["head_exclusive"] = torch.tensor([k in PROJECTING_KINDS for k in kinds], device=device)
+        self._buffers["head_is_mix"] = torch.tensor([k == "mix" for k in kinds], device=device)
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         module = super()._apply(fn, recurse)  # type: ignore[misc]
@@ -99,7 +115,6 @@ class LaplacianHeadsMixin:
                 f"{type(self).__name__} has no local term; allowed kinds here: all but 'local' and 'untied'"
             )
 
-    @torch.jit.ignore
     def _attend(
         self,
         q: torch.Tensor,
@@ -109,9 +124,38 @@ class LaplacianHeadsMixin:
         is_causal: bool,
         return_attn: bool,
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The op on this layer's heads (fused, or the reference path when timm's ``fused_attn`` is off or P is
-        wanted), for any timm attention class with ``attn_drop``, ``scale`` and ``fused_attn``; left to Python by
-        TorchScript, traced as one call by FX."""
+        """The op on this layer's heads: eagerly (and under FX, torch.compile, torch.export) ``laplacian_attention``
+        or its reference path; under TorchScript its scriptable form (``scripted_attention``), so a scripted model
+        saves with ``torch.jit.save`` and reloads without lapheads' Python."""
+        if torch.jit.is_scripting():
+            coefficients = self.head_coefficients.to(q.dtype)
+            if self.mix_a is not None and self.mix_b is not None:  # learned (a, b) of the mix heads
+                is_mix = self.head_is_mix
+                alpha = torch.where(is_mix, self.mix_a.to(q.dtype), coefficients[0])
+                beta = torch.where(is_mix, self.mix_b.to(q.dtype), coefficients[1])
+                coefficients = torch.stack([alpha, beta, coefficients[2]])
+            if hasattr(self, "laplacian_blend"):  # a blend conversion: lambda V + (1 - 2 lambda) P V
+                lap = self.laplacian_mask.to(q.dtype) * self.laplacian_blend.to(q.dtype)
+                coefficients = torch.stack([lap, 1 - 2 * lap, coefficients[2]])
+            dropout_p = self.attn_drop.p if self.training else 0.0
+            out = scripted_attention(
+                q, k, v, coefficients, self.head_exclusive, attn_mask, is_causal, dropout_p, self.scale
+            )
+            return out, None
+        return self._attend_eager(q, k, v, attn_mask, is_causal, return_attn)
+
+    @torch.jit.unused
+    def _attend_eager(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: Optional[torch.Tensor],
+        is_causal: bool,
+        return_attn: bool,
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The op (fused, or the reference path when timm's ``fused_attn`` is off or P is wanted), for any timm
+        attention class with ``attn_drop``, ``scale`` and ``fused_attn``; traced as one call by FX."""
         # not the property: under TorchScript ``self`` is the scripted module, which keeps attributes only
         trailing = -1 if self._op_heads is None else self._op_heads
         dropout_p = self.attn_drop.p if self.training else 0.0
@@ -376,9 +420,10 @@ def _reference_leaf(
 # TorchScript cannot resolve the string annotations of ``from __future__ import annotations`` on methods it leaves
 # to Python: give them their evaluated types
 for _fn in (
-    *(getattr(LaplacianAttention, m) for m in ("forward", "forward_with_attn", "_forward", "_attend")),
+    *(getattr(LaplacianAttention, m) for m in ("forward", "forward_with_attn", "_forward", "_attend", "_attend_eager")),
     _fused_leaf,
     _reference_leaf,
+    scripted_attention,
 ):
     _fn.__annotations__ = typing.get_type_hints(_fn)
 
