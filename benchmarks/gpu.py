@@ -11,7 +11,7 @@ run, interleaved rounds; ``lapheads.bench.time_interleaved``):
 3. ViT-B/16 training steps (224 px, bf16, compiled, AdamW): images/s for k = 0 against k = 12.
 
     python benchmarks/gpu.py                           # on the GPU: writes docs/benchmarks-gpu.md
-    python benchmarks/gpu.py --smoke --device cpu      # tiny shapes, seconds: what the tests run so it cannot rot
+    python benchmarks/gpu.py --smoke                   # tiny shapes, seconds, on the CPU where there is no CUDA
 
 MFU = model FLOPs per token (6 x matmul parameters + 12 x heads x head_dim x T per layer, nanochat's estimate)
 x tokens/s / the device's peak bf16 FLOPs (H100/H200: 989 TFLOPs dense).
@@ -203,12 +203,17 @@ def vit_table(
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", default="auto", help="auto: cuda when available, else cpu (--smoke only)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and few rounds (CPU, tests)")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (smoke tests: aot_eager)")
+    parser.add_argument("--backend", default=None, help="torch.compile backend (default inductor; smoke: aot_eager)")
     parser.add_argument("--out", default="docs/benchmarks-gpu.md", help="the markdown table ('-' prints only)")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but torch sees no CUDA device; allowed here: --smoke (on the CPU)")
+    if device.type == "cpu" and not args.smoke:
+        parser.error("the full benchmark is for a CUDA GPU and torch sees none; allowed here: --smoke (the CPU run)")
+    args.backend = args.backend or ("aot_eager" if args.smoke else "inductor")
     dtype = torch.bfloat16
     start = time.perf_counter()
     if args.smoke:

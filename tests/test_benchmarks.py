@@ -20,12 +20,22 @@ def _load(name: str):
 @pytest.mark.slow
 def test_gpu_benchmark_smoke_writes_every_table(tmp_path):
     out = tmp_path / "benchmarks-gpu.md"
-    text = _load("gpu").main(["--smoke", "--device", "cpu", "--backend", "aot_eager", "--out", str(out)])
+    text = _load("gpu").main(["--smoke", "--out", str(out)])  # as documented: no --device on a CPU-only machine
     assert out.read_text() == text
     op_rows = [line for line in text.splitlines() if line.startswith("| 32 |")]
     assert len(op_rows) == 8  # full/causal x MHA/GQA x eager/compiled
     assert "| d2 | 0/2 |" in text and "| d2 | 1/2 |" in text
     assert "| ViT-B/16 32 px | 0/4 |" in text and "| ViT-B/16 32 px | 4/4 |" in text
+
+
+def test_the_gpu_benchmark_says_in_one_line_what_it_needs(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the full run is allowed here")
+    with pytest.raises(SystemExit) as stopped:
+        _load("gpu").main(["--out", "-"])
+    assert stopped.value.code == 2 and "allowed here: --smoke" in capsys.readouterr().err
 
 
 @pytest.mark.slow
