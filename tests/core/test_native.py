@@ -135,15 +135,82 @@ def test_not_built_means_the_python_node_and_status_says_how_to_build(own_cache)
     assert laplacian_attention(q, k, v, 2).grad_fn.name() == "_LaplacianSDPABackward"
 
 
+def _install(path, data: bytes, record: bytes | None = None) -> None:
+    """A library at ``path`` with a build record (size and sha256) of ``record`` (default: of ``data``)."""
+    import hashlib
+
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    path.write_bytes(data)
+    vouched = data if record is None else record
+    path.with_name(path.name + ".sha256").write_text(f"{len(vouched)} {hashlib.sha256(vouched).hexdigest()}\n")
+
+
 def test_a_library_that_does_not_load_is_warned_about_once_and_not_used(own_cache):
-    path = native.library_path()
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"not a shared library")
+    _install(native.library_path(), b"not a shared library")  # ours and as recorded, but not a library
     q, k, v = _inputs(6, 6, 12, 12)
     with pytest.warns(UserWarning, match="does not load.*lapheads kernel build --force"):
         out = laplacian_attention(q, k, v, 2)
     assert out.grad_fn.name() == "_LaplacianSDPABackward"
     assert "does not load" in native.status()
+
+
+@pytest.fixture
+def built_library(node) -> bytes:
+    """The real library as ``kernel build`` left it (read before a test swaps in its own cache)."""
+    return native.library_path().read_bytes()
+
+
+def _foreign(path) -> str:
+    if os.getuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    os.chown(path, 1, 1)  # daemon
+    return "belongs to user id 1"
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        ("world-writable file", lambda path: (os.chmod(path, 0o777), "writable by others")[1]),
+        ("world-writable folder", lambda path: (os.chmod(path.parent, 0o777), "writable by others")[1]),
+        ("another user's file", _foreign),
+        ("no build record", lambda path: (path.with_name(path.name + ".sha256").unlink(), "is missing")[1]),
+        ("cut short", lambda path: (path.write_bytes(path.read_bytes()[:4096]), "has 4096 bytes")[1]),
+        ("swapped", lambda path: (path.write_bytes(b"x" * path.stat().st_size), "sha256 differs")[1]),
+    ],
+    ids=lambda t: t[0],
+)
+def test_a_cached_library_is_trusted_only_when_it_is_ours_and_as_built(built_library, own_cache, tamper):
+    """Loading a library runs its code: a stranger's, a writable or a damaged one is one line, never loaded, never a
+    signal (checked in a fresh process: a library cut short used to end every command with SIGBUS)."""
+    path = native.library_path()
+    _install(path, built_library)  # the real library, as built, in this test's own cache
+    said = tamper[1](path)
+    code = (
+        "import warnings, torch; from lapheads import laplacian_attention; from lapheads.core import native\n"
+        "q, k, v = (torch.randn(1, 4, 8, 16, requires_grad=True) for _ in range(3))\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    name = laplacian_attention(q, k, v, 2).grad_fn.name()\n"
+        "print(name); print([str(w.message) for w in caught]); print(native.status())"
+    )
+    env = {**os.environ, "LAPHEADS_NATIVE_DIR": str(own_cache)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-1000:]
+    name, warned, status = done.stdout.strip().splitlines()
+    assert name == "_LaplacianSDPABackward" and said in warned and "not loading the compiled CPU node" in warned
+    assert status.startswith("not trusted (") and said in status
+    kernel = subprocess.run(
+        [sys.executable, "-m", "lapheads", "kernel", "status"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert kernel.returncode == 0 and said in kernel.stdout
+
+
+def test_a_disabled_node_is_never_loaded_even_to_report_it(own_cache):
+    _install(native.library_path(), b"would crash if loaded")
+    code = "from lapheads.core import native; print(native.status()); print(native._load.cache_info().currsize)"
+    env = {**os.environ, "LAPHEADS_NATIVE_DIR": str(own_cache), "LAPHEADS_NATIVE": "0"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "0" and "disabled" in done.stdout
 
 
 def test_the_library_is_named_by_its_source_and_torch(own_cache, tmp_path, monkeypatch):

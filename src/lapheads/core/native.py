@@ -17,6 +17,11 @@ Design choices:
   atomically, so an interrupted build leaves nothing half-written.
 * **One flag.** ``LAPHEADS_NATIVE=0`` (or ``set_enabled(False)``) keeps the op on the Python node, e.g. for a parity
   check; a library that exists but fails to load is warned about once and not used.
+* **Trusted only when it is ours.** Loading a library runs its code, so a library is loaded only from a folder and
+  file owned by this user and writable by nobody else, and only when its size and sha256 match the record ``kernel
+  build`` wrote beside it (``lapheads_native.so.sha256``). Checked before ``dlopen``: a library cut short or swapped
+  is one line and the Python node, never a signal or a stranger's code. ``kernel build`` rebuilds what it cannot
+  trust; ``status`` never loads a disabled node.
 """
 
 from __future__ import annotations
@@ -84,10 +89,47 @@ def disabled():
         set_enabled(before)
 
 
+def _record_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _untrusted(path: Path) -> str | None:
+    """Why the library at ``path`` must not be loaded (None: it is ours, whole, and as built)."""
+    for item in (path.parent, path, _record_path(path)):
+        try:
+            info = item.lstat()
+        except FileNotFoundError:
+            return f"{item} is missing (lapheads kernel build writes it)"
+        if item.is_symlink():
+            return f"{item} is a symbolic link"
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            return f"{item} belongs to user id {info.st_uid}, not to this user ({os.getuid()})"
+        if info.st_mode & 0o022:
+            return f"{item} is writable by others (mode {oct(info.st_mode & 0o777)})"
+    try:
+        expected_size, expected_hash = _record_path(path).read_text().split()
+    except (OSError, ValueError, UnicodeDecodeError):
+        return f"{_record_path(path)} is not a build record"
+    size = path.stat().st_size
+    if str(size) != expected_size:
+        return f"{path} has {size} bytes, {expected_size} when built (cut short or replaced)"
+    if hashlib.sha256(path.read_bytes()).hexdigest() != expected_hash:
+        return f"{path}'s sha256 differs from the one recorded when it was built"
+    return None
+
+
 @functools.cache
 def _load() -> ModuleType | None:
     path = library_path()
     if not path.is_file():
+        return None
+    why = _untrusted(path)
+    if why is not None:
+        warnings.warn(
+            f"lapheads: not loading the compiled CPU node: {why}; using the Python node (lapheads kernel build "
+            "rebuilds it)",
+            stacklevel=3,
+        )
         return None
     try:
         spec = importlib.util.spec_from_file_location(_NAME, path)
@@ -118,6 +160,11 @@ def status() -> str:
     path = library_path()
     if not path.is_file():
         return f"not built (lapheads kernel build; it would live at {path}); the op uses the Python node"
+    if not _enabled:  # never load what is disabled
+        return f"built at {path}, disabled (LAPHEADS_NATIVE=0); the op uses the Python node"
+    why = _untrusted(path)
+    if why is not None:
+        return f"not trusted ({why}); the op uses the Python node (lapheads kernel build rebuilds it)"
     if not available():
         return f"built at {path} but does not load; the op uses the Python node (lapheads kernel build --force)"
     if not _enabled:
@@ -142,7 +189,7 @@ def build(force: bool = False, verbose: bool = False) -> Path:
         InputError: no C++ compiler or no ninja on this machine, or the compiler failed (its first error named).
     """
     path = library_path()
-    if path.is_file() and not force:
+    if path.is_file() and not force and _untrusted(path) is None:
         return path
     cpp_extension = _quiet_import_cpp_extension()
     compiler = os.environ.get("CXX", "c++")
@@ -151,7 +198,12 @@ def build(force: bool = False, verbose: bool = False) -> Path:
     search_path = _path_with_ninja()
     if shutil.which("ninja", path=search_path) is None:
         raise InputError("ninja not found; allowed: pip install ninja (or your system's ninja package)")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.parent.exists() and (path.parent.is_symlink() or _owned_safely(path.parent) is not None):
+        # a folder we cannot trust: build beside it and move it aside, never into it
+        aside = path.parent.with_name(f"{path.parent.name}.untrusted-{os.getpid()}")
+        os.replace(path.parent, aside)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    os.chmod(path.parent, 0o755)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".build-") as work:
         saved_path = os.environ.get("PATH", "")
         os.environ["PATH"] = search_path  # cpp_extension finds ninja on this process's PATH
@@ -168,9 +220,23 @@ def build(force: bool = False, verbose: bool = False) -> Path:
             raise InputError(f"building the compiled CPU node failed: {lines[0].strip()}") from err
         finally:
             os.environ["PATH"] = saved_path
-        os.replace(Path(work) / path.name, path)  # atomic: a reader sees the whole library or none
+        built = Path(work) / path.name
+        os.chmod(built, 0o755)
+        record = Path(work) / _record_path(path).name
+        record.write_text(f"{built.stat().st_size} {hashlib.sha256(built.read_bytes()).hexdigest()}\n")
+        os.chmod(record, 0o644)
+        _record_path(path).unlink(missing_ok=True)  # no moment where an old record vouches for the new library
+        os.replace(built, path)  # atomic: a reader sees the whole library or none
+        os.replace(record, _record_path(path))
     _load.cache_clear()
     return path
+
+
+def _owned_safely(folder: Path) -> str | None:
+    info = folder.lstat()
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return "another user's"
+    return "writable by others" if info.st_mode & 0o022 else None
 
 
 def _quiet_import_cpp_extension() -> ModuleType:
