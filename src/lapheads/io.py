@@ -18,12 +18,13 @@ from typing import IO, Any
 
 import torch
 
-from lapheads.errors import CheckpointError
+from lapheads.errors import CheckpointError, InputError
 
 __all__ = [
     "NUMPY_ARRAY_GLOBALS",
     "atomic_write_text",
     "exclusive",
+    "sole_owner",
     "load_safetensors",
     "load_tensor_file",
     "restricted_unpickle",
@@ -155,14 +156,40 @@ def load_tensor_file(path: str | Path) -> dict[str, Any]:
 @contextlib.contextmanager
 def exclusive(lock_file: str | Path) -> Iterator[None]:
     """Hold an exclusive lock on ``lock_file`` (created if needed) for the block: processes that prepare the same
-    data at the same time (sweep cells, torchrun ranks) take turns, and the later ones find it ready."""
-    import fcntl
+    data at the same time (sweep cells, torchrun ranks) take turns, and the later ones find it ready (filelock: an
+    OS lock, released when the process ends however it ends)."""
+    from filelock import FileLock
 
     lock_file = Path(lock_file)
     lock_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_file, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    with FileLock(str(lock_file)):
+        yield
+
+
+@contextlib.contextmanager
+def sole_owner(lock_file: str | Path, what: str) -> Iterator[None]:
+    """Hold ``lock_file`` for the block or refuse at once, in one line naming the process that holds it: one
+    process at a time may write ``what`` (a sweep folder). The holder's pid is kept beside the lock."""
+    from filelock import FileLock, Timeout
+
+    lock_file = Path(lock_file)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    owner_file = lock_file.with_name(lock_file.name + ".pid")
+    lock = FileLock(str(lock_file))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            owner = owner_file.read_text().strip() or "unknown"
+        except OSError:
+            owner = "unknown"
+        raise InputError(
+            f"{what} is in use by process {owner} (another lapheads command writes it); allowed: wait for it to "
+            "finish, or stop it first"
+        ) from None
+    try:
+        owner_file.write_text(f"{os.getpid()}\n")
+        yield
+    finally:
+        owner_file.unlink(missing_ok=True)
+        lock.release()

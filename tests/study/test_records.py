@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 
 import pytest
@@ -155,3 +156,38 @@ def test_a_copied_sweep_reports_its_own_cells_and_a_corrupt_one_is_one_line(tiny
     assert main(["report", str(copy)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "corrupt" in err[0]
+
+
+def test_one_process_writes_a_sweep_folder_at_a_time(tiny_preset, tmp_path, capsys):
+    from lapheads.io import sole_owner
+    from lapheads.runs.layout import SWEEP_LOCK
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0", "--seeds", "0"]
+    with sole_owner(out / SWEEP_LOCK, "a running sweep"):  # as a sweep that is still running holds it
+        assert main([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"sweep folder {out} is in use by process {os.getpid()}" in err[0]
+    assert not (out / "L0-s0").exists()
+    assert main([*args, "--out", str(out)]) == 0  # the lock ends with its holder
+
+
+@pytest.mark.parametrize("margin", ["-5", "nan", "0", "inf"])
+def test_a_margin_must_be_a_positive_number(margin, tmp_path, capsys):
+    assert main(["report", str(tmp_path), "--margin", margin]) == 2
+    assert f"--margin {float(margin)}; allowed: a positive number" in capsys.readouterr().err
+
+
+def test_a_non_finite_metric_is_refused_by_name(tmp_path, capsys):
+    from lapheads.study.report import collect
+
+    for seed, value in ((0, 80.0), (1, float("nan"))):
+        run = tmp_path / f"L0-s{seed}"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "eval_top1": value}) + "\n")
+    cells = {
+        f"L0-s{s}": {"spec": "0", "seed": s, "run_dir": str(tmp_path / f"L0-s{s}"), "status": "done"} for s in (0, 1)
+    }
+    with pytest.raises(Exception, match="cell 0 seed 1: test top-1 \\(%\\) is nan; allowed: a finite number"):
+        collect({"specs": ["0"], "cells": cells}, ("test top-1 (%)", "metrics", ("eval_top1",)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -289,6 +290,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from lapheads.study.report import restate, write_report
 
+    if args.margin is not None and not (math.isfinite(args.margin) and args.margin > 0):
+        raise UserError(f"--margin {args.margin}; allowed: a positive number (the gain an equivalence test rules out)")
     if Path(args.sweep_dir).is_file():  # a stats.json: its per-seed values, with today's statistics
         print(restate(args.sweep_dir, margin=args.margin))
         return 0

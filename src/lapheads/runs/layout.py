@@ -17,9 +17,11 @@ __all__ = [
     "METRICS_FILE",
     "REPORT",
     "PLAN_FILE",
+    "RECORDS_LOCK",
     "SAMPLES_FILE",
     "STATE_FILE",
     "SWEEP_FILE",
+    "SWEEP_LOCK",
     "TOKENIZER",
     "WEIGHTS",
     "analysis_file",
@@ -41,6 +43,8 @@ TOKENIZER = "tokenizer"  # lm, mid, sft: the tokenizer the model was trained wit
 REPORT = "report"  # readers' caches: eval_*.json, analysis*.json, plots
 ANALYSIS_FILE = "analysis.json"  # lapheads analyze's cache of the latest checkpoint
 SWEEP_FILE = "sweep.json"  # a sweep's definition and cell states
+SWEEP_LOCK = ".lapheads-sweep.lock"  # held by the one process writing a sweep folder (its pid beside it)
+RECORDS_LOCK = ".lapheads-records.lock"  # held by the one sweep writing a records folder
 PLAN_FILE = "plan.json"  # a records folder's pre-registered plan (lapheads sweep --plan), copied in unchanged
 RECORD_SUFFIX = ".json"  # a cell's record: <cell name>.json in the records folder
 #: the weight files of a checkpoint ``load_model`` may read: a run's model, its EMA (classify --ema-decay), DINO's

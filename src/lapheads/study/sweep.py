@@ -20,16 +20,21 @@ Design choices:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lapheads.core.heads import HeadSpecError, parse_spec_arms
+from lapheads.io import sole_owner
 from lapheads.runs import SWEEP_FILE, RunDir, SweepError, spec_dir_name
+from lapheads.runs.layout import RECORDS_LOCK, SWEEP_LOCK
 from lapheads.tasks import get_task
 
 __all__ = ["SweepError", "cell_name", "parse_seeds", "parse_specs", "run_sweep", "sweep_cells"]
@@ -197,53 +202,62 @@ def run_sweep(
             **definition,
             "cells": {c.name: {"spec": c.spec, "seed": c.seed, "run_dir": c.run_dir.name} for c in cells},
         }
-    plan_ = install_plan(plan, records) if plan is not None else None
-    recorder = None if records is None else _Recorder(Path(records), definition, plan_, task, preset, overrides)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    record = {**definition, "records": None if records is None else str(records), "cells": {}}
+    with contextlib.ExitStack() as locks:  # one writer per sweep folder and per records folder, pid named if not
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        locks.enter_context(sole_owner(sweep_dir / SWEEP_LOCK, f"sweep folder {sweep_dir}"))
+        if records is not None:
+            Path(records).mkdir(parents=True, exist_ok=True)
+            locks.enter_context(sole_owner(Path(records) / RECORDS_LOCK, f"records folder {records}"))
+        plan_ = install_plan(plan, records) if plan is not None else None
+        recorder = None if records is None else _Recorder(Path(records), definition, plan_, task, preset, overrides)
+        record = {**definition, "records": None if records is None else str(records), "cells": {}}
 
-    def save() -> None:
-        atomic_write_text(record_file, json.dumps(record, indent=1) + "\n")
+        def save() -> None:
+            atomic_write_text(record_file, json.dumps(record, indent=1) + "\n")
 
-    todo = []
-    for cell in cells:
-        entry = {"spec": cell.spec, "seed": cell.seed, "run_dir": cell.run_dir.name}  # relative: a sweep moves whole
-        if recorder is not None and recorder.has(cell):
-            record["cells"][cell.name] = {**entry, "status": "recorded"}
-            log(f"sweep: {cell.name} has its record in {records}, skipped")
-        elif _finished(cell.run_dir):
-            record["cells"][cell.name] = {**entry, "status": "done"}
-            log(f"sweep: {cell.name} finished before, skipped")
-            if recorder is not None:
-                recorder.write(cell, None, threads or 0)
-        else:
-            record["cells"][cell.name] = {**entry, "status": "pending"}
-            todo.append(cell)
-    save()
-    if jobs > 1:
-        _run_parallel(todo, sweep_dir, task, preset, overrides, record, save, log, jobs, threads, recorder)
+        todo = []
+        for cell in cells:
+            entry = {
+                "spec": cell.spec,
+                "seed": cell.seed,
+                "run_dir": cell.run_dir.name,
+            }  # relative: a sweep moves whole
+            if recorder is not None and recorder.has(cell):
+                record["cells"][cell.name] = {**entry, "status": "recorded"}
+                log(f"sweep: {cell.name} has its record in {records}, skipped")
+            elif _finished(cell.run_dir):
+                record["cells"][cell.name] = {**entry, "status": "done"}
+                log(f"sweep: {cell.name} finished before, skipped")
+                if recorder is not None:
+                    recorder.write(cell, None, threads or 0)
+            else:
+                record["cells"][cell.name] = {**entry, "status": "pending"}
+                todo.append(cell)
+        save()
+        if jobs > 1:
+            _run_parallel(todo, sweep_dir, task, preset, overrides, record, save, log, jobs, threads, recorder)
+            return record
+        import torch
+
+        previous = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(threads)  # cells train in this process: --threads caps it as it caps each job
+        try:
+            for cell in todo:
+                record["cells"][cell.name]["status"] = "running"
+                save()
+                resume = RunDir(cell.run_dir).exists()
+                log(f"sweep: {cell.name} {'resuming' if resume else 'training'} into {cell.run_dir}")
+                cfg = resolve_config(task, preset, cell.spec, [*_for_cell(overrides, cell), "--seed", str(cell.seed)])
+                began = time.monotonic()
+                _train(task)(cfg, cell.run_dir, resume=resume)
+                if recorder is not None:
+                    recorder.write(cell, time.monotonic() - began, torch.get_num_threads())
+                record["cells"][cell.name]["status"] = "done"
+                save()
+        finally:
+            torch.set_num_threads(previous)
         return record
-    import torch
-
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)  # cells train in this process: --threads caps it as it caps each job
-    try:
-        for cell in todo:
-            record["cells"][cell.name]["status"] = "running"
-            save()
-            resume = RunDir(cell.run_dir).exists()
-            log(f"sweep: {cell.name} {'resuming' if resume else 'training'} into {cell.run_dir}")
-            cfg = resolve_config(task, preset, cell.spec, [*_for_cell(overrides, cell), "--seed", str(cell.seed)])
-            began = time.monotonic()
-            _train(task)(cfg, cell.run_dir, resume=resume)
-            if recorder is not None:
-                recorder.write(cell, time.monotonic() - began, torch.get_num_threads())
-            record["cells"][cell.name]["status"] = "done"
-            save()
-    finally:
-        torch.set_num_threads(previous)
-    return record
 
 
 def _read_sweep(path: Path) -> dict[str, Any]:
@@ -331,15 +345,48 @@ def _run_parallel(
     (and the records, each as its cell finishes, with one thread). Each cell's output goes to
     SWEEP_DIR/logs/<cell>.log; a failed cell is recorded and the others go on."""
     import os
-    import subprocess
-    import sys
-
-    import torch
 
     per_job = max(1, (threads or os.cpu_count() or 1) // jobs)
     env = {**os.environ, "OMP_NUM_THREADS": str(per_job), "MKL_NUM_THREADS": str(per_job)}
     logs = sweep_dir / "logs"
     queue, running, failed = list(cells), {}, []
+    with _children_end_with_the_sweep(running):
+        _schedule(
+            queue, running, failed, task, preset, overrides, record, save, log, jobs, per_job, env, logs, recorder
+        )
+    if failed:
+        raise SweepError(f"{len(failed)} cell(s) failed: {'; '.join(failed)}; rerun the same command to retry them")
+
+
+@contextlib.contextmanager
+def _children_end_with_the_sweep(running: dict[str, Any]):
+    """A sweep stopped (Ctrl-C, SIGTERM, an error) stops its cells too: each is sent SIGTERM, checkpoints its step
+    and exits, so no orphan keeps writing a cell a rerun would start again."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)) if main else None  # 128 + SIGTERM
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+        for _, proc, handle, _ in running.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc, handle, _ in running.values():
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            handle.close()
+
+
+def _schedule(queue, running, failed, task, preset, overrides, record, save, log, jobs, per_job, env, logs, recorder):
+    """The job loop of :func:`_run_parallel`: start cells while slots are free, collect the finished ones."""
+    import torch
+
     while queue or running:
         while queue and len(running) < jobs:
             cell = queue.pop(0)
@@ -379,8 +426,6 @@ def _run_parallel(
             if not done:
                 failed.append(f"{name} (exit {proc.returncode}, see {logs / (name + '.log')})")
             log(f"sweep: {name} {'done' if done else 'FAILED'}")
-    if failed:
-        raise SweepError(f"{len(failed)} cell(s) failed: {'; '.join(failed)}; rerun the same command to retry them")
 
 
 def _train_argv(task: str, preset: str, cell: Cell, overrides: list[str]) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from lapheads.runs import RunDir
+from lapheads.runs import RunDir, SweepError
 from lapheads.study.verdicts import holm_steps, mde
 from lapheads.tasks import get_task
 from lapheads.tasks.metrics import Metric, better_direction, claim
@@ -117,6 +117,11 @@ def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float
     for cell in _done_cells(record):
         value = _final(reader(cell), metric)
         if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise SweepError(
+                    f"cell {cell['spec']} seed {cell['seed']}: {metric[0]} is {value!r}; allowed: a finite number "
+                    "(a run that diverged has no value to compare: rerun it or leave its arm out)"
+                )
             values[cell["spec"]][cell["seed"]] = value
     return values
 
