@@ -13,11 +13,14 @@ from lapheads.study.report import restate, summarize
 from lapheads.study.verdicts import (
     DECLARED_GEOMETRY,
     apply_rule,
+    contrast_direction,
     default_margin,
     holm_steps,
+    laplacian_count,
     mde,
     sign_count,
     sign_flip_p,
+    sign_flip_tost_p,
     tost_gain_p,
 )
 
@@ -111,29 +114,96 @@ def _family(effects: dict[str, float], noise=0.1, n=5, seed=0):
     return summarize(values)
 
 
-def test_the_primary_test_stands_alone_and_the_declared_family_spans_every_arm():
+def test_the_primary_is_holm_corrected_across_arms_and_the_declared_family_spans_every_arm():
     primary = {"test top-1 (%)": _family({"3": 0.2, "1": 0.0}, noise=0.1)}
     declared = {label: _family({"3": -0.05, "1": -0.05}, noise=0.02) for label in DECLARED_GEOMETRY[:4]}
     secondary = {"token cosine similarity (last block)": _family({"3": 0.1, "1": 0.1}, noise=0.02)}
     claims = {**dict.fromkeys(primary, +1), **dict.fromkeys(declared, -1), "token cosine similarity (last block)": None}
     rule = apply_rule(primary, {**declared, **secondary}, claims)
     top = primary["test top-1 (%)"]["3"]
-    assert top["role"] == "primary" and top["alpha"] == 0.05 and top["verdict"] == "held"  # raw p, no Holm
-    assert top["paired"]["p"] < 0.05
+    assert rule["primary_family_size"] == 2 and top["role"] == "primary" and top["verdict"] == "held"
+    assert top["alpha"] == 0.025 and top["p_holm"] == pytest.approx(min(1.0, 2 * top["paired"]["p"]))
     assert rule["declared_family_size"] == 4 * 2  # claims x arms
-    alphas = sorted(rows[s]["alpha"] for rows in declared.values() for s in ("1", "3"))
-    assert alphas == pytest.approx(sorted(0.05 / (8 - i) for i in range(8)))
-    assert all(rows[s]["verdict"] == "held" for rows in declared.values() for s in ("1", "3"))
+    rows = [rows[s] for rows in declared.values() for s in ("1", "3")]
+    assert all(row["alpha"] == pytest.approx(0.05 / 8) for row in rows)  # the design alpha: Bonferroni
+    assert sorted(row["holm_alpha"] for row in rows) == pytest.approx(sorted(0.05 / (8 - i) for i in range(8)))
+    first = next(iter(declared.values()))
+    differences = [first["1"]["values"][s] - v for s, v in first["0"]["values"].items()]
+    se = np.std(differences, ddof=1) / math.sqrt(5)
+    assert first["1"]["mde_at_alpha"] == pytest.approx(mde(se, 4, 0.05 / 8))
+    assert all(row["verdict"] == "held" for row in rows)
     assert secondary["token cosine similarity (last block)"]["3"]["role"] == "secondary"
     assert secondary["token cosine similarity (last block)"]["3"]["verdict"] == "no claim"
     flat = primary["test top-1 (%)"]["1"]
-    assert flat["verdict"].startswith(("excluded", "not detected"))
+    assert flat["verdict"].startswith(("excluded", "not detected", "equivalent"))
+
+
+def test_the_design_mde_at_alpha_over_m_has_80_percent_power_under_holm_whatever_the_ordering():
+    """Simulated: a family of 6 where every effect equals its alpha/m MDE; Holm then rejects each row at least as
+    often as Bonferroni does, i.e. with >= 80 % power (the old per-step MDE gave ~40 %)."""
+    rng = np.random.default_rng(0)
+    n, m, se = 6, 6, 1.0 / math.sqrt(6)
+    effect = mde(se, n - 1, 0.05 / m)
+    hits = 0
+    for _ in range(2000):
+        d = effect + rng.normal(size=(m, n))
+        p = [2 * stats.t.sf(abs(x.mean() / (x.std(ddof=1) / math.sqrt(n))), n - 1) for x in d]
+        adjusted, _ = holm_steps(dict(enumerate(p)))
+        hits += adjusted[0] < 0.05
+    assert hits / 2000 >= 0.78
+
+
+def test_directions_follow_the_contrast_not_the_baseline():
+    assert contrast_direction("3", "0") == 1 and contrast_direction("0", "0,0,0,3,3,3") == -1
+    assert contrast_direction("sum:3", "3") is None and contrast_direction("centring:1", "1") is None
+    assert contrast_direction("3,3,3,0,0,0", "0,0,0,3,3,3") is None  # where, not how many
+    assert laplacian_count("0,2,2,0") == 4 and laplacian_count("negated:3") is None
+    # against a late-only baseline, k = 0's higher within-sequence fraction is the paper's direction, reversed
+    rows = summarize(
+        {"0,0,0,3,3,3": {s: 0.30 + 0.001 * s for s in range(5)}, "0": {s: 0.36 + 0.002 * s for s in range(5)}},
+        "0,0,0,3,3,3",
+    )
+    apply_rule({"test top-1 (%)": {}}, {DECLARED_GEOMETRY[0]: rows}, {DECLARED_GEOMETRY[0]: -1}, "0,0,0,3,3,3")
+    assert rows["0"]["verdict"] == "held" and rows["0"]["contrast_claim"] == "the paper's direction, reversed"
+    # an ablation makes no claim: tested two-sided, read as "differs"
+    rows = summarize(
+        {"3": {s: 0.30 + 0.001 * s for s in range(5)}, "sum:3": {s: 0.36 + 0.002 * s for s in range(5)}}, "3"
+    )
+    apply_rule({"test top-1 (%)": {}}, {DECLARED_GEOMETRY[0]: rows}, {DECLARED_GEOMETRY[0]: -1}, "3")
+    assert rows["sum:3"]["verdict"] == "differs (higher)" and rows["sum:3"]["contrast_claim"] == "no claim: contrast"
+
+
+def test_both_tost_halves_by_t_and_by_exact_sign_flips():
+    d = [0.1, -0.05, 0.02, 0.04, -0.03]
+    p_upper, p_lower = sign_flip_tost_p(d, 1.0, +1)
+    assert p_upper == p_lower == 1 / 32  # every shifted difference on one side: the floor 1 / 2^5
+    brute = np.mean(
+        [
+            np.mean(np.array(signs) * (np.array(d) - 0.05)) <= np.mean(np.array(d) - 0.05) + 1e-12
+            for signs in itertools.product((1, -1), repeat=5)
+        ]
+    )
+    assert sign_flip_tost_p(d, 0.05, +1)[0] == pytest.approx(brute)
+    tight = {"test top-1 (%)": _family({"3": 0.0}, noise=0.05)}
+    apply_rule(tight, {}, {"test top-1 (%)": +1}, margin=0.5)
+    row, base = tight["test top-1 (%)"]["3"], tight["test top-1 (%)"]["0"]["values"]
+    differences = [row["values"][s] - v for s, v in base.items()]
+    se, mean = np.std(differences, ddof=1) / math.sqrt(5), float(np.mean(differences))
+    assert row["tost_p"] == pytest.approx(stats.t.cdf((mean - 0.5) / se, 4))
+    assert row["tost_lower_p"] == pytest.approx(stats.t.cdf((-mean - 0.5) / se, 4))
+    assert row["verdict"].startswith("equivalent within +-0.5 (TOST p")
+    few = {"test top-1 (%)": _family({"3": 0.0}, noise=0.05, n=4)}  # 4 pairs: the exact floor 1/16 > 0.05
+    apply_rule(few, {}, {"test top-1 (%)": +1}, margin=0.5)
+    assert "but sign-flip 0.062: a gain >= 0.5 not excluded" in few["test top-1 (%)"]["3"]["verdict"]
 
 
 def test_a_paper_sized_gain_ruled_out_reads_excluded_and_an_undecided_one_not_detected():
     tight = {"test top-1 (%)": _family({"3": 0.0}, noise=0.05)}
     apply_rule(tight, {}, {"test top-1 (%)": +1}, margin=0.5)
-    assert tight["test top-1 (%)"]["3"]["verdict"].startswith("excluded: a gain >= 0.5 is ruled out (TOST p")
+    assert tight["test top-1 (%)"]["3"]["verdict"].startswith("equivalent within +-0.5 (TOST p")  # both halves
+    above = {"test top-1 (%)": _family({"3": -0.45}, noise=0.05)}  # a loss: only a gain is ruled out
+    apply_rule(above, {}, {"test top-1 (%)": +1}, margin=0.5)
+    assert above["test top-1 (%)"]["3"]["verdict"].startswith(("excluded: a gain >= 0.5 is ruled out", "opposite"))
     loose = {"test top-1 (%)": _family({"3": 0.0}, noise=2.0)}
     apply_rule(loose, {}, {"test top-1 (%)": +1}, margin=0.5)
     assert loose["test top-1 (%)"]["3"]["verdict"].startswith("not detected (MDE")
@@ -141,6 +211,8 @@ def test_a_paper_sized_gain_ruled_out_reads_excluded_and_an_undecided_one_not_de
 
 def test_restating_a_committed_report_prints_the_family_alphas_and_margin():
     text = restate("docs/reproduction/fmnist-10k-converged/stats.json")
-    assert "the **declared** geometry family" in text and "(12 tests)" in text and "test top-1 (%): 0.689" in text
+    assert "the **declared** family" in text and "(12 tests)" in text and "test top-1 (%): 0.689" in text
+    assert text.startswith("Family **declared after the data**") and "| withdrawn |" in text
     top = [line for line in text.splitlines() if line.startswith("| test top-1 (%) | primary | 3 |")][0]
-    assert "+0.006 [-0.607, +0.619]" in top and "excluded: a gain >= 0.689 is ruled out" in top and "| 2/5 |" in top
+    assert "+0.006 [-0.607, +0.619]" in top and "| 2/5 |" in top
+    assert "equivalent within +-0.689 (TOST p 0.018, sign-flip 0.031)" in top  # both halves, both ways

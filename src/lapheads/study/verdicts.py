@@ -2,14 +2,19 @@
 
 Design choices (each answers a reviewer's objection to a single Holm family over every row):
 
-* **One primary test per paradigm, alone at alpha 0.05**: the task's first headline metric (vision: test top-1;
-  LM: validation bits per byte). Its threshold does not depend on how many geometry rows share its table.
+* **One primary test per paradigm**: the task's first headline metric (vision: test top-1; LM: validation bits per
+  byte), or the plan's primary; Holm across the arms it compares (one test per arm), alone otherwise: its threshold
+  does not depend on how many geometry rows share its table.
 * **A declared geometry family**: one metric per claim of the paper, at one place (after the final norm), fixed
   before the data (:data:`DECLARED_GEOMETRY`). Holm runs across claims x arms of the sweep (every spec against the
   baseline), not per spec. Every other row is **secondary**: reported with its raw p, uncorrected, and labelled so.
-* **Sensitivity at the alpha a row really faces**: the minimum detectable effect (80 % power) by the exact
-  noncentral t at the row's own alpha: 0.05 for the primary and for secondary rows, alpha / (m - i) for the
-  declared row at Holm step i (0-based, ordered by raw p) of a family of m.
+* **Sensitivity the design guarantees**: the minimum detectable effect (80 % power, exact noncentral t) at alpha / m
+  for a family of m (Bonferroni: Holm rejects at least what it rejects, whatever the ordering of the p-values), the
+  realised Holm step's alpha beside it; 0.05 for secondary rows.
+* **Directions per contrast**: a claim of the paper reads as stated when the arm is the more Laplacian one, reversed
+  when the baseline is (a late-only schedule against k = 0), and not at all between arms that differ in head kind,
+  not in count (ablations: sum, untied, exclusive, centring against a Laplacian arm), or as a plan declares. A
+  contrast without a claim is tested two-sided and reads "differs (higher / lower)" or "not detected".
 * **An equivalence verdict**: with a margin m (default: the paper's relative error reduction transferred to the
   baseline's error rate, where the paper reports one for the metric; ``--margin`` overrides), a one-sided test of
   "the gain is at least m" (TOST's upper half). When it rejects, the row reads "excluded: a gain >= m is ruled
@@ -38,8 +43,11 @@ __all__ = [
     "default_margin",
     "holm_steps",
     "mde",
+    "contrast_direction",
+    "laplacian_count",
     "sign_count",
     "sign_flip_p",
+    "sign_flip_tost_p",
     "tost_gain_p",
 ]
 
@@ -133,6 +141,43 @@ def holm_steps(p_values: dict[Any, float]) -> tuple[dict[Any, float], dict[Any, 
     return adjusted, faced
 
 
+def sign_flip_tost_p(differences: list[float], margin: float, direction: int) -> tuple[float, float]:
+    """Exact sign-flip versions of the two TOST halves: (p of H0 "gain >= margin", p of H0 "gain <= -margin"), each
+    the share of the 2^n sign patterns of the shifted gains whose mean is at least as far into the alternative as
+    the observed one. Its floor is 1 / 2^n (0.03125 with 5 pairs)."""
+    gains = np.asarray(differences, dtype=float) * direction
+    if len(gains) < 1 or len(gains) > 20 or not margin > 0:
+        return math.nan, math.nan
+    patterns = np.array(list(itertools.product((1.0, -1.0), repeat=len(gains))))
+    tolerance = 1e-12 * max(1.0, margin)
+    upper = gains - margin  # under H0 (gain = margin) symmetric about 0; small means favour "gain < margin"
+    lower = gains + margin
+    p_upper = float(np.mean((patterns * upper).mean(1) <= upper.mean() + tolerance))
+    p_lower = float(np.mean((patterns * lower).mean(1) >= lower.mean() - tolerance))
+    return p_upper, p_lower
+
+
+def laplacian_count(spec: str) -> int | None:
+    """How many Laplacian heads a written spec has over the model ("3": 3 per layer, counted once; "0,2,2,0": 4),
+    None for head kinds (an ablation is no dose of Laplacian heads)."""
+    parts = [part.strip() for part in str(spec).split(",")]
+    if not all(part.isdigit() for part in parts):
+        return None
+    counts = [int(part) for part in parts]
+    return counts[0] if len(counts) == 1 else sum(counts)
+
+
+def contrast_direction(arm: str, baseline: str) -> int | None:
+    """+1: ``arm`` has more Laplacian heads than ``baseline`` (the paper's claims read as stated), -1: fewer (they
+    read reversed), None: the two differ otherwise (head kinds, or the same count laid out differently)."""
+    a, b = laplacian_count(arm), laplacian_count(baseline)
+    if a is None or b is None or a == b:
+        return None
+    if 0 in (a, b) or "," not in f"{arm}{baseline}":
+        return 1 if a > b else -1
+    return None  # two per-layer schedules: where, not how many (a plan says what it claims)
+
+
 def _differences(row: dict[str, Any], values: dict[int, float] | None) -> list[float]:
     if values is None:
         return []
@@ -146,40 +191,70 @@ def apply_rule(
     claims: dict[str, int | None],
     baseline: str = "0",
     margin: float | None = None,
+    directions: dict[str, int | None] | None = None,
+    family: tuple[str, ...] | list[str] | None = None,
+    planned: set[str] | None = None,
 ) -> dict[str, Any]:
-    """Give every compared row (label -> spec -> ``report.summarize`` row) its role, alpha, MDE at that alpha,
-    permutation p, sign count, equivalence test and verdict, in place; returns the rule's record for stats.json.
+    """Give every compared row (label -> key -> ``report.summarize`` row, compared with ``row["baseline"]``) its role,
+    alpha, MDE at that alpha, permutation p, sign count, equivalence tests and verdict, in place; returns the rule's
+    record for stats.json.
 
     Args:
         primary: the primary metric's rows (one label).
         others: every other row: declared geometry (by label) and secondary rows.
         claims: the paper's direction per label (+1 rises, -1 falls, None no claim).
-        baseline: the spec the others are compared with.
+        baseline: the spec the others are compared with where a row does not name its own.
         margin: the equivalence margin of the primary metric (None: the paper's, where it has one).
+        directions: per compared key, the contrast's claim (+1 as the paper, -1 reversed, None no claim); default
+            :func:`contrast_direction` of the row's arm and baseline.
+        family: the declared family's labels (default :data:`DECLARED_GEOMETRY`; a plan's ``family``).
+        planned: the compared keys the plan declares (None: every compared key); others are secondary.
     """
+    declared_labels = DECLARED_GEOMETRY if family is None else tuple(family)
+    tables = {**primary, **others}
 
-    def describe(label: str, spec: str, row: dict[str, Any], role: str, alpha: float) -> float:
-        """Annotate ``row``; returns the standard error of its mean paired difference."""
-        differences = _differences(row, _values(label, baseline))
+    def arm_of(key: str, row: dict[str, Any]) -> str:
+        return str(row.get("arm", key))
+
+    def values_of(label: str, spec: str) -> dict[int, float] | None:
+        for key, row in tables[label].items():
+            if arm_of(key, row) == spec:
+                return {int(s): float(v) for s, v in row["values"].items()}
+        return None
+
+    def direction_of(label: str, key: str, row: dict[str, Any]) -> int | None:
+        claim_ = claims.get(label)
+        if claim_ is None:
+            return None
+        given = directions.get(key, _DEFAULT) if directions is not None else _DEFAULT
+        d = contrast_direction(arm_of(key, row), row.get("baseline", baseline)) if given is _DEFAULT else given
+        return None if d is None else claim_ * d
+
+    def compared(label: str) -> list[tuple[str, dict[str, Any]]]:
+        return [(k, row) for k, row in tables[label].items() if "test" in row and row.get("baseline") != arm_of(k, row)]
+
+    def in_plan(key: str) -> bool:
+        return planned is None or key in planned
+
+    def describe(label: str, key: str, row: dict[str, Any], role: str, alpha: float) -> list[float]:
+        """Annotate ``row``; returns its paired differences."""
+        differences = _differences(row, values_of(label, row.get("baseline", baseline)))
         n = len(differences)
         se = float(np.std(differences, ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
+        direction = direction_of(label, key, row)
         row.update(
             role=role,
             alpha=alpha,
+            direction=direction,
             mde_at_alpha=mde(se, n - 1, alpha) if n >= 2 else math.nan,
             permutation_p=sign_flip_p(differences) if differences else math.nan,
-            signs=sign_count(differences, claims.get(label)) if differences else "",
+            signs=sign_count(differences, direction if direction is not None else claims.get(label)) if n else "",
+            contrast_claim=_CONTRAST_WORDS[direction if direction is None else direction * (claims.get(label) or 1)]
+            if claims.get(label) is not None
+            else "no claim",
         )
-        return se
-
-    tables = {**primary, **others}
-
-    def _values(label: str, spec: str) -> dict[int, float] | None:
-        row = tables[label].get(spec)
-        return None if row is None else {int(s): float(v) for s, v in row["values"].items()}
-
-    def compared(rows: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-        return [(spec, row) for spec, row in rows.items() if spec != baseline and "test" in row]
+        row["_se"] = se
+        return differences
 
     def test_of(row: dict[str, Any]) -> tuple[float, float]:
         """(difference, p) of the row's test: paired, or Welch's where fewer than two seeds pair up."""
@@ -187,58 +262,102 @@ def apply_rule(
             return row["paired"]["mean_difference"], row["paired"]["p"]
         return row["mean"] - row.get("baseline_mean", math.nan), row["welch"]["p"]
 
+    def holm_family(members: dict[Any, dict[str, Any]], role: str) -> int:
+        """Holm over ``members`` ((label, key) -> row): design alpha / m, the realised step's alpha beside it."""
+        adjusted, faced = holm_steps({member: test_of(row)[1] for member, row in members.items()})
+        m = max(len(members), 1)
+        for (label, key), row in members.items():
+            describe(label, key, row, role, ALPHA / m)
+            row["p_holm"] = adjusted[(label, key)]
+            row["holm_alpha"] = faced[(label, key)]
+        return len(members)
+
     record: dict[str, Any] = {"alpha": ALPHA, "power": POWER, "primary": list(primary), "declared": [], "margin": {}}
+    primary_members = {(label, k): row for label in primary for k, row in compared(label) if in_plan(k)}
+    record["primary_family_size"] = holm_family(primary_members, "primary")
     for label, rows in primary.items():
-        direction = claims.get(label)
-        base_mean = rows[baseline]["mean"] if baseline in rows else math.nan
+        base_mean = rows[baseline]["mean"] if baseline in rows and "mean" in rows[baseline] else math.nan
         m = margin if margin is not None else default_margin(label, base_mean)
         record["margin"][label] = m
-        for spec, row in compared(rows):
-            se = describe(label, spec, row, "primary", ALPHA)
-            n = row["paired"]["n_pairs"]
-            difference, p = test_of(row)
-            row["margin"] = m
-            row["tost_p"] = tost_gain_p(difference, se, n - 1, m, direction or 1) if m and n >= 2 else math.nan
-            row["verdict"] = _verdict(difference, p, row, direction, ALPHA)
+        for key, row in compared(label):
+            if (label, key) not in primary_members:
+                differences = describe(label, key, row, "secondary", ALPHA)
+                row["p_holm"] = math.nan
+            else:
+                differences = _differences(row, values_of(label, row.get("baseline", baseline)))
+            _equivalence(row, differences, m)
+            p = row["p_holm"] if (label, key) in primary_members else test_of(row)[1]
+            row["verdict"] = _verdict(test_of(row)[0], p, row, claims.get(label))
 
-    declared = {label: rows for label, rows in others.items() if label in DECLARED_GEOMETRY}
+    declared = {label: rows for label, rows in others.items() if label in declared_labels}
     record["declared"] = list(declared)
-    family = {(label, spec): test_of(row)[1] for label, rows in declared.items() for spec, row in compared(rows)}
-    adjusted, faced = holm_steps(family)
-    for (label, spec), p_holm in adjusted.items():
-        row = declared[label][spec]
-        alpha = faced[(label, spec)] if not math.isnan(faced[(label, spec)]) else ALPHA / max(len(family), 1)
-        describe(label, spec, row, "declared", alpha)
-        row["p_holm"] = p_holm
-        row["verdict"] = _verdict(test_of(row)[0], p_holm, row, claims.get(label), ALPHA)
-    record["declared_family_size"] = len(family)
+    members = {(label, k): row for label in declared for k, row in compared(label) if in_plan(k)}
+    record["declared_family_size"] = holm_family(members, "declared")
+    for (label, key), row in members.items():
+        row["verdict"] = _verdict(test_of(row)[0], row["p_holm"], row, claims.get(label))
 
-    for label, rows in others.items():
-        if label in declared:
-            continue
-        for spec, row in compared(rows):
-            describe(label, spec, row, "secondary", ALPHA)
+    for label in tables:
+        for key, row in compared(label):
+            if "role" in row:
+                continue
+            describe(label, key, row, "secondary", ALPHA)
             row["p_holm"] = math.nan
-            words = _verdict(*test_of(row), row, claims.get(label), ALPHA)
+            words = _verdict(*test_of(row), row, claims.get(label))
             row["verdict"] = words if words.startswith(("not", "no claim")) else f"{words} (uncorrected)"
+    for label in tables:
+        for row in tables[label].values():
+            row.pop("_se", None)
     return record
 
 
-def _verdict(difference: float, p: float, row: dict[str, Any], direction: int | None, alpha: float) -> str:
-    """held / opposite when the row's test rejects at ``alpha``; excluded when a paper-sized gain is ruled out;
-    else not detected, with the MDE at the alpha the row faced."""
-    if direction is None:
+_DEFAULT = object()
+#: what a contrast claims, by its effective direction on the metric (None: no claim for this contrast)
+_CONTRAST_WORDS = {None: "no claim: contrast", 1: "the paper's direction", -1: "the paper's direction, reversed"}
+
+
+def _equivalence(row: dict[str, Any], differences: list[float], margin: float | None) -> None:
+    """Both TOST halves for the primary metric's row: by the t distribution and by exact sign flips."""
+    n, se = len(differences), row.get("_se", math.nan)
+    row["margin"] = margin
+    gain_sign = row.get("direction") or 1
+    if not (margin and n >= 2 and se > 0):
+        row.update(tost_p=math.nan, tost_lower_p=math.nan, tost_sign_flip_p=math.nan, tost_lower_sign_flip_p=math.nan)
+        return
+    mean = float(np.mean(differences))
+    row["tost_p"] = tost_gain_p(mean, se, n - 1, margin, gain_sign)  # H0: gain >= margin
+    row["tost_lower_p"] = tost_gain_p(-mean, se, n - 1, margin, gain_sign)  # H0: gain <= -margin
+    row["tost_sign_flip_p"], row["tost_lower_sign_flip_p"] = sign_flip_tost_p(differences, margin, gain_sign)
+
+
+def _verdict(difference: float, p: float, row: dict[str, Any], claim_: int | None) -> str:
+    """held / opposite (a claimed contrast) or differs (higher / lower) (a contrast without a claim) when the row's
+    test rejects at its alpha; excluded / equivalent when a TOST rejects by both of its tests; else not detected, with
+    the design MDE."""
+    if claim_ is None:
         return "no claim"
+    direction = row.get("direction")
     pairs = row.get("paired", {}).get("n_pairs", 0)
     if 0 < pairs < 3 and not math.isnan(p):  # one degree of freedom: a t-test's p says too little to decide on
         return f"not decided ({pairs} seed pairs; a verdict needs 3)"
-    if not math.isnan(p) and p < alpha:
+    if not math.isnan(p) and p < ALPHA:
+        if direction is None:
+            return f"differs ({'higher' if difference > 0 else 'lower'})"
         return "held" if difference * direction > 0 else "opposite"
-    tost = row.get("tost_p", math.nan)
-    if not math.isnan(tost) and tost < ALPHA:
-        return f"excluded: a gain >= {row['margin']:.3g} is ruled out (TOST p {tost:.2g})"
+    margin = row.get("margin")
+    upper, upper_exact = row.get("tost_p", math.nan), row.get("tost_sign_flip_p", math.nan)
+    lower, lower_exact = row.get("tost_lower_p", math.nan), row.get("tost_lower_sign_flip_p", math.nan)
+    if upper < ALPHA and upper_exact < ALPHA:
+        if lower < ALPHA and lower_exact < ALPHA:
+            return (
+                f"equivalent within +-{margin:.3g} (TOST p {max(upper, lower):.2g}, sign-flip "
+                f"{max(upper_exact, lower_exact):.2g})"
+            )
+        return f"excluded: a gain >= {margin:.3g} is ruled out (TOST p {upper:.2g}, sign-flip {upper_exact:.2g})"
+    tost_note = ""
+    if upper < ALPHA:  # the t version alone: say so, with the exact one's p
+        tost_note = f"; TOST p {upper:.2g} but sign-flip {upper_exact:.2g}: a gain >= {margin:.3g} not excluded"
     if not math.isnan(row.get("mde_at_alpha", math.nan)):
-        return f"not detected (MDE {row['mde_at_alpha']:.3g} at alpha {row['alpha']:.2g})"
+        return f"not detected (MDE {row['mde_at_alpha']:.3g} at alpha {row['alpha']:.2g}{tost_note})"
     if math.isnan(p) and row.get("paired", {}).get("n_pairs", 0) >= 2:
         return "not tested (the paired differences have no spread)"
     return "not detected" if not math.isnan(p) else "not tested (fewer than 2 seeds)"

@@ -125,14 +125,26 @@ def restate(stats_file: str | Path, margin: float | None = None) -> str:
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, StopIteration) as err:
         raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None
     family, rule = _judge(family, primary_label, baseline, margin)
+    rule["declaration"] = {"before_data": False, "plan_sha256": None, "why": "restated: no plan was declared"}
     lines = [
         *_rule_lines(rule),
         *_table_header(baseline),
         *[_row(label, spec, stats[spec]) for label, stats in family.items() for spec in stats],
     ]
     if mechanism:
-        lines += ["", *MECHANISM_HEADER]
-        lines += [_mechanism_row(label, spec, row) for label, rows in mechanism.items() for spec, row in rows.items()]
+        lines += [
+            "",
+            "**Withdrawn**: the per-head diffusion scores below are as this stats.json stored them, computed by the "
+            "version of the diagnostic that wrote it (kind-blind weight scores; before 2026-11-30 also LayerScale-"
+            "blind); kept for the record, no verdict is drawn from them.",
+            "",
+            *MECHANISM_HEADER,
+        ]
+        lines += [
+            _mechanism_row(label, spec, {**row, "verdict": "withdrawn"})
+            for label, rows in mechanism.items()
+            for spec, row in rows.items()
+        ]
     return "\n".join(lines)
 
 

@@ -67,13 +67,9 @@ def paired_test(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
 
 
 def holm(p_values: dict[str, float]) -> dict[str, float]:
-    """Holm's step-down adjustment of a family of p-values (NaN entries stay NaN and do not count)."""
-    finite = sorted((p, name) for name, p in p_values.items() if not math.isnan(p))
-    adjusted, running = {name: math.nan for name in p_values}, 0.0
-    for i, (p, name) in enumerate(finite):
-        running = max(running, min(1.0, (len(finite) - i) * p))
-        adjusted[name] = running
-    return adjusted
+    """Holm's step-down adjustment of a family of p-values (NaN entries stay NaN and do not count): the rule's
+    own (:func:`lapheads.study.verdicts.holm_steps`), without the alphas."""
+    return holm_steps(p_values)[0]
 
 
 def verdict(difference: float, p_holm: float, mde_: float, direction: int | None) -> str:

@@ -110,9 +110,10 @@ def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
         else:
             difference = f"{stats['mean'] - stats['baseline_mean']:+.4g} (unpaired)"
         holm_p = stats.get("p_holm", math.nan)
+        corrected = stats.get("role") in ("primary", "declared")
         cells += [
             difference,
-            f"{_fmt(test['p'], '.3g')} / {_fmt(holm_p, '.3g') if stats.get('role') == 'declared' else '–'} / "
+            f"{_fmt(test['p'], '.3g')} / {_fmt(holm_p, '.3g') if corrected else '–'} / "
             f"{_fmt(stats.get('permutation_p', math.nan), '.3g')}",
             stats.get("signs", ""),
             f"{_fmt(stats.get('alpha', math.nan), '.2g')}: {_fmt(stats.get('mde_at_alpha', math.nan), '.3g')}",
@@ -170,14 +171,17 @@ def _rule_lines(rule: dict[str, Any]) -> list[str]:
             else f"Family **declared after the data** ({when['why']}): read its corrections as exploratory.",
             "",
         ]
+    sizes = f"{rule.get('primary_family_size', 1)} test(s)"
     return [
         *stamp,
-        f"Verdict rule (`lapheads.study.verdicts`): the **primary** test ({', '.join(rule['primary'])}) alone at alpha "
-        f"{rule['alpha']}; the **declared** geometry family ({declared}), Holm-corrected across claims x arms "
-        f"({rule['declared_family_size']} tests); every other row **secondary**, raw p, uncorrected. MDE: the "
-        f"difference detected with {rule['power']:.0%} power at the alpha the row faces (its Holm step for "
-        "declared rows), exact noncentral t. Equivalence margin (a gain this large or larger ruled out by a "
-        f"one-sided test reads 'excluded'): {margins}. Beside each t-test p: the exact sign-flip permutation p "
-        "(floor 2/2^n: 0.0625 with 5 pairs) and the seeds that moved in the paper's direction.",
+        f"Verdict rule (`lapheads.study.verdicts`): the **primary** test ({', '.join(rule['primary'])}) Holm-corrected "
+        f"across its arms ({sizes}); the **declared** family ({declared}), Holm-corrected across claims x arms "
+        f"({rule['declared_family_size']} tests); every other row **secondary**, raw p, uncorrected. Directions per "
+        "contrast: a claim reads as stated where the arm has more Laplacian heads, reversed where it has fewer, and "
+        "not at all between head kinds (tested two-sided: 'differs' or 'not detected'). MDE: the difference detected "
+        f"with {rule['power']:.0%} power at the design alpha (alpha / m of the row's family: what Holm always meets), "
+        "exact noncentral t. Equivalence margin (both TOST halves, each by t and by exact sign flips; the upper half "
+        f"alone reads 'excluded', both 'equivalent'): {margins}. Beside each t-test p: Holm's p and the exact "
+        "sign-flip permutation p (floor 2/2^n: 0.0625 with 5 pairs), and the seeds that moved the claimed way.",
         "",
     ]
