@@ -76,6 +76,13 @@ def test_a_sweep_continues_from_its_records_and_reports_from_them_alone(tiny_pre
     report = (records / "report" / "report.md").read_text()
     assert json.loads((records / "report" / "stats.json").read_text()) == from_runs
     assert "declared before the data" in report
+    # the plan's primary and contrasts: the fraction, Holm over its two contrasts (one against another arm)
+    assert from_runs["rule"]["primary"] == ["within-sequence fraction (after the final norm)"]
+    assert from_runs["rule"]["primary_family_size"] == 2 and from_runs["rule"]["plan"]["study"] == "tiny decomposition"
+    assert "| within-sequence fraction (after the final norm) | primary | sum:1 vs 1 | 3 |" in report
+    assert "| test top-1 (%) | secondary | 1 | 3 |" in report
+    ablation = from_runs["geometry"]["within-sequence fraction (after the final norm)"]["sum:1 vs 1"]
+    assert ablation["contrast_claim"] == "no claim: contrast" and ablation["baseline"] == "1"
 
     trained = []
     monkeypatch.setattr(sweep_module, "_train", lambda task: lambda *a, **k: trained.append(a))

@@ -90,16 +90,58 @@ __all__ = [
 
 
 def _judge(
-    rows: dict[str, dict[str, dict[str, Any]]], primary_label: str, baseline: str, margin: float | None
+    rows: dict[str, dict[str, dict[str, Any]]],
+    primary_label: str,
+    baseline: str,
+    margin: float | None,
+    plan: Any = None,
 ) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, Any]]:
-    """Apply the verdict rule to every row (``primary_label`` the primary test); returns the rows in table order
-    (primary, declared family, secondary) and the rule's record."""
+    """Apply the verdict rule to every row (``primary_label`` the primary test; a plan's primary, family and
+    contrasts where the sweep has one); returns the rows in table order (primary, declared family, secondary) and
+    the rule's record."""
+    directions = planned = family = None
+    if plan is not None:
+        primary_label = plan.primary if plan.primary in rows else primary_label
+        family, planned, directions = plan.family, set(), {}
+        for contrast in plan.contrasts:
+            arm, against = contrast["arm"], contrast["baseline"]
+            key = arm if against == baseline else f"{arm} vs {against}"
+            planned.add(key)
+            directions[key] = {"paper": 1, "reverse": -1, "no claim": None}[contrast["direction"]]
+            if against == baseline:
+                continue
+            for by_key in rows.values():  # the contrast's own pairs: arm - its baseline, seed by seed
+                values = {
+                    spec: {int(seed): float(v) for seed, v in by_key[spec]["values"].items()}
+                    for spec in (arm, against)
+                    if spec in by_key
+                }
+                if len(values) == 2:
+                    by_key[key] = {**summarize(values, against)[arm], "arm": arm}
     primary = {primary_label: rows[primary_label]}
     others = {label: value for label, value in rows.items() if label != primary_label}
-    rule = apply_rule(primary, others, {label: claim(label) for label in rows}, baseline, margin)
+    claims = {label: claim(label) for label in rows}
+    rule = apply_rule(primary, others, claims, baseline, margin, directions, family, planned)
+    rule["plan"] = None if plan is None else {"study": plan.study, "sha256": plan.sha256}
     declared = [label for label in rule["declared"] if label in others]
     rest = {label: value for label, value in others.items() if label not in declared}
     return {**primary, **{label: others[label] for label in declared}, **rest}, rule
+
+
+def _plan_of(record: dict[str, Any]) -> Any:
+    """The plan of the sweep's records folder, where it has one (``lapheads sweep --plan``)."""
+    from lapheads.runs.layout import PLAN_FILE
+    from lapheads.study.records import load_plan
+
+    folder = record.get("records")
+    if folder is None or not (Path(folder) / PLAN_FILE).exists():
+        return None
+    return load_plan(Path(folder) / PLAN_FILE)
+
+
+def _table_keys(stats: dict[str, Any], specs: list[str]) -> list[str]:
+    """A metric's rows in table order: every arm against the report's baseline, then a plan's other contrasts."""
+    return [s for s in specs if s in stats] + [key for key in stats if key not in specs]
 
 
 def restate(stats_file: str | Path, margin: float | None = None) -> str:
@@ -206,10 +248,11 @@ def write_report(
         geometry_values, mechanism_values = _geometry_values(record, max_tokens)
         geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in geometry_values.items()}
         mechanism_stats = diffusion_against_zero(mechanism_values)
-    table, rule = _judge({**headline, **geometry_stats}, metrics[0][0], baseline, margin)
+    plan = _plan_of(record)
+    table, rule = _judge({**headline, **geometry_stats}, metrics[0][0], baseline, margin, plan)
     rule["declaration"] = declared
     lines += [*_rule_lines(rule), *_table_header(baseline)]
-    lines += [_row(label, s, stats[s]) for label, stats in table.items() for s in specs]
+    lines += [_row(label, key, stats[key]) for label, stats in table.items() for key in _table_keys(stats, specs)]
     _plot(headline, specs, out / "metric.png")
     lines += ["", "![metric](metric.png)"]
     gaps = {m[0]: g for m in metrics if (g := gap_over_training(record, m, baseline))}
