@@ -142,11 +142,15 @@ def test_a_config_with_laplacian_heads_runs_them_however_the_model_is_built_or_l
     assert loaded.config._attn_implementation == "lapheads"
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
-    for other in ("sdpa", "eager"):
+    for other in ("sdpa", "flash_attention_2"):
         with pytest.raises(InputError, match=f"attn_implementation='{other}' on a model whose config has Laplacian"):
             transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation=other)
         with pytest.raises(InputError, match="would run plain attention and drop them"):
             loaded.set_attn_implementation(other)
+    eager = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert eager.config._attn_implementation == lhf.EAGER_NAME  # the textbook path: the same Laplacian heads
+    with torch.no_grad():
+        torch.testing.assert_close(eager(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -321,3 +325,29 @@ def test_head_kinds_a_hugging_face_model_cannot_run_are_refused_in_one_line():
         lhf.enable(_build("llama"), "local:2")
     with pytest.raises(InputError, match="init='blend' converts Laplacian heads only"):
         lhf.enable(_build("llama"), "negated:2", init="blend")
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_eager_on_a_laplacian_config_is_lapheads_textbook_path_with_maps_and_generates_alike_on_every_cache(name):
+    model = lhf.enable(_build(name), 2)
+    fused = _run(model, name)
+    model.set_attn_implementation("eager")  # what transformers' own tests ask for to get attention maps
+    assert model.config._attn_implementation == lhf.EAGER_NAME
+    torch.manual_seed(1)
+    ids = torch.randint(0, 100, (2, 12))
+    with torch.no_grad():
+        out = model(ids, output_attentions=True)
+    torch.testing.assert_close(out.logits, fused, rtol=1e-5, atol=1e-5)  # the same Laplacian heads
+    maps = out.attentions
+    assert len(maps) == 2 and maps[0].shape == (2, 4, 12, 12)
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 4, 12), rtol=0, atol=1e-5)  # P, row-stochastic
+    assert torch.equal(maps[0].triu(1), torch.zeros_like(maps[0]))  # causal
+    prompt = ids[:1, :5]
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    dynamic = model.generate(prompt, **kwargs)
+    assert torch.equal(model.generate(prompt, use_cache=False, **kwargs), dynamic)
+    assert torch.equal(model.generate(prompt, cache_implementation="static", **kwargs), dynamic)
+    model.set_attn_implementation("lapheads")
+    assert torch.equal(model.generate(prompt, **kwargs), dynamic)  # the fused path generates the same tokens
+    with pytest.raises(InputError, match="allowed: 'lapheads', or 'eager'"):
+        model.set_attn_implementation("sdpa")

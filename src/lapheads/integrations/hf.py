@@ -48,6 +48,9 @@ from lapheads.errors import InputError
 __all__ = ["BlendSchedule", "NAME", "attention_modules", "enable", "from_pretrained", "register", "set_blend"]
 
 NAME = "lapheads"
+#: what "eager" means on a config with Laplacian heads: the textbook path (P materialised, attention maps returned),
+#: the same heads; transformers' own eager would silently run ordinary ones
+EAGER_NAME = "lapheads_eager"
 
 
 def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torch.Tensor | None:
@@ -156,13 +159,18 @@ def lapheads_attention(
         mix=mix,
     )
     weights = None
-    if _maps_wanted(kwargs):  # the textbook path materialises P for attention maps
+    if _maps_wanted(kwargs) or kwargs.get("_lapheads_textbook"):  # the textbook path materialises P for maps
         out, weights = laplacian_attention_reference(
             query, key, value, heads if heads is not None else 0, return_attn=True, **options
         )
     else:
         out = laplacian_attention(query, key, value, heads if heads is not None else 0, **options)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _textbook_attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
+    """ "eager" on a Laplacian config: lapheads' textbook path, always with P (what eager attention returns)."""
+    return lapheads_attention(module, query, key, value, attention_mask, _lapheads_textbook=True, **kwargs)
 
 
 def register() -> None:
@@ -175,6 +183,8 @@ def register() -> None:
 
     AttentionInterface.register(NAME, lapheads_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionInterface.register(EAGER_NAME, _textbook_attention)
+    AttentionMaskInterface.register(EAGER_NAME, sdpa_mask)
     check = getattr(PreTrainedModel, "_check_and_adjust_attn_implementation", None)
     if check is None:  # a transformers without the hook: say so rather than fail the import
         import warnings
@@ -200,10 +210,13 @@ def _keep_laplacian_heads(check):
     @functools.wraps(check)
     def checked(self, attn_implementation, *args, **kwargs):
         if _has_laplacian_heads(getattr(self, "config", None)):
+            if attn_implementation in ("eager", EAGER_NAME):  # the same heads on the textbook path, P returned
+                return check(self, EAGER_NAME, *args, **kwargs)
             if attn_implementation not in (None, NAME):
                 raise InputError(
                     f"attn_implementation={attn_implementation!r} on a model whose config has Laplacian heads would "
-                    f"run plain attention and drop them; allowed: {NAME!r} (or none: it is chosen)"
+                    f"run plain attention and drop them; allowed: {NAME!r}, or 'eager' (lapheads' textbook path, "
+                    "attention maps returned), or none (it is chosen)"
                 )
             attn_implementation = NAME
         return check(self, attn_implementation, *args, **kwargs)
@@ -312,12 +325,13 @@ def from_pretrained(model_class, path, *args, **kwargs):
     wanted = kwargs.pop("attn_implementation", None)
     if spec is None:
         return model_class.from_pretrained(path, *args, config=config, attn_implementation=wanted, **kwargs)
-    if wanted not in (None, NAME):
+    if wanted not in (None, NAME, "eager", EAGER_NAME):
         raise InputError(
             f"{path} has Laplacian heads; attn_implementation={wanted!r} would load it as plain "
-            f"attention; allowed: {NAME!r} (or leave it out)"
+            f"attention; allowed: {NAME!r}, 'eager' (lapheads' textbook path) or leave it out"
         )
-    model = model_class.from_pretrained(path, *args, config=config, attn_implementation=NAME, **kwargs)
+    implementation = EAGER_NAME if wanted in ("eager", EAGER_NAME) else NAME
+    model = model_class.from_pretrained(path, *args, config=config, attn_implementation=implementation, **kwargs)
     kinds = getattr(config, "laplacian_head_kinds", None)
     if kinds is not None:  # other head kinds; mix heads' (a, b) are weights transformers does not know
         enable(model, ["/".join(layer) for layer in kinds])
