@@ -90,8 +90,14 @@ def test_a_documented_command_is_accepted(page, line, argv, capsys, tmp_path, mo
         if not args.resume:
             resolve_config(args.task, args.preset, args.laplacian_heads, overrides)
     elif args.command == "sweep":
-        parse_specs(args.laplacian_heads)
-        parse_seeds(args.seeds)
+        if args.plan is not None and Path(args.plan).exists():  # a committed plan: it declares the arms and seeds
+            from lapheads.study.records import load_plan
+
+            plan = load_plan(args.plan)
+            assert plan.preset == args.preset, line
+        elif args.plan is None:
+            parse_specs(args.laplacian_heads)
+            parse_seeds(args.seeds)
         assert args.preset in {name for presets in PRESETS.values() for name in presets}, line
     elif args.command == "eval":
         get_evaluation(args.task)
