@@ -84,6 +84,17 @@ def test_a_sweep_continues_from_its_records_and_reports_from_them_alone(tiny_pre
     ablation = from_runs["geometry"]["within-sequence fraction (after the final norm)"]["sum:1 vs 1"]
     assert ablation["contrast_claim"] == "no claim: contrast" and ablation["baseline"] == "1"
 
+    # a seed whose arms ran on machines with other kernels pairs nothing: left out, and said so
+    mixed = tmp_path / "mixed"
+    shutil.copytree(records, mixed)
+    moved = json.loads((mixed / "L1-s2.json").read_text())
+    moved["environment"]["torch_cpu_capability"] = "AVX512"
+    (mixed / "L1-s2.json").write_text(json.dumps(moved))
+    assert main(["report", str(mixed), "--no-geometry"]) == 0
+    text = (mixed / "report" / "report.md").read_text()
+    assert "Seed 2 left out: its arms ran in different environments" in text
+    assert json.loads((mixed / "report" / "stats.json").read_text())["metrics"]["test top-1 (%)"]["1"]["n"] == 2
+
     trained = []
     monkeypatch.setattr(sweep_module, "_train", lambda task: lambda *a, **k: trained.append(a))
     capsys.readouterr()

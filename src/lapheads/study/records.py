@@ -34,6 +34,7 @@ __all__ = [
     "build_record",
     "check_record",
     "declaration",
+    "environment_key",
     "install_plan",
     "load_plan",
     "record_or_none",
@@ -221,13 +222,33 @@ def records_sweep(folder: str | Path) -> dict[str, Any]:
         specs += [r.spec] if r.spec not in specs else []
         seeds += [r.seed] if r.seed not in seeds else []
     sweep = found[0].data["sweep"]
+    mixed = {}  # a seed whose arms ran in different environments pairs nothing: reported apart, left out
+    for seed in {r.seed for r in found}:
+        keys = {environment_key(r.data["environment"]) for r in found if r.seed == seed}
+        if len(keys) > 1:
+            mixed[seed] = " / ".join(sorted(", ".join(map(str, key)) for key in keys))
+    kept = [r for r in found if r.seed not in mixed]
     return {
         **sweep,
-        "specs": [spec for spec in specs if any(r.spec == spec for r in found)],
-        "seeds": sorted(seeds),
+        "specs": [spec for spec in specs if any(r.spec == spec for r in kept)],
+        "seeds": sorted(seed for seed in seeds if seed not in mixed),
         "records": str(folder),
-        "cells": {r.name: {"spec": r.spec, "seed": r.seed, "status": "recorded", "source": r} for r in found},
+        "mixed_environments": mixed,
+        "cells": {r.name: {"spec": r.spec, "seed": r.seed, "status": "recorded", "source": r} for r in kept},
     }
+
+
+def environment_key(env: dict[str, Any]) -> tuple:
+    """What decides a cell's numbers beyond its config: torch, the kernels the CPU runs (its capability), the
+    architecture, threads and precision (the CPU model is recorded, but two CPUs with the same kernels agree)."""
+    precision = env.get("precision") or {}
+    return (
+        env.get("torch_version"),
+        env.get("torch_cpu_capability"),
+        env.get("machine"),
+        env.get("threads"),
+        precision.get("autocast_bf16") if isinstance(precision, dict) else precision,
+    )
 
 
 def declaration(records_folder: str | Path | None, cells: list[dict[str, Any]]) -> dict[str, Any]:

@@ -242,6 +242,8 @@ def write_report(
         "with / against the paper's direction), excluded (a paper-sized gain ruled out) or not detected.",
         "",
     ]
+    for seed, environments in (record.get("mixed_environments") or {}).items():
+        lines += [f"Seed {seed} left out: its arms ran in different environments ({environments}).", ""]
     geometry_stats: dict[str, Any] = {}
     mechanism_stats: dict[str, Any] = {}
     if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
