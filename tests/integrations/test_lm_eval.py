@@ -134,7 +134,15 @@ def test_the_shipped_tasks_run_offline_through_the_cli(lm_run, tmp_path, capsys,
     assert 0 <= saved["lapheads_arc_easy"]["acc,none"] <= 1 and "acc_norm,none" in saved["lapheads_arc_easy"]
     assert "exact_match,strict-match" in saved["lapheads_gsm8k"]
     assert main(["eval", "lm", str(lm_run), "--harness", "lapheads_hellaswag", "--data-dir", str(tmp_path)]) == 2
-    assert "unknown harness task(s) lapheads_hellaswag" in capsys.readouterr().err
+    assert (
+        f"--data-dir {tmp_path} lacks hellaswag.jsonl (or .parquet) for lapheads_hellaswag" in capsys.readouterr().err
+    )
+    missing = tmp_path / "evals"  # the README's command on a machine without the folder: say that, not "unknown"
+    assert main(["eval", "lm", str(lm_run), "--harness", "lapheads_arc_easy", "--data-dir", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"--data-dir {missing} does not exist" in err and "unknown" not in err
+    assert main(["eval", "lm", str(lm_run), "--harness", "no_such_task", "--data-dir", str(tmp_path)]) == 2
+    assert "unknown harness task(s) no_such_task" in capsys.readouterr().err
 
 
 def test_the_harness_options_pass_through_with_standard_errors_and_lm_evals_own_files(lm_run, tmp_path, capsys):

@@ -274,6 +274,19 @@ def evaluate_harness(
         unknown = [t for t in tasks if t not in manager.all_tasks]
         if unknown:
             shipped = ", ".join(f"lapheads_{t}" for t in HARNESS_TASKS)
+            ours = [t for t in unknown if t.removeprefix("lapheads_") in HARNESS_TASKS]  # shipped, data missing
+            files = ", ".join(f"{t.removeprefix('lapheads_')}.jsonl (or .parquet)" for t in ours)
+            if ours and not (data_dir and Path(data_dir).is_dir()):
+                where = f"--data-dir {data_dir} does not exist" if data_dir else "no --data-dir was given"
+                raise InputError(
+                    f"harness task(s) {', '.join(ours)} read their items from --data-dir, and {where}; allowed: a "
+                    f"folder holding {files}"
+                )
+            if ours:
+                raise InputError(
+                    f"--data-dir {data_dir} lacks {files} for {', '.join(ours)}; allowed: a folder holding each "
+                    "task's items in the hub's schema"
+                )
             raise InputError(
                 f"unknown harness task(s) {', '.join(unknown)}; allowed: lm-eval's tasks, those of "
                 f"--include-path, or with --data-dir holding <task>.jsonl: {shipped}"
