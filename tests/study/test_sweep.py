@@ -514,3 +514,11 @@ def test_head_kinds_are_arms_of_a_sweep_with_directory_safe_names():
     assert "/" not in "".join(names) and len(set(names)) == len(names) and names[2] == "Lnegated-3"
     with pytest.raises(SweepError, match="malformed"):
         parse_specs("0;neg ated")
+
+
+def test_a_dry_run_of_a_cpu_preset_prints_one_process_per_cell(capsys, tmp_path):
+    args = ["sweep", "fmnist-cpu", "--laplacian-heads", "0,3", "--seeds", "0", "--dry-run", "--out", str(tmp_path)]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("python -m lapheads train classify --preset fmnist-cpu --laplacian-heads 0")
+    assert not any("torchrun" in line for line in lines)

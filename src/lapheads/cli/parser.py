@@ -306,7 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--task", default=None, choices=list(TASKS), help="for preset files")
     sweep.add_argument("--out", default=None, help="the sweep directory (default: runs/sweeps/<preset>)")
     sweep.add_argument("--dry-run", action="store_true", help="print one torchrun command per cell instead")
-    sweep.add_argument("--nproc-per-node", type=int, default=8, help="--dry-run: GPUs per cell")
+    sweep.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        help="--dry-run: processes (GPUs) per cell, as torchrun commands (default: 8; a *-cpu preset: one process)",
+    )
     sweep.add_argument(
         "--jobs",
         type=int,

@@ -7,7 +7,8 @@ Design choices:
   experiments never mix.
 * **Cells run one after another here** (each is an ordinary ``lapheads train`` run, so its own directory has the
   full config and seed); finished cells are skipped, an interrupted cell resumes from its last checkpoint.
-  ``--dry-run`` prints one ``torchrun`` command per cell for a cluster scheduler instead.
+  ``--dry-run`` prints one ``torchrun`` command per cell for a cluster scheduler instead (a ``*-cpu`` preset: one
+  ``python -m lapheads train`` command per cell).
 * **Spec lists**: ``0,1,3,6`` are k values; per-layer specs are separated by ``;`` (``0;2,2,0,0``).
 * **Records outlive the machine** (``--records DIR``): each finished cell's record (``lapheads.runs.records``) is
   written into DIR; a cell whose record is there with the same config is skipped (another config: refused in one
@@ -156,7 +157,7 @@ def run_sweep(
     sets: list[str] | None = None,
     dry_run: bool = False,
     task: str | None = None,
-    nproc: int = 8,
+    nproc: int | None = None,
     log=print,
     jobs: int = 1,
     threads: int | None = None,
@@ -194,10 +195,10 @@ def run_sweep(
             log(f"sweep: extending {sweep_dir} with {added}")
     cells = sweep_cells(sweep_dir, specs, seeds)
     if dry_run:
+        single = nproc is None and preset.endswith("-cpu")  # a CPU recipe: one process a cell, no torchrun
         for cell in cells:
-            log(
-                shlex.join(["torchrun", f"--nproc_per_node={nproc}", "-m", *_train_argv(task, preset, cell, overrides)])
-            )
+            launcher = ["python", "-m"] if single else ["torchrun", f"--nproc_per_node={nproc or 8}", "-m"]
+            log(shlex.join([*launcher, *_train_argv(task, preset, cell, overrides)]))
         return {
             **definition,
             "cells": {c.name: {"spec": c.spec, "seed": c.seed, "run_dir": c.run_dir.name} for c in cells},
