@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -300,15 +301,21 @@ def train_classify(
     sampler = GlobalBatchSampler(len(train_set), micro_batch, accum_steps, dist_.rank, dist_.world_size, cfg.seed)
     total_steps = max(1, math.ceil(cfg.epochs * sampler.steps_per_epoch))
     warmup_steps = min(total_steps - 1, round(cfg.warmup_epochs * sampler.steps_per_epoch))
-    scheduler = CosineLRScheduler(
-        optimizer,
-        t_initial=total_steps - warmup_steps,  # with warmup_prefix the cosine starts after warm-up and ends at the end
-        lr_min=cfg.min_lr,
-        warmup_t=warmup_steps,
-        warmup_lr_init=cfg.min_lr,
-        warmup_prefix=True,
-        t_in_epochs=False,
-    )
+    cosine_log = logging.getLogger("timm.scheduler.cosine_lr")
+    level = cosine_log.level
+    cosine_log.setLevel(logging.ERROR)  # a one-step cosine (a run that ends right after warm-up) is what was asked
+    try:
+        scheduler = CosineLRScheduler(
+            optimizer,
+            t_initial=total_steps - warmup_steps,  # with warmup_prefix the cosine starts after warm-up, ends at the end
+            lr_min=cfg.min_lr,
+            warmup_t=warmup_steps,
+            warmup_lr_init=cfg.min_lr,
+            warmup_prefix=True,
+            t_in_epochs=False,
+        )
+    finally:
+        cosine_log.setLevel(level)
     mixup = None
     if cfg.mixup or cfg.cutmix:
         mixup = Mixup(
