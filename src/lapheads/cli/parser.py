@@ -368,4 +368,22 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--tokenizer", default="char", help="prepare: char, bpe or gpt2")
     data.add_argument("--tokenizer-vocab", type=int, default=4096, help="prepare: BPE vocabulary size")
     data.set_defaults(func=commands.cmd_data)
+    _document_threads(parser)
     return parser
+
+
+def _document_threads(parser: argparse.ArgumentParser) -> None:
+    """Every command's help lists --threads (read before torch starts, by lapheads.hardware; the parser itself
+    never sees it) except sweep's, which has its own meaning (threads shared by its jobs)."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for name, sub in action.choices.items():
+            if name != "sweep" and "--threads" not in sub._option_string_actions:
+                sub.add_argument(
+                    "--threads",
+                    default="auto",
+                    help="auto or N: torch's threads (auto: the CPUs this process may use, less those other processes "
+                    "keep busy when it starts; OMP_NUM_THREADS, when set, wins)",
+                )
+            _document_threads(sub)
