@@ -35,8 +35,11 @@ def load_sweep(sweep_dir: str | os.PathLike) -> dict[str, Any]:
     cells = record.get("cells") if isinstance(record, dict) else None
     if not isinstance(cells, dict) or not all(isinstance(cell, dict) for cell in cells.values()):
         raise SweepError(f"{file} is corrupt: no cells object; allowed: a sweep.json lapheads wrote")
-    for name, cell in cells.items():  # a cell is SWEEP_DIR/<name> wherever the sweep was copied or moved to
-        cell["run_dir"] = str(Path(sweep_dir) / Path(str(cell.get("run_dir") or name)).name)
+    for name, cell in cells.items():
+        written = Path(str(cell.get("run_dir") or name))
+        own = Path(sweep_dir) / written.name  # a sweep's cells are SWEEP_DIR/<name>, wherever it was copied or moved
+        # relative (as lapheads writes them): there; an absolute path of an older sweep.json: there if it is there
+        cell["run_dir"] = str(own if not written.is_absolute() or own.exists() else written)
     return record
 
 
