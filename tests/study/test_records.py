@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -13,14 +12,6 @@ from lapheads.cli import main
 from lapheads.runs.records import RECORD_FORMAT, RecordError, read_record, write_record
 from lapheads.study import sweep as sweep_module
 from lapheads.study.records import load_plan
-
-
-@pytest.fixture
-def tiny_preset(tiny_config, tmp_path):
-    path = tmp_path / "tiny.json"
-    cfg = dataclasses.replace(tiny_config, epochs=0.25, eval_every_epochs=0.125, log_every=4)  # two evaluations
-    path.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k != "laplacian_heads"}))
-    return path
 
 
 def _plan(tmp_path, tiny_preset, **changes):

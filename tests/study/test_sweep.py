@@ -28,14 +28,6 @@ from lapheads.study.report.statistics import settled_from
 from lapheads.study.report.tables import _row
 
 
-@pytest.fixture
-def tiny_preset(tiny_config, tmp_path):
-    path = tmp_path / "tiny.json"
-    cfg = dataclasses.replace(tiny_config, epochs=0.25, eval_every_epochs=0.125, log_every=4)  # two evaluations
-    path.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k != "laplacian_heads"}))
-    return path
-
-
 def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_preset, tmp_path, monkeypatch, capsys):
     out = tmp_path / "sweep"
     args = [
