@@ -96,16 +96,11 @@ def _record_path(path: Path) -> Path:
 def _untrusted(path: Path) -> str | None:
     """Why the library at ``path`` must not be loaded (None: it is ours, whole, and as built)."""
     for item in (path.parent, path, _record_path(path)):
-        try:
-            info = item.lstat()
-        except FileNotFoundError:
+        if not item.exists() and not item.is_symlink():
             return f"{item} is missing (lapheads kernel build writes it)"
-        if item.is_symlink():
-            return f"{item} is a symbolic link"
-        if hasattr(os, "getuid") and info.st_uid != os.getuid():
-            return f"{item} belongs to user id {info.st_uid}, not to this user ({os.getuid()})"
-        if info.st_mode & 0o022:
-            return f"{item} is writable by others (mode {oct(info.st_mode & 0o777)})"
+        why = _unsafe(item)
+        if why is not None:
+            return f"{item} {why}"
     try:
         expected_size, expected_hash = _record_path(path).read_text().split()
     except (OSError, ValueError, UnicodeDecodeError):
@@ -198,7 +193,7 @@ def build(force: bool = False, verbose: bool = False) -> Path:
     search_path = _path_with_ninja()
     if shutil.which("ninja", path=search_path) is None:
         raise InputError("ninja not found; allowed: pip install ninja (or your system's ninja package)")
-    if path.parent.exists() and (path.parent.is_symlink() or _owned_safely(path.parent) is not None):
+    if (path.parent.exists() or path.parent.is_symlink()) and _unsafe(path.parent) is not None:
         # a folder we cannot trust: build beside it and move it aside, never into it
         aside = path.parent.with_name(f"{path.parent.name}.untrusted-{os.getpid()}")
         os.replace(path.parent, aside)
@@ -232,11 +227,16 @@ def build(force: bool = False, verbose: bool = False) -> Path:
     return path
 
 
-def _owned_safely(folder: Path) -> str | None:
-    info = folder.lstat()
+def _unsafe(item: Path) -> str | None:
+    """Why ``item`` is not this user's alone (a link, another owner, writable by others), None when it is."""
+    info = item.lstat()
+    if item.is_symlink():
+        return "is a symbolic link"
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        return "another user's"
-    return "writable by others" if info.st_mode & 0o022 else None
+        return f"belongs to user id {info.st_uid}, not to this user ({os.getuid()})"
+    if info.st_mode & 0o022:
+        return f"is writable by others (mode {oct(info.st_mode & 0o777)})"
+    return None
 
 
 def _quiet_import_cpp_extension() -> ModuleType:

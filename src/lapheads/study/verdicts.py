@@ -249,11 +249,11 @@ def apply_rule(
             mde_at_alpha=mde(se, n - 1, alpha) if n >= 2 else math.nan,
             permutation_p=sign_flip_p(differences) if differences else math.nan,
             signs=sign_count(differences, direction if direction is not None else claims.get(label)) if n else "",
-            contrast_claim=_CONTRAST_WORDS[direction if direction is None else direction * (claims.get(label) or 1)]
-            if claims.get(label) is not None
-            else "no claim",
+            # the contrast's own claim: the effective direction over the metric's (both +-1), or none
+            contrast_claim="no claim"
+            if claims.get(label) is None
+            else _CONTRAST_WORDS[None if direction is None else direction * claims[label]],
         )
-        row["_se"] = se
         return differences
 
     def test_of(row: dict[str, Any]) -> tuple[float, float]:
@@ -304,9 +304,6 @@ def apply_rule(
             row["p_holm"] = math.nan
             words = _verdict(*test_of(row), row, claims.get(label))
             row["verdict"] = words if words.startswith(("not", "no claim")) else f"{words} (uncorrected)"
-    for label in tables:
-        for row in tables[label].values():
-            row.pop("_se", None)
     return record
 
 
@@ -317,7 +314,8 @@ _CONTRAST_WORDS = {None: "no claim: contrast", 1: "the paper's direction", -1: "
 
 def _equivalence(row: dict[str, Any], differences: list[float], margin: float | None) -> None:
     """Both TOST halves for the primary metric's row: by the t distribution and by exact sign flips."""
-    n, se = len(differences), row.get("_se", math.nan)
+    n = len(differences)
+    se = float(np.std(differences, ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
     row["margin"] = margin
     gain_sign = row.get("direction") or 1
     if not (margin and n >= 2 and se > 0):
