@@ -63,10 +63,7 @@ class Plan:
     alpha: float
     stopping: str  # the stopping rule, in words
     notes: str = ""
-
-    @property
-    def sha256(self) -> str:
-        return self._sha256  # type: ignore[attr-defined]
+    sha256: str = dataclasses.field(default="", compare=False)  # of the file read, not a field a plan writes
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -78,12 +75,12 @@ def load_plan(path: str | Path) -> Plan:
         raise RecordError(f"--plan {path}: cannot be read as JSON ({type(err).__name__}: {err})") from None
     if not isinstance(data, dict):
         raise RecordError(f"--plan {path}: allowed: a JSON object with the fields of a plan")
-    fields = {f.name: f for f in dataclasses.fields(Plan)}
+    fields = {f.name: f for f in dataclasses.fields(Plan) if f.name != "sha256"}
     missing = [name for name, f in fields.items() if f.default is dataclasses.MISSING and name not in data]
     unknown = sorted(set(data) - set(fields))
     if missing or unknown:
         raise RecordError(f"--plan {path}: missing {missing}, unknown {unknown}; allowed fields: {', '.join(fields)}")
-    plan = Plan(**data)
+    plan = Plan(**data, sha256=file_sha256(path))
     for contrast in plan.contrasts:
         if set(contrast) != {"arm", "baseline", "direction"} or contrast["direction"] not in DIRECTIONS:
             raise RecordError(
@@ -97,7 +94,6 @@ def load_plan(path: str | Path) -> Plan:
                 )
     if not (0 < plan.alpha < 1):
         raise RecordError(f"--plan {path}: alpha {plan.alpha!r}; allowed: a number in (0, 1)")
-    object.__setattr__(plan, "_sha256", file_sha256(path))
     return plan
 
 
