@@ -281,6 +281,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         threads=args.threads,
         records=args.records,
         plan=args.plan,
+        cpu_kernels=args.cpu_kernels,
     )
     if not args.dry_run:
         print(f"sweep: {len(record['cells'])} cells done in {out}; next: lapheads report {out}")

@@ -321,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("--threads", type=int, default=None, help="--jobs: threads shared by all jobs (default: CPUs)")
     sweep.add_argument(
+        "--cpu-kernels",
+        default="native",
+        choices=["native", "avx2", "avx512"],
+        help="cap every CPU kernel library (ATen, MKL, oneDNN) of the cells at this instruction set, so cells "
+        "trained on different CPUs agree bit for bit and pair as one environment (default: native)",
+    )
+    sweep.add_argument(
         "--records",
         default=None,
         metavar="DIR",

@@ -64,7 +64,7 @@ def environment(threads: int) -> dict[str, Any]:
     import torch
 
     import lapheads
-    from lapheads.hardware import cpu_flags
+    from lapheads.hardware import CPU_KERNEL_PINS, cpu_flags, cpu_kernels
     from lapheads.runs.directory import git_revision
 
     model = platform.processor() or platform.machine()
@@ -76,6 +76,9 @@ def environment(threads: int) -> dict[str, Any]:
     except OSError:
         pass
     flags = cpu_flags()
+    pins = {name: os.environ[name] for name in sorted({v for pin in CPU_KERNEL_PINS.values() for v in pin}) if name in os.environ}
+    capability = str(torch.backends.cpu.get_cpu_capability())
+    kernel_flags = sorted(flag for flag in _KERNEL_FLAGS if flag in flags)
     return {
         "lapheads_version": lapheads.__version__,
         "git_revision": git_revision(),
@@ -83,8 +86,10 @@ def environment(threads: int) -> dict[str, Any]:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpu_model": model,
-        "cpu_flags": sorted(flag for flag in _KERNEL_FLAGS if flag in flags),
-        "torch_cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+        "cpu_flags": kernel_flags,
+        "torch_cpu_capability": capability,
+        "cpu_kernel_pins": pins,
+        "cpu_kernels": cpu_kernels(kernel_flags, capability, pins),
         "threads": threads,
     }
 

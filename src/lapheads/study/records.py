@@ -181,7 +181,8 @@ def build_record(
     if run.report_dir.is_dir():
         for path in sorted(run.report_dir.glob("eval_*.json")):
             reports[path.name] = json.loads(path.read_text())
-    env = environment(threads if threads is not None else int(config.get("threads") or 0))
+    # where the cell trained (its own process wrote it into config.json); a run older than that: this process
+    env = config.get("environment") or environment(threads if threads is not None else int(config.get("threads") or 0))
     env["precision"] = config.get("precision")
     return {
         "cell": {"name": name, "spec": spec, "seed": seed, "config": config["config"]},
@@ -235,12 +236,16 @@ def records_sweep(folder: str | Path) -> dict[str, Any]:
 
 
 def environment_key(env: dict[str, Any]) -> tuple:
-    """What decides a cell's numbers beyond its config: torch, the kernels the CPU runs (its capability), the
-    architecture, threads and precision (the CPU model is recorded, but two CPUs with the same kernels agree)."""
+    """What decides a cell's numbers beyond its config: torch, the instruction set each CPU kernel library runs
+    (ATen, MKL, oneDNN: derived from the CPU flags for a record older than ``cpu_kernels``), the architecture,
+    threads and precision (the CPU model is recorded, but two CPUs running the same kernels agree bit for bit)."""
+    from lapheads.hardware import cpu_kernels
+
     precision = env.get("precision") or {}
+    kernels = env.get("cpu_kernels") or cpu_kernels(env.get("cpu_flags") or [], env.get("torch_cpu_capability"))
     return (
         env.get("torch_version"),
-        env.get("torch_cpu_capability"),
+        tuple(sorted(kernels.items())),
         env.get("machine"),
         env.get("threads"),
         precision.get("autocast_bf16") if isinstance(precision, dict) else precision,

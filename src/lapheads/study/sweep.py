@@ -163,6 +163,7 @@ def run_sweep(
     threads: int | None = None,
     records: str | Path | None = None,
     plan: str | Path | None = None,
+    cpu_kernels: str = "native",
 ) -> dict[str, Any]:
     """Run (or print, with ``dry_run``) every cell of the sweep; returns the sweep record.
 
@@ -173,13 +174,18 @@ def run_sweep(
         records: a folder for the cells' records (committable): finished cells write theirs there, cells with a
             record there are skipped.
         plan: a plan file (``lapheads.study.records.Plan``) the sweep must match; needs ``records``.
+        cpu_kernels: "native", or the instruction set ("avx2", "avx512") every CPU kernel library of the cells is
+            capped at (:func:`lapheads.hardware.pin_cpu_kernels`), so cells trained on different CPUs agree bit for
+            bit and pair as one environment; the cells then train in child processes even with ``jobs`` 1.
     """
+    from lapheads.hardware import pin_cpu_kernels
     from lapheads.io import atomic_write_text
     from lapheads.study.records import install_plan, load_plan
     from lapheads.tasks.presets import resolve_config
 
     task = _task_of(preset, task)
     overrides = _overrides(sets or [])
+    pins = pin_cpu_kernels(cpu_kernels, environ={})
     if plan is not None:
         if records is None:
             raise SweepError("--plan needs --records DIR: the plan is kept with the records it governs")
@@ -198,7 +204,8 @@ def run_sweep(
         single = nproc is None and preset.endswith("-cpu")  # a CPU recipe: one process a cell, no torchrun
         for cell in cells:
             launcher = ["python", "-m"] if single else ["torchrun", f"--nproc_per_node={nproc or 8}", "-m"]
-            log(shlex.join([*launcher, *_train_argv(task, preset, cell, overrides)]))
+            prefix = [f"{name}={value}" for name, value in pins.items()]
+            log(shlex.join([*prefix, *launcher, *_train_argv(task, preset, cell, overrides)]))
         return {
             **definition,
             "cells": {c.name: {"spec": c.spec, "seed": c.seed, "run_dir": c.run_dir.name} for c in cells},
@@ -235,8 +242,8 @@ def run_sweep(
                 record["cells"][cell.name] = {**entry, "status": "pending"}
                 todo.append(cell)
         save()
-        if jobs > 1:
-            _run_parallel(todo, sweep_dir, task, preset, overrides, record, save, log, jobs, threads, recorder)
+        if jobs > 1 or pins:  # pins act only on a torch not yet loaded: the cells' own processes
+            _run_parallel(todo, sweep_dir, task, preset, overrides, record, save, log, jobs, threads, recorder, pins)
             return record
         import torch
 
@@ -341,6 +348,7 @@ def _run_parallel(
     jobs: int,
     threads: int | None,
     recorder: _Recorder | None = None,
+    pins: dict[str, str] | None = None,
 ) -> None:
     """Train ``cells`` as ``jobs`` concurrent ``lapheads train`` processes; this process alone writes sweep.json
     (and the records, each as its cell finishes, with one thread). Each cell's output goes to
@@ -348,7 +356,7 @@ def _run_parallel(
     import os
 
     per_job = max(1, (threads or os.cpu_count() or 1) // jobs)
-    env = {**os.environ, "OMP_NUM_THREADS": str(per_job), "MKL_NUM_THREADS": str(per_job)}
+    env = {**os.environ, **(pins or {}), "OMP_NUM_THREADS": str(per_job), "MKL_NUM_THREADS": str(per_job)}
     logs = sweep_dir / "logs"
     queue, running, failed = list(cells), {}, []
     with _children_end_with_the_sweep(running):

@@ -256,9 +256,11 @@ def start_or_resume(
                 f"{run.path} holds {', '.join(found)} but no config.json: not a lapheads run; refusing to write there "
                 "(nothing was changed); allowed: a new --out"
             )
-        run.write_config(
-            task, config, {"world_size": dist_.world_size, "threads": torch.get_num_threads(), **extra_record}
-        )
+        from lapheads.runs.records import environment
+
+        threads = torch.get_num_threads()
+        record = {"world_size": dist_.world_size, "threads": threads, "environment": environment(threads)}
+        run.write_config(task, config, {**record, **extra_record})
     if dist_.is_main and isinstance(extra_record.get("precision"), dict):
         notice(f"precision: {extra_record['precision']['reason']}")
     if dist_.is_main and dist_.device.type == "cpu" and native.enabled() and native.module() is None:
