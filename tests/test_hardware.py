@@ -129,3 +129,24 @@ def test_a_model_too_large_for_the_machine_is_refused_before_it_is_built(monkeyp
         hardware.check_fits("a model", 2 * 10**6)
     monkeypatch.setenv(hardware.ALLOW_LARGE, "1")
     hardware.check_fits("a model", 2 * 10**6)  # the override for machines that really hold it
+
+
+def test_cpu_kernels_are_pinned_in_a_given_environment_and_a_bad_pin_is_one_line(monkeypatch):
+    from lapheads.errors import InputError
+
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: {"avx", "avx2", "fma"})
+    environ: dict[str, str] = {}
+    assert hardware.pin_cpu_kernels("avx2", environ) == environ
+    assert environ == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2"}
+    assert hardware.pin_cpu_kernels("native", {}) == {}
+    with pytest.raises(InputError, match="this CPU lacks avx512f"):
+        hardware.pin_cpu_kernels("avx512", {})
+    with pytest.raises(InputError, match=r"--cpu-kernels 'sse'; allowed: native, avx2, avx512"):
+        hardware.pin_cpu_kernels("sse", {})
+    # what runs: ATen as torch reports it, MKL and oneDNN at the CPU's best unless capped
+    assert hardware.cpu_kernels(["avx2", "avx512f"], "AVX512") == {
+        "aten": "AVX512",
+        "mkl": "AVX512",
+        "onednn": "AVX512",
+    }
+    assert hardware.cpu_kernels(["avx2", "avx512f"], "AVX2", environ)["onednn"] == "AVX2"

@@ -79,7 +79,7 @@ def test_a_sweep_continues_from_its_records_and_reports_from_them_alone(tiny_pre
     mixed = tmp_path / "mixed"
     shutil.copytree(records, mixed)
     moved = json.loads((mixed / "L1-s2.json").read_text())
-    moved["environment"]["torch_cpu_capability"] = "AVX512"
+    moved["environment"]["cpu_kernels"]["mkl"] = "SSE4_2"  # its BLAS ran other kernels
     (mixed / "L1-s2.json").write_text(json.dumps(moved))
     assert main(["report", str(mixed), "--no-geometry"]) == 0
     text = (mixed / "report" / "report.md").read_text()
@@ -200,3 +200,36 @@ def test_a_non_finite_metric_is_refused_by_name(tmp_path, capsys):
     }
     with pytest.raises(Exception, match="cell 0 seed 1: test top-1 \\(%\\) is nan; allowed: a finite number"):
         collect({"specs": ["0"], "cells": cells}, ("test top-1 (%)", "metrics", ("eval_top1",)))
+
+
+def test_cells_pair_by_the_kernels_they_ran_not_the_cpu_they_ran_on():
+    from lapheads.hardware import cpu_kernels
+    from lapheads.study.records import environment_key
+
+    avx2_machine = {"torch_version": "2.14.1", "cpu_flags": ["avx", "avx2", "fma"], "torch_cpu_capability": "AVX2"}
+    avx2_machine |= {"machine": "x86_64", "threads": 1, "precision": {"autocast_bf16": False}}
+    flags = ["avx", "avx2", "avx512f", "fma"]
+    pins = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2"}
+    pinned = {**avx2_machine, "cpu_flags": flags, "cpu_kernels": cpu_kernels(flags, "AVX2", pins)}
+    native = {**avx2_machine, "cpu_flags": flags, "cpu_kernels": cpu_kernels(flags, "AVX512")}
+    # a record older than cpu_kernels (its kernels derived from its flags) pairs with a pinned AVX-512 machine
+    assert environment_key(avx2_machine) == environment_key(pinned)
+    assert environment_key(native) != environment_key(avx2_machine)
+    # ATen capped alone is not enough: MKL still runs AVX-512
+    assert environment_key({**native, "cpu_kernels": cpu_kernels(flags, "AVX2")}) != environment_key(pinned)
+
+
+@pytest.mark.skipif("avx2" not in __import__("lapheads.hardware").hardware.cpu_flags(), reason="needs an AVX2 CPU")
+def test_a_pinned_sweep_records_the_kernels_its_cells_ran(tiny_preset, tmp_path, capsys):
+    out, records = tmp_path / "sweep", tmp_path / "records"
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "1", "--seeds", "0"]
+    args += ["--out", str(out), "--records", str(records), "--set", "amp=false"]
+    assert main([*args, "--cpu-kernels", "avx2", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 DNNL_MAX_CPU_ISA")
+    assert main([*args, "--cpu-kernels", "avx2"]) == 0  # --jobs 1: the cell still trains in its own process
+    environment = read_record(records / "L1-s0.json").data["environment"]
+    assert environment["cpu_kernels"] == {"aten": "AVX2", "mkl": "AVX2", "onednn": "AVX2"}
+    assert environment["cpu_kernel_pins"]["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"
+    # the environment is the training process's own, written into its config.json
+    config = json.loads((out / "L1-s0" / "config.json").read_text())
+    assert config["environment"]["torch_cpu_capability"] == "AVX2" and "ATEN_CPU_CAPABILITY" not in os.environ

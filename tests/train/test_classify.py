@@ -92,6 +92,21 @@ def test_resume_refuses_a_changed_config(tiny_config, tmp_path):
     assert train_classify(reworded, tmp_path / "run", resume=True)["step"] == 8  # wording is not the recipe
 
 
+def test_a_run_resumed_where_other_kernels_run_says_so_once(tiny_config, tmp_path, capsys):
+    cfg = dataclasses.replace(tiny_config, checkpoint_every=3)
+    train_classify(cfg, tmp_path / "run", stop_at_step=4)
+    stored = RunDir(tmp_path / "run").read_config()
+    assert stored["environment"]["threads"] == torch.get_num_threads() and stored["environment"]["cpu_kernels"]
+    capsys.readouterr()
+    train_classify(cfg, tmp_path / "same", stop_at_step=4)
+    train_classify(cfg, tmp_path / "same", resume=True)
+    assert "bit for bit" not in capsys.readouterr().err  # the same machine: nothing to say
+    stored["environment"]["cpu_kernels"] = {**stored["environment"]["cpu_kernels"], "mkl": "SSE4_2"}
+    (tmp_path / "run" / "config.json").write_text(json.dumps(stored))
+    assert train_classify(cfg, tmp_path / "run", resume=True)["step"] == 8  # it goes on
+    assert capsys.readouterr().err.count("will not match a run trained in one place bit for bit") == 1
+
+
 def test_a_run_killed_before_its_first_checkpoint_can_start_over_or_resume(tiny_config, tmp_path, capsys):
     train_classify(tiny_config, tmp_path / "run", stop_at_step=1)  # config.json written, no checkpoint yet
     assert not (tmp_path / "run" / "checkpoints" / "latest").exists()

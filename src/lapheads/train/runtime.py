@@ -232,6 +232,7 @@ def start_or_resume(
         if folder is not None:
             start_step = load_checkpoint(folder, dist_, model, optimizer, extra_models)["step"]
         if dist_.is_main:
+            _say_if_the_kernels_changed(run, notice)
             notice(
                 f"resuming {run.path} from step {start_step} ({folder.name})"
                 if folder is not None
@@ -277,6 +278,30 @@ def start_or_resume(
 
 
 _MISSING = object()
+
+
+def _say_if_the_kernels_changed(run: RunDir, notice) -> None:
+    """A run resumed where other kernels run (another CPU, another torch, other threads) goes on, but no longer
+    matches a run trained in one place bit for bit: say so once (its config.json keeps where it started)."""
+    import torch
+
+    from lapheads.runs.records import environment
+    from lapheads.study.records import environment_key
+
+    started = run.read_config().get("environment")
+    if not started:
+        return
+    here = environment(torch.get_num_threads())
+    then, now = environment_key({**started, "precision": None}), environment_key({**here, "precision": None})
+    if then != now:
+
+        def said(key: tuple) -> str:  # torch, the kernels of each library, the architecture, threads
+            return f"torch {key[0]}, {' '.join(f'{lib} {isa}' for lib, isa in key[1])}, {key[2]}, {key[3]} threads"
+
+        notice(
+            f"{run.path} started on {said(then)} and resumes on {said(now)}: its numbers will not match a run "
+            "trained in one place bit for bit (config.json keeps where it started)"
+        )
 
 
 def _check_owned(run: RunDir, task: str) -> None:
