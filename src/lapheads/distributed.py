@@ -35,6 +35,7 @@ __all__ = [
     "peer_failures",
     "resolve_device",
     "setup_distributed",
+    "stop_signals",
 ]
 
 
@@ -50,12 +51,27 @@ class Interrupted(StoppedError):
     exit_code = 130
 
 
+# The signals a one-process training loop takes as "stop after this step"; a SLURM job (lapheads.slurm) swaps
+# SIGTERM, which submitit leaves to SLURM, for the signal that announces pre-emption or the time limit (USR2).
+_STOP_SIGNALS: list[tuple[int, ...]] = [(signal.SIGINT, signal.SIGTERM)]
+
+
+@contextlib.contextmanager
+def stop_signals(*signums: int) -> Iterator[None]:
+    """Within the block, :class:`StopRequests` answers ``signums`` instead of SIGINT and SIGTERM."""
+    _STOP_SIGNALS.append(tuple(signums))
+    try:
+        yield
+    finally:
+        _STOP_SIGNALS.pop()
+
+
 class StopRequests:
-    """SIGINT / SIGTERM while a one-process run trains become a request the loop answers at the end of its step
-    (checkpoint, one line, exit 130) instead of a traceback that loses every step since the last checkpoint. A second
-    signal while the checkpoint is written is taken as "stop now" (Python's default). Inactive in torchrun jobs,
-    where the ranks would have to agree on the step (torchrun's own SIGTERM handling stays), and off the main
-    thread, where signals cannot be caught."""
+    """SIGINT / SIGTERM (or the signals of :func:`stop_signals`) while a one-process run trains become a request the
+    loop answers at the end of its step (checkpoint, one line, exit 130) instead of a traceback that loses every
+    step since the last checkpoint. A second signal while the checkpoint is written is taken as "stop now"
+    (Python's default). Inactive in torchrun jobs, where the ranks would have to agree on the step (torchrun's own
+    SIGTERM handling stays), and off the main thread, where signals cannot be caught."""
 
     def __init__(self, active: bool = True) -> None:
         self.active = active and threading.current_thread() is threading.main_thread()
@@ -64,7 +80,7 @@ class StopRequests:
 
     def __enter__(self) -> "StopRequests":
         if self.active:
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in _STOP_SIGNALS[-1]:
                 self._previous[signum] = signal.signal(signum, self._request)
         return self
 

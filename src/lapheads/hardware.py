@@ -35,6 +35,7 @@ __all__ = [
     "cpu_kernels",
     "CPU_KERNEL_PINS",
     "pin_cpu_kernels",
+    "kernel_pins_in_force",
     "apply_cli_thread_policy",
     "apply_thread_policy",
     "ALLOW_LARGE",
@@ -140,6 +141,13 @@ def pin_cpu_kernels(isa: str, environ: dict[str, str] | None = None) -> dict[str
         raise InputError(f"--cpu-kernels {isa}: this CPU lacks {needed}; allowed: native or an instruction set it has")
     environ.update(CPU_KERNEL_PINS[isa])
     return dict(CPU_KERNEL_PINS[isa])
+
+
+def kernel_pins_in_force(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The CPU kernel pins set in ``environ`` (default ``os.environ``): a record keeps them, a SLURM job gets them."""
+    environ = os.environ if environ is None else environ
+    names = sorted({name for pin in CPU_KERNEL_PINS.values() for name in pin})
+    return {name: environ[name] for name in names if name in environ}
 
 
 def cpu_kernels(flags: set[str] | list[str], capability: str | None, pins: dict[str, str] | None = None) -> dict:

@@ -89,6 +89,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     from lapheads.tasks import get_task
 
     train = get_task(args.task).train_function()
+    options = slurm_options(args)
+    if options is not None:
+        from lapheads.hardware import kernel_pins_in_force
+        from lapheads.slurm import submit_training
+
+        job = submit_training(args.task, cfg, out, args.resume, args.preset, options, kernel_pins_in_force())
+        print(f"train: submitted SLURM job {job.job_id} ({options.nodes} node(s) x {options.tasks()} task(s)); "
+              f"run directory {out}, job logs {out / 'slurm' / job.job_id}")  # fmt: skip
+        if not args.wait:
+            return 0
+        from submitit.core.utils import FailedJobError, UncompletedJobError
+
+        try:
+            result = job.results()[0]
+        except (FailedJobError, UncompletedJobError) as err:
+            from lapheads.slurm import SlurmError, log_tail
+
+            raise SlurmError(f"SLURM job {job.job_id} failed: {log_tail(out / 'slurm', job.job_id)}") from err
+        print(json.dumps({"run_dir": str(out), **result}))
+        return 0
 
     with peer_failures():  # a rank that died under torchrun: one line on the others, not a gloo traceback
         result = train(cfg, out, resume=args.resume, preset=args.preset)
@@ -282,10 +302,37 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         records=args.records,
         plan=args.plan,
         cpu_kernels=args.cpu_kernels,
+        slurm=slurm_options(args),
+        wait=args.wait,
     )
-    if not args.dry_run:
+    finished = sum(c.get("status") in ("done", "recorded") for c in record["cells"].values())
+    if not args.dry_run and finished == len(record["cells"]):
         print(f"sweep: {len(record['cells'])} cells done in {out}; next: lapheads report {out}")
+    elif not args.dry_run:
+        print(f"sweep: {finished} of {len(record['cells'])} cells done in {out}; the others are with SLURM")
     return 0
+
+
+def slurm_options(args: argparse.Namespace):
+    """The SLURM job's request from --executor slurm and the --slurm-* options (None: --executor local)."""
+    if args.executor != "slurm":
+        given = [a for a in ("slurm_partition", "slurm_option") if getattr(args, a, None)]
+        if given or args.wait:
+            flags = [f"--{a.replace('_', '-')}" for a in given] + (["--wait"] if args.wait else [])
+            raise UserError(f"{' '.join(flags)} without --executor slurm; allowed: add --executor slurm")
+        return None
+    from lapheads.slurm import SlurmOptions
+
+    return SlurmOptions(
+        partition=args.slurm_partition,
+        time_minutes=args.slurm_time,
+        cpus_per_task=args.slurm_cpus_per_task,
+        gpus_per_node=args.slurm_gpus_per_node,
+        tasks_per_node=getattr(args, "slurm_tasks_per_node", 1),
+        nodes=getattr(args, "nodes", 1),
+        array_parallelism=getattr(args, "slurm_array_parallelism", 256),
+        sbatch=tuple(args.slurm_option),
+    )
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
             "config from its last checkpoint (or from the start if it wrote none)",
         )
         task_parser.set_defaults(func=commands.cmd_train, takes_overrides=True)
+        _add_executor_args(task_parser, training=True)
         if task.from_run:
             task_parser.add_argument(
                 "--from",
@@ -320,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one-thread jobs do ~1.7x the work of one two-thread run)",
     )
     sweep.add_argument("--threads", type=int, default=None, help="--jobs: threads shared by all jobs (default: CPUs)")
+    _add_executor_args(sweep, training=False)
     sweep.add_argument(
         "--cpu-kernels",
         default="native",
@@ -377,6 +379,39 @@ def build_parser() -> argparse.ArgumentParser:
     data.set_defaults(func=commands.cmd_data)
     _document_threads(parser)
     return parser
+
+
+def _add_executor_args(parser: argparse.ArgumentParser, training: bool) -> None:
+    """--executor local|slurm and what a SLURM job asks for (lapheads.slurm, through submitit)."""
+    what = "the run" if training else "the cells"
+    group = parser.add_argument_group("SLURM (through submitit; docs/cluster.md)")
+    group.add_argument(
+        "--executor",
+        default="local",
+        choices=["local", "slurm"],
+        help=f"where {what} train: here (default) or as SLURM jobs",
+    )
+    group.add_argument("--slurm-partition", default=None, help="the partition (default: the cluster's default)")
+    group.add_argument("--slurm-time", type=int, default=60, metavar="MINUTES", help="a job's time limit (default 60)")
+    group.add_argument("--slurm-cpus-per-task", type=int, default=1, help="CPUs (torch threads) per task (default 1)")
+    group.add_argument("--slurm-gpus-per-node", type=int, default=0, help="GPUs per node (training: a task per GPU)")
+    if training:
+        group.add_argument("--nodes", type=int, default=1, help="nodes of the job (default 1)")
+        group.add_argument(
+            "--slurm-tasks-per-node", type=int, default=1, help="tasks per node without GPUs (CPU training, gloo)"
+        )
+    else:
+        group.add_argument(
+            "--slurm-array-parallelism", type=int, default=256, help="cells running at once (default 256)"
+        )
+    group.add_argument(
+        "--slurm-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other sbatch option without its dashes, e.g. account=proj or qos=high (repeatable)",
+    )
+    group.add_argument("--wait", action="store_true", help="--executor slurm: wait until the job(s) end")
 
 
 def _document_threads(parser: argparse.ArgumentParser) -> None:

@@ -64,7 +64,7 @@ def environment(threads: int) -> dict[str, Any]:
     import torch
 
     import lapheads
-    from lapheads.hardware import CPU_KERNEL_PINS, cpu_flags, cpu_kernels
+    from lapheads.hardware import cpu_flags, cpu_kernels, kernel_pins_in_force
     from lapheads.runs.directory import git_revision
 
     model = platform.processor() or platform.machine()
@@ -76,7 +76,7 @@ def environment(threads: int) -> dict[str, Any]:
     except OSError:
         pass
     flags = cpu_flags()
-    pins = {name: os.environ[name] for name in sorted({v for pin in CPU_KERNEL_PINS.values() for v in pin}) if name in os.environ}
+    pins = kernel_pins_in_force()
     capability = str(torch.backends.cpu.get_cpu_capability())
     kernel_flags = sorted(flag for flag in _KERNEL_FLAGS if flag in flags)
     return {

@@ -35,7 +35,7 @@ from typing import Any
 from lapheads.core.heads import HeadSpecError, parse_spec_arms
 from lapheads.io import sole_owner
 from lapheads.runs import SWEEP_FILE, RunDir, SweepError, spec_dir_name
-from lapheads.runs.layout import RECORDS_LOCK, SWEEP_LOCK
+from lapheads.runs.layout import PLAN_FILE, RECORDS_LOCK, SWEEP_LOCK
 from lapheads.tasks import get_task
 
 __all__ = ["SweepError", "cell_name", "parse_seeds", "parse_specs", "run_sweep", "sweep_cells"]
@@ -164,6 +164,8 @@ def run_sweep(
     records: str | Path | None = None,
     plan: str | Path | None = None,
     cpu_kernels: str = "native",
+    slurm: Any = None,
+    wait: bool = False,
 ) -> dict[str, Any]:
     """Run (or print, with ``dry_run``) every cell of the sweep; returns the sweep record.
 
@@ -177,6 +179,9 @@ def run_sweep(
         cpu_kernels: "native", or the instruction set ("avx2", "avx512") every CPU kernel library of the cells is
             capped at (:func:`lapheads.hardware.pin_cpu_kernels`), so cells trained on different CPUs agree bit for
             bit and pair as one environment; the cells then train in child processes even with ``jobs`` 1.
+        slurm: a :class:`lapheads.slurm.SlurmOptions`: the cells run as SLURM jobs (one array) instead of here; a
+            rerun reports their states and resubmits only cells whose job ended unfinished (lapheads.slurm).
+        wait: with ``slurm``, wait until every job is over (else submit and return).
     """
     from lapheads.hardware import pin_cpu_kernels
     from lapheads.io import atomic_write_text
@@ -195,10 +200,13 @@ def run_sweep(
     sweep_dir = Path(out)
     definition = {"preset": preset, "task": task, "specs": specs, "seeds": seeds, "overrides": overrides}
     record_file = sweep_dir / SWEEP_FILE
+    jobs_before: dict[str, str] = {}  # a SLURM sweep's job ids: a rerun must not submit a live cell twice
     if record_file.exists():
-        added = _extension(_read_sweep(record_file), definition, sweep_dir)
+        existing = _read_sweep(record_file)
+        added = _extension(existing, definition, sweep_dir)
         if added:
             log(f"sweep: extending {sweep_dir} with {added}")
+        jobs_before = {n: c["slurm_job"] for n, c in (existing.get("cells") or {}).items() if c.get("slurm_job")}
     cells = sweep_cells(sweep_dir, specs, seeds)
     if dry_run:
         single = nproc is None and preset.endswith("-cpu")  # a CPU recipe: one process a cell, no torchrun
@@ -229,6 +237,7 @@ def run_sweep(
                 "spec": cell.spec,
                 "seed": cell.seed,
                 "run_dir": cell.run_dir.name,
+                **({"slurm_job": jobs_before[cell.name]} if cell.name in jobs_before else {}),
             }  # relative: a sweep moves whole
             if recorder is not None and recorder.has(cell):
                 record["cells"][cell.name] = {**entry, "status": "recorded"}
@@ -242,6 +251,9 @@ def run_sweep(
                 record["cells"][cell.name] = {**entry, "status": "pending"}
                 todo.append(cell)
         save()
+        if slurm is not None:
+            _run_on_slurm(todo, sweep_dir, record, save, log, definition, records, plan, slurm, pins, wait)
+            return record
         if jobs > 1 or pins:  # pins act only on a torch not yet loaded: the cells' own processes
             _run_parallel(todo, sweep_dir, task, preset, overrides, record, save, log, jobs, threads, recorder, pins)
             return record
@@ -334,6 +346,33 @@ class _Recorder:
             wall_seconds=wall_seconds,
         )
         write_record(self.folder, data)
+
+
+def _run_on_slurm(todo, sweep_dir, record, save, log, definition, records, plan, options, pins, wait) -> None:
+    """The cells as SLURM jobs (lapheads.slurm): each trains and writes its own record; with ``wait``, a cell whose
+    job ended unfinished fails the command with its log's last lines (a rerun resubmits only those)."""
+    from lapheads import slurm
+
+    folder = sweep_dir / "slurm"
+    sweep = {
+        "task": definition["task"],
+        "preset": str(Path(definition["preset"]).resolve())
+        if Path(definition["preset"]).is_file()
+        else definition["preset"],
+        "overrides": definition["overrides"],
+        "definition": definition,
+        "records": None if records is None else str(Path(records).resolve()),
+        "plan": None if plan is None else str((Path(records) / PLAN_FILE).resolve()),
+    }
+    live = slurm.submit_cells(todo, record["cells"], folder, options, sweep, pins, log)
+    save()
+    if not wait:
+        if live:
+            log(f"sweep: {len(live)} cell(s) with SLURM; run the same command again to see their states")
+        return
+    failed = slurm.wait_for(live, record["cells"], folder, save, log)
+    if failed:
+        raise SweepError(f"{len(failed)} cell(s) failed: {'; '.join(failed)}; rerun the same command to resubmit them")
 
 
 def _run_parallel(

@@ -1,0 +1,323 @@
+"""SLURM through submitit: a sweep's cells as a job array, multi-node training, pre-emption as the normal case.
+
+Design choices:
+
+* **submitit does the SLURM work** (sbatch scripts, job arrays, the pickled call, states from sacct, requeue), as in
+  DINOv2's ``run/submit.py``; lapheads adds the job callables, the sweep folder's ledger of job ids and one-line
+  errors. The local process pool (``--executor local``) stays the default.
+* **One job per cell**, all of a sweep's new cells in one array (``executor.batch()``); ``--slurm-array-parallelism``
+  caps how many run at once. Each job trains its cell (resuming its run directory when it holds one) and writes the
+  cell's record itself, with the same builder a local sweep uses, so the records are the same.
+* **A rerun never submits a cell twice.** sweep.json keeps each cell's job id; ``lapheads sweep`` on the folder
+  again asks SLURM (sacct, through submitit) for each state, leaves pending, running and requeued cells alone, and
+  resubmits only cells whose job is over without a finished run (failed, cancelled, timed out, vanished), saying so
+  with the last lines of the job's log.
+* **Pre-emption is normal.** sbatch asks for USR2 90 s before the time limit (submitit's default), and a cluster
+  whose slurmctld has ``SlurmctldParameters=preempt_send_user_signal`` sends it at pre-emption too. A one-process
+  job's training loop takes USR2 as a stop request (:func:`lapheads.distributed.stop_signals`): it finishes its
+  step, checkpoints it, and the job hands over to submitit, which requeues the same call; the requeued job resumes
+  from that checkpoint on the uninterrupted trajectory (bit-identical resume). SIGTERM stays submitit's (which
+  ignores it: SLURM sends it beside the user signal); ``scancel`` still ends a job. A multi-task job leaves USR2 to
+  submitit on rank 0 and resumes from its last periodic checkpoint (the ranks would have to agree on the step).
+* **Multi-node training**: one task per GPU (or ``--slurm-tasks-per-node`` on CPUs); each task exports
+  torch.distributed's variables from SLURM's (``submitit.helpers.TorchDistributedEnvironment``), as torchrun
+  would, and :func:`lapheads.distributed.setup_distributed` joins the group as under torchrun.
+* **Threads**: a task uses the CPUs SLURM gave it (``SLURM_CPUS_PER_TASK``); CPU kernel pins travel in the
+  job's environment (sbatch exports the submitting environment, and the pins are set in the script too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lapheads.errors import InputError, LapheadsError
+
+__all__ = ["ACTIVE_STATES", "SlurmError", "SlurmOptions", "CellJob", "TrainJob", "submit_cells", "submit_training"]
+
+#: states in which a job still holds (or will hold) its cell: never submitted again
+ACTIVE_STATES = frozenset(
+    {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "RESIZING",
+     "SUSPENDED", "PREEMPTED", "SIGNALING", "STAGE_OUT"}
+)  # fmt: skip
+
+
+class SlurmError(LapheadsError):
+    """SLURM refused or lost a job: the message says what SLURM said, in one line."""
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What each job asks SLURM for.
+
+    Args:
+        partition: the partition (default: the cluster's default partition).
+        time_minutes: the time limit of one job; a job that reaches it checkpoints and requeues.
+        cpus_per_task: CPUs of one task (its torch threads).
+        gpus_per_node: GPUs per node; training starts one task per GPU.
+        tasks_per_node: tasks per node without GPUs (CPU training with gloo).
+        nodes: nodes of one job (training only; a sweep cell is one node).
+        array_parallelism: a sweep's cells running at once.
+        sbatch: other sbatch options, as ``KEY=VALUE`` (``account=proj``, ``qos=high``, ``constraint=a100``).
+    """
+
+    partition: str | None = None
+    time_minutes: int = 60
+    cpus_per_task: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: int = 1
+    nodes: int = 1
+    array_parallelism: int = 256
+    sbatch: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        flags = {"time_minutes": "--slurm-time", "cpus_per_task": "--slurm-cpus-per-task", "nodes": "--nodes",
+                 "tasks_per_node": "--slurm-tasks-per-node",
+                 "array_parallelism": "--slurm-array-parallelism"}  # fmt: skip
+        for name, flag in flags.items():
+            if getattr(self, name) < 1:
+                raise InputError(f"{flag} {getattr(self, name)}; allowed: an integer >= 1")
+        if self.gpus_per_node < 0:
+            raise InputError(f"--slurm-gpus-per-node {self.gpus_per_node}; allowed: an integer >= 0")
+        self.additional_parameters()  # bad --slurm-option values: refused before anything is submitted
+
+    def additional_parameters(self) -> dict[str, str]:
+        out = {}
+        for item in self.sbatch:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip() or key.strip().startswith("-"):
+                raise InputError(f"--slurm-option {item!r}; allowed: KEY=VALUE, an sbatch option without its dashes")
+            out[key.strip().replace("-", "_")] = value
+        return out
+
+    def tasks(self) -> int:
+        """Tasks per node: one per GPU where there are GPUs."""
+        return self.gpus_per_node or self.tasks_per_node
+
+
+def _submitit():
+    try:
+        import submitit
+    except ImportError:
+        raise InputError("--executor slurm needs submitit; allowed: pip install 'lapheads[slurm]'") from None
+    if shutil.which("sbatch") is None:
+        raise SlurmError(
+            "--executor slurm: sbatch is not on PATH (not a SLURM login node); allowed: --executor local, or a "
+            "machine where sbatch runs (a one-node cluster for trying it: tests/slurm/localhost_cluster.sh)"
+        )
+    return submitit
+
+
+def _executor(folder: Path, options: SlurmOptions, name: str, pins: dict[str, str], tasks: int, nodes: int):
+    submitit = _submitit()
+    executor = submitit.SlurmExecutor(folder=str(folder / "%j"), max_num_timeout=3)
+    parameters: dict[str, Any] = {
+        "job_name": name,
+        "time": options.time_minutes,
+        "cpus_per_task": options.cpus_per_task,
+        "ntasks_per_node": tasks,
+        "nodes": nodes,
+        "array_parallelism": options.array_parallelism,
+        "signal_delay_s": 90,  # USR2 this long before the time limit: time to finish a step and checkpoint it
+        "setup": [f"export {key}={value}" for key, value in pins.items()],
+        "additional_parameters": options.additional_parameters(),
+    }
+    if options.partition:
+        parameters["partition"] = options.partition
+    if options.gpus_per_node:
+        parameters["gpus_per_node"] = options.gpus_per_node
+    executor.update_parameters(**parameters)
+    return executor
+
+
+@contextlib.contextmanager
+def _refusals() -> Iterator[None]:
+    """sbatch refusing (an unknown partition, an unreachable slurmctld): one line with what SLURM said."""
+    import io
+
+    from submitit.core.utils import FailedJobError
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's stderr; the one line says it
+            yield
+    except FailedJobError as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        said = [line.split("error:", 1)[1].strip() for line in lines if "error:" in line] or lines[-1:]
+        raise SlurmError(f"sbatch refused the job: {'; '.join(said)}") from None
+
+
+def _threads_from_slurm() -> int:
+    import torch
+
+    threads = int(os.environ.get("SLURM_CPUS_PER_TASK", "0") or 0)
+    if threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def _requeue_when_stopped() -> Iterator[None]:
+    """In a one-process job: the pre-emption signal stops training after its step (checkpointed), then submitit's
+    own handler runs as if the signal had just come (it calls ``checkpoint`` and requeues the job)."""
+    from lapheads.distributed import Interrupted, stop_signals
+
+    usr = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+    submitits = signal.getsignal(usr)
+    with stop_signals(signal.SIGINT, usr):
+        try:
+            yield
+        except Interrupted:
+            if callable(submitits):
+                submitits(usr, None)  # requeues and exits; returns only where it cannot requeue
+            raise
+
+
+class CellJob:
+    """One sweep cell as a SLURM job: train it (resuming its run directory), then write its record."""
+
+    def __call__(self, cell: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
+        from lapheads.runs.directory import RunDir
+        from lapheads.study.sweep import Cell, _for_cell, _Recorder, _train
+        from lapheads.tasks.presets import resolve_config
+
+        threads = _threads_from_slurm()
+        one = Cell(cell["spec"], cell["seed"], Path(cell["run_dir"]))
+        task, preset, overrides = sweep["task"], sweep["preset"], sweep["overrides"]
+        cfg = resolve_config(task, preset, one.spec, [*_for_cell(overrides, one), "--seed", str(one.seed)])
+        began = time.monotonic()
+        with _requeue_when_stopped():
+            _train(task)(cfg, one.run_dir, resume=RunDir(one.run_dir).exists())
+        if sweep.get("records"):
+            from lapheads.study.records import load_plan
+
+            plan = load_plan(sweep["plan"]) if sweep.get("plan") else None
+            recorder = _Recorder(Path(sweep["records"]), sweep["definition"], plan, task, preset, overrides)
+            recorder.write(one, time.monotonic() - began, threads)
+        return {"cell": one.name, "run_dir": str(one.run_dir)}
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        """submitit, at pre-emption or the time limit: requeue the same call (it resumes the run directory)."""
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+class TrainJob:
+    """A training run as a SLURM job of one or more tasks (one per GPU, or per CPU slot), joined as torchrun would."""
+
+    def __call__(self, task: str, cfg: Any, out: str, resume: bool, preset: str | None) -> dict[str, Any]:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        from lapheads.runs.directory import RunDir
+        from lapheads.tasks import get_task
+
+        _threads_from_slurm()
+        environment = TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        train = get_task(task).train_function()
+        resume = resume or RunDir(out).exists()  # a requeued job continues what it wrote
+        if environment.world_size > 1:
+            return train(cfg, Path(out), resume=resume, preset=preset)
+        with _requeue_when_stopped():
+            return train(cfg, Path(out), resume=resume, preset=preset)
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+def job_state(folder: Path, job_id: str) -> str:
+    """SLURM's state of a job (sacct through submitit; squeue for a job sacct does not list yet)."""
+    import subprocess
+
+    submitit = _submitit()
+    state = submitit.SlurmJob(folder=str(folder / "%j"), job_id=job_id).watcher.get_state(job_id, mode="force")
+    state = state.split()[0] if state else "UNKNOWN"  # "CANCELLED by 0" -> "CANCELLED"
+    if state == "UNKNOWN":
+        listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+        state = listed.stdout.strip() or "VANISHED"
+    return state
+
+
+def log_tail(folder: Path, job_id: str, lines: int = 5) -> str:
+    """The last lines of a job's logs (stderr, else stdout), joined into one line."""
+    for name in (f"{job_id}_0_log.err", f"{job_id}_0_log.out"):
+        path = folder / job_id / name
+        if path.is_file():
+            kept = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+            if kept:
+                return " | ".join(kept[-lines:])
+    return f"(no log in {folder / job_id})"
+
+
+def submit_cells(
+    cells: list[Any], ledger: dict[str, dict[str, Any]], folder: Path, options: SlurmOptions, sweep: dict[str, Any],
+    pins: dict[str, str], log,
+) -> list[tuple[Any, Any]]:  # fmt: skip
+    """Submit ``cells`` that no job holds now as one job array; returns (cell, job) for every cell with a live job
+    (new or still queued/running). ``ledger`` (sweep.json's cells) gains each new job id."""
+    submitit = _submitit()
+    live, todo = [], []
+    for cell in cells:
+        job_id = ledger[cell.name].get("slurm_job")
+        if job_id:
+            state = job_state(folder, job_id)
+            if state in ACTIVE_STATES:
+                log(f"sweep: {cell.name} is {state} as SLURM job {job_id}; not submitted again")
+                ledger[cell.name]["status"] = state.lower()
+                live.append((cell, submitit.SlurmJob(folder=str(folder / "%j"), job_id=job_id)))
+                continue
+            log(f"sweep: {cell.name}'s SLURM job {job_id} ended {state}: {log_tail(folder, job_id)}; resubmitting it")
+        todo.append(cell)
+    if todo:
+        executor = _executor(folder, options, f"lapheads-{Path(sweep['preset']).stem}", pins, 1, 1)
+        with _refusals(), executor.batch():
+            jobs = [
+                executor.submit(
+                    CellJob(), {"spec": c.spec, "seed": c.seed, "run_dir": str(Path(c.run_dir).resolve())}, sweep
+                )
+                for c in todo
+            ]
+        for cell, job in zip(todo, jobs):
+            ledger[cell.name].update(status="submitted", slurm_job=job.job_id)
+            log(f"sweep: {cell.name} submitted as SLURM job {job.job_id} (log {folder / job.job_id})")
+            live.append((cell, job))
+    return live
+
+
+def wait_for(live: list[tuple[Any, Any]], ledger: dict[str, dict[str, Any]], folder: Path, save, log) -> list[str]:
+    """Wait until every job is over; returns "<cell> (job <id> <state>: <log lines>)" for each that did not finish."""
+    failed = []
+    pending = list(live)
+    while pending:
+        time.sleep(2)
+        for cell, job in list(pending):
+            state = job_state(folder, job.job_id)
+            if state in ACTIVE_STATES:
+                continue
+            pending.remove((cell, job))
+            from lapheads.runs.directory import RunDir
+
+            done = state == "COMPLETED" and RunDir(cell.run_dir).finished()
+            ledger[cell.name]["status"] = "done" if done else "failed"
+            save()
+            if done:
+                log(f"sweep: {cell.name} finished (SLURM job {job.job_id})")
+            else:
+                failed.append(f"{cell.name} (job {job.job_id} {state}: {log_tail(folder, job.job_id)})")
+    return failed
+
+
+def submit_training(task: str, cfg: Any, out: Path, resume: bool, preset: str | None, options: SlurmOptions,
+                    pins: dict[str, str]):  # fmt: skip
+    """Submit one training run; returns the submitit job (its logs in ``out``/slurm/<job id>)."""
+    executor = _executor(out / "slurm", options, f"lapheads-{task}", pins, options.tasks(), options.nodes)
+    with _refusals():
+        return executor.submit(TrainJob(), task, cfg, str(Path(out).resolve()), resume, preset)

@@ -1,0 +1,147 @@
+"""Sweeps and training through a real SLURM (slurmctld + slurmd + slurmdbd on localhost, see conftest.py): the same
+records as the local executor, pre-emption that requeues and resumes on the same trajectory, a 2-task gloo job
+that matches one process, failures reported with SLURM's log and resubmitted alone, and SLURM's refusals in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lapheads.cli import main
+from lapheads.runs.records import read_record
+
+pytestmark = pytest.mark.slow
+
+
+def _weights(run_dir):
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return load_file(str(run_dir / "checkpoints" / latest / "model.safetensors"))
+
+
+def _comparable(record):
+    """What two executors must agree on: everything but when, how fast and where the run directory was."""
+    data = dict(record.data)
+    for key in ("written_at", "wall_seconds"):
+        data.pop(key)
+    data["metrics"] = [{k: v for k, v in row.items() if k != "images_per_s"} for row in data["metrics"]]
+    data["analysis"] = {k: v for k, v in data["analysis"].items() if k != "run_dir"}  # each sweep's own folder
+    return data
+
+
+def _sweep(preset, out, records, *extra):
+    args = ["sweep", str(preset), "--task", "classify", "--laplacian-heads", "0,1", "--seeds", "0"]
+    return [*args, "--out", str(out), "--records", str(records), "--set", "amp=false", *extra]
+
+
+def test_a_sweep_through_slurm_gives_the_local_executors_records(slurm_cluster, tiny_preset, tmp_path, capsys):
+    slurm = ["--executor", "slurm", "--slurm-partition", slurm_cluster, "--slurm-time", "10", "--wait"]
+    assert main(_sweep(tiny_preset, tmp_path / "s", tmp_path / "slurm-records", *slurm)) == 0
+    said = capsys.readouterr().out
+    assert said.count("submitted as SLURM job") == 2 and "cells done" in said
+    ledger = json.loads((tmp_path / "s" / "sweep.json").read_text())["cells"]
+    assert all(c["slurm_job"] and c["status"] == "done" for c in ledger.values())
+    torch.set_num_threads(1)  # a job's threads: SLURM's CPUs per task (1)
+    assert main(_sweep(tiny_preset, tmp_path / "l", tmp_path / "local-records")) == 0
+    for name in ("L0-s0", "L1-s0"):
+        slurm_record = read_record(tmp_path / "slurm-records" / f"{name}.json")
+        local = read_record(tmp_path / "local-records" / f"{name}.json")
+        assert _comparable(slurm_record) == _comparable(local), name
+    # the same command again: every cell has its record; nothing is submitted
+    assert main(_sweep(tiny_preset, tmp_path / "s", tmp_path / "slurm-records", *slurm)) == 0
+    assert "submitted" not in capsys.readouterr().out
+
+
+def _job_of(out, name):
+    return json.loads((out / "sweep.json").read_text())["cells"][name]["slurm_job"]
+
+
+def test_a_preempted_cell_requeues_and_finishes_on_the_uninterrupted_trajectory(
+    slurm_cluster, tiny_config, tmp_path, capsys
+):
+    preset = tmp_path / "long.json"  # long enough to be signalled mid-run: 128 steps, a checkpoint every 8
+    cfg = dataclasses.replace(tiny_config, epochs=8, eval_every_epochs=4, checkpoint_every=8, log_every=2)
+    preset.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k != "laplacian_heads"}))
+    out = tmp_path / "s"
+    args = ["sweep", str(preset), "--task", "classify", "--laplacian-heads", "1", "--seeds", "0", "--out", str(out)]
+    slurm = ["--executor", "slurm", "--slurm-partition", slurm_cluster]
+    assert main([*args, *slurm]) == 0  # submitted; not waited for
+    job = _job_of(out, "L1-s0")
+    metrics = out / "L1-s0" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 3) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # what SLURM does at pre-emption with preempt_send_user_signal (and before the time limit): the user signal
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    assert main([*args, *slurm, "--wait"]) == 0  # the job is still ours (requeued or running): not resubmitted
+    said = capsys.readouterr().out
+    assert "not submitted again" in said and "submitted as SLURM job" not in said.replace("not submitted again", "")
+    log = "".join(p.read_text() for p in (out / "slurm" / job).glob("*_log.*"))
+    assert "Caught signal SIGUSR2" in log and "Requeued" in log
+    assert "interrupted (SIGUSR2)" in log and "resuming" in log  # checkpointed its step, then continued from it
+    torch.set_num_threads(1)
+    from lapheads.train.classify import train_classify
+
+    train_classify(dataclasses.replace(cfg, laplacian_heads="1", seed=0), tmp_path / "uninterrupted")
+    a, b = _weights(out / "L1-s0"), _weights(tmp_path / "uninterrupted")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_two_task_gloo_job_matches_one_process_with_the_same_global_batch(slurm_cluster, text_root, tmp_path):
+    from lapheads.train.lm import train_lm
+    from tests.conftest import tiny_lm
+
+    cfg = tiny_lm(text_root, num_iterations=4, eval_every=4, micro_batch=8, checkpoint_every=4)
+    torch.set_num_threads(1)
+    train_lm(cfg, tmp_path / "one")
+    preset = tmp_path / "preset.json"
+    preset.write_text(json.dumps(dataclasses.asdict(cfg)))
+    args = ["train", "lm", "--preset", str(preset), "--out", str(tmp_path / "two"), "--executor", "slurm"]
+    args += ["--slurm-partition", slurm_cluster, "--slurm-tasks-per-node", "2", "--wait"]
+    assert main(args) == 0
+    record = json.loads((tmp_path / "two" / "config.json").read_text())
+    assert record["world_size"] == 2
+    loss = lambda d: [r["loss"] for r in map(json.loads, (d / "metrics.jsonl").open()) if "loss" in r]  # noqa: E731
+    # the same tokens per step on 2 ranks x 1 accumulation as on 1 rank x 2: only summation order differs
+    assert loss(tmp_path / "two") == pytest.approx(loss(tmp_path / "one"), rel=1e-4)
+
+
+def test_a_failed_cell_is_reported_with_its_slurm_log_and_a_rerun_resubmits_only_it(
+    slurm_cluster, tiny_preset, tmp_path, capsys
+):
+    out = tmp_path / "s"
+    (out / "L1-s0").mkdir(parents=True)
+    (out / "L1-s0" / "config.json").write_text("{broken")  # this cell's job cannot start its run
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0,1", "--seeds", "0"]
+    args += ["--out", str(out), "--executor", "slurm", "--slurm-partition", slurm_cluster, "--wait"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "1 cell(s) failed: L1-s0 (job" in err and "config.json is corrupt" in err  # the job's own log line
+    failed_job = _job_of(out, "L1-s0")
+    (out / "L1-s0" / "config.json").unlink()
+    assert main(args) == 0
+    said = capsys.readouterr().out
+    assert f"L1-s0's SLURM job {failed_job} ended FAILED" in said
+    assert said.count("submitted as SLURM job") == 1 and "L0-s0 finished before, skipped" in said
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--slurm-partition", "no-such-partition"], "sbatch refused the job: "),
+        (["--slurm-option=account"], "--slurm-option 'account'; allowed: KEY=VALUE"),
+        (["--slurm-time", "0"], "--slurm-time 0; allowed: an integer >= 1"),
+    ],
+)
+def test_slurm_refusals_are_one_line_naming_what_was_refused(slurm_cluster, tiny_preset, tmp_path, capsys, extra, says):
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0", "--seeds", "0"]
+    assert main([*args, "--out", str(tmp_path / "s"), "--executor", "slurm", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1
+    if "partition" in says or "no-such-partition" in extra:
+        assert "partition" in err.lower()  # SLURM's own words
