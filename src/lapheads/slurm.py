@@ -32,6 +32,7 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -173,7 +174,8 @@ def _requeue_when_stopped() -> Iterator[None]:
     with stop_signals(signal.SIGINT, usr):
         try:
             yield
-        except Interrupted:
+        except Interrupted as stopped:
+            print(f"lapheads: {stopped}; handing the job to submitit to requeue", file=sys.stderr, flush=True)
             if callable(submitits):
                 submitits(usr, None)  # requeues and exits; returns only where it cannot requeue
             raise
