@@ -51,7 +51,7 @@ class Interrupted(StoppedError):
     exit_code = 130
 
 
-# The signals a one-process training loop takes as "stop after this step"; a SLURM job (lapheads.slurm) swaps
+# The signals a one-process training loop takes as "stop after this step"; a SLURM job (lapheads.study.slurm) swaps
 # SIGTERM, which submitit leaves to SLURM, for the signal that announces pre-emption or the time limit (USR2).
 _STOP_SIGNALS: list[tuple[int, ...]] = [(signal.SIGINT, signal.SIGTERM)]
 

@@ -204,7 +204,7 @@ def test_a_non_finite_metric_is_refused_by_name(tmp_path, capsys):
 
 def test_cells_pair_by_the_kernels_they_ran_not_the_cpu_they_ran_on():
     from lapheads.hardware import cpu_kernels
-    from lapheads.study.records import environment_key
+    from lapheads.runs.records import environment_key
 
     avx2_machine = {"torch_version": "2.14.1", "cpu_flags": ["avx", "avx2", "fma"], "torch_cpu_capability": "AVX2"}
     avx2_machine |= {"machine": "x86_64", "threads": 1, "precision": {"autocast_bf16": False}}

@@ -92,7 +92,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     options = slurm_options(args)
     if options is not None:
         from lapheads.hardware import kernel_pins_in_force
-        from lapheads.slurm import submit_training
+        from lapheads.study.slurm import submit_training
 
         job = submit_training(args.task, cfg, out, args.resume, args.preset, options, kernel_pins_in_force())
         print(f"train: submitted SLURM job {job.job_id} ({options.nodes} node(s) x {options.tasks()} task(s)); "
@@ -104,7 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         try:
             result = job.results()[0]
         except (FailedJobError, UncompletedJobError) as err:
-            from lapheads.slurm import SlurmError, log_tail
+            from lapheads.study.slurm import SlurmError, log_tail
 
             raise SlurmError(f"SLURM job {job.job_id} failed: {log_tail(out / 'slurm', job.job_id)}") from err
         print(json.dumps({"run_dir": str(out), **result}))
@@ -321,7 +321,7 @@ def slurm_options(args: argparse.Namespace):
             flags = [f"--{a.replace('_', '-')}" for a in given] + (["--wait"] if args.wait else [])
             raise UserError(f"{' '.join(flags)} without --executor slurm; allowed: add --executor slurm")
         return None
-    from lapheads.slurm import SlurmOptions
+    from lapheads.study.slurm import SlurmOptions
 
     return SlurmOptions(
         partition=args.slurm_partition,

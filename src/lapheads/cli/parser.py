@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_executor_args(parser: argparse.ArgumentParser, training: bool) -> None:
-    """--executor local|slurm and what a SLURM job asks for (lapheads.slurm, through submitit)."""
+    """--executor local|slurm and what a SLURM job asks for (lapheads.study.slurm, through submitit)."""
     what = "the run" if training else "the cells"
     group = parser.add_argument_group("SLURM (through submitit; docs/cluster.md)")
     group.add_argument(

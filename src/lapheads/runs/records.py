@@ -38,6 +38,7 @@ __all__ = [
     "RecordError",
     "config_difference",
     "environment",
+    "environment_key",
     "file_sha256",
     "load_records",
     "read_record",
@@ -92,6 +93,23 @@ def environment(threads: int) -> dict[str, Any]:
         "cpu_kernels": cpu_kernels(kernel_flags, capability, pins),
         "threads": threads,
     }
+
+
+def environment_key(env: dict[str, Any]) -> tuple:
+    """What decides a cell's numbers beyond its config: torch, the instruction set each CPU kernel library runs
+    (ATen, MKL, oneDNN: derived from the CPU flags for a record older than ``cpu_kernels``), the architecture,
+    threads and precision (the CPU model is recorded, but two CPUs running the same kernels agree bit for bit)."""
+    from lapheads.hardware import cpu_kernels
+
+    precision = env.get("precision") or {}
+    kernels = env.get("cpu_kernels") or cpu_kernels(env.get("cpu_flags") or [], env.get("torch_cpu_capability"))
+    return (
+        env.get("torch_version"),
+        tuple(sorted(kernels.items())),
+        env.get("machine"),
+        env.get("threads"),
+        precision.get("autocast_bf16") if isinstance(precision, dict) else precision,
+    )
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,15 @@ from typing import Any
 
 from lapheads.runs import RunDir, checkpoint_steps, load_model
 from lapheads.runs.layout import PLAN_FILE, record_file
-from lapheads.runs.records import CellRecord, RecordError, config_difference, environment, file_sha256, read_record
+from lapheads.runs.records import (
+    CellRecord,
+    RecordError,
+    config_difference,
+    environment,
+    environment_key,
+    file_sha256,
+    read_record,
+)
 from lapheads.tasks import get_task
 
 __all__ = [
@@ -34,7 +42,6 @@ __all__ = [
     "build_record",
     "check_record",
     "declaration",
-    "environment_key",
     "install_plan",
     "load_plan",
     "record_or_none",
@@ -233,23 +240,6 @@ def records_sweep(folder: str | Path) -> dict[str, Any]:
         "mixed_environments": mixed,
         "cells": {r.name: {"spec": r.spec, "seed": r.seed, "status": "recorded", "source": r} for r in kept},
     }
-
-
-def environment_key(env: dict[str, Any]) -> tuple:
-    """What decides a cell's numbers beyond its config: torch, the instruction set each CPU kernel library runs
-    (ATen, MKL, oneDNN: derived from the CPU flags for a record older than ``cpu_kernels``), the architecture,
-    threads and precision (the CPU model is recorded, but two CPUs running the same kernels agree bit for bit)."""
-    from lapheads.hardware import cpu_kernels
-
-    precision = env.get("precision") or {}
-    kernels = env.get("cpu_kernels") or cpu_kernels(env.get("cpu_flags") or [], env.get("torch_cpu_capability"))
-    return (
-        env.get("torch_version"),
-        tuple(sorted(kernels.items())),
-        env.get("machine"),
-        env.get("threads"),
-        precision.get("autocast_bf16") if isinstance(precision, dict) else precision,
-    )
 
 
 def declaration(records_folder: str | Path | None, cells: list[dict[str, Any]]) -> dict[str, Any]:

@@ -179,8 +179,8 @@ def run_sweep(
         cpu_kernels: "native", or the instruction set ("avx2", "avx512") every CPU kernel library of the cells is
             capped at (:func:`lapheads.hardware.pin_cpu_kernels`), so cells trained on different CPUs agree bit for
             bit and pair as one environment; the cells then train in child processes even with ``jobs`` 1.
-        slurm: a :class:`lapheads.slurm.SlurmOptions`: the cells run as SLURM jobs (one array) instead of here; a
-            rerun reports their states and resubmits only cells whose job ended unfinished (lapheads.slurm).
+        slurm: a :class:`lapheads.study.slurm.SlurmOptions`: the cells run as SLURM jobs (one array) instead of here; a
+            rerun reports their states and resubmits only cells whose job ended unfinished (lapheads.study.slurm).
         wait: with ``slurm``, wait until every job is over (else submit and return).
     """
     from lapheads.hardware import pin_cpu_kernels
@@ -225,7 +225,7 @@ def run_sweep(
             Path(records).mkdir(parents=True, exist_ok=True)
             locks.enter_context(sole_owner(Path(records) / RECORDS_LOCK, f"records folder {records}"))
         plan_ = install_plan(plan, records) if plan is not None else None
-        recorder = None if records is None else _Recorder(Path(records), definition, plan_, task, preset, overrides)
+        recorder = None if records is None else CellRecorder(Path(records), definition, plan_, task, preset, overrides)
         record = {**definition, "records": None if records is None else str(records), "cells": {}}
 
         def save() -> None:
@@ -268,9 +268,8 @@ def run_sweep(
                 save()
                 resume = RunDir(cell.run_dir).exists()
                 log(f"sweep: {cell.name} {'resuming' if resume else 'training'} into {cell.run_dir}")
-                cfg = resolve_config(task, preset, cell.spec, [*_for_cell(overrides, cell), "--seed", str(cell.seed)])
                 began = time.monotonic()
-                _train(task)(cfg, cell.run_dir, resume=resume)
+                train_cell(task, preset, overrides, cell)
                 if recorder is not None:
                     recorder.write(cell, time.monotonic() - began, torch.get_num_threads())
                 record["cells"][cell.name]["status"] = "done"
@@ -308,7 +307,7 @@ def _check_against_plan(
             )
 
 
-class _Recorder:
+class CellRecorder:
     """The records folder of a sweep: which cells have a record, and writing a finished cell's."""
 
     def __init__(self, folder: Path, definition: dict[str, Any], plan, task: str, preset: str, overrides: list[str]):
@@ -349,9 +348,9 @@ class _Recorder:
 
 
 def _run_on_slurm(todo, sweep_dir, record, save, log, definition, records, plan, options, pins, wait) -> None:
-    """The cells as SLURM jobs (lapheads.slurm): each trains and writes its own record; with ``wait``, a cell whose
-    job ended unfinished fails the command with its log's last lines (a rerun resubmits only those)."""
-    from lapheads import slurm
+    """The cells as SLURM jobs (lapheads.study.slurm): each trains and writes its own record; with ``wait``, a cell
+    whose job ended unfinished fails the command with its log's last lines (a rerun resubmits only those)."""
+    from lapheads.study import slurm
 
     folder = sweep_dir / "slurm"
     sweep = {
@@ -386,7 +385,7 @@ def _run_parallel(
     log,
     jobs: int,
     threads: int | None,
-    recorder: _Recorder | None = None,
+    recorder: CellRecorder | None = None,
     pins: dict[str, str] | None = None,
 ) -> None:
     """Train ``cells`` as ``jobs`` concurrent ``lapheads train`` processes; this process alone writes sweep.json
@@ -485,3 +484,12 @@ def _train_argv(task: str, preset: str, cell: Cell, overrides: list[str]) -> lis
 
 def _train(task: str):
     return get_task(task).train_function()
+
+
+def train_cell(task: str, preset: str, overrides: list[str], cell: Cell) -> None:
+    """Train one cell in this process (resuming its run directory when it holds a run): the sweep's own loop and
+    a SLURM job (lapheads.study.slurm) both train a cell this way."""
+    from lapheads.tasks.presets import resolve_config
+
+    cfg = resolve_config(task, preset, cell.spec, [*_for_cell(overrides, cell), "--seed", str(cell.seed)])
+    _train(task)(cfg, cell.run_dir, resume=RunDir(cell.run_dir).exists())

@@ -285,8 +285,7 @@ def _say_if_the_kernels_changed(run: RunDir, notice) -> None:
     matches a run trained in one place bit for bit: say so once (its config.json keeps where it started)."""
     import torch
 
-    from lapheads.runs.records import environment
-    from lapheads.study.records import environment_key
+    from lapheads.runs.records import environment, environment_key
 
     started = run.read_config().get("environment")
     if not started:

@@ -185,22 +185,19 @@ class CellJob:
     """One sweep cell as a SLURM job: train it (resuming its run directory), then write its record."""
 
     def __call__(self, cell: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
-        from lapheads.runs.directory import RunDir
-        from lapheads.study.sweep import Cell, _for_cell, _Recorder, _train
-        from lapheads.tasks.presets import resolve_config
+        from lapheads.study.sweep import Cell, CellRecorder, train_cell
 
         threads = _threads_from_slurm()
         one = Cell(cell["spec"], cell["seed"], Path(cell["run_dir"]))
         task, preset, overrides = sweep["task"], sweep["preset"], sweep["overrides"]
-        cfg = resolve_config(task, preset, one.spec, [*_for_cell(overrides, one), "--seed", str(one.seed)])
         began = time.monotonic()
         with _requeue_when_stopped():
-            _train(task)(cfg, one.run_dir, resume=RunDir(one.run_dir).exists())
+            train_cell(task, preset, overrides, one)
         if sweep.get("records"):
             from lapheads.study.records import load_plan
 
             plan = load_plan(sweep["plan"]) if sweep.get("plan") else None
-            recorder = _Recorder(Path(sweep["records"]), sweep["definition"], plan, task, preset, overrides)
+            recorder = CellRecorder(Path(sweep["records"]), sweep["definition"], plan, task, preset, overrides)
             recorder.write(one, time.monotonic() - began, threads)
         return {"cell": one.name, "run_dir": str(one.run_dir)}
 
