@@ -130,3 +130,29 @@ def test_batches_are_the_same_for_any_world_size_and_resumable():
         assert torch.equal(y[:, :-1], x[:, 1:]) and x.shape == (4, 16)  # targets are the next tokens
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(one.step(3), one.step(3)))
     assert not torch.equal(one.step(3)[0][0], one.step(4)[0][0])
+
+
+def test_fineweb_shards_come_through_the_hub_into_the_folder_and_offline_is_one_line(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    cache = tmp_path / "hf-cache" / "shard_00000.parquet"
+    cache.parent.mkdir()
+    _fineweb_shard(cache, ["A document."])
+    asked = []
+
+    def download(repo_id, filename, repo_type=None, **kwargs):
+        asked.append((repo_id, filename, repo_type))
+        return str(cache)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    shards = text_module.fineweb_shards(tmp_path / "fineweb-edu", download=1)
+    assert asked == [(text_module.FINEWEB_REPO, "shard_00000.parquet", "dataset")]
+    assert [s.name for s in shards] == ["shard_00000.parquet"] and shards[0].read_bytes() == cache.read_bytes()
+    assert text_module.fineweb_shards(tmp_path / "fineweb-edu", download=1) == shards and len(asked) == 1  # kept
+    monkeypatch.undo()
+    # the real hub client, offline and with an empty cache: one line, and nothing half-written left in the folder
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import: the constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(DataError, match=r"could not download FineWeb-Edu shard 0 from karpathy/fineweb-edu"):
+        text_module.fineweb_shards(tmp_path / "offline", download=1)
+    assert not list((tmp_path / "offline").glob("*"))

@@ -33,9 +33,11 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     try:
         if path.suffix == ".jsonl":
             return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        import pyarrow.parquet as pq
+        from lapheads.data.text import parquet_module
 
-        return pq.read_table(path).to_pylist()
+        return parquet_module().read_table(path).to_pylist()
+    except DataError:
+        raise
     except Exception as err:  # OSError, JSONDecodeError, pyarrow's ArrowInvalid
         raise DataError(f"{path} is not readable jsonl/parquet: {str(err)[:100]}") from None
 

