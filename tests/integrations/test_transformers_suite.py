@@ -1,9 +1,11 @@
 """transformers' own model tests (``tests/test_modeling_common.py``'s ``ModelTesterMixin``, from the installed
 version's source distribution on PyPI) on Llama and Qwen2 with the attention set to lapheads, slow-marked.
 
-The sdist ships the shared mixins but neither ``tests/models/`` nor the generation and export testers that
-``test_modeling_common.py`` imports, so lapheads writes (never copies) a small model tester per family and two empty
-stand-ins for the missing testers (their tests are therefore not run: stated, not hidden). Each family runs three
+The sdist ships the shared mixins but not ``tests/models/``, so lapheads writes (never copies) a small model tester
+per family. Where the suite lacks the generation or export tester that ``test_modeling_common.py`` imports, an empty
+stand-in takes its place (its tests are then not run: stated, not hidden); where it has transformers' generation
+tester, every family inherits it, so greedy, sampling, beam and assisted decoding with every cache run on Laplacian
+heads too. Warnings stay on, as in transformers' own runs. Each family runs three
 times in one pytest process: attention "sdpa", "lapheads" with k = 0, "lapheads" with one Laplacian head per layer.
 Bars: at k = 0 the same tests pass and skip as with SDPA; at k = 1 every test passes or skips as at k = 0 except the
 named comparisons whose reference is plain attention by design.
@@ -38,7 +40,12 @@ import unittest
 import lapheads.integrations.hf  # noqa: F401 - registers "lapheads"
 from transformers import {config}, {model}, {lm}
 
+from .generation.test_utils import GenerationTesterMixin
 from .test_modeling_common import ModelTesterMixin, ids_tensor, random_attention_mask
+
+# a source checkout ships transformers' generation tester (greedy, sampling, beam, assisted decoding with every
+# cache): then every family runs it too; the sdist does not, and lapheads' stand-in says so
+GENERATION = () if getattr(GenerationTesterMixin, "lapheads_stand_in", False) else (GenerationTesterMixin,)
 
 
 class Tester:
@@ -68,9 +75,9 @@ class Tester:
         return self.get_config(), {{"input_ids": ids, "attention_mask": mask}}
 
 
-class _Base(ModelTesterMixin):
+class _Base(ModelTesterMixin, *GENERATION):
     all_model_classes = ({model}, {lm})
-    all_generative_model_classes = ()  # the sdist has no generation tester (see lapheads' test module)
+    all_generative_model_classes = ({lm},) if GENERATION else ()
     pipeline_model_mapping = {{}}
     attention, laplacian = "sdpa", 0
 
@@ -108,7 +115,7 @@ def _suite(cache: Path) -> Path:
         path.parent.mkdir(exist_ok=True)
         (path.parent / "__init__.py").touch()
         if not path.is_file():  # the sdist lacks these testers: empty stand-ins
-            path.write_text(f"class {mixin}:\n    pass  # not in the sdist; its tests do not run\n")
+            path.write_text(f"class {mixin}:\n    lapheads_stand_in = True  # not in the sdist; its tests do not run\n")
     for family, names in FAMILIES.items():
         (folder / f"test_lapheads_{family}.py").write_text(TESTER.format(**names))
     return folder
@@ -134,7 +141,7 @@ def test_transformers_model_tests_pass_with_lapheads_as_with_sdpa(family, tmp_pa
     folder = _suite(Path(sys.prefix) / "share" / "lapheads-transformers-tests")
     junit = tmp_path / "junit.xml"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", f"--junitxml={junit}",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
          f"tests/test_lapheads_{family}.py"],
         cwd=folder.parent, capture_output=True, text=True, timeout=1800,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"},

@@ -49,33 +49,44 @@ def test_demo_trains_both_runs_and_writes_the_report(fmnist_root, tmp_path, caps
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert f"| test top-1 (%), the run's final eval | {final[0]:.4g} | {final[1]:.4g} |" in summary
     assert f"| {final[0]:.2f} |" in report and f"| {final[1]:.2f} |" in report
-    verdicts = ("as claimed", "opposite", "no change", "mixed", "within noise")
-    claims = [
-        line for line in report.splitlines() if line.startswith("| ") and any(f"| {v} (" in line for v in verdicts)
-    ]
-    assert len(claims) == 4 and "One seed per arm is a direction, not a test" in report
+    table = report.split("| paper's claim | measure |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    # accuracy, then one row per measure: 2 places x (within-sequence, between-class, 2 spectra); every cell filled
+    assert len(table) == 9 and all(cell.strip() for row in table for cell in row.strip("|").split("|")[1:])
+    ways = (
+        "higher (",
+        "lower (",
+        "within test-set noise (",
+        "| the paper's way |",
+        "| the other way |",
+        "| no change |",
+    )
+    assert all(any(way in row for way in ways) for row in table)
+    assert "as claimed" not in report and "opposite" not in report  # one seed per arm: no verdict words
+    assert "of 2 the paper's way" in report and "directions, not verdicts" in report
     assert "nan" not in report.lower().replace("fashion-mnist", "")
     assert "of 3 heads Laplacian in every block" in report and "precision: " in report
     assert "wall time (s, machine-dependent)" in report
     assert f"report: {tmp_path / 'report' / 'report.md'}" in capsys.readouterr().out
 
 
-def test_the_accuracy_verdict_uses_the_test_sets_noise():
-    from lapheads.study.demo import accuracy_verdict
+def test_the_accuracy_direction_uses_the_test_sets_noise():
+    from lapheads.study.demo import accuracy_direction
 
     # 10,000 images at ~85 %: two standard errors of a difference are ~1.0 point
-    words, band = accuracy_verdict(85.31, 84.62, 10_000)
-    assert words == "within noise" and band == pytest.approx(2 * 100 * (2 * 0.84965 * 0.15035 / 10_000) ** 0.5)
-    assert accuracy_verdict(85.0, 87.0, 10_000)[0] == "as claimed"
-    assert accuracy_verdict(85.0, 83.0, 10_000)[0] == "opposite"
-    assert accuracy_verdict(85.0, 84.0, 100)[0] == "within noise"  # the same point on 100 images is noise
+    words, band = accuracy_direction(85.31, 84.62, 10_000)
+    assert words == "within test-set noise" and band == pytest.approx(2 * 100 * (2 * 0.84965 * 0.15035 / 10_000) ** 0.5)
+    assert accuracy_direction(85.0, 87.0, 10_000)[0] == "higher"
+    assert accuracy_direction(85.0, 83.0, 10_000)[0] == "lower"
+    assert accuracy_direction(85.0, 84.0, 100)[0] == "within test-set noise"  # the same point on 100 images is noise
 
 
-def test_geometry_verdicts_need_every_measure_to_agree():
-    from lapheads.study.demo import _heads_words, agreement_verdict
+def test_geometry_directions_are_counted_per_measure():
+    from lapheads.study.demo import _heads_words, agreement_counts, measure_direction
 
-    assert agreement_verdict([-1.0, -0.5], -1) == "as claimed" and agreement_verdict([1.0, 2.0], -1) == "opposite"
+    assert measure_direction(-1.0, -1) == "the paper's way" and measure_direction(1.0, -1) == "the other way"
+    assert agreement_counts([-1.0, -0.5], -1) == "2 of 2 the paper's way"
     # the case of issue 31: pooled 35 -> 34 components, per sequence 8.72 -> 9.21
-    assert agreement_verdict([-1.0, 0.49], -1) == "mixed" and agreement_verdict([0.0, 0.0], -1) == "no change"
+    assert agreement_counts([-1.0, 0.49], -1) == "1 of 2 the paper's way, 1 the other way"
+    assert agreement_counts([0.0, 0.0], -1) == "0 of 2 the paper's way, 2 unchanged"
     assert _heads_words([[True] * 3] * 6) == "3 of 3 heads Laplacian in every block: every head"
     assert _heads_words([[False, True, True]] * 2) == "2 of 3 heads Laplacian in every block"
