@@ -114,7 +114,7 @@ def _suite(cache: Path) -> Path:
         path = folder / module
         path.parent.mkdir(exist_ok=True)
         (path.parent / "__init__.py").touch()
-        if not path.is_file():  # the sdist lacks these testers: empty stand-ins
+        if not path.is_file() or "not in the sdist" in path.read_text():  # the sdist lacks them: empty stand-ins
             path.write_text(f"class {mixin}:\n    lapheads_stand_in = True  # not in the sdist; its tests do not run\n")
     for family, names in FAMILIES.items():
         (folder / f"test_lapheads_{family}.py").write_text(TESTER.format(**names))
