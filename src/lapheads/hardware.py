@@ -43,6 +43,8 @@ __all__ = [
     "available_memory_bytes",
     "busy_cpus",
     "check_fits",
+    "training_bytes",
+    "activation_bytes",
     "choose_precision",
     "choose_thread_policy",
     "cpu_has_native_bf16",
@@ -70,7 +72,51 @@ def available_memory_bytes(device: str = "cpu") -> int | None:
         kib = int(fields["MemAvailable"].split()[0]) + int(fields.get("SwapFree", "0 kB").split()[0])
     except (OSError, KeyError, ValueError):
         return None
-    return kib * 1024
+    return min(kib * 1024, _address_space_left() or kib * 1024)
+
+
+def _address_space_left() -> int | None:
+    """What the process's address-space limit (``ulimit -v``, RLIMIT_AS) leaves beside what it maps already."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+        return max(0, soft - int(status["VmSize"].split()[0]) * 1024)
+    except (ImportError, OSError, KeyError, ValueError):
+        return None
+
+
+def training_bytes(
+    params: int,
+    batch: int,
+    tokens: int,
+    width: int,
+    depth: int,
+    heads: int,
+    vocab: int = 0,
+    attention_maps: bool = True,
+    activation_bytes: int = 4,
+) -> int:
+    """A lower bound on the memory one training step of a transformer takes, so that a refusal is a fact, not a
+    guess: fp32 weights and gradients and one optimizer moment (12 bytes a parameter; AdamW keeps two); four
+    width-sized tensors per token per block kept for backward (a real block keeps ~17, Korthikanti et al. 2022);
+    where attention is not fused (the CPU, the textbook path) its attention matrix, one value per score per head;
+    and one copy of the logits for a vocabulary. ``tokens`` is one sample's tokens (crops: call per crop and
+    add); ``activation_bytes`` 2 under bf16 autocast (:func:`activation_bytes`)."""
+    activations = batch * tokens * depth * 4 * width
+    maps = batch * heads * tokens * tokens * depth if attention_maps else 0
+    logits = batch * tokens * vocab
+    return 12 * params + activation_bytes * (activations + maps + logits)
+
+
+def activation_bytes(amp: object, device: str) -> int:
+    """Bytes an activation takes for a config's ``amp`` before the precision is chosen: 2 under bf16 autocast
+    (``True``, or ``auto`` on CUDA, where bf16 is the rule), else 4 (``auto`` on a CPU may pick bf16: 4 is the
+    bound)."""
+    return 2 if amp is True or (amp == "auto" and device == "cuda") else 4
 
 
 def check_fits(what: str, nbytes: float, device: str = "cpu") -> None:
@@ -83,8 +129,9 @@ def check_fits(what: str, nbytes: float, device: str = "cpu") -> None:
         from lapheads.errors import InputError
 
         raise InputError(
-            f"{what} needs ~{nbytes / 2**30:,.1f} GiB of weights but {device} has {room / 2**30:,.1f} GiB available; "
-            f"allowed: a smaller model, or {ALLOW_LARGE}=1 on a machine that holds it"
+            f"{what} needs at least ~{nbytes / 2**30:,.1f} GiB but {device} has {room / 2**30:,.1f} GiB available "
+            f"(the smaller of free memory and the address-space limit); allowed: a smaller size, or {ALLOW_LARGE}=1 "
+            "on a machine that holds it"
         )
 
 

@@ -156,8 +156,17 @@ class GPTConfig:
 
     def estimated_params(self) -> int:
         """The parameter count to within the small vectors, from the config alone (before anything is built): the
-        block matrices (attention ~4 d^2, MLP 8 d^2) and the embedding and head (untied)."""
-        return self.depth * 12 * self.n_embd**2 + 2 * self.padded_vocab_size * self.n_embd
+        block matrices (attention ~4 d^2, MLP 8 d^2), the embedding and head (untied) and, in the 2026 family, the
+        value embeddings (a vocabulary x key/value width table on alternating layers)."""
+        kv_width = (self.n_kv_head or self.n_head) * (self.n_embd // self.n_head)
+        value_tables = sum(self.has_value_embedding(i) for i in range(self.depth)) if self.use_ve else 0
+        embeddings = 2 * self.padded_vocab_size * self.n_embd + value_tables * self.padded_vocab_size * kv_width
+        return self.depth * 12 * self.n_embd**2 + embeddings
+
+    def estimated_bytes(self) -> int:
+        """What building the model allocates: fp32 weights and the rotary tables (angles, cos and sin for every
+        position up to ``sequence_len``)."""
+        return 4 * self.estimated_params() + 4 * 3 * self.sequence_len * (self.n_embd // self.n_head // 2)
 
     @property
     def n_head(self) -> int:
@@ -448,9 +457,9 @@ class GPT(nn.Module):
         self.config = config
         if torch.empty(0).device.type != "meta":  # a meta-device build allocates nothing
             check_fits(
-                f"GPT(depth={config.depth}, width={config.n_embd}, vocab={config.padded_vocab_size}): "
-                f"~{config.estimated_params():,} parameters",
-                4 * config.estimated_params(),  # fp32 weights; training needs ~4x that (grads, optimizer moments)
+                f"GPT(depth={config.depth}, width={config.n_embd}, vocab={config.padded_vocab_size}, sequence_len="
+                f"{config.sequence_len}): ~{config.estimated_params():,} parameters",
+                config.estimated_bytes(),  # fp32 weights and rotary tables; training: lapheads.train.lm checks it
             )
         masks = parse_head_kinds(config.laplacian_heads, num_heads=config.n_head, num_layers=config.depth)
         vocab, width = config.padded_vocab_size, config.n_embd

@@ -33,7 +33,7 @@ from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.distributed import StopRequests, setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.classify import evaluate_classifier, evaluate_fit, fit_images
-from lapheads.hardware import BusyWatch
+from lapheads.hardware import BusyWatch, activation_bytes, check_fits, training_bytes
 from lapheads.models.vit import vit_head_kinds, vit_laplacian_masks
 from lapheads.runs import RunDir, model_record
 from lapheads.runs import build_model as build_from_record
@@ -197,6 +197,25 @@ def check_model(cfg: ClassifyConfig) -> None:
     build_model(cfg, 10, DATASETS.get(cfg.dataset, (3,))[0])
 
 
+def check_training_fits(cfg: ClassifyConfig, num_classes: int, in_chans: int, device: str, world_size: int = 1) -> None:
+    """Refuse, before anything is allocated, a step that cannot fit, by a lower bound: the model built on the meta
+    device gives its parameters, tokens per image, width, depth and heads (lapheads.hardware.training_bytes)."""
+    with torch.device("meta"):
+        probe = build_model(cfg, num_classes, in_chans)
+    blocks = list(getattr(probe, "blocks", []) or [])
+    if not blocks or not hasattr(probe, "patch_embed"):
+        return  # not a ViT-like model: its build's own check stands
+    tokens = int(probe.patch_embed.num_patches) + int(getattr(probe, "num_prefix_tokens", 0))
+    heads = int(getattr(blocks[0].attn, "num_heads", 1))
+    params = sum(p.numel() for p in probe.parameters())
+    batch = _micro_batch(cfg, world_size)[0]  # images per forward pass on this process
+    width, per_value = int(probe.embed_dim), activation_bytes(cfg.amp, device)
+    need = training_bytes(params, batch, tokens, width, len(blocks), heads, attention_maps=device == "cpu",
+                          activation_bytes=per_value)  # fmt: skip
+    check_fits(f"training {cfg.model} ({params:,} parameters, {tokens:,} tokens an image at img_size {cfg.img_size}) "
+               f"on micro-batches of {batch}", need, device)  # fmt: skip
+
+
 def _model_patch_size(name: str) -> int | None:
     import re
 
@@ -286,6 +305,7 @@ def train_classify(
         else fit_images(cfg.dataset, cfg.data_root, cfg.img_size, cfg.fit_subset, cfg.train_subset)
     )
 
+    check_training_fits(cfg, data.num_classes, data.in_chans, dist_.device.type, dist_.world_size)
     seed_everything(cfg.seed)  # the same initial weights on every rank
     model = build_model(cfg, data.num_classes, data.in_chans).to(dist_.device)
     num_params = sum(p.numel() for p in model.parameters())

@@ -31,7 +31,7 @@ from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.data.multicrop import MultiCropAugmentation, collate_crops
 from lapheads.distributed import StopRequests, setup_distributed
 from lapheads.errors import InputError
-from lapheads.hardware import BusyWatch
+from lapheads.hardware import BusyWatch, activation_bytes, check_fits, training_bytes
 from lapheads.models.dino import (
     DINOHead,
     DINOLoss,
@@ -183,6 +183,39 @@ def build_student_teacher(
     return student, teacher
 
 
+def check_training_fits(cfg: DINOConfig, in_chans: int, device: str, batch: int) -> None:
+    """Refuse, before anything is allocated (the crops included), a step that cannot fit, by a lower bound
+    (:func:`lapheads.hardware.training_bytes`): student and teacher built on the meta device (the DINO head with its
+    ``out_dim`` prototypes), the student's activations for 2 global and ``local_crops`` local crops of each image,
+    and the prototype scores of every crop."""
+    with torch.device("meta"):
+        student, _ = build_student_teacher(cfg, in_chans)
+    backbone = student.backbone
+    blocks = list(backbone.blocks)
+    patch = backbone.patch_embed.patch_size[0]
+    width, depth, heads = int(backbone.embed_dim), len(blocks), int(getattr(blocks[0].attn, "num_heads", 1))
+    params = sum(p.numel() for p in student.parameters())
+    maps = device == "cpu"
+    need = 4 * params  # the teacher's weights (no gradients, no moments)
+    for crops, size in ((2, cfg.img_size), (cfg.local_crops, cfg.local_crop_size)):
+        tokens = (size // patch) ** 2 + 1
+        # each crop: activations through the backbone, and its out_dim scores (logits, softmax, gradient)
+        need += training_bytes(
+            0,
+            batch * crops,
+            tokens,
+            width,
+            depth,
+            heads,
+            attention_maps=maps,
+            activation_bytes=activation_bytes(cfg.amp, device),
+        )
+        need += 4 * batch * crops * cfg.out_dim * 2  # one copy of the student's and of the teacher's scores
+    need += training_bytes(params, 0, 0, width, depth, heads)
+    check_fits(f"training DINO ({params:,} student parameters, out_dim {cfg.out_dim:,}) on {batch} images of 2 + "
+               f"{cfg.local_crops} crops", need, device)  # fmt: skip
+
+
 def _param_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
     """DINO's groups: weight decay on matrices, none on biases and norms (1-D parameters)."""
     decay, no_decay = [], []
@@ -223,6 +256,7 @@ def train_dino(
     if cfg.batch_size % dist_.world_size:
         raise InputError(f"batch_size={cfg.batch_size} is not divisible by the {dist_.world_size} processes")
     chans, _, _, mean, std = DATASETS[cfg.dataset]
+    check_training_fits(cfg, chans, dist_.device.type, cfg.batch_size // dist_.world_size)
     augment = MultiCropAugmentation(
         cfg.img_size, cfg.local_crop_size, cfg.local_crops, mean, std, tuple(cfg.global_scale), tuple(cfg.local_scale)
     )

@@ -58,7 +58,7 @@ from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_toke
 from lapheads.distributed import Distributed, StopRequests, setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.lm import evaluate_bpb
-from lapheads.hardware import BusyWatch
+from lapheads.hardware import BusyWatch, activation_bytes, check_fits, training_bytes
 from lapheads.io import exclusive
 from lapheads.models.gpt import ARCHS, GPT, GPTConfig
 from lapheads.runs import RunDir, model_record
@@ -197,6 +197,19 @@ def gpt_config(cfg: LMConfig, vocab_size: int) -> GPTConfig:
 
 def build_gpt(cfg: LMConfig, vocab_size: int) -> GPT:
     return GPT(gpt_config(cfg, vocab_size))
+
+
+def _check_training_fits(cfg: LMConfig, vocab_size: int, device: str) -> None:
+    """Refuse, before the model is built, a step that cannot fit, by a lower bound (lapheads.hardware.training_bytes):
+    weights, gradients, optimizer state, one micro-batch's activations and logits (and, on the CPU, where attention
+    is not fused, its matrices)."""
+    model = gpt_config(cfg, vocab_size)
+    model.validate()
+    need = training_bytes(model.estimated_params(), cfg.micro_batch, cfg.sequence_len, model.n_embd, model.depth,
+                          model.n_head, model.padded_vocab_size, attention_maps=device == "cpu",
+                          activation_bytes=activation_bytes(cfg.amp, device))  # fmt: skip
+    check_fits(f"training GPT(depth={model.depth}, width={model.n_embd}) on micro-batches of {cfg.micro_batch} x "
+               f"{cfg.sequence_len} tokens", need + model.estimated_bytes(), device)  # fmt: skip
 
 
 def recorded_model(record: dict[str, Any]) -> dict[str, Any]:
@@ -402,6 +415,7 @@ def train_lm(
         tokenizer, shards = prepare_lm_data(cfg)  # prepared by rank 0: loads from the cache
     token_bytes = tokenizer.token_bytes()
 
+    _check_training_fits(cfg, tokenizer.vocab_size, dist_.device.type)
     seed_everything(cfg.seed)
     model = build_gpt(cfg, tokenizer.vocab_size).to(dist_.device)
     num_params = model.num_params()
