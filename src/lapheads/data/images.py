@@ -15,6 +15,7 @@ Every failure to find or read data raises ``DataError`` with one line naming the
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import shutil
 import subprocess
@@ -82,7 +83,7 @@ def read_idx(path: Path) -> np.ndarray:
     ndim = raw[3]
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     offset = 4 + 4 * ndim
-    expected = int(np.prod(dims)) if dims else 0
+    expected = math.prod(dims) if dims else 0  # Python ints: header dims whose product overflows int64 stay wrong
     if len(raw) - offset != expected:
         raise DataError(f"{path} is truncated or corrupt: header says {dims} ({expected} values), file holds {len(raw) - offset}")
     return np.frombuffer(raw, dtype=_IDX_DTYPES[raw[2]], offset=offset).reshape(dims)
@@ -182,6 +183,14 @@ def load_fashion_mnist(root: str | os.PathLike | None, split: str, transform=Non
     images, labels = read_idx(_idx_file(folder, image_stem)), read_idx(_idx_file(folder, label_stem))
     if images.ndim != 3 or labels.ndim != 1:
         raise DataError(f"{folder}: expected images (N, H, W) and labels (N,), got {images.shape} and {labels.shape}")
+    if images.shape[1:] != (28, 28):
+        raise DataError(f"{folder}: {split} images are {images.shape[1]} x {images.shape[2]}; allowed: 28 x 28 "
+                        "(Fashion-MNIST)")  # fmt: skip
+    if len(images) != len(labels):
+        raise DataError(f"{folder}: {len(images)} {split} images but {len(labels)} labels")
+    if labels.size and int(labels.max()) > 9:
+        bad = int(np.argmax(labels > 9))
+        raise DataError(f"{folder}: label {int(labels[bad])} of {split} image {bad}; allowed: 0 to 9 (Fashion-MNIST)")
     return IdxDataset(images, labels, transform)
 
 
@@ -223,7 +232,10 @@ class CIFAR(Dataset):
         arrays, labels = [], []
         for file in files:
             entry = _read_batch(folder / file)
-            arrays.append(np.asarray(_field(entry, "data", folder / file), dtype=np.uint8))
+            data = np.asarray(_field(entry, "data", folder / file))
+            if data.dtype != np.uint8:  # the format's pixels are bytes: a cast would zero or wrap other values
+                raise DataError(f"{folder / file}: pixels of dtype {data.dtype}; allowed: uint8 (CIFAR's batches)")
+            arrays.append(data)
             labels += list(_field(entry, "labels" if name == "cifar10" else "fine_labels", folder / file))
         pixels = np.concatenate(arrays)
         if pixels.size % (3 * 32 * 32):

@@ -292,7 +292,21 @@ class TokenShards:
             if len(array) != meta[f"{split}_tokens"]:
                 raise DataError(f"{folder / (split + '.bin')} has {len(array)} tokens, meta.json says "
                                 f"{meta[f'{split}_tokens']}: truncated or corrupt; delete the folder to re-prepare")
+            _check_token_ids(array, int(meta.get("vocab_size") or 0), folder / f"{split}.bin")
         return cls(arrays["train"], arrays["val"], meta)
+
+
+def _check_token_ids(tokens: np.ndarray, vocab_size: int, path: Path, chunk: int = 1 << 26) -> None:
+    """Every token id below the vocabulary (an id past it would index out of the embedding mid-training); read in
+    chunks, so a shard of billions of tokens is scanned without loading it (~1 s per GB)."""
+    if not vocab_size:
+        return
+    for start in range(0, len(tokens), chunk):
+        part = tokens[start : start + chunk]
+        if part.size and int(part.max()) >= vocab_size:
+            at = start + int(np.argmax(part >= vocab_size))
+            raise DataError(f"{path}: token id {int(tokens[at])} at position {at}; allowed: ids below the tokenizer's "
+                            f"vocabulary of {vocab_size} (meta.json); delete the folder to re-prepare")  # fmt: skip
 
 
 class TokenBatches:
