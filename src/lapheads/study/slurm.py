@@ -232,17 +232,25 @@ class TrainJob:
         return DelayedSubmission(self, *args, **kwargs)
 
 
-def job_state(folder: Path, job_id: str) -> str:
-    """SLURM's state of a job (sacct through submitit; squeue for a job sacct does not list yet)."""
+def job_states(job_ids: list[str]) -> dict[str, str]:
+    """SLURM's state of each job: one sacct call for all of them (through submitit's shared watcher, as a cluster's
+    admins expect), squeue for a job sacct does not list yet, "VANISHED" for one neither knows."""
     import subprocess
 
     submitit = _submitit()
-    state = submitit.SlurmJob(folder=str(folder / "%j"), job_id=job_id).watcher.get_state(job_id, mode="force")
-    state = state.split()[0] if state else "UNKNOWN"  # "CANCELLED by 0" -> "CANCELLED"
-    if state == "UNKNOWN":
-        listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-        state = listed.stdout.strip() or "VANISHED"
-    return state
+    watcher = submitit.SlurmJob.watcher
+    for job_id in job_ids:
+        watcher.register_job(job_id)
+    watcher.update()
+    states = {}
+    for job_id in job_ids:
+        state = watcher.get_state(job_id, mode="cache") or "UNKNOWN"
+        state = state.split()[0] if state.strip() else "UNKNOWN"  # "CANCELLED by 0" -> "CANCELLED"
+        if state == "UNKNOWN":
+            listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+            state = listed.stdout.strip() or "VANISHED"
+        states[job_id] = state
+    return states
 
 
 def log_tail(folder: Path, job_id: str, lines: int = 5) -> str:
@@ -264,10 +272,11 @@ def submit_cells(
     (new or still queued/running). ``ledger`` (sweep.json's cells) gains each new job id."""
     submitit = _submitit()
     live, todo = [], []
+    known = job_states([ledger[c.name]["slurm_job"] for c in cells if ledger[c.name].get("slurm_job")])
     for cell in cells:
         job_id = ledger[cell.name].get("slurm_job")
         if job_id:
-            state = job_state(folder, job_id)
+            state = known[job_id]
             if state in ACTIVE_STATES:
                 log(f"sweep: {cell.name} is {state} as SLURM job {job_id}; not submitted again")
                 ledger[cell.name]["status"] = state.lower()
@@ -293,17 +302,18 @@ def submit_cells(
 
 def wait_for(live: list[tuple[Any, Any]], ledger: dict[str, dict[str, Any]], folder: Path, save, log) -> list[str]:
     """Wait until every job is over; returns "<cell> (job <id> <state>: <log lines>)" for each that did not finish."""
+    from lapheads.runs.directory import RunDir
+
     failed = []
     pending = list(live)
     while pending:
-        time.sleep(2)
+        time.sleep(min(60, 2 + len(pending)))  # one sacct call a round, rarer with more jobs
+        states = job_states([job.job_id for _, job in pending])
         for cell, job in list(pending):
-            state = job_state(folder, job.job_id)
+            state = states[job.job_id]
             if state in ACTIVE_STATES:
                 continue
             pending.remove((cell, job))
-            from lapheads.runs.directory import RunDir
-
             done = state == "COMPLETED" and RunDir(cell.run_dir).finished()
             ledger[cell.name]["status"] = "done" if done else "failed"
             save()
