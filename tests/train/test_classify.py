@@ -107,6 +107,22 @@ def test_a_run_resumed_where_other_kernels_run_says_so_once(tiny_config, tmp_pat
     assert capsys.readouterr().err.count("will not match a run trained in one place bit for bit") == 1
 
 
+def test_resume_refuses_a_metrics_log_cut_short_and_says_what_it_found(tiny_config, tmp_path, capsys):
+    cfg = dataclasses.replace(tiny_config, checkpoint_every=6, log_every=1)
+    train_classify(cfg, tmp_path / "run", stop_at_step=7)  # checkpoint at step 6, records at steps 1..7
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= 3]
+    metrics.write_text("".join(kept))  # a log cut short after step 3: steps 4-6 gone
+    with pytest.raises(CheckpointError, match=r"ends at step 3 \(3 training records\) but the checkpoint is at step 6"):
+        train_classify(cfg, tmp_path / "run", resume=True)
+    assert metrics.read_text() == "".join(kept)  # nothing changed
+    metrics.write_text("".join(lines))
+    capsys.readouterr()
+    assert train_classify(cfg, tmp_path / "run", resume=True)["step"] == 8
+    assert "metrics.jsonl: 6 training records up to step 6" in capsys.readouterr().err
+
+
 def test_a_run_killed_before_its_first_checkpoint_can_start_over_or_resume(tiny_config, tmp_path, capsys):
     train_classify(tiny_config, tmp_path / "run", stop_at_step=1)  # config.json written, no checkpoint yet
     assert not (tmp_path / "run" / "checkpoints" / "latest").exists()

@@ -232,9 +232,10 @@ def start_or_resume(
         if folder is not None:
             start_step = load_checkpoint(folder, dist_, model, optimizer, extra_models)["step"]
         if dist_.is_main:
+            found = _check_the_log_reaches(run, start_step, int(config.get("log_every") or 0))
             _say_if_the_kernels_changed(run, notice)
             notice(
-                f"resuming {run.path} from step {start_step} ({folder.name})"
+                f"resuming {run.path} from step {start_step} ({folder.name}; {found})"
                 if folder is not None
                 else f"{run.path} holds no checkpoint yet: starting it over from step 0 with its stored config"
             )
@@ -278,6 +279,25 @@ def start_or_resume(
 
 
 _MISSING = object()
+
+
+def _check_the_log_reaches(run: RunDir, step: int, log_every: int) -> str:
+    """A resumed run continues its metrics.jsonl: the log must reach the checkpoint's step (one training record
+    every ``log_every`` steps), or the continued run would leave a silent gap. Returns what was found, for the
+    resume line; a gap is refused in one line (nothing is changed)."""
+    from lapheads.runs.directory import read_jsonl
+
+    records, _ = read_jsonl(run.path / METRICS_FILE)
+    trained = [r["step"] for r in records if isinstance(r.get("step"), int) and "loss" in r and r["step"] <= step]
+    expected = step // log_every if log_every else 0
+    last = max(trained, default=0)
+    if log_every and step >= log_every and last <= step - log_every:
+        raise CheckpointError(
+            f"{run.path / METRICS_FILE} ends at step {last} ({len(trained)} training records) but the checkpoint is "
+            f"at step {step}, a record every {log_every} steps: ~{expected - len(trained)} records are gone; allowed: "
+            "restore metrics.jsonl, or train into a new --out (nothing was changed)"
+        )
+    return f"{METRICS_FILE}: {len(trained)} training records up to step {last}"
 
 
 def _say_if_the_kernels_changed(run: RunDir, notice) -> None:
