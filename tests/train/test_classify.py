@@ -393,3 +393,19 @@ def test_ctrl_c_checkpoints_the_interrupted_step_says_so_in_one_line_and_resume_
     assert main([*argv, "--resume"]) == 0
     a, b = final_weights(tmp_path / "full"), final_weights(tmp_path / "split")
     assert full["step"] == 8 and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_progress_off_a_terminal_is_plain_lines_not_carriage_returns(tiny_config, tmp_path, capsys):
+    from lapheads.train.runtime import _LineProgress
+
+    train_classify(tiny_config, tmp_path / "run")
+    err = capsys.readouterr().err
+    assert "\r" not in err and "train: 8/8 steps (100%)" in err  # the closing line; a line every 30 s before it
+    progress = _LineProgress(total=10, initial=2, desc="train", disable=False, interval=0.0)
+    progress.set_postfix(loss=0.5)
+    progress.update(3)
+    progress.write("step 5: eval_top1 50.00")
+    progress.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("train: 5/10 steps (50%), 0:00 elapsed, ~0:00 left, loss=0.5")
+    assert lines[1:] == ["step 5: eval_top1 50.00"]  # closing after a line at the same step adds none

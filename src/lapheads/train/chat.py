@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from lapheads.config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, ConfigError, Domain, option, validate_config
 from lapheads.data.conversations import Conversation, conversation_mixture, parse_mixture, render_conversation
@@ -55,6 +54,7 @@ from lapheads.train.runtime import (
     save_checkpoint,
     seed_everything,
     start_or_resume,
+    training_progress,
     wrap_for_training,
 )
 
@@ -418,9 +418,7 @@ def train_chat(
         tokenizer.save(run.tokenizer_dir)
     train_model, forward_model = wrap_for_training(peft_model if peft_model is not None else model, dist_, cfg.compile)
     hint = "lower --lora-lr" if peft_model is not None else "lower --init-lr-frac"
-    progress = tqdm(
-        total=total_steps, initial=start_step, disable=not dist_.is_main, desc=f"train {task}", dynamic_ncols=True
-    )
+    progress = training_progress(total_steps, start_step, f"train {task}", disable=not dist_.is_main)
     busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
 
     def evaluate(step: int) -> dict[str, float]:

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 from torch.utils.data import Subset
-from tqdm import tqdm
 
 from lapheads.config import NON_NEGATIVE, POSITIVE, RATE, ConfigError, one_of, option, validate_config
 from lapheads.core.modules import decisiveness_penalty
@@ -47,6 +46,7 @@ from lapheads.train.runtime import (
     save_checkpoint,
     seed_everything,
     start_or_resume,
+    training_progress,
     wrap_for_training,
 )
 
@@ -371,7 +371,7 @@ def train_classify(
     train_model, forward_model = wrap_for_training(model, dist_, cfg.compile)
 
     steps_per_eval = max(1, round(cfg.eval_every_epochs * sampler.steps_per_epoch))
-    progress = tqdm(total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train", dynamic_ncols=True)
+    progress = training_progress(total_steps, start_step, "train", disable=not dist_.is_main)
     busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
     batches = sampler.step_batches(start_step)
     last_eval: dict[str, float] = {}

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from lapheads.config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, ConfigError, Domain, one_of, option, validate_config
 from lapheads.data.images import DATASETS, build_image_data, check_data_root
@@ -54,6 +53,7 @@ from lapheads.train.runtime import (
     save_checkpoint,
     seed_everything,
     start_or_resume,
+    training_progress,
     wrap_for_training,
 )
 
@@ -317,9 +317,7 @@ def train_dino(
     )
     _, forward_model = wrap_for_training(student, dist_, cfg.compile)
     steps_per_checkpoint = max(1, round(cfg.checkpoint_every_epochs * per_epoch))
-    progress = tqdm(
-        total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train dino", dynamic_ncols=True
-    )
+    progress = training_progress(total_steps, start_step, "train dino", disable=not dist_.is_main)
     busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
     batches = sampler.step_batches(start_step)
     tick, seen, mean_loss = time.perf_counter(), 0, math.nan

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from lapheads.config import (
     FRACTION,
@@ -72,6 +71,7 @@ from lapheads.train.runtime import (
     save_checkpoint,
     seed_everything,
     start_or_resume,
+    training_progress,
     wrap_for_training,
 )
 
@@ -488,9 +488,7 @@ def train_lm(
             progress.write(f"step {step}: val_bpb {bpb:.4f}\n--- sample ---\n{text}\n--------------")
         return {"val_bpb": bpb}
 
-    progress = tqdm(
-        total=total_steps, initial=start_step, disable=not dist_.is_main, desc="train lm", dynamic_ncols=True
-    )
+    progress = training_progress(total_steps, start_step, "train lm", disable=not dist_.is_main)
     busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
     last_eval: dict[str, float] = {}
     tick, seen = time.perf_counter(), 0

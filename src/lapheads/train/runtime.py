@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 import random
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,6 +46,7 @@ from lapheads.runs.layout import (
 
 __all__ = [
     "CheckpointError",
+    "training_progress",
     "start_or_resume",
     "wrap_for_training",
     "Distributed",
@@ -60,6 +63,61 @@ __all__ = [
     "seed_everything",
     "setup_distributed",
 ]
+
+
+class _LineProgress:
+    """The progress of a run whose stderr is not a terminal (a log file, a SLURM job, a sweep cell): tqdm's
+    carriage-return redraws and bar glyphs would fill a file with one unreadable line, so this prints one plain line
+    every ``interval`` seconds and at the end ("train: 120/2340 steps (5%), 2:01 elapsed, ~37:10 left, loss=..."),
+    with the members the training loops use (update, set_postfix, write, close, n)."""
+
+    def __init__(self, total: int, initial: int, desc: str, disable: bool, interval: float = 30.0) -> None:
+        self.total, self.n, self.desc, self.disable, self.interval = total, initial, desc, disable, interval
+        self.postfix, self.start, self.started_at = "", initial, time.monotonic()
+        self.last_line, self.last_n = self.started_at, None
+
+    def update(self, steps: int = 1) -> None:
+        self.n += steps
+        if time.monotonic() - self.last_line >= self.interval:
+            self._line()
+
+    def set_postfix(self, ordered_dict=None, refresh: bool = True, **kwargs) -> None:
+        items = {**(ordered_dict or {}), **kwargs}
+        self.postfix = ", ".join(f"{k}={v}" for k, v in items.items())
+
+    def write(self, text: str) -> None:
+        if not self.disable:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.last_n != self.n:
+            self._line()
+
+    def _line(self) -> None:
+        self.last_line, self.last_n = time.monotonic(), self.n
+        if self.disable:
+            return
+        elapsed = self.last_line - self.started_at
+        done = self.n - self.start
+        left = f", ~{_clock(elapsed / done * (self.total - self.n))} left" if done and self.n < self.total else ""
+        percent = 100 * self.n / self.total if self.total else 100.0
+        postfix = f", {self.postfix}" if self.postfix else ""
+        print(f"{self.desc}: {self.n}/{self.total} steps ({percent:.0f}%), {_clock(elapsed)} elapsed{left}{postfix}",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
+
+
+def training_progress(total: int, initial: int, desc: str, disable: bool):
+    """The training loops' progress: tqdm's bar on a terminal, plain lines every 30 s elsewhere (_LineProgress)."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, initial=initial, disable=disable, desc=desc, dynamic_ncols=True)
+    return _LineProgress(total, initial, desc, disable)
 
 
 @dataclass
