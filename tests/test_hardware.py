@@ -85,6 +85,8 @@ def test_available_cpus_respects_the_affinity_mask():
 
 
 def test_the_busy_line_comes_once_when_steps_slow_down(monkeypatch):
+    monkeypatch.delenv(hardware._BUSY_SAID, raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     times = {"now": 0.0}
     monkeypatch.setattr(hardware.time, "perf_counter", lambda: times["now"])
     monkeypatch.setattr(hardware.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
@@ -101,11 +103,31 @@ def test_the_busy_line_comes_once_when_steps_slow_down(monkeypatch):
 
 
 def test_the_busy_line_comes_when_the_load_exceeds_the_cpus(monkeypatch):
+    monkeypatch.delenv(hardware._BUSY_SAID, raising=False)
     monkeypatch.setattr(hardware, "available_cpus", lambda: 2)
     monkeypatch.setattr(hardware.os, "getloadavg", lambda: (5.0, 5.0, 5.0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     watch = hardware.BusyWatch(skip=0, measure=1)
     lines = [watch.step() for _ in range(3)]
     assert lines[0] is None and "load average is 5.0 on 2 CPU(s)" in lines[1] and lines[2] is None
+    assert "already uses one thread" in lines[1] and "--threads 1" not in lines[1]  # consistent with the choice
+
+
+def test_the_busy_notice_comes_once_per_command(monkeypatch, capsys):
+    monkeypatch.delenv(hardware._BUSY_SAID, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(hardware, "available_cpus", lambda: 2)
+    monkeypatch.setattr(hardware, "busy_cpus", lambda *a, **k: 2.0)
+    threads = torch.get_num_threads()
+    try:
+        hardware.apply_thread_policy("auto")
+        hardware.apply_thread_policy("auto")  # a sweep's cell: it inherits the command's environment
+    finally:
+        torch.set_num_threads(threads)
+    assert capsys.readouterr().err.count("the machine is busy") == 1
+    monkeypatch.setattr(hardware.os, "getloadavg", lambda: (5.0, 5.0, 5.0))
+    watch = hardware.BusyWatch(skip=0, measure=1)
+    assert [watch.step() for _ in range(3)] == [None, None, None]  # said at the start already
 
 
 def test_a_model_too_large_for_the_machine_is_refused_before_it_is_built(monkeypatch):

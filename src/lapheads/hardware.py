@@ -373,9 +373,14 @@ def apply_thread_policy(threads: str | int = "auto", announce: bool = True) -> T
     os.environ["OMP_NUM_THREADS"] = str(policy.threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(policy.threads)
-    if announce and policy.busy:
+    if announce and policy.busy and os.environ.get(_BUSY_SAID) != "1":
         print(f"lapheads: {policy.reason}; --threads N to choose", file=sys.stderr, flush=True)
+        os.environ[_BUSY_SAID] = "1"  # once per command: BusyWatch and a sweep's cells (they inherit it) stay silent
     return policy
+
+
+#: set once a command has said the machine is busy
+_BUSY_SAID = "LAPHEADS_BUSY_SAID"
 
 
 def threads_from_argv(argv: list[str]) -> str:
@@ -412,7 +417,7 @@ class BusyWatch:
         self.skip, self.measure, self.factor = skip, measure, factor
         self.times: list[float] = []
         self.last = time.perf_counter()
-        self.said = False
+        self.said = os.environ.get(_BUSY_SAID) == "1"  # the command said so at its start: once is enough
         self.cpus = available_cpus()
 
     def begin(self) -> None:
@@ -437,7 +442,12 @@ class BusyWatch:
         why = f"a step took {took / pace:.1f}x the first steps' time" if slow else ""
         if load > self.cpus + 1:
             why += (", and " if why else "") + f"the load average is {load:.1f} on {self.cpus} CPU(s)"
-        return (
-            f"lapheads: the machine is busy ({why}); the ETA assumes it stays so: close other jobs, or restart with "
-            "--threads 1 (and --resume) to share the CPUs without stalls"
+        import torch
+
+        threads = torch.get_num_threads()
+        advice = (  # one thread already: fewer cannot help
+            "close other jobs, or restart with --threads 1 (and --resume) to share the CPUs without stalls"
+            if threads > 1
+            else "close other jobs (this run already uses one thread)"
         )
+        return f"lapheads: the machine is busy ({why}); the ETA assumes it stays so: {advice}"
