@@ -32,7 +32,10 @@ def test_demo_trains_both_runs_and_writes_the_report(fmnist_root, tmp_path, caps
     )
     assert code == 0
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "| baseline (0 Laplacian heads) |" in report and "| 2 Laplacian heads |" in report
+    assert "| baseline (no Laplacian head) |" in report
+    assert "| 2 of 3 heads Laplacian in every block |" in report  # "2 Laplacian heads" hid "of 3"
+    config = json.loads((tmp_path / "fmnist-cpu-L2" / "config.json").read_text())
+    assert config["preset"] == "fmnist-cpu" and config["threads"] >= 1
     assert (tmp_path / "report" / "loss.png").stat().st_size > 1000
     assert (tmp_path / "report" / "accuracy.png").stat().st_size > 1000
     assert "![anova](anova.png)" in report and "![spectrum](spectrum.png)" in report

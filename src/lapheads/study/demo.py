@@ -1,7 +1,8 @@
 """``lapheads demo``: the fmnist-cpu recipe with 0 and with k Laplacian heads, same seed, and a report.
 
 The report directory holds ``report.md`` (test accuracy, wall time, parameters per run; the paper's claims with
-a one-seed verdict each), PNG plots of the training loss and test accuracy of both runs, and the token geometry of
+each measure's direction on this one seed), PNG plots of the training loss (minibatches and their EMA) and the test
+accuracy at every evaluation of both runs, and the token geometry of
 both (``lapheads analyze``: ANOVA and spectrum plots in the report, every metric in summary.md). Everything is read
 back from the two run directories, the contract between training and reporting.
 """
@@ -25,23 +26,39 @@ from lapheads.train.classify import train_classify
 __all__ = ["accuracy_direction", "agreement_counts", "measure_direction", "plot_runs", "run_demo", "write_report"]
 
 
+def _ema(values: list[float], decay: float = 0.9) -> list[float]:
+    """Exponential moving average, debiased from the first value on (as TensorBoard's smoothing)."""
+    out, mean, weight = [], 0.0, 0.0
+    for value in values:
+        mean, weight = decay * mean + (1 - decay) * value, decay * weight + (1 - decay)
+        out.append(mean / weight)
+    return out
+
+
 def plot_runs(runs: dict[str, RunDir], out: Path) -> list[Path]:
-    """Loss and test-accuracy curves of several runs, one line per run."""
+    """Training loss (each logged minibatch faint, its EMA solid) and test accuracy at every evaluation (marked
+    points), one colour per run, each plot with its title, axis labels and legend."""
     paths = []
-    for key, ylabel, name in (
-        ("loss", "training loss", "loss.png"),
-        ("eval_top1", "test top-1 accuracy (%)", "accuracy.png"),
+    for key, ylabel, name, title in (
+        ("loss", "training loss (one minibatch)", "loss.png", "Training loss: logged minibatches (faint), EMA 0.9"),
+        ("eval_top1", "test top-1 accuracy (%)", "accuracy.png", "Test accuracy at each evaluation"),
     ):
-        with panel_grid(out / name, 1, size=(5, 3.5), dpi=120) as (ax,):
+        with panel_grid(out / name, 1, size=(5.5, 3.8), dpi=120) as (ax,):
             for label, run in runs.items():
                 points = [(r["epoch"], r[key]) for r in run.read_metrics() if key in r]
-                if points:
-                    xs, ys = zip(*points)
-                    ax.plot(xs, ys, marker="o" if key.startswith("eval") else None, label=label)
+                if not points:
+                    continue
+                xs, ys = zip(*points)
+                if key == "loss":
+                    (line,) = ax.plot(xs, ys, alpha=0.25, linewidth=0.8)
+                    ax.plot(xs, _ema(list(ys)), color=line.get_color(), label=f"{label} (EMA)")
+                else:
+                    ax.plot(xs, ys, marker="o", label=label)
+            ax.set_title(title, fontsize=10)
             ax.set_xlabel("epoch")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
-            ax.legend()
+            ax.legend(fontsize=8)
         paths.append(out / name)
     return paths
 
@@ -250,11 +267,12 @@ def run_demo(
             heads,
             [*DEMO_OVERRIDES, *(overrides or []), *(["--data-root", data_root] if data_root else [])],
         )
-        label = f"{heads} Laplacian heads" if heads != "0" else "baseline (0 Laplacian heads)"
         run_dir = out / f"fmnist-cpu-{spec_dir_name(heads)}"
-        print(f"== {label}: training into {run_dir}", flush=True)
+        print(f"== {'baseline' if heads == '0' else f'--laplacian-heads {heads}'}: training into {run_dir}", flush=True)
         start = time.perf_counter()
-        train_classify(cfg, run_dir, resume=RunDir(run_dir).exists())
+        train_classify(cfg, run_dir, resume=RunDir(run_dir).exists(), preset="fmnist-cpu")
+        masks = RunDir(run_dir).read_config().get("laplacian_masks") or [[]]
+        label = "baseline (no Laplacian head)" if heads == "0" else _heads_words(masks)  # "3 of 3 heads ..."
         walls[label] = time.perf_counter() - start
         runs[label] = RunDir(run_dir)
         if number == 0:  # the expected time from this machine's own pace, not a constant
