@@ -263,16 +263,9 @@ def _last_block(analysis: dict[str, Any]) -> str:
     return blocks[-1] if blocks else analysis["layers"][-1]
 
 
+# The heads' diffusion scores stay in analysis.json and the over-training plot, not in summary.md: docs/reproduction.md
+# withdraws them as a reading of the mechanism (they omit LayerScale and P), and a summary states what holds.
 _SHARED_ROWS = [
-    # heads live in blocks: an LM's summary layer (after the final norm) has none, so these read the last block
-    (
-        "diffusion score, Laplacian heads (last block)",
-        lambda a, layer: _value(a["per_layer"][_last_block(a)], "mechanism", "laplacian_diffusion"),
-    ),
-    (
-        "diffusion score, ordinary heads (last block)",
-        lambda a, layer: _value(a["per_layer"][_last_block(a)], "mechanism", "ordinary_diffusion"),
-    ),
     ("components for 99%, pooled", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components"]),
     ("components for 99%, per sequence", lambda a, layer: a["per_layer"][layer]["spectrum"]["n_components_per_seq"]),
     ("token cosine similarity", lambda a, layer: a["per_layer"][layer]["similarity"]),
@@ -350,7 +343,7 @@ def write_summary(analyses: list[dict[str, Any]], out: Path, plots: list[Path]) 
                 value = read(analysis, _summary_layer(analysis))
             except KeyError:
                 value = math.nan
-            cells.append(f"{value:.4g}")
+            cells.append("n/a" if math.isnan(value) else f"{value:.4g}")  # e.g. an accuracy an LM has not
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     lines += ["", "| run | directory | checkpoint | sequences x tokens |", "|---|---|---|---|"]
     lines += [
