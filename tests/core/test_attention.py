@@ -588,3 +588,24 @@ def test_the_filled_identity_finds_the_queries_in_a_static_cache(fused):
     op = laplacian_attention if fused else laplacian_attention_reference
     out = op(q, k, v, 2, attn_mask=mask, identity="filled")
     torch.testing.assert_close(out, _own_value_textbook(q, k, v, mask, torch.arange(4, 6)), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "spec", [0, 1, 2, 4, [False, True, False, True], ("ordinary", "laplacian", "sum", "exclusive")]
+)
+def test_torch_func_grad_and_vmap_run_through_the_op(spec):
+    """torch.func's transforms take the op's plain-autograd expression (an autograd.Function without functorch
+    rules cannot run under them): the same gradients as autograd, the same outputs batched by vmap."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 5, 8, dtype=torch.float64), *torch.randn(2, 2, 2, 5, 8, dtype=torch.float64)
+
+    def loss(q):
+        return laplacian_attention(q, k, v, spec, is_causal=True).square().sum()
+
+    leaf = q.clone().requires_grad_()
+    loss(leaf).backward()
+    torch.testing.assert_close(torch.func.grad(loss)(q), leaf.grad)
+    batched = torch.func.vmap(lambda one: laplacian_attention(one[None], k[:1], v[:1], spec)[0])(q)
+    torch.testing.assert_close(
+        batched, laplacian_attention(q, k[:1].expand(2, -1, -1, -1), v[:1].expand(2, -1, -1, -1), spec)
+    )

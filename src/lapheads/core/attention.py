@@ -240,6 +240,9 @@ def laplacian_attention(
             return _kinds_attention(q, k, v, kinds, mix, attn_mask, is_causal, dropout_p, scale, identity)
         laplacian_heads = [kind == "laplacian" for kind in kinds]
     compiling = torch.compiler.is_compiling()
+    # torch.compile and torch.func (grad, vmap, jvp) both take the plain-autograd expression: an autograd.Function
+    # without functorch rules cannot run under a transform, and Inductor fuses the expression anyway
+    traced = compiling or torch._C._are_functorch_transforms_active()
     lap_mask, runs = _resolve_heads(laplacian_heads, h, q.device, inspect_mask=not compiling)
     t, s = q.shape[-2], k.shape[-2]
     if is_causal and t != s:
@@ -247,7 +250,7 @@ def laplacian_attention(
             raise InputError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
         attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
     g = h // hkv
-    blocks = runs is not None and blend is None and all(start % g == 0 for start, _, _ in runs) and not compiling
+    blocks = runs is not None and blend is None and all(start % g == 0 for start, _, _ in runs) and not traced
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if (
         blocks
@@ -280,7 +283,7 @@ def laplacian_attention(
         lap = lap * (blend.to(y.dtype) if isinstance(blend, Tensor) else blend)
     sign = 1 - 2 * lap
     y, v_self = y.view(b, hkv, g, t, d), v_self.unsqueeze(2)
-    if compiling:  # one expression Inductor fuses into its neighbours; no out= views, no graph break
+    if traced:  # one expression Inductor fuses into its neighbours; no out= views, no graph break
         return (y * sign + v_self * lap).view(b, h, t, d)
     return _LaplacianCombine.apply(y, v_self, sign, lap, runs if g == 1 else None).view(b, h, t, d)
 
