@@ -29,3 +29,14 @@ def slurm_cluster() -> str:
     if shutil.which("sbatch") and os.environ.get("LAPHEADS_TEST_PARTITION"):
         return os.environ["LAPHEADS_TEST_PARTITION"]
     pytest.skip(HOW)
+
+
+@pytest.fixture(autouse=True)
+def _threads_restored():
+    """The SLURM tests compare with one-thread local runs (a job's threads are its CPUs per task): the suite's
+    later tests get their thread count back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
