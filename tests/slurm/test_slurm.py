@@ -89,7 +89,7 @@ def test_a_preempted_cell_requeues_and_finishes_on_the_uninterrupted_trajectory(
     assert "Caught signal SIGUSR2" in log and "Requeued job" in log
     # the step in progress finished and was checkpointed; the requeued job continued from exactly that step
     stopped = re.search(r"interrupted \(SIGUSR2\) at step (\d+)", log)
-    assert stopped and f"from step {stopped[1]} (step-{int(stopped[1]):08d})" in log
+    assert stopped and f"from step {stopped[1]} (step-{int(stopped[1]):08d};" in log
     torch.set_num_threads(1)
     from lapheads.train.classify import train_classify
 
