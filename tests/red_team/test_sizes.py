@@ -94,7 +94,7 @@ def test_the_address_space_limit_counts_as_the_memory_there_is():
     assert int(done.stdout.split()[-1]) < 6 << 30  # ulimit -v 6 GiB: below it, whatever the machine has free
 
 
-def _fits(task, preset, device, room):
+def _fits(task, preset, device):
     from lapheads.train import classify, dino, lm
 
     cfg = resolve_config(task, preset, None, [])
@@ -114,4 +114,4 @@ def test_every_preset_fits_the_machine_it_is_written_for(task, preset, monkeypat
     """A CPU preset fits a 16 GiB machine; a GPU preset one 80 GiB GPU of its 8 (as the paper's runs)."""
     device = "cpu" if preset.endswith("-cpu") or "fmnist" in preset else "cuda"
     monkeypatch.setattr(hardware, "available_memory_bytes", lambda d="cpu": (16 if device == "cpu" else 80) << 30)
-    _fits(task, preset, device, None)
+    _fits(task, preset, device)
