@@ -181,7 +181,17 @@ def _requeue_when_stopped() -> Iterator[None]:
             raise
 
 
-class CellJob:
+class _Requeueable:
+    """submitit calls ``checkpoint`` at pre-emption or the time limit: requeue the same call (it resumes the run
+    directory it wrote)."""
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+class CellJob(_Requeueable):
     """One sweep cell as a SLURM job: train it (resuming its run directory), then write its record."""
 
     def __call__(self, cell: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
@@ -201,14 +211,8 @@ class CellJob:
             recorder.write(one, time.monotonic() - began, threads)
         return {"cell": one.name, "run_dir": str(one.run_dir)}
 
-    def checkpoint(self, *args: Any, **kwargs: Any):
-        """submitit, at pre-emption or the time limit: requeue the same call (it resumes the run directory)."""
-        from submitit.helpers import DelayedSubmission
 
-        return DelayedSubmission(self, *args, **kwargs)
-
-
-class TrainJob:
+class TrainJob(_Requeueable):
     """A training run as a SLURM job of one or more tasks (one per GPU, or per CPU slot), joined as torchrun would."""
 
     def __call__(self, task: str, cfg: Any, out: str, resume: bool, preset: str | None) -> dict[str, Any]:
@@ -225,11 +229,6 @@ class TrainJob:
             return train(cfg, Path(out), resume=resume, preset=preset)
         with _requeue_when_stopped():
             return train(cfg, Path(out), resume=resume, preset=preset)
-
-    def checkpoint(self, *args: Any, **kwargs: Any):
-        from submitit.helpers import DelayedSubmission
-
-        return DelayedSubmission(self, *args, **kwargs)
 
 
 def job_states(job_ids: list[str]) -> dict[str, str]:
