@@ -183,3 +183,20 @@ def test_only_runs_spells_the_run_directory():
             if text in RUN_DIR_WORDS or any(name in text for name in RUN_DIR_NAMES) or "step-" in text:
                 found.append(f"{relative}:{line}: {text[:60]!r}")
     assert not found, "use lapheads.runs.layout / RunDir:\n" + "\n".join(sorted(found))
+
+
+def test_the_op_reads_on_a_screen_and_leaves_the_compiled_node_to_its_autograd_module():
+    """core/attention.py plans and calls paths: no function over 60 lines, and the compiled node is chosen in one
+    place (core/_autograd.py), never named by the op."""
+    source = (PACKAGE / "core" / "attention.py").read_text()
+    tree = ast.parse(source)
+    long = [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 60
+    ]
+    assert long == []
+    assert "lapheads.core.native" not in _imports()["lapheads.core.attention"]
+    assert "native" not in {
+        alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names
+    }

@@ -559,7 +559,12 @@ def _api_cases():
         "blend a vector": ((q, k, v, 1), {"blend": torch.ones(2)}, "0-dim"),
         "blend a string": ((q, k, v, 1), {"blend": "1"}, "blend='1'"),
         "an unknown identity": ((q, k, v, 1), {"identity": "diagonal"}, "identity='diagonal'"),
-        "last_allowed without a mask": ((q, k, v, 1), {"identity": "last_allowed"}, "identity='last_allowed'"),
+        "the withdrawn identity name": ((q, k, v, 1), {"identity": "last_allowed"}, "identity='last_allowed'"),
+        "attn_mask with is_causal": (
+            (q, k, v, 1),
+            {"attn_mask": torch.ones(5, 5, dtype=torch.bool), "is_causal": True},
+            "cannot be combined",
+        ),
     }
     return cases
 

@@ -279,6 +279,67 @@ def test_the_training_path_frees_what_it_saved_after_backward():
         out.sum().backward()
 
 
+#: (name, spec, options, H, Hkv, T, S, whether q, k, v want a gradient) -> the path the op's plan gives that call
+PLANNED_CALLS = [
+    ("no Laplacian head", 0, {}, 4, 4, 7, 7, True, "sdpa"),
+    ("an all-False mask", [False] * 4, {}, 4, 4, 7, 7, True, "sdpa"),
+    ("head kinds", ["ordinary", "negated", "sum", "laplacian"], {}, 4, 4, 7, 7, True, "kinds"),
+    ("trailing heads in training", 2, {}, 4, 4, 7, 7, True, "node"),
+    ("a mask of blocks in training", [True, False, True, False], {"is_causal": True}, 4, 4, 7, 7, True, "node"),
+    ("GQA blocks on group boundaries", 2, {}, 4, 2, 7, 7, True, "node"),
+    ("every head Laplacian", 4, {}, 4, 4, 7, 7, True, "all_laplacian"),
+    ("every head Laplacian, decoding", 4, {"is_causal": True}, 4, 4, 1, 7, False, "all_laplacian"),
+    ("decoding with a cache", 2, {"is_causal": True}, 4, 4, 2, 7, False, "in_place"),
+    ("a blend", 2, {"blend": 0.3}, 4, 4, 7, 7, True, "combine"),
+    ("a GQA group of both kinds", [False, True, True, True], {}, 4, 2, 7, 7, True, "combine"),
+    ("every head Laplacian under GQA", 4, {}, 4, 2, 7, 7, True, "combine"),
+]
+
+
+@pytest.mark.parametrize(
+    "name, spec, options, h, hkv, t, s, grad, path", PLANNED_CALLS, ids=[c[0] for c in PLANNED_CALLS]
+)
+def test_each_call_takes_its_planned_path_and_gives_the_references_numbers(
+    name, spec, options, h, hkv, t, s, grad, path
+):
+    """The module docstring's table of paths, pinned call by call: the plan names the path, and the op's output
+    and gradients on it equal the textbook reference's."""
+    from lapheads.core.attention import _plan, _prepare
+
+    q, k, v = (x.requires_grad_(grad) for x in qkv(h, hkv, t, s))
+    defaults = dict(attn_mask=None, is_causal=False, dropout_p=0.0, scale=None, identity="aligned", blend=None)
+    call = _prepare(q, k, v, spec, **{**defaults, **options}, mix=None)
+    assert _plan(q, k, v, call) == path
+    out = laplacian_attention(q, k, v, spec, **options)
+    reference = laplacian_attention_reference(q, k, v, spec, **options)
+    torch.testing.assert_close(out, reference, rtol=1e-10, atol=1e-10)
+    if grad:
+        cotangent = torch.randn_like(out)
+        ours = torch.autograd.grad(out, (q, k, v), cotangent)
+        theirs = torch.autograd.grad(reference, (q, k, v), cotangent)
+        for a, b in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_transforms_take_the_traced_path():
+    """Under a torch.func transform the plan is the plain-autograd expression (an autograd.Function has no
+    functorch rule); torch.compile takes it too (test_module_compiles_and_matches_eager)."""
+    from lapheads.core.attention import _plan, _prepare
+
+    q, k, v = qkv()
+    paths = []
+
+    def loss(q_):
+        call = _prepare(q_, k, v, 2, None, False, 0.0, None, "aligned", None, None)
+        paths.append(_plan(q_, k, v, call))
+        return laplacian_attention(q_, k, v, 2).sum()
+
+    grad = torch.func.grad(loss)(q)
+    assert paths == ["traced"]
+    q.requires_grad_()
+    torch.testing.assert_close(grad, torch.autograd.grad(laplacian_attention_reference(q, k, v, 2).sum(), q)[0])
+
+
 def test_op_errors_name_the_problem():
     q, k, v = qkv()
     with pytest.raises(HeadSpecError, match="laplacian_heads=5 is out of range; allowed: 0 to 4"):
@@ -413,7 +474,7 @@ def test_module_trains_with_laplacian_heads():
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_last_allowed_identity_reads_each_querys_own_position_under_cache_and_padding_masks():
+def test_the_filled_identity_reads_each_querys_own_position_under_cache_and_padding_masks():
     from lapheads.core.attention import _causal_mask
 
     torch.manual_seed(0)
@@ -424,8 +485,8 @@ def test_last_allowed_identity_reads_each_querys_own_position_under_cache_and_pa
     allowed = torch.arange(s)[None, :] <= positions[:, None]
     mask = allowed[None, None].repeat(b, 1, 1, 1)
     mask[1, :, :, 0] = False
-    fused = laplacian_attention(q, k, v, 2, attn_mask=mask, identity="last_allowed")
-    reference = laplacian_attention_reference(q, k, v, 2, attn_mask=mask, identity="last_allowed")
+    fused = laplacian_attention(q, k, v, 2, attn_mask=mask, identity="filled")
+    reference = laplacian_attention_reference(q, k, v, 2, attn_mask=mask, identity="filled")
     torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-5)
     plain = laplacian_attention(q, k, v, 0, attn_mask=mask)
     v_own = v.repeat_interleave(2, 1)[:, :, positions]  # each query's own value, by hand
@@ -433,13 +494,16 @@ def test_last_allowed_identity_reads_each_querys_own_position_under_cache_and_pa
     # with the plain bottom-right causal mask both rules agree; an additive float mask reads the same
     causal = _causal_mask(t, s, q.device)
     aligned = laplacian_attention(q, k, v, 2, attn_mask=causal)
-    torch.testing.assert_close(laplacian_attention(q, k, v, 2, attn_mask=causal, identity="last_allowed"), aligned)
+    torch.testing.assert_close(laplacian_attention(q, k, v, 2, attn_mask=causal, identity="filled"), aligned)
     additive = torch.zeros(t, s).masked_fill(~causal, torch.finfo(torch.float32).min)
     torch.testing.assert_close(
-        laplacian_attention(q, k, v, 2, attn_mask=additive, identity="last_allowed"), aligned, rtol=1e-5, atol=1e-5
+        laplacian_attention(q, k, v, 2, attn_mask=additive, identity="filled"), aligned, rtol=1e-5, atol=1e-5
     )
-    with pytest.raises(InputError, match="'last_allowed' with an attn_mask"):
-        laplacian_attention(q, k, v, 2, is_causal=True, identity="last_allowed")
+    # without a mask "filled" has nothing to read: the queries are the last T keys, as "aligned" says
+    torch.testing.assert_close(
+        laplacian_attention(q, k, v, 2, is_causal=True, identity="filled"),
+        laplacian_attention(q, k, v, 2, is_causal=True),
+    )
 
 
 def test_blend_moves_from_plain_attention_to_the_laplacian():
@@ -509,7 +573,6 @@ def test_saved_tensor_hooks_that_copy_what_is_saved_give_the_same_gradients():
     ],
 )
 def test_bad_op_arguments_are_one_line_input_errors(op, options, message):
-    from lapheads.errors import InputError
 
     q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
     fn = laplacian_attention if op == "fused" else laplacian_attention_reference
@@ -570,8 +633,6 @@ def test_the_filled_identity_is_each_querys_own_value_under_any_mask(name, fused
     op = laplacian_attention if fused else laplacian_attention_reference
     out = op(q, k, v, 3, attn_mask=mask, identity="filled")
     torch.testing.assert_close(out, _own_value_textbook(q, k, v, mask, torch.arange(t)), rtol=0, atol=1e-12)
-    # "last_allowed", the earlier name, is the same rule (it used to read the prefix's last key for every prefix query)
-    torch.testing.assert_close(op(q, k, v, 3, attn_mask=mask, identity="last_allowed"), out, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fused", [True, False])

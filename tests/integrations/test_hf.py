@@ -72,6 +72,27 @@ def test_zero_heads_equal_sdpa_and_k_heads_equal_the_textbook_per_head(name):
     assert model.config.laplacian_heads == [[False, False, False, True], [False, True, True, True]]
 
 
+def test_the_op_gets_what_the_timm_module_hands_it(monkeypatch):
+    """Trailing heads reach the op as the int k (no device mask per call; on every device the one-node training
+    path), any other mask as the mask; a model loaded from its config the same."""
+    seen = []
+    op = lhf.laplacian_attention
+
+    def recording(q, k, v, heads, **options):
+        seen.append(heads if isinstance(heads, int) else heads.tolist())
+        return op(q, k, v, heads, **options)
+
+    monkeypatch.setattr(lhf, "laplacian_attention", recording)
+    model = lhf.enable(_build("llama"), [[False, False, True, True], [True, False, False, False]])
+    _run(model, "llama")
+    assert seen == [2, [True, False, False, False]]
+    model.train()
+    ids = torch.randint(0, 100, (2, 12))
+    out = model(ids).logits
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral", "gpt2"])
 def test_cached_decoding_equals_the_full_forward_and_generate_agrees_across_caches(name):
     model = lhf.enable(_build(name), 2)

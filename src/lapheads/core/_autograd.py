@@ -1,6 +1,11 @@
 """The op's autograd machinery (private): SDPA plus the Laplacian combine as few passes as the kinds allow.
 
-* ``_LaplacianSDPA`` runs SDPA (on the CPU, SDPA's own flash kernel called directly; elsewhere SDPA on its own
+This module owns the autograd Functions, the direct calls of SDPA's CPU flash kernels and the choice of the compiled
+node (``lapheads.core.native``); ``lapheads.core.attention`` plans which of them a call takes.
+
+* ``training_node`` is the one entry of the training path: the compiled C++ node where SDPA runs its CPU flash
+  kernel and ``lapheads kernel build`` built it, else ``LaplacianSDPA`` (the same node in Python).
+* ``LaplacianSDPA`` runs SDPA (on the CPU, SDPA's own flash kernel called directly; elsewhere SDPA on its own
   small graph) and writes the output: one copy of y, then the Laplacian head blocks turned into v - y in place.
   Its backward hands the incoming gradient to SDPA's backward *unchanged* and
   then fixes the Laplacian heads in place: SDPA's backward is linear in the output gradient, per head, so negating
@@ -8,7 +13,7 @@
   sign-flipped copy of g, no gradient of zeros for the ordinary heads' identity term, no extra accumulation pass.
   ``csrc/laplacian_sdpa.cpp`` is its CPU flash path in C++, step for step (``lapheads.core.native``); keep the two
   in step: tests/core/test_native.py compares them bit for bit.
-* ``_LaplacianCombine`` multiplies by a per-head sign and adds the masked value where that does not apply (a GQA
+* ``LaplacianCombine`` multiplies by a per-head sign and adds the masked value where that does not apply (a GQA
   group mixing the two kinds, a blend, an identity read from the mask, a mask that needs a gradient).
 * GQA/MQA: v is viewed per kv group and broadcast to its query heads, never copied.
 """
@@ -20,13 +25,64 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend
+
+from lapheads.core import native
+
+__all__ = [
+    "LaplacianCombine",
+    "LaplacianSDPA",
+    "combine_runs",
+    "flash_mask",
+    "head_runs",
+    "head_runs_of",
+    "identity_values",
+    "runs_cpu_flash",
+    "sdpa",
+    "training_node",
+]
 
 # the overloads themselves, looked up once: the op's per-call cost is what small shapes feel
 _CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _CPU_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+_FLASH = int(SDPBackend.FLASH_ATTENTION)
 
 
-class _LaplacianCombine(torch.autograd.Function):
+def training_node(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    runs: tuple[tuple[int, int, bool], ...],
+) -> Tensor:
+    """SDPA and the Laplacian blocks ``runs`` as one autograd node (the op's training path): the compiled node where
+    SDPA would run its CPU flash kernel and the node is built (no Python Function cost), else ``LaplacianSDPA``,
+    which calls that kernel directly where it applies. Both give SDPA's own outputs and gradients, bit for bit."""
+    cpu_flash = runs_cpu_flash(q, k, v, attn_mask, dropout_p, is_causal, scale)
+    if cpu_flash and (node := native.module()) is not None:
+        starts, stops = laplacian_blocks(runs)
+        return node.laplacian_sdpa(q, k, v, flash_mask(attn_mask, q), dropout_p, is_causal, scale, starts, stops)
+    sdpa_options = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    return LaplacianSDPA.apply(q, k, v, sdpa_options, runs, cpu_flash)
+
+
+def runs_cpu_flash(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, scale: float | None
+) -> bool:
+    """Whether F.scaled_dot_product_attention would run its CPU flash kernel here (its own dispatcher decides, so
+    ``torch.nn.attention.sdpa_kernel`` is respected): the op then calls that kernel and its backward directly,
+    without the re-entrant autograd call that is most of its fixed cost at small shapes. A bool mask is converted
+    as SDPA converts it; a float mask must already be of q's dtype (SDPA's own rule)."""
+    if q.device.type != "cpu" or (attn_mask is not None and attn_mask.dtype not in (torch.bool, q.dtype)):
+        return False
+    gqa = q.shape[1] != k.shape[1]
+    return torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=gqa) == _FLASH
+
+
+class LaplacianCombine(torch.autograd.Function):
     """out = sign * y + lap * v per head: sign = -1, lap = 1 on Laplacian heads; sign = 1, lap = 0 on the others.
 
     y is viewed as (B, Hkv, G, T, D) and v as (B, Hkv, 1, T, D), so GQA broadcasts v without copying it. ``runs``
@@ -40,7 +96,7 @@ class _LaplacianCombine(torch.autograd.Function):
         ctx.save_for_backward(sign, lap)
         if runs is None:
             return torch.mul(y, sign).addcmul_(v, lap)
-        return _combine_runs(y.flatten(1, 2), v.squeeze(2), runs).view(y.shape)  # G == 1 here
+        return combine_runs(y.flatten(1, 2), v.squeeze(2), runs).view(y.shape)  # G == 1 here
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
@@ -54,7 +110,7 @@ class _LaplacianCombine(torch.autograd.Function):
         return grad_y, grad_v, None, None, None
 
 
-def _combine_runs(
+def combine_runs(
     y: Tensor, v_self: Tensor, runs: tuple[tuple[int, int, bool], ...], group: int = 1, in_place: bool = False
 ) -> Tensor:
     """Ordinary heads' y copied (or, ``in_place``, kept: a y nobody else holds), Laplacian heads' v_self - y, one
@@ -80,7 +136,7 @@ def _combine_runs(
     return out
 
 
-class _LaplacianSDPA(torch.autograd.Function):
+class LaplacianSDPA(torch.autograd.Function):
     """SDPA and the combine as one autograd node, for heads known as blocks (``runs``) that do not split a kv group.
 
     Forward runs SDPA on detached inputs inside its own small graph (SDPA saves what it always saves) and writes
@@ -95,34 +151,41 @@ class _LaplacianSDPA(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, sdpa: dict, runs: tuple, cpu_flash: bool) -> Tensor:  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, options: dict, runs: tuple, cpu_flash: bool) -> Tensor:  # type: ignore[override]
         group = q.shape[1] // k.shape[1]
-        ctx.runs, ctx.group, ctx.sdpa = runs, group, sdpa
+        ctx.runs, ctx.group, ctx.options = runs, group, options
         if cpu_flash:  # the kernel F.scaled_dot_product_attention itself runs here, called without its autograd node
-            mask = _flash_mask(sdpa["attn_mask"], q)
+            mask = flash_mask(options["attn_mask"], q)
             y, logsumexp = _CPU_FLASH(
-                q, k, v, sdpa["dropout_p"], sdpa["is_causal"], attn_mask=mask, scale=sdpa["scale"]
+                q, k, v, options["dropout_p"], options["is_causal"], attn_mask=mask, scale=options["scale"]
             )
             ctx.save_for_backward(y, q, k, v, logsumexp, mask)
         else:
             with torch.enable_grad():
                 leaves = [x.detach().requires_grad_(x.requires_grad) for x in (q, k, v)]
-                y = _sdpa(*leaves, **sdpa)
+                y = sdpa(*leaves, **options)
             # saved, not set on ctx: autograd frees saved tensors (and with y, SDPA's small graph) after a backward
             # without retain_graph, even while the caller still holds the output
             ctx.save_for_backward(y, *leaves)
             y = y.detach()
         ctx.cpu_flash = cpu_flash
-        return _combine_runs(y, _identity_values(v, q.shape[-2]), runs, group)
+        return combine_runs(y, identity_values(v, q.shape[-2]), runs, group)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         y, *leaves = ctx.saved_tensors
         if ctx.cpu_flash:  # SDPA's own backward kernel, as its autograd node would call it: bit-identical gradients
             *leaves, logsumexp, mask = leaves
-            sdpa = ctx.sdpa
+            options = ctx.options
             grads = _CPU_FLASH_BACKWARD(
-                grad, *leaves, y, logsumexp, sdpa["dropout_p"], sdpa["is_causal"], attn_mask=mask, scale=sdpa["scale"]
+                grad,
+                *leaves,
+                y,
+                logsumexp,
+                options["dropout_p"],
+                options["is_causal"],
+                attn_mask=mask,
+                scale=options["scale"],
             )
             if not all(ctx.needs_input_grad[:3]):
                 grads = [g if wanted else None for g, wanted in zip(grads, ctx.needs_input_grad)]
@@ -153,7 +216,7 @@ class _LaplacianSDPA(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def _flash_mask(mask: Tensor | None, q: Tensor) -> Tensor | None:
+def flash_mask(mask: Tensor | None, q: Tensor) -> Tensor | None:
     """The mask as SDPA hands it to its CPU flash kernel: a bool mask (True = attend) as 0 / -inf of q's dtype."""
     if mask is None or mask.dtype != torch.bool:
         return mask
@@ -161,18 +224,18 @@ def _flash_mask(mask: Tensor | None, q: Tensor) -> Tensor | None:
 
 
 @functools.cache  # a model has a handful of distinct runs; the op's per-call cost is what small shapes feel
-def _laplacian_blocks(runs: tuple[tuple[int, int, bool], ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def laplacian_blocks(runs: tuple[tuple[int, int, bool], ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(starts, stops) of the Laplacian runs: the compiled node's form of ``runs``."""
     blocks = [(start, stop) for start, stop, is_laplacian in runs if is_laplacian]
     return tuple(start for start, _ in blocks), tuple(stop for _, stop in blocks)
 
 
-def _head_runs(mask: Tensor) -> tuple[tuple[int, int, bool], ...]:
+def head_runs(mask: Tensor) -> tuple[tuple[int, int, bool], ...]:
     """Maximal blocks (start, stop, is_laplacian) of consecutive heads of one kind."""
-    return _head_runs_of(mask.tolist())
+    return head_runs_of(mask.tolist())
 
 
-def _head_runs_of(flags: list[bool]) -> tuple[tuple[int, int, bool], ...]:
+def head_runs_of(flags: list[bool]) -> tuple[tuple[int, int, bool], ...]:
     runs, start = [], 0
     for i in range(1, len(flags) + 1):
         if i == len(flags) or flags[i] != flags[start]:
@@ -181,13 +244,13 @@ def _head_runs_of(flags: list[bool]) -> tuple[tuple[int, int, bool], ...]:
     return tuple(runs)
 
 
-def _identity_values(v: Tensor, num_queries: int) -> Tensor:
+def identity_values(v: Tensor, num_queries: int) -> Tensor:
     """The value at each query's own position: the queries are the last T of the S key positions."""
     s = v.shape[-2]
     return v if num_queries == s else v[..., s - num_queries :, :]
 
 
-def _sdpa(
+def sdpa(
     q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, scale: float | None
 ) -> Tensor:
     """``F.scaled_dot_product_attention`` for H query heads over Hkv key/value heads."""

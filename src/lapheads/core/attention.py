@@ -1,58 +1,71 @@
-"""Laplacian attention: the fused op and the textbook reference, side by side (as nanoGPT keeps its two paths).
+"""Laplacian attention: the fused op and, right below it, the textbook reference (as nanoGPT keeps its two paths).
 
 A Laplacian head replaces its softmax matrix P by the random-walk graph Laplacian I - P, so it outputs
-V - P V instead of P V (Zhang & Papyan, arXiv 2602.09297). Design choices:
+V - P V instead of P V (Zhang & Papyan, arXiv 2602.09297). ``laplacian_attention`` checks its arguments, plans
+one path (``_plan``) and calls it. No path makes a T x T tensor or loops over heads in Python; every path gives
+the reference's numbers up to rounding (tests/core/test_attention.py::test_fused_equals_reference_equals_dense and
+test_each_call_takes_its_planned_path, which pins the plan below).
 
-* **One fused SDPA call for all heads.** ``laplacian_attention`` computes y = SDPA(q, k, v) for every head with
-  ``F.scaled_dot_product_attention`` and then, in one elementwise pass, turns the Laplacian heads' y into v - y.
-  No T x T tensor exists on this path and there is no Python loop over heads (the autograd machinery:
-  ``lapheads.core._autograd``; under torch.compile the combine is one expression Inductor fuses).
-* **On the CPU, a compiled training node where built.** The training path's autograd node (SDPA's CPU flash kernel,
-  its backward and the Laplacian fix-ups) also exists in C++ (``lapheads.core.native``, ``lapheads kernel build``):
-  bit-identical, without the Python autograd.Function's per-call cost; the Python node is the fallback.
+==============  =========================================================  ========================================
+path            when                                                       what it runs, and why
+==============  =========================================================  ========================================
+sdpa            no head is Laplacian (k = 0, an all-False mask)            exactly F.scaled_dot_product_attention
+kinds           head kinds beyond ordinary and Laplacian                   SDPA + one expression of V, P V and the
+                                                                           attended mean (``lapheads.core.kinds``),
+                                                                           differentiated by autograd
+node            a gradient is wanted; the Laplacian heads are whole        one autograd node (``_autograd.
+                blocks on kv-group boundaries, not all of them; no blend;  training_node``): SDPA's backward of g
+                the identity aligned; not traced; the mask wants no grad   unchanged, then in-place fix-ups; on the
+                                                                           CPU SDPA's flash kernels called directly,
+                                                                           in C++ where built (``core.native``)
+all_laplacian   every head Laplacian, H == Hkv, no blend                   ``v_self - y``: one subtraction
+in_place        no gradient wanted (decoding), blocks as for ``node``      SDPA's fresh output made Laplacian in
+                                                                           place: no copy, no graph
+traced          under torch.compile or a torch.func transform              one expression: Inductor fuses it,
+                                                                           functorch differentiates it
+combine         the rest: a GQA group mixing kinds, a blend, an identity   ``LaplacianCombine``: a per-head sign and
+                read from the mask, a mask that wants a gradient, a        the masked value, one pass each way
+                device mask whose blocks are not read on the host
+==============  =========================================================  ========================================
+
+TorchScript compiles none of these: the modules call ``scripted_attention`` (bottom of this file) when scripted.
+
+Semantics every path shares:
+
 * **The identity uses the query's own position.** With a KV cache (T < S) the T queries are the last T positions
   of the S keys, so the identity term is v[..., S - T:, :]; a causal mask is aligned the same way (bottom right).
+  ``identity="filled"`` reads it from the mask instead (a static cache's filled slots).
 * **GQA/MQA.** v is broadcast from its Hkv heads to the H query heads inside the combine, never copied.
 * **Dropout acts on P.** SDPA drops entries of P, so a Laplacian head computes (I - drop(P)) V.
-* **Head kinds** (``lapheads.core.heads``): negated, local, untied, sum, centring, exclusive and mix heads are one
-  SDPA call plus one elementwise expression of V, P V and the attended mean (exclusive heads: minus P V's component
-  along the token's own value), differentiated by autograd.
-* **A textbook reference path** (``laplacian_attention_reference``) materialises P and applies its operator
-  explicitly. It serves attention maps (``return_attn=True``) and is the parity reference for the fused path.
+* **A query with no key to attend to** has P = 0: its ordinary heads output 0, its Laplacian heads its own value.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional  # TorchScript reads Optional in scripted_attention's signature
+from typing import NamedTuple, Optional  # TorchScript reads Optional in scripted_attention's signature
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import SDPBackend
 
-from lapheads.core import native
 from lapheads.core._autograd import (
-    _combine_runs,
-    _flash_mask,
-    _head_runs,
-    _head_runs_of,
-    _identity_values,
-    _laplacian_blocks,
-    _LaplacianCombine,
-    _LaplacianSDPA,
-    _sdpa,
+    LaplacianCombine,
+    combine_runs,
+    head_runs,
+    head_runs_of,
+    identity_values,
+    sdpa,
+    training_node,
 )
-from lapheads.core.heads import (
-    KIND_COEFFICIENTS,
+from lapheads.core.heads import HeadSpec, check_count, check_mask_tensor, kind_tuple, laplacian_head_mask
+from lapheads.core.kinds import (
     PROJECTING_KINDS,
-    HeadSpec,
-    _check_count,
-    _check_mask_tensor,
-    _is_kinds,
-    _kind_tuple,
+    exclude_own_value,
+    is_kinds,
     is_plain_laplacian,
-    laplacian_head_mask,
+    kind_coefficients,
+    kinds_output,
 )
 from lapheads.errors import InputError
 
@@ -61,57 +74,275 @@ __all__ = ["IDENTITIES", "laplacian_attention", "laplacian_attention_reference",
 #: Where the identity term reads each query's own value (``identity=``): "aligned", the queries are the last T of the
 #: S keys; "filled", the same when T == S, else the last T of the keys any query may attend to (a static cache's
 #: filled slots; with a dynamic cache or none it is "aligned" for every mask: causal, sliding, left or right padding,
-#: prefix-LM, bidirectional). "last_allowed"
-#: is the earlier name of "filled" (it read each query's last allowed key, which a prefix-LM mask moves off the query).
-IDENTITIES = ("aligned", "filled", "last_allowed")
-
-_FLASH = int(SDPBackend.FLASH_ATTENTION)
+#: prefix-LM, bidirectional).
+IDENTITIES = ("aligned", "filled")
 
 
-def _check_identity(identity: str, attn_mask: Tensor | None) -> None:
-    if identity not in IDENTITIES or (identity == "last_allowed" and attn_mask is None):
-        raise InputError(
-            f"identity={identity!r} with attn_mask {'None' if attn_mask is None else 'given'}; allowed: "
-            "'aligned', 'filled', or 'last_allowed' with an attn_mask"
-        )
+def laplacian_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    laplacian_heads: HeadSpec,
+    *,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    identity: str = "aligned",
+    blend: float | Tensor | None = None,
+    mix: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """Multi-head attention where the selected heads output (I - P) V instead of P V (or another head kind).
+
+    Args:
+        q: queries (B, H, T, D).
+        k: keys (B, Hkv, S, D) with H % Hkv == 0 (GQA/MQA when Hkv < H).
+        v: values (B, Hkv, S, D).
+        laplacian_heads: int k (the trailing k heads are Laplacian), a bool mask of length H, or H head kinds
+            (:data:`lapheads.core.kinds.HEAD_KINDS`; a "local" head is ordinary here and an "untied" one negated:
+            their module adds the untied local term).
+        attn_mask: optional bool (True = attend) or additive float mask broadcastable to (B, H, T, S).
+        is_causal: causal attention; when T < S the queries are the last T positions (KV cache).
+        dropout_p: attention dropout on P, so Laplacian heads compute (I - drop(P)) V.
+        scale: softmax scale; default 1 / sqrt(D).
+        identity: where the identity term reads each query's own value (:data:`IDENTITIES`). "aligned": the
+            queries are the last T of the S keys. "filled": the last T of the keys any query may see (static
+            caches; right for every mask shape).
+        blend: lambda in [0, 1] for Laplacian heads, which then output lambda V + (1 - 2 lambda) P V: 0 is plain
+            attention (a function-preserving start when converting a pretrained model), 1 (None) is V - P V. A
+            0-dim tensor avoids recompiling as it changes.
+        mix: (a, b), each of shape (H,): the coefficients of V and P V of the heads of kind "mix" (learnable;
+            a = 0, b = 1 is an ordinary head, (1, -1) a Laplacian one); other heads ignore them.
+
+    Returns:
+        (B, H, T, D) head outputs.
+    """
+    call = _prepare(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, scale, identity, blend, mix)
+    return _PATHS[_plan(q, k, v, call)](q, k, v, call)
 
 
-def _filled_index(attn_mask: Tensor, t: int, s: int) -> Tensor:
-    """(T,) key index of each query's own position: with T == S the queries are the keys themselves (whatever the
-    mask: trailing padding hides keys from everyone, yet each query is still its own key); with T < S the last T of
-    the keys that any query of any batch row may attend to (no key beyond them is visible to anyone: a static
-    cache's empty slots). On the device, no host sync. Without such empty slots this is S - T + i."""
-    if t == s:
-        return torch.arange(t, device=attn_mask.device)
-    allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > torch.finfo(attn_mask.dtype).min / 2
-    seen = allowed.reshape(-1, allowed.shape[-1]).any(0)  # (S,): a key some query may see
-    filled = s - seen.flip(0).to(torch.uint8).argmax()  # keys up to the last one seen (S when none is seen)
-    return (torch.arange(t, device=attn_mask.device) + (filled - t)).clamp_min(0)
+def laplacian_attention_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    laplacian_heads: HeadSpec,
+    *,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    identity: str = "aligned",
+    blend: float | Tensor | None = None,
+    mix: tuple[Tensor, Tensor] | None = None,
+    return_attn: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Textbook Laplacian attention: materialise P, use I - P on Laplacian heads, multiply by V.
+
+    Same arguments and semantics as ``laplacian_attention``, O(T * S) memory per head: the parity reference of every
+    path of the op, and what serves attention maps.
+
+    Args:
+        return_attn: also return P (B, H, T, S), the softmax matrix before dropout, for attention maps.
+
+    Every other argument is ``laplacian_attention``'s.
+
+    Returns:
+        (B, H, T, D) head outputs, or ``(outputs, P)`` when ``return_attn``.
+    """
+    h, hkv = _check_qkv(q, k, v)
+    _check_options(q, k, attn_mask, is_causal, dropout_p, identity, blend)
+    kinds = _check_kinds(laplacian_heads, h, mix, blend) if is_kinds(laplacian_heads) else None
+    if kinds is not None:
+        laplacian_heads = [kind == "laplacian" for kind in kinds]
+    mask = laplacian_head_mask(laplacian_heads, h).to(q.device)
+    t, s = q.shape[-2], k.shape[-2]
+    identity_matrix = None  # before the causal mask below could be folded in
+    if identity != "aligned" and attn_mask is not None:
+        identity_matrix = F.one_hot(_filled_index(attn_mask, t, s), s).to(q.dtype)  # (T, S)
+    if hkv != h:
+        k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
+    logits, attn = _softmax_matrix(q, k, attn_mask, is_causal, scale)
+    dropped = F.dropout(attn, p=dropout_p) if dropout_p > 0 else attn
+    eye = identity_matrix if identity_matrix is not None else _shifted_eye(t, s, attn)
+    if kinds is not None and not is_plain_laplacian(kinds):
+        # alpha I + beta P - gamma U, with U uniform over the keys each query may attend to
+        alpha, beta, gamma = (c.view(1, h, 1, 1) for c in kind_coefficients(kinds, mix, attn.dtype, attn.device))
+        allowed = torch.isfinite(logits).to(attn.dtype)
+        uniform = allowed / allowed.sum(-1, keepdim=True).clamp_min(1)
+        operator = alpha * eye + beta * dropped + gamma * uniform
+        out = operator @ v
+        if PROJECTING_KINDS.intersection(kinds):
+            out = exclude_own_value(out, eye @ v, kinds)
+        return (out, attn) if return_attn else out
+    weight = 1.0 if blend is None else blend
+    operator = torch.where(mask.view(1, h, 1, 1), weight * eye + (1 - 2 * weight) * dropped, dropped)
+    out = operator @ v
+    return (out, attn) if return_attn else out
 
 
-def _own_values(v: Tensor, attn_mask: Tensor | None, t: int, identity: str) -> Tensor:
-    """v at each query's own position, (B, Hkv, T, D), as ``identity`` says."""
-    if identity == "aligned" or attn_mask is None:
-        return _identity_values(v, t)
-    return v.index_select(2, _filled_index(attn_mask, t, v.shape[-2]))
+def _softmax_matrix(
+    q: Tensor, k: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float | None
+) -> tuple[Tensor, Tensor]:
+    """The masked logits and P = softmax(q k^T * scale) from their definition, (B, H, T, S) each (k per query head).
+
+    A query with no key to attend to has P = 0 (SDPA's fused kernels agree): its ordinary heads output 0, its
+    Laplacian heads their own value."""
+    logits = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if is_causal:
+        attn_mask = _causal_mask(q.shape[-2], k.shape[-2], q.device)
+    if attn_mask is not None:
+        logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
+    attn = torch.where(torch.isneginf(logits).all(-1, keepdim=True), 0.0, logits.softmax(dim=-1))
+    return logits, attn
 
 
-def _runs_cpu_flash(
-    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, scale: float | None
-) -> bool:
-    """Whether F.scaled_dot_product_attention would run its CPU flash kernel here (its own dispatcher decides, so
-    ``torch.nn.attention.sdpa_kernel`` is respected): the op then calls that kernel and its backward directly,
-    without the re-entrant autograd call that is most of its fixed cost at small shapes. A bool mask is converted
-    as SDPA converts it; a float mask must already be of q's dtype (SDPA's own rule)."""
-    if q.device.type != "cpu" or (attn_mask is not None and attn_mask.dtype not in (torch.bool, q.dtype)):
-        return False
-    gqa = q.shape[1] != k.shape[1]
-    return torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=gqa) == _FLASH
+# ----------------------------------------------------------------------------------------------------------------
+# The plan: one call's arguments, checked, and the path they take
 
 
-def _causal_mask(t: int, s: int, device: torch.device) -> Tensor:
-    """Bool (T, S) mask, True = attend; aligned bottom-right so query i sits at key position S - T + i."""
-    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+class _Call(NamedTuple):
+    """One call as the paths read it: checked, a cached causal call's mask made explicit, the heads resolved."""
+
+    attn_mask: Tensor | None
+    is_causal: bool
+    dropout_p: float
+    scale: float | None
+    identity: str
+    #: (H,) bool on q's device; None when no head is Laplacian or an int spec's ``runs`` say it all
+    lap_mask: Tensor | None
+    #: maximal blocks (start, stop, is_laplacian) of heads of one kind; None when unknown (a device mask, compiling)
+    runs: tuple[tuple[int, int, bool], ...] | None
+    blend: float | Tensor | None
+    #: head kinds beyond ordinary and Laplacian (the "kinds" path), else None
+    kinds: tuple[str, ...] | None
+    mix: tuple[Tensor, Tensor] | None
+    #: under torch.compile or a torch.func transform: no autograd.Function, no host read of a mask
+    traced: bool
+
+
+def _prepare(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    laplacian_heads: HeadSpec,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    scale: float | None,
+    identity: str,
+    blend: float | Tensor | None,
+    mix: tuple[Tensor, Tensor] | None,
+) -> _Call:
+    """Check every argument (one-line errors) and resolve the heads, so the paths need no checks of their own."""
+    h, _ = _check_qkv(q, k, v)
+    _check_options(q, k, attn_mask, is_causal, dropout_p, identity, blend)
+    t, s = q.shape[-2], k.shape[-2]
+    if t == s:  # every identity rule reads each query's own key here (_filled_index), so a padded batch
+        identity = "aligned"  # (transformers passes "filled") takes the one-node training path too
+    elif is_causal:  # a KV cache: the causal mask aligned bottom-right; one query sees every key
+        attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
+    if is_kinds(laplacian_heads):
+        kinds = _check_kinds(laplacian_heads, h, mix, blend)
+        if not is_plain_laplacian(kinds):
+            return _Call(attn_mask, is_causal, dropout_p, scale, identity, None, None, None, kinds, mix, False)
+        laplacian_heads = [kind == "laplacian" for kind in kinds]
+    compiling = torch.compiler.is_compiling()
+    # torch.compile and torch.func (grad, vmap, jvp) both take the plain-autograd expression: an autograd.Function
+    # without functorch rules cannot run under a transform, and Inductor fuses the expression anyway
+    traced = compiling or torch._C._are_functorch_transforms_active()
+    lap_mask, runs = _resolve_heads(laplacian_heads, h, q.device, inspect_mask=not compiling)
+    return _Call(attn_mask, is_causal, dropout_p, scale, identity, lap_mask, runs, blend, None, None, traced)
+
+
+def _plan(q: Tensor, k: Tensor, v: Tensor, call: _Call) -> str:
+    """The path of one call (the module docstring's table, in its order of precedence)."""
+    if call.kinds is not None:
+        return "kinds"
+    if call.runs is None and call.lap_mask is None:
+        return "sdpa"
+    h, hkv = q.shape[1], k.shape[1]
+    runs = call.runs
+    # whole blocks that never split a GQA group: what the node and the in-place combine need
+    blocks = runs is not None and call.blend is None and not call.traced
+    if blocks and h != hkv:
+        blocks = all(start % (h // hkv) == 0 for start, _, _ in runs)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    mask_grad = call.attn_mask is not None and call.attn_mask.requires_grad
+    if blocks and len(runs) > 1 and call.identity == "aligned" and needs_grad and not mask_grad:
+        return "node"
+    if runs is not None and len(runs) == 1 and h == hkv and call.blend is None:
+        return "all_laplacian"  # one run and some head Laplacian: every head is
+    if blocks and not needs_grad:
+        return "in_place"
+    return "traced" if call.traced else "combine"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The paths, one function each
+
+
+def _sdpa_of(q: Tensor, k: Tensor, v: Tensor, call: _Call) -> Tensor:
+    return sdpa(q, k, v, call.attn_mask, call.dropout_p, call.is_causal, call.scale)
+
+
+def _kinds_path(q: Tensor, k: Tensor, v: Tensor, call: _Call) -> Tensor:
+    v_self = _own_values(v, call.attn_mask, q.shape[-2], call.identity)
+    y = _sdpa_of(q, k, v, call)
+    return kinds_output(y, v_self, v, q, call.kinds, call.mix, call.attn_mask, call.is_causal, call.scale)
+
+
+def _node_path(q: Tensor, k: Tensor, v: Tensor, call: _Call) -> Tensor:
+    return training_node(q, k, v, call.attn_mask, call.dropout_p, call.is_causal, call.scale, call.runs)
+
+
+def _all_laplacian_path(q: Tensor, k: Tensor, v: Tensor, call: _Call) -> Tensor:
+    return _own_values(v, call.attn_mask, q.shape[-2], call.identity) - _sdpa_of(q, k, v, call)
+
+
+def _in_place_path(q: Tensor, k: Tensor, v: Tensor, call: _Call) -> Tensor:
+    v_self = _own_values(v, call.attn_mask, q.shape[-2], call.identity)
+    return combine_runs(_sdpa_of(q, k, v, call), v_self, call.runs, q.shape[1] // k.shape[1], in_place=True)
+
+
+def _traced_path(q: Tensor, k: Tensor, v: Tensor, call: _Call) -> Tensor:
+    y, v_self, sign, lap = _signed_terms(q, k, v, call)
+    return (y * sign + v_self * lap).view(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])  # no out=, no break
+
+
+def _combine_path(q: Tensor, k: Tensor, v: Tensor, call: _Call) -> Tensor:
+    y, v_self, sign, lap = _signed_terms(q, k, v, call)
+    runs = call.runs if q.shape[1] == k.shape[1] and call.blend is None else None  # blocks only when G == 1
+    return LaplacianCombine.apply(y, v_self, sign, lap, runs).view(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
+
+
+def _signed_terms(q: Tensor, k: Tensor, v: Tensor, call: _Call) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """y viewed (B, Hkv, G, T, D), v_self (B, Hkv, 1, T, D), and per head sign = 1 - 2 lap, lap = the Laplacian
+    weight (1, or the blend's lambda; 0 on ordinary heads), each (Hkv, G, 1, 1): out = y * sign + v_self * lap."""
+    h, hkv, t = q.shape[1], k.shape[1], q.shape[-2]
+    y = _sdpa_of(q, k, v, call)
+    lap_mask = call.lap_mask
+    if lap_mask is None:  # an int spec: the trailing run is Laplacian
+        lap_mask = torch.arange(h, device=q.device) >= call.runs[-1][0]
+    lap = lap_mask.to(y.dtype).view(hkv, h // hkv, 1, 1)
+    if call.blend is not None:
+        lap = lap * (call.blend.to(y.dtype) if isinstance(call.blend, Tensor) else call.blend)
+    v_self = _own_values(v, call.attn_mask, t, call.identity).unsqueeze(2)
+    return y.view(q.shape[0], hkv, h // hkv, t, v.shape[-1]), v_self, 1 - 2 * lap, lap
+
+
+_PATHS = {
+    "sdpa": _sdpa_of,
+    "kinds": _kinds_path,
+    "node": _node_path,
+    "all_laplacian": _all_laplacian_path,
+    "in_place": _in_place_path,
+    "traced": _traced_path,
+    "combine": _combine_path,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks and the heads' resolution
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:
@@ -157,11 +388,21 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:
 
 
 def _check_options(
-    q: Tensor, k: Tensor, attn_mask: Tensor | None, dropout_p: float, blend: float | Tensor | None
+    q: Tensor,
+    k: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    identity: str,
+    blend: float | Tensor | None,
 ) -> None:
     """The op's other arguments, checked before torch sees them: one-line errors naming the value and the shapes."""
     b, h, t, _ = q.shape
     s = k.shape[-2]
+    if identity not in IDENTITIES:
+        raise InputError(f"identity={identity!r}; allowed: {', '.join(map(repr, IDENTITIES))}")
+    if is_causal and attn_mask is not None:
+        raise InputError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
     if attn_mask is not None:
         if not (attn_mask.dtype == torch.bool or attn_mask.dtype.is_floating_point):
             raise InputError(
@@ -190,109 +431,11 @@ def _check_options(
             raise InputError(f"blend={blend!r}; allowed: a number in [0, 1] (0 = plain attention, 1 = V - PV)")
 
 
-def laplacian_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    laplacian_heads: HeadSpec,
-    *,
-    attn_mask: Tensor | None = None,
-    is_causal: bool = False,
-    dropout_p: float = 0.0,
-    scale: float | None = None,
-    identity: str = "aligned",
-    blend: float | Tensor | None = None,
-    mix: tuple[Tensor, Tensor] | None = None,
-) -> Tensor:
-    """Multi-head attention where the selected heads output (I - P) V instead of P V (or another head kind).
-
-    Args:
-        q: queries (B, H, T, D).
-        k: keys (B, Hkv, S, D) with H % Hkv == 0 (GQA/MQA when Hkv < H).
-        v: values (B, Hkv, S, D).
-        laplacian_heads: int k (the trailing k heads are Laplacian), a bool mask of length H, or H head kinds
-            (:data:`HEAD_KINDS`; a "local" head is ordinary here and an "untied" one negated: their module adds
-            the untied local term).
-        attn_mask: optional bool (True = attend) or additive float mask broadcastable to (B, H, T, S).
-        is_causal: causal attention; when T < S the queries are the last T positions (KV cache).
-        dropout_p: attention dropout on P, so Laplacian heads compute (I - drop(P)) V.
-        scale: softmax scale; default 1 / sqrt(D).
-        identity: where the identity term reads each query's own value (:data:`IDENTITIES`). "aligned": the
-            queries are the last T of the S keys. "filled" (or its earlier name "last_allowed", which needs a
-            mask): the last T of the keys any query may see (static caches; right for every mask shape).
-        blend: lambda in [0, 1] for Laplacian heads, which then output lambda V + (1 - 2 lambda) P V: 0 is plain
-            attention (a function-preserving start when converting a pretrained model), 1 (None) is V - P V. A
-            0-dim tensor avoids recompiling as it changes.
-        mix: (a, b), each of shape (H,): the coefficients of V and P V of the heads of kind "mix" (learnable;
-            a = 0, b = 1 is an ordinary head, (1, -1) a Laplacian one); other heads ignore them.
-
-    Returns:
-        (B, H, T, D) head outputs.
-    """
-    h, hkv = _check_qkv(q, k, v)
-    _check_options(q, k, attn_mask, dropout_p, blend)
-    _check_identity(identity, attn_mask)
-    if q.shape[-2] == k.shape[-2]:  # with T == S every rule reads each query's own key (_filled_index): "aligned",
-        identity = "aligned"  # so a padded batch (transformers passes "filled") takes the one-node training path too
-    if _is_kinds(laplacian_heads):
-        kinds = _check_kinds(laplacian_heads, h, mix, blend)
-        if not is_plain_laplacian(kinds):
-            return _kinds_attention(q, k, v, kinds, mix, attn_mask, is_causal, dropout_p, scale, identity)
-        laplacian_heads = [kind == "laplacian" for kind in kinds]
-    compiling = torch.compiler.is_compiling()
-    # torch.compile and torch.func (grad, vmap, jvp) both take the plain-autograd expression: an autograd.Function
-    # without functorch rules cannot run under a transform, and Inductor fuses the expression anyway
-    traced = compiling or torch._C._are_functorch_transforms_active()
-    lap_mask, runs = _resolve_heads(laplacian_heads, h, q.device, inspect_mask=not compiling)
-    t, s = q.shape[-2], k.shape[-2]
-    if is_causal and t != s:
-        if attn_mask is not None:
-            raise InputError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
-        attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
-    g = h // hkv
-    blocks = runs is not None and blend is None and all(start % g == 0 for start, _, _ in runs) and not traced
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if (
-        blocks
-        and len(runs) > 1  # every head Laplacian: v_self - y below is already the cheapest form
-        and identity == "aligned"
-        and needs_grad
-        and not (attn_mask is not None and attn_mask.requires_grad)
-    ):
-        cpu_flash = _runs_cpu_flash(q, k, v, attn_mask, dropout_p, is_causal, scale)
-        if cpu_flash and (node := native.module()) is not None:  # the same node compiled: no Python Function cost
-            starts, stops = _laplacian_blocks(runs)
-            return node.laplacian_sdpa(q, k, v, _flash_mask(attn_mask, q), dropout_p, is_causal, scale, starts, stops)
-        sdpa = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-        return _LaplacianSDPA.apply(q, k, v, sdpa, runs, cpu_flash)
-    y = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-    if runs is None and lap_mask is None:
-        return y  # no Laplacian head: exactly plain SDPA, nothing extra
-    v_self = _own_values(v, attn_mask, t, identity)
-    if runs is not None and len(runs) == 1 and hkv == h and blend is None:
-        return v_self - y  # every head Laplacian: one subtraction, autograd needs nothing special
-    if blocks and not needs_grad:  # inference (decoding): no graph; SDPA's fresh output turned Laplacian in place
-        return _combine_runs(y, v_self, runs, g, in_place=True)
-    if lap_mask is None:  # an int spec: its mask is needed only from here on
-        lap_mask = torch.arange(h, device=q.device) >= runs[-1][0]
-    if blend is not None:
-        runs = None  # a partial Laplacian: the general sign / lap combine
-    b, d = q.shape[0], v.shape[-1]
-    lap = lap_mask.to(y.dtype).view(hkv, g, 1, 1)
-    if blend is not None:
-        lap = lap * (blend.to(y.dtype) if isinstance(blend, Tensor) else blend)
-    sign = 1 - 2 * lap
-    y, v_self = y.view(b, hkv, g, t, d), v_self.unsqueeze(2)
-    if traced:  # one expression Inductor fuses into its neighbours; no out= views, no graph break
-        return (y * sign + v_self * lap).view(b, h, t, d)
-    return _LaplacianCombine.apply(y, v_self, sign, lap, runs if g == 1 else None).view(b, h, t, d)
-
-
 def _check_kinds(
     kinds: Sequence[str], num_heads: int, mix: tuple[Tensor, Tensor] | None, blend: float | Tensor | None
 ) -> tuple[str, ...]:
     """The op's view of given kinds: known names, (a, b) for mix heads, no blend unless all are Laplacian/ordinary."""
-    kinds = _kind_tuple(kinds, num_heads)
+    kinds = kind_tuple(kinds, num_heads)
     if blend is not None and not is_plain_laplacian(kinds):
         raise InputError("blend applies to Laplacian heads only; allowed: blend=None with other head kinds")
     if "mix" in kinds:
@@ -300,75 +443,6 @@ def _check_kinds(
             shapes = None if mix is None else [tuple(t.shape) for t in mix]
             raise InputError(f"mix heads need mix=(a, b) of shape ({num_heads},) each; got {shapes}")
     return kinds
-
-
-def _kind_coefficients(
-    kinds: tuple[str, ...], mix: tuple[Tensor, Tensor] | None, dtype: torch.dtype, device: torch.device
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(alpha, beta, gamma) of shape (H,): the coefficients of V, P V and the attended mean per head."""
-    table = torch.tensor([KIND_COEFFICIENTS[kind] for kind in kinds], dtype=dtype, device=device)
-    alpha, beta, gamma = table.unbind(1)
-    if mix is not None and "mix" in kinds:
-        is_mix = torch.tensor([kind == "mix" for kind in kinds], device=device)
-        alpha = torch.where(is_mix, mix[0].to(dtype), alpha)  # gradients reach a and b through these
-        beta = torch.where(is_mix, mix[1].to(dtype), beta)
-    return alpha, beta, gamma
-
-
-def _attended_mean(v: Tensor, q: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float | None) -> Tensor:
-    """The mean of the values each query attends to (B, H or Hkv, T, D), without a T x T tensor: the mean of all
-    keys; under a causal mask the running mean up to the query's own position; under any other mask uniform
-    attention over the allowed keys (SDPA with all-equal scores)."""
-    t, s = q.shape[-2], v.shape[-2]
-    if attn_mask is None and not is_causal:
-        return v.mean(-2, keepdim=True).expand(*v.shape[:-2], t, v.shape[-1])
-    if attn_mask is None:  # causal, queries the last T of the S keys
-        counts = torch.arange(s - t + 1, s + 1, device=v.device, dtype=v.dtype).unsqueeze(-1)
-        return v.cumsum(-2)[..., s - t :, :] / counts
-    return _sdpa(torch.zeros_like(q), v.new_zeros(v.shape[:-1] + (q.shape[-1],)), v, attn_mask, 0.0, False, scale)
-
-
-def _kinds_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    kinds: tuple[str, ...],
-    mix: tuple[Tensor, Tensor] | None,
-    attn_mask: Tensor | None,
-    is_causal: bool,
-    dropout_p: float,
-    scale: float | None,
-    identity: str,
-) -> Tensor:
-    """out_h = alpha_h V_self + beta_h P V - gamma_h mean(V): one SDPA call (plus the attended mean when a head
-    centres), one elementwise expression; autograd differentiates it, mix coefficients included."""
-    h, hkv = q.shape[1], k.shape[1]
-    t, s = q.shape[-2], k.shape[-2]
-    if is_causal and t != s:
-        attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
-    y = _sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-    alpha, beta, gamma = _kind_coefficients(kinds, mix, y.dtype, y.device)
-    v_self = _own_values(v, attn_mask, t, identity)
-    b, d, g = q.shape[0], v.shape[-1], h // hkv
-    shape = (hkv, g, 1, 1)
-    out = y.view(b, hkv, g, t, d) * beta.view(shape) + v_self.unsqueeze(2) * alpha.view(shape)
-    if "centring" in kinds:
-        mean = _attended_mean(v, q, attn_mask, is_causal, scale)
-        mean = mean.view(b, hkv, g, t, d) if mean.shape[1] == h else mean.unsqueeze(2)
-        out = out + mean * gamma.view(shape)
-    out = out.view(b, h, t, d)
-    if PROJECTING_KINDS.intersection(kinds):
-        own = v_self.unsqueeze(2).expand(b, hkv, g, t, d).reshape(b, h, t, d)
-        out = _exclude_own_value(out, own, kinds)
-    return out
-
-
-def _exclude_own_value(out: Tensor, own: Tensor, kinds: Sequence[str]) -> Tensor:
-    """Exclusive heads' z = y - (y . n) n with n = v / |v| the token's own value direction (XSA, arXiv 2603.09078;
-    ``F.normalize``'s eps keeps a zero value's z = y); other heads unchanged. out, own: (B, H, T, D)."""
-    n = F.normalize(own, dim=-1)
-    exclusive = torch.tensor([kind in PROJECTING_KINDS for kind in kinds], device=out.device).view(1, -1, 1, 1)
-    return torch.where(exclusive, out - (out * n).sum(-1, keepdim=True) * n, out)
 
 
 def _resolve_heads(
@@ -383,14 +457,14 @@ def _resolve_heads(
     branch, no graph break; an all-False mask then costs one fused elementwise pass.
     """
     if isinstance(laplacian_heads, int) and not isinstance(laplacian_heads, bool):
-        k = _check_count(laplacian_heads, num_heads)
+        k = check_count(laplacian_heads, num_heads)
         if k == 0:
             return None, None
         split = num_heads - k
         # no mask yet: the block paths need only the runs (the caller builds it where a general combine needs it)
         return None, (((0, split, False), (split, num_heads, True)) if split else ((0, num_heads, True),))
     if isinstance(laplacian_heads, Tensor):
-        _check_mask_tensor(laplacian_heads, num_heads)
+        check_mask_tensor(laplacian_heads, num_heads)
         if laplacian_heads.device.type != "cpu" or not inspect_mask:
             return laplacian_heads.to(device), None
         mask = laplacian_heads
@@ -399,83 +473,48 @@ def _resolve_heads(
         flags = list(laplacian_heads)
         if not any(flags):
             return None, None
-        return torch.tensor(flags, dtype=torch.bool, device=device), _head_runs_of(flags)
+        return torch.tensor(flags, dtype=torch.bool, device=device), head_runs_of(flags)
     if not mask.any():
         return None, None
-    return mask.to(device), _head_runs(mask)
+    return mask.to(device), head_runs(mask)
 
 
-def laplacian_attention_reference(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    laplacian_heads: HeadSpec,
-    *,
-    attn_mask: Tensor | None = None,
-    is_causal: bool = False,
-    dropout_p: float = 0.0,
-    scale: float | None = None,
-    identity: str = "aligned",
-    blend: float | Tensor | None = None,
-    mix: tuple[Tensor, Tensor] | None = None,
-    return_attn: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]:
-    """Textbook Laplacian attention: materialise P, use I - P on Laplacian heads, multiply by V.
+# ----------------------------------------------------------------------------------------------------------------
+# Positions: each query's own key
 
-    Same arguments and semantics as ``laplacian_attention``; O(T * S) memory per head.
 
-    Args:
-        return_attn: also return P (B, H, T, S), the softmax matrix before dropout, for attention maps.
+def _own_values(v: Tensor, attn_mask: Tensor | None, t: int, identity: str) -> Tensor:
+    """v at each query's own position, (B, Hkv, T, D), as ``identity`` says."""
+    if identity == "aligned" or attn_mask is None:
+        return identity_values(v, t)
+    return v.index_select(2, _filled_index(attn_mask, t, v.shape[-2]))
 
-    Returns:
-        (B, H, T, D) head outputs, or ``(outputs, P)`` when ``return_attn``.
-    """
-    h, hkv = _check_qkv(q, k, v)
-    _check_options(q, k, attn_mask, dropout_p, blend)
-    _check_identity(identity, attn_mask)
-    kinds = _check_kinds(laplacian_heads, h, mix, blend) if _is_kinds(laplacian_heads) else None
-    if kinds is not None:
-        laplacian_heads = [kind == "laplacian" for kind in kinds]
-    mask = laplacian_head_mask(laplacian_heads, h).to(q.device)
-    t, s = q.shape[-2], k.shape[-2]
-    identity_matrix = None  # before the causal mask below could be folded in
-    if identity != "aligned" and attn_mask is not None:
-        identity_matrix = F.one_hot(_filled_index(attn_mask, t, s), s).to(q.dtype)  # (T, S)
-    if hkv != h:
-        k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    logits = (q @ k.transpose(-2, -1)) * scale
-    if is_causal:
-        if attn_mask is not None:
-            raise InputError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
-        attn_mask = _causal_mask(t, s, q.device)
-    if attn_mask is not None:
-        logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
-    attn = logits.softmax(dim=-1)
-    # a query with no key to attend to has P = 0 (SDPA's fused kernels agree): its ordinary heads output 0, its
-    # Laplacian heads their own value
-    attn = torch.where(torch.isneginf(logits).all(-1, keepdim=True), 0.0, attn)
-    dropped = F.dropout(attn, p=dropout_p) if dropout_p > 0 else attn
-    eye = identity_matrix if identity_matrix is not None else _shifted_eye(t, s, attn)
-    if kinds is not None and not is_plain_laplacian(kinds):
-        # alpha I + beta P - gamma U, with U uniform over the keys each query may attend to
-        alpha, beta, gamma = (c.view(1, h, 1, 1) for c in _kind_coefficients(kinds, mix, attn.dtype, attn.device))
-        allowed = torch.isfinite(logits).to(attn.dtype)
-        uniform = allowed / allowed.sum(-1, keepdim=True).clamp_min(1)
-        operator = alpha * eye + beta * dropped + gamma * uniform
-        out = operator @ v
-        if PROJECTING_KINDS.intersection(kinds):
-            out = _exclude_own_value(out, eye @ v, kinds)
-        return (out, attn) if return_attn else out
-    weight = 1.0 if blend is None else blend
-    operator = torch.where(mask.view(1, h, 1, 1), weight * eye + (1 - 2 * weight) * dropped, dropped)
-    out = operator @ v
-    return (out, attn) if return_attn else out
+
+def _filled_index(attn_mask: Tensor, t: int, s: int) -> Tensor:
+    """(T,) key index of each query's own position: with T == S the queries are the keys themselves (whatever the
+    mask: trailing padding hides keys from everyone, yet each query is still its own key); with T < S the last T of
+    the keys that any query of any batch row may attend to (no key beyond them is visible to anyone: a static
+    cache's empty slots). On the device, no host sync. Without such empty slots this is S - T + i."""
+    if t == s:
+        return torch.arange(t, device=attn_mask.device)
+    allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > torch.finfo(attn_mask.dtype).min / 2
+    seen = allowed.reshape(-1, allowed.shape[-1]).any(0)  # (S,): a key some query may see
+    filled = s - seen.flip(0).to(torch.uint8).argmax()  # keys up to the last one seen (S when none is seen)
+    return (torch.arange(t, device=attn_mask.device) + (filled - t)).clamp_min(0)
+
+
+def _causal_mask(t: int, s: int, device: torch.device) -> Tensor:
+    """Bool (T, S) mask, True = attend; aligned bottom-right so query i sits at key position S - T + i."""
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
 
 
 def _shifted_eye(t: int, s: int, like: Tensor) -> Tensor:
     """(T, S) matrix with ones at (i, S - T + i): each query's own key position."""
     return torch.ones(t, s, dtype=like.dtype, device=like.device).tril(s - t).triu(s - t)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# TorchScript's form
 
 
 def scripted_attention(

@@ -14,7 +14,6 @@ and fails with the same one-line error everywhere. Design choices:
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from typing import Union
@@ -23,26 +22,24 @@ import torch
 from torch import Tensor
 
 from lapheads.config import Domain
+from lapheads.core.kinds import HEAD_KINDS
 from lapheads.errors import LapheadsError
 
 __all__ = [
-    "HEAD_KINDS",
     "HEAD_SPEC",
     "HEAD_SPEC_PATTERN",
-    "KIND_COEFFICIENTS",
-    "LOCAL_TERM_KINDS",
-    "NAMED_POINTS",
-    "PROJECTING_KINDS",
     "HeadSpec",
     "HeadSpecError",
+    "check_count",
+    "check_mask_tensor",
     "format_head_mask",
-    "is_plain_laplacian",
-    "nearest_kind",
+    "kind_tuple",
     "laplacian_head_mask",
     "parse_head_kinds",
     "parse_head_kinds_per_layer",
     "parse_laplacian_heads",
     "parse_spec_arms",
+    "trailing_count",
 ]
 
 #: What ``laplacian_heads`` accepts for one layer: k trailing heads, or a bool mask of length num_heads.
@@ -57,7 +54,7 @@ class HeadSpecError(LapheadsError, ValueError):
 # Head specs
 
 
-def _check_count(k: object, num_heads: int, where: str = "") -> int:
+def check_count(k: object, num_heads: int, where: str = "") -> int:
     """Validate one per-layer head count and return it as an int."""
     # bool is an int subclass; True would silently mean "1 head", which is never what the user meant.
     if isinstance(k, bool) or not isinstance(k, int):
@@ -69,7 +66,7 @@ def _check_count(k: object, num_heads: int, where: str = "") -> int:
     return k
 
 
-def _check_mask_tensor(mask: Tensor, num_heads: int) -> None:
+def check_mask_tensor(mask: Tensor, num_heads: int) -> None:
     if mask.dtype != torch.bool or mask.shape != (num_heads,):
         raise HeadSpecError(
             f"laplacian_heads mask has dtype {mask.dtype} and shape {tuple(mask.shape)}; "
@@ -89,7 +86,7 @@ def laplacian_head_mask(laplacian_heads: HeadSpec, num_heads: int) -> Tensor:
         A bool CPU tensor of shape (num_heads,).
     """
     if isinstance(laplacian_heads, Tensor):
-        _check_mask_tensor(laplacian_heads, num_heads)
+        check_mask_tensor(laplacian_heads, num_heads)
         return laplacian_heads.detach().to("cpu").clone()
     if isinstance(laplacian_heads, Sequence) and not isinstance(laplacian_heads, str):
         if len(laplacian_heads) != num_heads or not all(isinstance(b, bool) for b in laplacian_heads):
@@ -98,7 +95,7 @@ def laplacian_head_mask(laplacian_heads: HeadSpec, num_heads: int) -> Tensor:
                 f"allowed: a bool sequence of length {num_heads} or an int from 0 to {num_heads}"
             )
         return torch.tensor(list(laplacian_heads), dtype=torch.bool, device="cpu")
-    k = _check_count(laplacian_heads, num_heads)
+    k = check_count(laplacian_heads, num_heads)
     # Explicitly on the CPU: under ``with torch.device("meta")`` a mask must still hold its values.
     mask = torch.zeros(num_heads, dtype=torch.bool, device="cpu")
     mask[num_heads - k :] = True
@@ -157,11 +154,11 @@ def parse_laplacian_heads(spec: object, num_heads: int, num_layers: int) -> list
             if isinstance(item, (Tensor, Sequence)) and not isinstance(item, str):
                 masks.append(laplacian_head_mask(item, num_heads))
             else:
-                masks.append(laplacian_head_mask(_check_count(item, num_heads, f"[layer {layer}]"), num_heads))
+                masks.append(laplacian_head_mask(check_count(item, num_heads, f"[layer {layer}]"), num_heads))
         return masks
     if isinstance(spec, bool) or not isinstance(spec, int):
         raise HeadSpecError(f"laplacian_heads={spec!r} is a {type(spec).__name__}; {allowed}")
-    mask = laplacian_head_mask(_check_count(spec, num_heads), num_heads)
+    mask = laplacian_head_mask(check_count(spec, num_heads), num_heads)
     return [mask.clone() for _ in range(num_layers)]
 
 
@@ -186,6 +183,13 @@ def _short(seq: Sequence) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def trailing_count(mask: Tensor) -> int | None:
+    """k when a host mask makes exactly the trailing k heads Laplacian (what the op takes as an int, with no
+    device work per call), else None."""
+    k = int(mask.sum())
+    return k if bool(mask[len(mask) - k :].all()) else None
+
+
 def format_head_mask(mask: Tensor) -> str:
     """Human-readable head mask, e.g. ``'3/6 Laplacian: [3, 4, 5]'``."""
     idx = mask.nonzero().flatten().tolist()
@@ -193,38 +197,9 @@ def format_head_mask(mask: Tensor) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Head kinds: what in a Laplacian head does the work
+# Head kinds written as text (their vocabulary and arithmetic: lapheads.core.kinds)
 
 
-#: Every kind a head can be. A Laplacian head is an ordinary head with its P V term negated plus a token-local
-#: term V (W_V x through W_O), the two tied by sharing W_V and W_O; the other kinds take those parts apart:
-#: negated (the P V sign alone: an ordinary head with W_O negated, hence a placebo, kept only as one), local (an
-#: ordinary head plus an untied local term that starts at zero), untied (the Laplacian head with only the tie
-#: released: its own W_V', W_O' start equal to W_V, W_O), sum (V + P V: the same tied local term without the
-#: cancellation (I - P) 1 = 0 the paper names as the mechanism), centring (V minus the attended mean: no attention),
-#: exclusive (XSA, arXiv 2603.09078: P V minus its projection on the token's own value) and mix (learnable a, b).
-HEAD_KINDS = ("ordinary", "laplacian", "negated", "local", "untied", "sum", "centring", "exclusive", "mix")
-#: Per kind, the coefficients of (the head's own value V, P V, the mean of the attended values): ordinary P V;
-#: laplacian V - P V; negated -P V; local P V, plus an untied token-local term its module adds; untied -P V, plus
-#: its module's local term (started as W_O W_V); sum V + P V; centring V - mean(V) over the attended positions;
-#: exclusive P V, from which the op then removes the component along V (:data:`PROJECTING_KINDS`). mix (a V + b P V,
-#: learnable a, b; a = 0, b = 1 at init) takes its coefficients from the module.
-KIND_COEFFICIENTS = {
-    "ordinary": (0.0, 1.0, 0.0),
-    "laplacian": (1.0, -1.0, 0.0),
-    "negated": (0.0, -1.0, 0.0),
-    "local": (0.0, 1.0, 0.0),
-    "untied": (0.0, -1.0, 0.0),
-    "sum": (1.0, 1.0, 0.0),
-    "centring": (1.0, 0.0, -1.0),
-    "exclusive": (0.0, 1.0, 0.0),
-    "mix": (0.0, 1.0, 0.0),
-}
-#: kinds whose output is not linear in (V, P V, mean): exclusive heads remove P V's component along the token's own
-#: value, z = y - (y . v / |v|^2) v
-PROJECTING_KINDS = frozenset({"exclusive"})
-#: kinds whose module adds a token-local term W_O' W_V' x beside the op's output (untied from W_V, W_O)
-LOCAL_TERM_KINDS = ("local", "untied")
 _KIND_ITEM = re.compile(r"^[a-z]+(:\d+)?(\+[a-z]+:\d+)*$")
 _KIND_NAME = "(" + "|".join(HEAD_KINDS) + ")"
 _SPEC_ITEM = rf"\s*(\d+|{_KIND_NAME}(:\d+)?(\+{_KIND_NAME}:\d+)*|{_KIND_NAME}(/{_KIND_NAME})+)\s*"
@@ -247,7 +222,7 @@ def _layer_kinds(item: object, num_heads: int, where: str) -> tuple[str, ...]:
         else:
             return tuple("laplacian" if m else "ordinary" for m in laplacian_head_mask(item, num_heads).tolist())
     if isinstance(item, int) and not isinstance(item, bool):
-        k = _check_count(item, num_heads, where)
+        k = check_count(item, num_heads, where)
         return ("ordinary",) * (num_heads - k) + ("laplacian",) * k
     text = str(item).strip().lower() if isinstance(item, str) else None
     if text is None:
@@ -338,39 +313,7 @@ def parse_head_kinds_per_layer(spec: object, heads_per_layer: Sequence[int]) -> 
     return [_layer_kinds(spec, heads, f"[layer {i}]") for i, heads in enumerate(heads_per_layer)]
 
 
-#: The named points of a mix head's (a, b) (a V + b P V): the kinds the paper and its ablations talk about.
-NAMED_POINTS = {
-    "ordinary": (0.0, 1.0),
-    "laplacian": (1.0, -1.0),
-    "negated": (0.0, -1.0),
-    "identity": (1.0, 0.0),
-    "off": (0.0, 0.0),
-}
-
-
-def nearest_kind(a: float, b: float) -> tuple[str, float, str]:
-    """(nearest named point, its distance, nearest named direction) of one head's (a, b)."""
-    name, distance = min(((n, math.dist((a, b), p)) for n, p in NAMED_POINTS.items()), key=lambda item: item[1])
-    norm = math.hypot(a, b)
-    if norm == 0:
-        return name, distance, "off"
-    direction = max(
-        ((n, (a * p[0] + b * p[1]) / (norm * math.hypot(*p))) for n, p in NAMED_POINTS.items() if n != "off"),
-        key=lambda item: item[1],
-    )[0]
-    return name, distance, direction
-
-
-def is_plain_laplacian(kinds: Sequence[str]) -> bool:
-    """Whether a layer's kinds are only ordinary and Laplacian heads (the op's Laplacian fast paths apply)."""
-    return all(kind in ("ordinary", "laplacian") for kind in kinds)
-
-
-def _is_kinds(spec: object) -> bool:
-    return isinstance(spec, (tuple, list)) and len(spec) > 0 and isinstance(spec[0], str)
-
-
-def _kind_tuple(kinds: Sequence[str], num_heads: int) -> tuple[str, ...]:
+def kind_tuple(kinds: Sequence[str], num_heads: int) -> tuple[str, ...]:
     """``kinds`` as a tuple, if it names ``num_heads`` known kinds."""
     kinds = tuple(kinds)
     if len(kinds) != num_heads or any(kind not in HEAD_KINDS for kind in kinds):

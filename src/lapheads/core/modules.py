@@ -17,19 +17,16 @@ from torch import Tensor
 
 from lapheads.core.attention import laplacian_attention, laplacian_attention_reference, scripted_attention
 from lapheads.core.heads import (
-    KIND_COEFFICIENTS,
-    NAMED_POINTS,
-    PROJECTING_KINDS,
     HeadSpec,
     HeadSpecError,
-    _is_kinds,
-    _kind_tuple,
     format_head_mask,
-    is_plain_laplacian,
+    kind_tuple,
     laplacian_head_mask,
+    trailing_count,
 )
+from lapheads.core.kinds import KIND_COEFFICIENTS, PROJECTING_KINDS, is_kinds, is_plain_laplacian
 
-__all__ = ["LaplacianAttention", "LaplacianHeadsMixin", "convert_attention", "decisiveness_penalty"]
+__all__ = ["LaplacianAttention", "LaplacianHeadsMixin", "convert_attention"]
 
 
 class LaplacianHeadsMixin:
@@ -63,8 +60,8 @@ class LaplacianHeadsMixin:
         the start), "local" and "untied" heads the module's untied local term (:meth:`_make_local`)."""
         num_heads = len(self.laplacian_mask)
         kinds = None
-        if _is_kinds(laplacian_heads):
-            kinds = _kind_tuple(laplacian_heads, num_heads)
+        if is_kinds(laplacian_heads):
+            kinds = kind_tuple(laplacian_heads, num_heads)
             laplacian_heads = [kind == "laplacian" for kind in kinds]
         self._kinds = None if kinds is None or is_plain_laplacian(kinds) else kinds
         device = self.laplacian_mask.device
@@ -85,8 +82,7 @@ class LaplacianHeadsMixin:
         self._sync_laplacian_mask()
         # What forward hands the op: an int k when the mask is "the trailing k heads" (no device work to build it),
         # else the on-device buffer; either way no host-device sync per step.
-        k = int(mask.sum())
-        self._op_heads: HeadSpec | None = k if bool(mask[len(mask) - k :].all()) else None
+        self._op_heads: HeadSpec | None = trailing_count(mask)
 
     def _sync_laplacian_mask(self) -> None:
         device = self.laplacian_mask.device
@@ -331,25 +327,6 @@ def convert_attention(
             device = next(module.parameters()).device
             module._init_laplacian_heads(module.num_heads, [kind == "laplacian" for kind in kinds], device)
         module.set_laplacian_heads(list(kinds))
-
-
-def decisiveness_penalty(model: torch.nn.Module) -> torch.Tensor:
-    """Sum over mix heads of the squared distance of (a, b) to the nearest named point (0 without mix heads)."""
-    points = None
-    total = None
-    for module in model.modules():
-        a, b = getattr(module, "mix_a", None), getattr(module, "mix_b", None)
-        if a is None or b is None:
-            continue
-        if points is None:
-            points = torch.tensor(list(NAMED_POINTS.values()), dtype=a.dtype, device=a.device)  # (P, 2)
-        ab = torch.stack([a, b], -1)  # (H, 2)
-        distances = (ab[:, None, :] - points[None]).square().sum(-1)  # (H, P)
-        term = distances.min(-1).values.sum()
-        total = term if total is None else total + term
-    if total is None:
-        return torch.zeros(())
-    return total
 
 
 @torch.jit.ignore

@@ -2,7 +2,7 @@
 
 ``laplacian_attention`` on the CPU, where SDPA runs its flash kernel and a gradient is wanted, calls that kernel and
 its backward directly, with the Laplacian combine and gradient fix-ups around them. In Python that node
-(``lapheads.core._autograd._LaplacianSDPA``) costs a Python ``autograd.Function`` forward and backward per call:
+(``lapheads.core._autograd.LaplacianSDPA``) costs a Python ``autograd.Function`` forward and backward per call:
 about 2% of a ViT-S attention step at B = 4, T = 197 (docs/benchmarks.md). ``csrc/laplacian_sdpa.cpp`` is the same
 node in C++, step for step, so its outputs and gradients are bit-identical to the Python one's.
 

@@ -74,7 +74,7 @@ class HeadCircuits:
     gamma: torch.Tensor | None  # the pre-attention norm's gain (C,)
     gain: torch.Tensor | None  # the per-channel gain of the head's write (LayerScale) (C,)
     laplacian: list[bool]
-    kinds: list[str]  # every head's kind (lapheads.core.heads.HEAD_KINDS)
+    kinds: list[str]  # every head's kind (lapheads.core.kinds.HEAD_KINDS)
     group: int  # query heads per key/value head
     block: torch.nn.Module
     proj: torch.nn.Module  # the output projection, whose input is the heads' outputs side by side

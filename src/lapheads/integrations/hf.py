@@ -42,7 +42,8 @@ from torch import nn
 
 from lapheads.core.attention import laplacian_attention, laplacian_attention_reference
 from lapheads.core.convert import INITS, BlendSchedule, attention_modules, init_heads, set_blend
-from lapheads.core.heads import HeadSpecError, is_plain_laplacian, parse_head_kinds
+from lapheads.core.heads import HeadSpecError, parse_head_kinds, trailing_count
+from lapheads.core.kinds import is_plain_laplacian
 from lapheads.errors import InputError
 
 __all__ = ["BlendSchedule", "NAME", "attention_modules", "enable", "from_pretrained", "register", "set_blend"]
@@ -53,7 +54,10 @@ NAME = "lapheads"
 EAGER_NAME = "lapheads_eager"
 
 
-def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torch.Tensor | None:
+def _layer_heads(module: nn.Module, num_heads: int, device: torch.device) -> int | torch.Tensor | None:
+    """The spec the op gets for this layer, as the timm module hands it: k when the Laplacian heads are the trailing
+    k (no device work per call, and the op's one-node path on every device), else the device mask; None for a
+    model without Laplacian heads."""
     mask = getattr(module, "laplacian_mask", None)
     if mask is None:  # loaded with plain from_pretrained after import lapheads.integrations.hf: read the config
         spec, layer = getattr(module.config, "laplacian_heads", None), getattr(module, "layer_idx", None)
@@ -65,7 +69,7 @@ def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torc
                 "with lapheads.integrations.hf.from_pretrained (or call lapheads.integrations.hf.enable)"
             )
         mask = torch.tensor(spec[layer], dtype=torch.bool)
-        module.register_buffer("laplacian_mask", mask, persistent=False)
+        _set_layer_mask(module, mask, mask.device)
         blend = getattr(module.config, "laplacian_blend", None)
         if blend is not None and getattr(module, "laplacian_blend", None) is None:  # saved mid-schedule
             module.register_buffer("laplacian_blend", torch.tensor(float(blend)), persistent=False)
@@ -73,7 +77,14 @@ def _layer_mask(module: nn.Module, num_heads: int, device: torch.device) -> torc
         raise InputError(
             f"{type(module).__name__} has {num_heads} query heads but a Laplacian mask of {tuple(mask.shape)}"
         )
-    return mask.to(device)
+    trailing = getattr(module, "laplacian_trailing", None)
+    return trailing if trailing is not None else mask.to(device)
+
+
+def _set_layer_mask(module: nn.Module, mask: torch.Tensor, device: torch.device) -> None:
+    """Give a layer its host mask as a non-persistent buffer on ``device`` and, read once on the host, its k."""
+    module.register_buffer("laplacian_mask", mask.to(device), persistent=False)
+    module.laplacian_trailing = trailing_count(mask)
 
 
 #: the head kinds a Hugging Face model can run: "local" and "untied" need the layer's input tokens (W_O' W_V' x),
@@ -143,7 +154,7 @@ def lapheads_attention(
     causal = bool((causal_module if is_causal is None else is_causal) and attention_mask is None and t > 1)
     if causal and key.shape[2] > t:  # an empty static cache's prefill: the keys so far are the first T slots
         key, value = key[:, :, :t], value[:, :, :t]
-    heads = _layer_mask(module, query.shape[1], query.device)
+    heads = _layer_heads(module, query.shape[1], query.device)
     kinds = _layer_kinds(module)
     mix = None
     if kinds is not None:  # other head kinds than ordinary / Laplacian: the op takes the kinds themselves
@@ -298,7 +309,7 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
         model.config.laplacian_head_kinds = [list(kinds) for kinds in layers]
     for module, mask in zip(modules, masks):
         device = next(module.parameters()).device
-        module.register_buffer("laplacian_mask", mask.to(device), persistent=False)
+        _set_layer_mask(module, mask, device)
         head_dim = getattr(module, "head_dim", None) or model.config.hidden_size // num_heads
         init_heads(module, mask.to(device), init, lambda head, m=module: _output_columns(m, model, head, head_dim))
     model.config.laplacian_heads = [m.tolist() for m in masks]

@@ -12,7 +12,7 @@ Design choices:
   (0, 0). A head is reported with its nearest point and the distance to it, so "near Laplacian" is a number.
 * **Scale is a head's own business**: W_O can absorb a common factor of (a, b), so the direction of (a, b) is what
   distinguishes kinds; the table gives both the raw point and the nearest named point by direction (the angle).
-* **An optional decisiveness penalty** (``core.modules.decisiveness_penalty``, off by default): the squared
+* **An optional decisiveness penalty** (``core.kinds.decisiveness_penalty``, off by default): the squared
   distance of each head's (a, b) to its nearest named point: it pushes heads towards a named kind, not a chosen one.
 """
 
@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-from lapheads.core.heads import NAMED_POINTS, nearest_kind
-from lapheads.core.modules import decisiveness_penalty
+from lapheads.core.kinds import NAMED_POINTS, decisiveness_penalty, nearest_kind
 from lapheads.errors import InputError
 from lapheads.runs.layout import WEIGHTS
 

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import Subset
 
 from lapheads.config import NON_NEGATIVE, POSITIVE, RATE, ConfigError, one_of, option, validate_config
-from lapheads.core.modules import decisiveness_penalty
+from lapheads.core.kinds import decisiveness_penalty
 from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.distributed import StopRequests, setup_distributed
 from lapheads.errors import InputError

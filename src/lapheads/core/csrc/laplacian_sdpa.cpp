@@ -1,6 +1,6 @@
 // The op's training node on the CPU, compiled: SDPA's own CPU flash kernel and its backward, plus the Laplacian
 // combine and gradient fix-ups, as one C++ autograd node. It is the same computation as lapheads.core._autograd's
-// _LaplacianSDPA on its CPU flash path, step for step, so outputs and gradients are bit-identical to it (and to SDPA
+// LaplacianSDPA on its CPU flash path, step for step, so outputs and gradients are bit-identical to it (and to SDPA
 // plus the combine through autograd); compiled, it skips the Python autograd.Function's per-call cost (forward and
 // backward), which is most of what remains of the op's fixed cost at small training shapes.
 //
