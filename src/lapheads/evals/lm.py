@@ -35,11 +35,11 @@ from lapheads.data.benchmarks import HUB_DATASETS, LETTERS, load_task, render_mc
 from lapheads.data.images import DataError
 from lapheads.data.text import validation_windows
 from lapheads.data.tokenizers import Tokenizer
-from lapheads.distributed import Distributed, resolve_device
+from lapheads.distributed import Distributed
 from lapheads.errors import InputError
 from lapheads.models.gpt import GPT
 from lapheads.runs import RunDir
-from lapheads.runs.layout import external_report_dir, nanochat_tokenizer_dir
+from lapheads.runs.layout import external_report_dir
 from lapheads.sandbox import run_program
 
 __all__ = [
@@ -371,17 +371,10 @@ def load_lm(
         return LoadedLM(
             model, tokenizer, None, model.config.sequence_len, 0, 8, RunDir(run_dir).report_dir, str(run_dir)
         )
-    from lapheads.models.nanochat import load_nanochat
+    from lapheads.runs import load_nanochat_model
 
     folder = Path(nanochat)
-    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else nanochat_tokenizer_dir(folder)
-    tokenizer = Tokenizer.nanochat(tokenizer_dir)
-    model, meta = load_nanochat(folder, step, resolve_device(device))
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise InputError(
-            f"{tokenizer_dir} has {tokenizer.vocab_size} tokens but {folder} was trained with "
-            f"{model.config.vocab_size}; allowed: the checkpoint's own tokenizer (--nanochat-tokenizer)"
-        )
+    model, tokenizer, meta = load_nanochat_model(folder, step, device, tokenizer_dir)
     name = f"nanochat-{folder.resolve().name}-step{meta['step']}"
     return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, external_report_dir(name), name)
 

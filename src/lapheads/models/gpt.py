@@ -221,42 +221,6 @@ class GPTConfig:
                     f"{name} needs a width >= {channels} (its gate reads {channels} channels); got {self.n_embd}"
                 )
 
-    @classmethod
-    def from_nanochat(cls, model_config: dict[str, Any], state_keys: set[str] | None = None) -> GPTConfig:
-        """The config of a nanochat checkpoint's ``meta_<step>.json`` ``model_config``.
-
-        Both key sets: October 2025 (n_layer, n_head, n_kv_head, n_embd, sequence_len, vocab_size) and the 2026
-        fork (plus use_*, window_pattern, laplacian_heads as an int or per-layer list). A 2026 key set, or 2026
-        parameters among ``state_keys`` (value_embeds, resid_lambdas, ...), means the 2026 family with each missing
-        switch on, as the fork's own loader assumes; otherwise the 2025 family.
-        """
-        required = ("n_layer", "n_head", "n_embd", "sequence_len", "vocab_size")
-        missing = [k for k in required if k not in model_config]
-        if missing:
-            raise InputError(f"nanochat model_config lacks {', '.join(missing)}; allowed: a nanochat meta_<step>.json")
-        switches = ("use_ve", "use_resid_lambdas", "use_x0", "use_smear", "use_backout")
-        markers = ("value_embeds.", "resid_lambdas", "x0_lambdas", "smear_", "backout_lambda")
-        is_2026 = any(k in model_config for k in (*switches, "window_pattern")) or any(
-            key.startswith(markers) for key in (state_keys or ())
-        )
-        spec = model_config.get("laplacian_heads", 0)
-        options: dict[str, Any] = {}
-        if is_2026:
-            options = {k: bool(model_config.get(k, True)) for k in switches}
-            options["window_pattern"] = model_config.get("window_pattern", "L")
-        return cls(
-            depth=int(model_config["n_layer"]),
-            vocab_size=int(model_config["vocab_size"]),
-            sequence_len=int(model_config["sequence_len"]),
-            width=int(model_config["n_embd"]),
-            num_heads=int(model_config["n_head"]),
-            n_kv_head=int(model_config.get("n_kv_head", model_config["n_head"])),
-            head_dim=int(model_config["n_embd"]) // int(model_config["n_head"]),
-            laplacian_heads=list(spec) if isinstance(spec, (list, tuple)) else int(spec),
-            arch="nanochat-2026" if is_2026 else "nanochat-2025",
-            **options,
-        )
-
     def to_dict(self) -> dict[str, Any]:
         """Every field, resolved (JSON-ready): ``GPTConfig(**config.to_dict())`` rebuilds the same model."""
         return dataclasses.asdict(self)

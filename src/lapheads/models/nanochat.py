@@ -3,7 +3,7 @@
 nanochat writes ``model_<step:06d>.pt`` (a state dict, ``torch.save``) and ``meta_<step:06d>.json`` (with
 ``model_config``) into one folder per model. Here:
 
-* the model is rebuilt from ``model_config`` alone (``GPTConfig.from_nanochat``: both key sets), on the meta device,
+* the model is rebuilt from ``model_config`` alone (:func:`nanochat_gpt_config`: both key sets), on the meta device,
   then ``to_empty`` + ``init_weights`` + a strict ``load_state_dict``, as nanochat's own loader;
 * the weights are read with ``torch.load(weights_only=True)`` (``lapheads.io.load_tensor_file``), so a pickle that
   carries code is refused before any of it runs;
@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from lapheads.errors import CheckpointError
+from lapheads.errors import CheckpointError, InputError
 from lapheads.io import load_tensor_file, state_dict_mismatch
 from lapheads.models.gpt import GPT, SMEAR_GATE_CHANNELS, GPTConfig
 
-__all__ = ["load_nanochat", "nanochat_steps"]
+__all__ = ["load_nanochat", "nanochat_gpt_config", "nanochat_steps"]
 
 
 def nanochat_steps(folder: str | Path) -> list[int]:
@@ -41,6 +41,42 @@ def nanochat_steps(folder: str | Path) -> list[int]:
         if match and (folder / f"meta_{match.group(1)}.json").is_file():
             steps.append(int(match.group(1)))
     return sorted(steps)
+
+
+def nanochat_gpt_config(model_config: dict[str, Any], state_keys: set[str] | None = None) -> GPTConfig:
+    """The config of a nanochat checkpoint's ``meta_<step>.json`` ``model_config``.
+
+    Both key sets: October 2025 (n_layer, n_head, n_kv_head, n_embd, sequence_len, vocab_size) and the 2026
+    fork (plus use_*, window_pattern, laplacian_heads as an int or per-layer list). A 2026 key set, or 2026
+    parameters among ``state_keys`` (value_embeds, resid_lambdas, ...), means the 2026 family with each missing
+    switch on, as the fork's own loader assumes; otherwise the 2025 family.
+    """
+    required = ("n_layer", "n_head", "n_embd", "sequence_len", "vocab_size")
+    missing = [k for k in required if k not in model_config]
+    if missing:
+        raise InputError(f"nanochat model_config lacks {', '.join(missing)}; allowed: a nanochat meta_<step>.json")
+    switches = ("use_ve", "use_resid_lambdas", "use_x0", "use_smear", "use_backout")
+    markers = ("value_embeds.", "resid_lambdas", "x0_lambdas", "smear_", "backout_lambda")
+    is_2026 = any(k in model_config for k in (*switches, "window_pattern")) or any(
+        key.startswith(markers) for key in (state_keys or ())
+    )
+    spec = model_config.get("laplacian_heads", 0)
+    options: dict[str, Any] = {}
+    if is_2026:
+        options = {k: bool(model_config.get(k, True)) for k in switches}
+        options["window_pattern"] = model_config.get("window_pattern", "L")
+    return GPTConfig(
+        depth=int(model_config["n_layer"]),
+        vocab_size=int(model_config["vocab_size"]),
+        sequence_len=int(model_config["sequence_len"]),
+        width=int(model_config["n_embd"]),
+        num_heads=int(model_config["n_head"]),
+        n_kv_head=int(model_config.get("n_kv_head", model_config["n_head"])),
+        head_dim=int(model_config["n_embd"]) // int(model_config["n_head"]),
+        laplacian_heads=list(spec) if isinstance(spec, (list, tuple)) else int(spec),
+        arch="nanochat-2026" if is_2026 else "nanochat-2025",
+        **options,
+    )
 
 
 def _missing_scalars(config: GPTConfig) -> list[tuple[str, bool, tuple[int, ...], float]]:
@@ -84,7 +120,7 @@ def load_nanochat(
     state = {k.removeprefix("_orig_mod."): v for k, v in load_tensor_file(folder / f"model_{step:06d}.pt").items()}
     if laplacian_heads is not None:
         model_config["laplacian_heads"] = laplacian_heads
-    config = GPTConfig.from_nanochat(model_config, state_keys=set(state))
+    config = nanochat_gpt_config(model_config, state_keys=set(state))
     for key, enabled, shape, fill in _missing_scalars(config):
         if enabled and key not in state:
             state[key] = torch.full(shape, fill)

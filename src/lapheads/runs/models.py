@@ -13,9 +13,7 @@ from lapheads.distributed import resolve_device
 from lapheads.errors import CheckpointError, InputError
 from lapheads.io import load_safetensors, state_dict_mismatch
 from lapheads.runs.directory import RunDir, checkpoint_folder, files_within
-from lapheads.runs.layout import (
-    WEIGHTS,
-)
+from lapheads.runs.layout import WEIGHTS, nanochat_tokenizer_dir
 
 
 def load_weights(module: torch.nn.Module, path: Path, prefix: str = "") -> None:
@@ -153,6 +151,33 @@ def load_run_tokenizer(run_dir: str | os.PathLike | RunDir, vocab_size: int | No
             f"{vocab_size}; allowed: the run's own tokenizer"
         )
     return tokenizer
+
+
+def load_nanochat_model(
+    folder: str | os.PathLike,
+    step: int | None = None,
+    device: str | torch.device = "cpu",
+    tokenizer_dir: str | os.PathLike | None = None,
+):
+    """A model from outside lapheads: a nanochat checkpoint folder as (GPT in eval mode, its tokenizer, its meta).
+
+    The tokenizer is ``tokenizer_dir/tokenizer.pkl``, by default nanochat's own layout (``<base>/base_checkpoints/
+    <tag>/`` beside ``<base>/tokenizer/``); one of another size than the model's vocabulary is a one-line error.
+    Every command that takes ``--nanochat`` loads through here (eval lm, chat, serve, mid, sft).
+    """
+    from lapheads.data.tokenizers import Tokenizer
+    from lapheads.models.nanochat import load_nanochat
+
+    folder = Path(folder)
+    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else nanochat_tokenizer_dir(folder)
+    tokenizer = Tokenizer.nanochat(tokenizer_dir)
+    model, meta = load_nanochat(folder, step, resolve_device(device))
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise InputError(
+            f"{tokenizer_dir} has {tokenizer.vocab_size} tokens but {folder} was trained with "
+            f"{model.config.vocab_size}; allowed: the checkpoint's own tokenizer (--nanochat-tokenizer)"
+        )
+    return model, tokenizer, meta
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -43,8 +43,8 @@ from lapheads.errors import InputError
 from lapheads.hardware import BusyWatch
 from lapheads.models.gpt import GPT
 from lapheads.models.lora import LoraAdapters, apply_lora
-from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, model_record
-from lapheads.runs.layout import STATE_FILE, nanochat_tokenizer_dir
+from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, load_nanochat_model, model_record
+from lapheads.runs.layout import STATE_FILE
 from lapheads.train.runtime import (
     HEAD_SPEC,
     RunConfig,
@@ -165,17 +165,8 @@ class SFTConfig(ChatTrainConfig):
 def _load_base(cfg: ChatTrainConfig, device: torch.device) -> tuple[GPT, Tokenizer, dict[str, Any]]:
     """The starting model (train mode), its tokenizer and what to record about it."""
     if cfg.nanochat:
-        from lapheads.models.nanochat import load_nanochat
-
         folder = Path(cfg.nanochat)
-        tokenizer_dir = Path(cfg.nanochat_tokenizer) if cfg.nanochat_tokenizer else nanochat_tokenizer_dir(folder)
-        tokenizer = Tokenizer.nanochat(tokenizer_dir)
-        model, meta = load_nanochat(folder, cfg.nanochat_step, device)
-        if tokenizer.vocab_size != model.config.vocab_size:
-            raise InputError(
-                f"{tokenizer_dir} has {tokenizer.vocab_size} tokens but {folder} was trained with "
-                f"{model.config.vocab_size}; allowed: the checkpoint's own tokenizer (--nanochat-tokenizer)"
-            )
+        model, tokenizer, meta = load_nanochat_model(folder, cfg.nanochat_step, device, cfg.nanochat_tokenizer or None)
         source = {"nanochat": str(folder), "nanochat_step": meta["step"]}
     else:
         record, model, tokenizer = load_gpt_run(cfg.base, str(device.type))
