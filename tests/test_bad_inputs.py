@@ -180,7 +180,7 @@ def _cli_cases(tmp: Path, preset: Path) -> list[tuple[str, list[str], str | None
         ("eval-lm-no-run", ["eval", "lm"], "--nanochat"),
         ("generate-no-model", ["generate"], "RUN_DIR or --nanochat"),
         ("analyze-no-run-at-all", ["analyze"], "at least one RUN_DIR"),
-        ("eval-unknown-lm-task", ["eval", "lm", str(tmp), "--tasks", "nope"], None),
+        ("eval-unknown-lm-task", ["eval", "lm", str(tmp), "--benchmarks", "nope"], None),
         ("analyze-no-run", ["analyze", str(tmp / "nowhere")], "nowhere"),
         ("analyze-max-tokens", ["analyze", str(tmp), "--max-tokens", "1"], "--max-tokens"),
         ("sweep-bad-seeds", ["sweep", "fmnist-cpu", "--laplacian-heads", "0,1", "--seeds", "a,b"], None),

@@ -237,7 +237,7 @@ def test_eval_chat_scores_generated_and_hub_tasks_into_the_run(sft_run, tmp_path
                 "eval",
                 "chat",
                 str(sft_run),
-                "--tasks",
+                "--benchmarks",
                 "arith,arc_easy",
                 "--data-dir",
                 str(tmp_path),

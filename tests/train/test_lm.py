@@ -117,7 +117,7 @@ def test_eval_lm_scores_val_bpb_and_arc_from_local_files(trained_run, tmp_path, 
     ]
     rows.append({**rows[0], "answerKey": "D"})  # no such choice: left out and counted, not scored as wrong
     (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert main(["eval", "lm", str(run), "--tasks", "val_bpb,arc_easy", "--data-dir", str(tmp_path)]) == 0
+    assert main(["eval", "lm", str(run), "--benchmarks", "val_bpb,arc_easy", "--data-dir", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     printed = json.loads(out.strip().splitlines()[-1])
     assert printed["arc_easy"]["unusable"] == 1 and "1 item(s) with unusable ground truth left out (rows 7)" in err
@@ -131,9 +131,10 @@ def test_eval_lm_scores_val_bpb_and_arc_from_local_files(trained_run, tmp_path, 
     "args, message",
     [
         (
-            ["--tasks", "squad"],
-            "unknown task(s) squad; allowed: val_bpb, arc_easy, arc_challenge, mmlu, gsm8k, humaneval",
+            ["--benchmarks", "squad"],
+            "unknown benchmark(s) squad; allowed: val_bpb, arc_easy, arc_challenge, mmlu, gsm8k, humaneval",
         ),
+        # --tasks: the 0.1 name of --benchmarks, an alias for this release
         (["--tasks", "mmlu", "--data-dir", "/nonexistent"], "task mmlu: no mmlu.jsonl / mmlu.parquet in /nonexistent"),
     ],
 )
@@ -387,7 +388,7 @@ def test_eval_and_generate_take_a_nanochat_checkpoint(tmp_path, capsys, monkeypa
         for i in range(4)
     ]
     (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert main(["eval", "lm", "--nanochat", str(folder), "--tasks", "arc_easy", "--data-dir", str(tmp_path)]) == 0
+    assert main(["eval", "lm", "--nanochat", str(folder), "--benchmarks", "arc_easy", "--data-dir", str(tmp_path)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["arc_easy"]["n"] == 4
     assert (tmp_path / "runs" / "nanochat-d2-step50" / "report" / "eval_lm.json").is_file()  # where analyze writes
@@ -405,7 +406,7 @@ def test_eval_and_generate_take_a_nanochat_checkpoint(tmp_path, capsys, monkeypa
     tokenizer = Tokenizer.nanochat(tmp_path / "base" / "tokenizer")
     ids = torch.tensor([tokenizer.encode("the", bos=True)])
     assert out == tokenizer.decode(reference.generate(ids, 5, temperature=0)[0, 1:].tolist()) + "\n"
-    assert main(["eval", "lm", "--nanochat", str(folder), "--tasks", "val_bpb"]) == 2
+    assert main(["eval", "lm", "--nanochat", str(folder), "--benchmarks", "val_bpb"]) == 2
     assert "val_bpb needs lapheads token shards" in capsys.readouterr().err
     assert main(["generate", "--nanochat", str(folder), "--nanochat-tokenizer", str(tmp_path)]) == 2
     assert "tokenizer.pkl does not exist" in capsys.readouterr().err

@@ -162,11 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="classify: also score the first N training images without augmentation (fit_top1, fit_loss)",
     )
     evaluate.add_argument(
-        "--tasks",
+        "--benchmarks",
+        "--tasks",  # the 0.1 name, kept as an alias for this release only (docs/language-models.md)
+        dest="benchmarks",
         default=None,
         help="lm: comma list of val_bpb (default), arc_easy, "
         "arc_challenge, mmlu, gsm8k, humaneval; chat: of arc_easy, arc_challenge, mmlu, gsm8k, "
-        "humaneval, arith, letters (default: arith,letters)",
+        "humaneval, arith, letters (default: arith,letters); --tasks is its old name, an alias for 0.1 only",
     )
     evaluate.add_argument("--no-tools", action="store_true", help="chat: no calculator (the model's own outputs)")
     evaluate.add_argument(

@@ -30,11 +30,12 @@ from lapheads.data.images import DataError
 from lapheads.errors import InputError
 from lapheads.evals.lm import LETTERS, _mc_item, extract_number, humaneval_program, load_task, pass_at_k
 
-__all__ = ["CHAT_TASKS", "chatcore", "run_chat_evals", "score_categorical", "score_generative"]
+__all__ = ["CHAT_BENCHMARKS", "chatcore", "run_chat_evals", "score_categorical", "score_generative"]
 
 CATEGORICAL = ("arc_easy", "arc_challenge", "mmlu")
 GENERATIVE = ("gsm8k", "humaneval", "arith", "letters")
-CHAT_TASKS = (*CATEGORICAL, *GENERATIVE)
+#: what ``lapheads eval chat --benchmarks`` scores
+CHAT_BENCHMARKS = (*CATEGORICAL, *GENERATIVE)
 
 
 @torch.no_grad()
@@ -156,7 +157,7 @@ def _rows(task: str, data_dir: str | None, max_examples: int | None) -> list[dic
 
 def run_chat_evals(
     run_dir: str | Path,
-    tasks: list[str],
+    benchmarks: list[str],
     *,
     data_dir: str | None = None,
     max_examples: int | None = None,
@@ -165,21 +166,25 @@ def run_chat_evals(
     progress: bool = True,
     tools: bool = True,
 ) -> dict[str, Any]:
-    """Evaluate a chat run's latest checkpoint on ``tasks``; writes RUN_DIR/report/eval_chat.json."""
+    """Evaluate a chat run's latest checkpoint on ``benchmarks``; writes RUN_DIR/report/eval_chat.json."""
     from lapheads.runs import RunDir, load_gpt_run
 
-    unknown = [t for t in tasks if t not in CHAT_TASKS]
-    if unknown or not tasks:
-        raise InputError(f"unknown chat task(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(CHAT_TASKS)}")
-    rows = {t: _rows(t, data_dir, max_examples) for t in tasks}  # fail early on data
+    unknown = [b for b in benchmarks if b not in CHAT_BENCHMARKS]
+    if unknown or not benchmarks:
+        raise InputError(
+            f"unknown chat benchmark(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(CHAT_BENCHMARKS)}"
+        )
+    rows = {t: _rows(t, data_dir, max_examples) for t in benchmarks}  # fail early on data
     _, model, tokenizer = load_gpt_run(run_dir, device)
     engine = ChatEngine(model, tokenizer, tools=tools)
     results: dict[str, Any] = {}
-    for task in tasks:
-        if task in CATEGORICAL:
-            results[task] = score_categorical(engine, task, rows[task], progress)
+    for benchmark in benchmarks:
+        if benchmark in CATEGORICAL:
+            results[benchmark] = score_categorical(engine, benchmark, rows[benchmark], progress)
         else:
-            results[task] = score_generative(engine, task, rows[task], num_samples=num_samples, progress=progress)
+            results[benchmark] = score_generative(
+                engine, benchmark, rows[benchmark], num_samples=num_samples, progress=progress
+            )
     summary = {"tasks": results, "chatcore": chatcore(results), "max_examples": max_examples, "tools": tools}
     RunDir(run_dir).write_report("eval_chat.json", summary)
     return summary
@@ -189,10 +194,10 @@ def cli_eval(args: Any) -> int:
     """``lapheads eval chat RUN_DIR``: the chat tasks (accuracy against chance) and ChatCORE."""
     import json
 
-    tasks = [t.strip() for t in (args.tasks or "arith,letters").split(",") if t.strip()]
+    benchmarks = [b.strip() for b in (args.benchmarks or "arith,letters").split(",") if b.strip()]
     summary = run_chat_evals(
         args.run_dir,
-        tasks,
+        benchmarks,
         data_dir=args.data_dir,
         max_examples=args.max_examples,
         num_samples=args.num_samples,

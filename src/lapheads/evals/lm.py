@@ -44,7 +44,7 @@ from lapheads.sandbox import run_program
 
 __all__ = [
     "HUB_DATASETS",
-    "TASKS",
+    "LM_BENCHMARKS",
     "LoadedLM",
     "load_lm",
     "stream_text",
@@ -58,7 +58,8 @@ __all__ = [
     "score_multiple_choice",
 ]
 
-TASKS = ("val_bpb", *HUB_DATASETS)
+#: what ``lapheads eval lm --benchmarks`` scores (benchmarks, not training tasks: those are lapheads.tasks)
+LM_BENCHMARKS = ("val_bpb", *HUB_DATASETS)
 HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 
 
@@ -408,7 +409,7 @@ def stream_text(lm: LoadedLM, prompt: str, max_tokens: int, temperature: float, 
 
 def run_evals(
     run_dir: str | Path | None,
-    tasks: list[str],
+    benchmarks: list[str],
     *,
     data_dir: str | None = None,
     max_examples: int | None = None,
@@ -420,37 +421,37 @@ def run_evals(
     step: int | None = None,
     tokenizer_dir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Evaluate an LM run's latest checkpoint (or a nanochat checkpoint: ``nanochat=``) on ``tasks``; writes
+    """Evaluate an LM run's latest checkpoint (or a nanochat checkpoint: ``nanochat=``) on ``benchmarks``; writes
     eval_lm.json into the source's report directory (see :func:`load_lm`)."""
     from lapheads.io import atomic_write_text
 
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown or not tasks:
-        raise InputError(f"unknown task(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(TASKS)}")
+    unknown = [b for b in benchmarks if b not in LM_BENCHMARKS]
+    if unknown or not benchmarks:
+        raise InputError(f"unknown benchmark(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(LM_BENCHMARKS)}")
     rows, unusable = {}, {}
-    for task in tasks:  # every task's data before any scoring: fail early
-        if task != "val_bpb":
-            kept, unusable[task] = usable_rows(task, load_task(task, data_dir))
-            rows[task] = kept[:max_examples]
-            if unusable[task]:  # scored as wrong they would lower the accuracy without a word
-                shown = ", ".join(map(str, unusable[task][:5])) + (", ..." if len(unusable[task]) > 5 else "")
+    for benchmark in benchmarks:  # every benchmark's data before any scoring: fail early
+        if benchmark != "val_bpb":
+            kept, unusable[benchmark] = usable_rows(benchmark, load_task(benchmark, data_dir))
+            rows[benchmark] = kept[:max_examples]
+            if unusable[benchmark]:  # scored as wrong they would lower the accuracy without a word
+                shown = ", ".join(map(str, unusable[benchmark][:5])) + (", ..." if len(unusable[benchmark]) > 5 else "")
                 print(
-                    f"lapheads: {task}: {len(unusable[task])} item(s) with unusable ground truth left out "
+                    f"lapheads: {benchmark}: {len(unusable[benchmark])} item(s) with unusable ground truth left out "
                     f"(rows {shown})",
                     file=sys.stderr,
                 )
     lm = load_lm(run_dir, nanochat=nanochat, step=step, tokenizer_dir=tokenizer_dir, device=device)
     model, tokenizer = lm.model, lm.tokenizer
     results: dict[str, Any] = {}
-    for task in tasks:
-        if task == "val_bpb":
+    for benchmark in benchmarks:
+        if benchmark == "val_bpb":
             if lm.shards is None:
                 raise DataError(
                     f"val_bpb needs lapheads token shards of the model's own tokenizer, which {lm.name} "
                     "does not have (a nanochat checkpoint, or a run copied without its data)"
                 )
             dist_ = Distributed(device=model.lm_head.weight.device)
-            results[task] = {
+            results[benchmark] = {
                 "bpb": evaluate_bpb(
                     model,
                     lm.shards.val,
@@ -462,17 +463,19 @@ def run_evals(
                     amp=False,
                 )
             }
-        elif task in ("arc_easy", "arc_challenge", "mmlu"):
-            results[task] = score_multiple_choice(model, tokenizer, task, rows[task], chat=chat, progress=progress)
-        elif task == "gsm8k":
-            results[task] = score_gsm8k(model, tokenizer, rows[task], chat=chat, progress=progress)
+        elif benchmark in ("arc_easy", "arc_challenge", "mmlu"):
+            results[benchmark] = score_multiple_choice(
+                model, tokenizer, benchmark, rows[benchmark], chat=chat, progress=progress
+            )
+        elif benchmark == "gsm8k":
+            results[benchmark] = score_gsm8k(model, tokenizer, rows[benchmark], chat=chat, progress=progress)
         else:
             ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
-            results[task] = score_humaneval(
-                model, tokenizer, rows[task], num_samples=num_samples, ks=ks, progress=progress
+            results[benchmark] = score_humaneval(
+                model, tokenizer, rows[benchmark], num_samples=num_samples, ks=ks, progress=progress
             )
-    for task, left_out in unusable.items():
-        results[task]["unusable"] = len(left_out)
+    for benchmark, left_out in unusable.items():
+        results[benchmark]["unusable"] = len(left_out)
     out = lm.report_dir / "eval_lm.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps({"tasks": results, "max_examples": max_examples, "chat": chat}, indent=1) + "\n")
@@ -481,11 +484,11 @@ def run_evals(
 
 def cli_eval(args: Any) -> int:
     """``lapheads eval lm RUN_DIR|--nanochat DIR``: validation bpb and the benchmark tasks."""
-    tasks = [t.strip() for t in (args.tasks or "val_bpb").split(",") if t.strip()]
+    benchmarks = [b.strip() for b in (args.benchmarks or "val_bpb").split(",") if b.strip()]
     source = {"nanochat": args.nanochat} if args.nanochat else {"run_dir": args.run_dir}
     results = run_evals(
         args.run_dir,
-        tasks,
+        benchmarks,
         data_dir=args.data_dir,
         max_examples=args.max_examples,
         num_samples=args.num_samples,

@@ -60,7 +60,6 @@ from lapheads.train.runtime import (
 
 __all__ = ["MidConfig", "SFTConfig", "load_gpt_run", "merge_lora", "train_mid", "train_sft"]
 
-CHAT_TASKS = ("mid", "sft")
 LORA_TARGETS = "c_q,c_k,c_v,c_proj,c_fc"
 _SPEC_OR_BASE = Domain("empty (the base's heads) or " + HEAD_SPEC.allowed, lambda v: v == "" or HEAD_SPEC.test(v))
 
@@ -123,7 +122,7 @@ class ChatTrainConfig(RunConfig):
         parse_mixture(self.data)
         if self.val_data:
             parse_mixture(self.val_data)
-        from lapheads.evals.chat import CHAT_TASKS as EVALS
+        from lapheads.evals.chat import CHAT_BENCHMARKS as EVALS
 
         unknown = [t for t in self.eval_tasks.split(",") if t.strip() and t.strip() not in EVALS]
         if unknown:
