@@ -2,39 +2,72 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from lapheads import GPT, GPTConfig, create_vit, laplacian_attention
-from lapheads.geometry.mechanism import circuit_scores, ov_circuits, smoothing_indices
+from lapheads.geometry.anova import anova
+from lapheads.geometry.mechanism import circuit_scores, expected_sign, head_effects, ov_circuits
 
 
 def test_scores_of_plus_and_minus_identity_and_a_random_circuit():
-    assert circuit_scores(-torch.eye(8), laplacian=True) == pytest.approx(
+    assert circuit_scores(-torch.eye(8), "laplacian") == pytest.approx(
         {
             "alignment": -1.0,
             "alignment_full": -1.0,
+            "expected_sign": 1,
             "diffusion": 1.0,
             "as_laplacian": 1.0,
             "size": 1.0,
             "laplacian": True,
+            "kind": "laplacian",
         }
     )
-    assert circuit_scores(torch.eye(8), laplacian=True)["diffusion"] == pytest.approx(
+    assert circuit_scores(torch.eye(8), "laplacian")["diffusion"] == pytest.approx(
         -1.0
     )  # a Laplacian head that sharpens
-    assert circuit_scores(torch.eye(8) * 2, laplacian=False) == pytest.approx(
+    # an ordinary head with +I copies what it attends to: it can only raise the within-sequence variance
+    assert circuit_scores(torch.eye(8) * 2, "ordinary") == pytest.approx(
         {
             "alignment": 1.0,
             "alignment_full": 1.0,
-            "diffusion": 1.0,
+            "expected_sign": 1,
+            "diffusion": -1.0,
             "as_laplacian": -1.0,
             "size": 2.0,
             "laplacian": False,
+            "kind": "ordinary",
         }
     )
-    random = circuit_scores(torch.randn(400, 400, generator=torch.Generator().manual_seed(0)), laplacian=False)
+    random = circuit_scores(torch.randn(400, 400, generator=torch.Generator().manual_seed(0)), "ordinary")
     assert abs(random["alignment"]) < 0.05
+
+
+@pytest.mark.parametrize(
+    "kind, mix, sign",
+    [
+        ("ordinary", None, 1),  # tau = tau(P) in [0, 1]
+        ("laplacian", None, 1),  # 1 - tau(P)
+        ("negated", None, -1),
+        ("sum", None, 1),  # 1 + tau(P)
+        ("centring", None, 1),  # the token itself minus the mean: tau = 1
+        ("exclusive", None, None),  # not linear in P V
+        ("local", None, None),  # a second, untied circuit
+        ("untied", None, None),
+        ("mix", (0.0, 1.0), 1),  # started as an ordinary head
+        ("mix", (-1.0, 1.0), -1),  # -(V - P V): a Laplacian head with W_O negated
+        ("mix", (0.5, -1.0), 0),  # a + b tau(P) changes sign with P
+        ("mix", (0.0, 0.0), 0),  # off
+    ],
+)
+def test_each_kind_has_the_sign_its_token_operator_has_for_every_p(kind, mix, sign):
+    assert expected_sign(kind, mix) == sign
+    scores = circuit_scores(-torch.eye(4), kind, mix=mix)
+    assert scores["diffusion"] == (None if not sign else pytest.approx(sign))
+    if kind == "mix":
+        assert scores["mix_angle"] == pytest.approx(math.degrees(math.atan2(mix[1], mix[0])))
 
 
 def test_a_laplacian_head_with_minus_identity_circuit_pulls_tokens_together():
@@ -64,7 +97,9 @@ def test_ov_circuits_read_the_heads_of_a_vit_and_a_gpt():
     heads = ov_circuits(vit)[0]
     # each head's circuit is -I on its own 4 of the 8 dims: the attainable -1 (the full-identity cosine: -1/sqrt 2)
     assert [h["laplacian"] for h in heads] == [False, True]
-    assert heads[1]["diffusion"] == pytest.approx(1.0) and heads[0]["diffusion"] == pytest.approx(-1.0)
+    # both lower the within-sequence variance: the Laplacian head by a heat step, the ordinary one by shrinking
+    # what it attends to (how much each does is P's business: p_diffusion)
+    assert heads[1]["diffusion"] == pytest.approx(1.0) and heads[0]["diffusion"] == pytest.approx(1.0)
     assert heads[1]["alignment_full"] == pytest.approx(-(0.5**0.5))
     gpt = GPT(GPTConfig(depth=1, vocab_size=10, aspect_ratio=8, head_dim=4, laplacian_heads=1, n_kv_head=1))
     attn = gpt.blocks[0].attn  # 2 query heads share 1 kv head
@@ -110,7 +145,7 @@ def test_the_whole_circuit_sees_through_layerscale_of_mixed_sign(seed):
     assert [h["laplacian"] for h in ov_circuits(vit)[0]] == [False, False, True]
     heads = ov_circuits(vit)[0]
     assert heads[2]["diffusion"] >= 0.9  # Laplacian head, circuit -c P: diffusive, at the attainable
-    assert heads[0]["diffusion"] <= -0.9  # the same circuit in an ordinary head pushes tokens apart
+    assert heads[0]["diffusion"] >= 0.9  # the same circuit in an ordinary head shrinks the tokens it attends to
     assert heads[0]["as_laplacian"] >= 0.9  # and would read diffusive in a Laplacian head: the null
     # the old score (no LayerScale) is scrambled by the mixed signs: nowhere near the attainable
     block = vit.blocks[0]
@@ -122,12 +157,79 @@ def test_the_whole_circuit_sees_through_layerscale_of_mixed_sign(seed):
     assert old < 0.5
 
 
-def test_the_smoothing_index_from_data_follows_the_circuit():
+def _uniform_attention(vit) -> None:
+    """W_Q = W_K = 0: every head's P is uniform, so tau(P) = (tr P - 1) / (T - 1) = 0 exactly."""
+    with torch.no_grad():
+        for block in vit.blocks:
+            block.attn.qkv.weight[: 2 * block.attn.qkv.weight.shape[1]].zero_()
+            if block.attn.qkv.bias is not None:
+                block.attn.qkv.bias.zero_()
+
+
+def test_tau_is_the_kinds_token_gain_and_p_diffusion_weighs_the_circuit_by_it():
     torch.manual_seed(0)
     vit = _layerscale_vit(0)
+    vit.blocks[0].attn.set_laplacian_heads(["ordinary", "sum", "laplacian"])
+    _uniform_attention(vit)
     images = [torch.randn(4, 3, 16, 16) for _ in range(2)]
-    index = smoothing_indices(vit, images)[0]
-    assert index[2] > 0  # the Laplacian head with a -c P circuit lowers the within-sequence variance
-    with torch.no_grad():  # flip its circuit to +c P: it sharpens
-        vit.blocks[0].attn.proj.weight[:, 8:12].neg_()
-    assert smoothing_indices(vit, images)[0][2] < 0
+    heads = head_effects(vit, images)[0]
+    circuits = ov_circuits(vit)[0]
+    # uniform P: an ordinary head adds one vector to every token (tau 0), sum and Laplacian heads keep the token
+    assert [h["tau"] for h in heads] == pytest.approx([0.0, 1.0, 1.0], abs=1e-6)  # P in float32
+    assert heads[2]["p_diffusion"] == pytest.approx(-circuits[2]["alignment"]) and heads[2]["p_diffusion"] > 0.9
+    assert heads[0]["p_diffusion"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_fraction_drop_is_the_fraction_change_when_only_that_head_writes():
+    """An independent path: the block's own attention with every other head's W_O columns (and the projection's
+    bias) zeroed writes exactly that head's whole write through LayerScale; its within-sequence fraction change
+    is the index, for heads of every kind, local and untied terms included."""
+    torch.manual_seed(0)
+    vit = create_vit(
+        "vit_small_patch16_224", 1, img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=4, init_values=0.5
+    )
+    attn = vit.blocks[0].attn
+    attn.set_laplacian_heads(["ordinary", "local", "untied", "mix"])
+    with torch.no_grad():
+        for parameter in attn.parameters():  # every parameter non-trivial, local W_O' and mix (a, b) included
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    vit.eval()
+    images = [torch.randn(3, 3, 16, 16) for _ in range(2)]
+    heads = head_effects(vit, images)[0]
+    dim = attn.head_dim
+    for h in range(4):
+        trial = create_vit(
+            "vit_small_patch16_224", 1, img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=4, init_values=0.5
+        )
+        trial.blocks[0].attn.set_laplacian_heads(["ordinary", "local", "untied", "mix"])
+        trial.load_state_dict(vit.state_dict())
+        trial.eval()
+        t_attn = trial.blocks[0].attn
+        with torch.no_grad():
+            keep = torch.zeros_like(t_attn.proj.weight)
+            keep[:, h * dim : (h + 1) * dim] = 1
+            t_attn.proj.weight.mul_(keep)
+            t_attn.proj.bias.zero_()
+            if h != 1:
+                t_attn.local_o.weight.zero_()
+            if h != 2:
+                t_attn.untied_o.zero_()
+        before, after = [], []
+        for batch in images:
+            x = trial.patch_embed(batch)
+            x = trial._pos_embed(x)
+            x = trial.norm_pre(trial.patch_drop(x))
+            before.append(x)
+            after.append(x + trial.blocks[0].ls1(t_attn(trial.blocks[0].norm1(x))))
+        expected = anova(torch.cat(before))["within_seq_fraction"] - anova(torch.cat(after))["within_seq_fraction"]
+        assert heads[h]["fraction_drop"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    assert heads[1]["tau"] is None and heads[2]["tau"] is None  # two circuits: one tau cannot speak for them
+    assert heads[3]["tau"] is not None
+
+
+def test_head_effects_of_a_gpt_read_the_data_without_p():
+    gpt = GPT(GPTConfig(depth=2, vocab_size=10, aspect_ratio=8, head_dim=4, laplacian_heads=1))
+    gpt.init_weights()
+    tokens = [torch.randint(0, 10, (2, 8), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    effects = head_effects(gpt, tokens)
+    assert len(effects) == 2 and all(h["tau"] is None and math.isfinite(h["fraction_drop"]) for h in effects[0])

@@ -515,3 +515,32 @@ def test_a_dry_run_of_a_cpu_preset_prints_one_process_per_cell(capsys, tmp_path)
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("python -m lapheads train classify --preset fmnist-cpu --laplacian-heads 0")
     assert not any("torchrun" in line for line in lines)
+
+
+def test_changed_heads_are_compared_with_their_k0_twins_head_by_head_and_seed_by_seed():
+    from lapheads.study.report.statistics import _against_twins
+
+    def heads(kinds, drops):
+        return {
+            ("1", h): {"kind": k, "fraction_drop": d, "p_diffusion": None} for h, (k, d) in enumerate(zip(kinds, drops))
+        }
+
+    twins = {
+        ("0", 0): heads(["ordinary"] * 3, [0.01, 0.02, 0.03]),
+        ("0", 1): heads(["ordinary"] * 3, [0.00, 0.01, 0.02]),
+        ("1", 0): heads(["ordinary", "ordinary", "laplacian"], [0.5, 0.5, 0.13]),
+        ("1", 1): heads(["ordinary", "ordinary", "laplacian"], [0.5, 0.5, 0.07]),
+        ("sum:3", 0): heads(["sum"] * 3, [0.11, 0.12, 0.13]),
+        ("sum:3", 2): heads(["sum"] * 3, [0.2, 0.2, 0.2]),  # no k = 0 run of seed 2: no pair
+    }
+    mechanism: dict = {}
+    _against_twins(mechanism, twins)
+    laplacian = mechanism["within-sequence fraction drop, Laplacian heads minus their k = 0 twins"]
+    assert laplacian == {"1": {0: pytest.approx(0.10), 1: pytest.approx(0.05)}}  # head 2 against head 2 only
+    assert mechanism["within-sequence fraction drop, sum heads minus their k = 0 twins"] == {
+        "sum:3": {0: pytest.approx(0.10)}
+    }
+    assert not any(label.startswith("P-aware") for label in mechanism)  # no tau measured: no row
+    label = "within-sequence fraction drop, Laplacian heads minus their k = 0 twins"
+    row = diffusion_against_zero({label: laplacian})[label]["1"]
+    assert row["verdict"] == "not decided (2 seed pairs; a verdict needs 3)"

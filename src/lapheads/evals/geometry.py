@@ -32,13 +32,14 @@ from lapheads.geometry.collapse import neural_collapse
 from lapheads.geometry.features import ResidualStream, select_layers
 from lapheads.geometry.layers import LayerGeometry, LMLayerGeometry
 from lapheads.geometry.linguistic import top_k_classes
-from lapheads.geometry.mechanism import ov_circuits
+from lapheads.geometry.mechanism import HeadEffects, ov_circuits
 from lapheads.runs import RunDir, checkpoint_folder, load_model
 
 __all__ = ["ANALYSIS_VERSION", "AnalyzeOptions", "analyze_classify", "analyze_dino", "analyze_lm", "lm_geometry"]
 
-#: bumped when an analysis gains a metric (2: output-value circuits of every head)
-ANALYSIS_VERSION = 4
+#: bumped when an analysis gains a metric (2: output-value circuits of every head; 5: kind-aware diffusion, and
+#: tau, p_diffusion and fraction_drop from the data)
+ANALYSIS_VERSION = 5
 
 
 @dataclass
@@ -83,15 +84,16 @@ def lm_geometry(model: torch.nn.Module, val_tokens, seq_len: int, options: Analy
     geometry = {layer: LMLayerGeometry(options.fraction) for layer in layers}
     nats = 0.0
     batch = max(1, options.batch_size // 8)
-    with ResidualStream(model, layers) as stream, torch.no_grad():
+    with ResidualStream(model, layers) as stream, HeadEffects(model) as effects, torch.no_grad():
         for start in tqdm(range(0, len(windows), batch), desc=f"analyze {name}", dynamic_ncols=True, leave=False):
             x = torch.cat([w[0] for w in windows[start : start + batch]]).to(device)
             y = targets[start : start + batch]
             nats += float(model(x, y.to(device), loss_reduction="sum"))
+            effects.update()
             for layer in layers:
                 geometry[layer].update(stream.tokens[layer], classes[start : start + batch])
     per_layer = {layer: geometry[layer].compute() for layer in layers}
-    _add_mechanism(per_layer, model)
+    _add_mechanism(per_layer, model, effects)
     return {
         "task": "lm",
         "split": "val",
@@ -104,27 +106,24 @@ def lm_geometry(model: torch.nn.Module, val_tokens, seq_len: int, options: Analy
     }
 
 
-def _add_mechanism(per_layer: dict[str, dict[str, Any]], model: torch.nn.Module) -> None:
-    """Each analysed block gains its heads' output-value circuit scores (``geometry.mechanism``) and the mean
-    diffusion score of its Laplacian and of its ordinary heads (None where the block has none of a kind: JSON keeps
-    it, and a cached analysis compares equal to a fresh one)."""
-    for i, heads in enumerate(ov_circuits(model)):
+def _add_mechanism(per_layer: dict[str, dict[str, Any]], model: torch.nn.Module, effects: HeadEffects) -> None:
+    """Each analysed block gains its heads' scores (``geometry.mechanism``: the output-value circuit from the
+    weights, and ``tau``, ``p_diffusion``, ``fraction_drop`` from the data just analysed) and the mean diffusion
+    score of its Laplacian and of its ordinary heads (None where the block has none of a kind: JSON keeps it, and a
+    cached analysis compares equal to a fresh one)."""
+    for i, (heads, measured) in enumerate(zip(ov_circuits(model), effects.compute())):
         if str(i + 1) not in per_layer:
             continue
+        heads = [{**circuit, **data} for circuit, data in zip(heads, measured)]
         means = {}
-        for kind, laplacian, key in (
-            ("laplacian_diffusion", True, "diffusion"),
-            ("ordinary_diffusion", False, "diffusion"),
-            ("ordinary_as_laplacian", False, "as_laplacian"),  # the null of this block's Laplacian heads
+        for name, kind, key in (
+            ("laplacian_diffusion", "laplacian", "diffusion"),
+            ("ordinary_diffusion", "ordinary", "diffusion"),
+            ("ordinary_as_laplacian", "ordinary", "as_laplacian"),  # the null of this block's Laplacian heads
         ):
             # ordinary means ordinary: heads of the other kinds (negated, centring, ...) are neither mean
-            scores = [
-                h[key]
-                for h in heads
-                if h.get("kind", "laplacian" if h["laplacian"] else "ordinary")
-                == ("laplacian" if laplacian else "ordinary")
-            ]
-            means[kind] = sum(scores) / len(scores) if scores else None
+            scores = [h[key] for h in heads if h["kind"] == kind]
+            means[name] = sum(scores) / len(scores) if scores else None
         per_layer[str(i + 1)]["mechanism"] = {**means, "heads": heads}
 
 
@@ -176,9 +175,10 @@ def _labelled_geometry(
 
     geometry = {name: LayerGeometry(options.fraction) for name in layers}
     head_inputs, labels_all, predictions_all = [], [], []
-    with ResidualStream(model, layers, head_input=classifier) as stream, torch.no_grad():
+    with ResidualStream(model, layers, head_input=classifier) as stream, HeadEffects(model) as effects, torch.no_grad():
         for images, labels in tqdm(loader, desc=f"analyze {run_path.name}", dynamic_ncols=True, leave=False):
             logits = model(images.to(device))
+            effects.update()
             for name in layers:
                 geometry[name].update(stream.tokens[name], labels)
             labels_all.append(labels)
@@ -188,7 +188,7 @@ def _labelled_geometry(
     labels = torch.cat(labels_all)
     predictions = torch.cat(predictions_all) if classifier else None
     per_layer = {name: geometry[name].compute(labels, predictions) for name in layers}
-    _add_mechanism(per_layer, model)
+    _add_mechanism(per_layer, model, effects)
     out: dict[str, Any] = {
         "split": "eval",
         "num_sequences": num_seq,

@@ -282,7 +282,11 @@ def write_report(
             "mean over seeds, tested against 0 (one-sample t-test, Holm across these rows per spec). The null: the "
             "ordinary heads' circuits read as if they were Laplacian (an ordinary-looking circuit in a Laplacian "
             "head already scores that); the excess rows test the Laplacian heads against it, in their own blocks "
-            "and against the k = 0 run of the same seed. The heat-diffusion reading predicts an excess > 0.",
+            "and against the k = 0 run of the same seed. The heat-diffusion reading predicts an excess > 0. "
+            "Measured on data (analysis version 5): each changed head's drop of the within-sequence fraction when "
+            "its own write is added to the stream entering its block, and its P-aware score (-alignment x the "
+            "token operator's gain tau on the within-sequence part, from the model's own P), each minus its twin "
+            "(the same block and head of the k = 0 run of the same seed); a verdict needs 3 seed pairs.",
             "",
             *MECHANISM_HEADER,
         ]

@@ -72,11 +72,13 @@ def holm(p_values: dict[str, float]) -> dict[str, float]:
     return holm_steps(p_values)[0]
 
 
-def verdict(difference: float, p_holm: float, mde_: float, direction: int | None) -> str:
+def verdict(difference: float, p_holm: float, mde_: float, direction: int | None, pairs: int | None = None) -> str:
     """The mechanism section's rule: held / opposite when significant after Holm, else not detected (with the MDE
-    at the alpha of the row's Holm step)."""
+    at the alpha of the row's Holm step); ``pairs`` below 3 decide nothing, as in the headline rule."""
     if direction is None:
         return "no claim"
+    if pairs is not None and 0 < pairs < 3 and not math.isnan(p_holm):
+        return f"not decided ({pairs} seed pairs; a verdict needs 3)"
     if not math.isnan(p_holm) and p_holm < ALPHA:
         return "held" if difference * direction > 0 else "opposite"
     if not math.isnan(mde_):
@@ -229,8 +231,8 @@ def mechanism_over_training(record: dict[str, Any]) -> dict[str, dict[str, list[
             by_step = {step: ov_circuits(load_model(run, weights, step)) for step in checkpoint_steps(run)}
         for step, blocks in sorted(by_step.items()):
             heads = [head for block in blocks for head in block]
-            for kind, laplacian in (("Laplacian", True), ("ordinary", False)):
-                kind_scores = [head["diffusion"] for head in heads if head["laplacian"] == laplacian]
+            for kind in ("Laplacian", "ordinary"):
+                kind_scores = [_diffusion_of(head) for head in heads if _kind_of(head) == kind.lower()]
                 if kind_scores:
                     series = scores.setdefault(f"diffusion score, {kind} heads", {}).setdefault(cell["spec"], {})
                     series.setdefault(step, {})[cell["seed"]] = float(np.mean(kind_scores))
@@ -295,12 +297,14 @@ def _geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, V
     metrics, where = task.geometry, task.geometry_layers
     out: Values = {f"{label} ({w})": {s: {} for s in record["specs"]} for w in where for label, _ in metrics}
     mechanism: Values = {}
+    twins: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]] = {}
     for cell in _done_cells(record):
         analysis = cell["source"].analysis if cell.get("source") is not None else analyze_run(cell["run_dir"], options)
         if analysis is None:
             continue
         for label, value in _diffusion_scores(analysis).items():
             mechanism.setdefault(label, {s: {} for s in record["specs"]})[cell["spec"]][cell["seed"]] = value
+        twins[(cell["spec"], cell["seed"])] = _measured_heads(analysis)
         layers = {"last block": [n for n in analysis["layers"] if n.isdigit()][-1], "after the final norm": "norm"}
         for w in where:
             for label, path in metrics:
@@ -310,6 +314,7 @@ def _geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, V
                 if value is not None:
                     out[f"{label} ({w})"][cell["spec"]][cell["seed"]] = float(value)
     _against_k0(mechanism)
+    _against_twins(mechanism, twins)
     return out, mechanism
 
 
@@ -329,7 +334,7 @@ def _diffusion_scores(analysis: dict[str, Any]) -> dict[str, float]:
     rows: dict[str, float] = {}
     layers = [(block, layer.get("mechanism") or {}) for block, layer in analysis["per_layer"].items()]
     for kind, key in (("Laplacian", "laplacian_diffusion"), ("ordinary", "ordinary_diffusion")):
-        heads = [h["diffusion"] for _, m in layers for h in m.get("heads", []) if _kind_of(h) == kind.lower()]
+        heads = [_diffusion_of(h) for _, m in layers for h in m.get("heads", []) if _kind_of(h) == kind.lower()]
         if heads:
             rows[f"diffusion score, {kind} heads (mean over blocks)"] = float(np.mean(heads))
         if kind == "Laplacian":
@@ -354,10 +359,19 @@ def _diffusion_scores(analysis: dict[str, Any]) -> dict[str, float]:
     return rows
 
 
+def _diffusion_of(head: dict[str, Any]) -> float:
+    """A Laplacian or ordinary head's diffusion score by the kind-aware convention (analysis version 5: both kinds
+    lower the within-sequence variance when their circuit is -c P, so both score -alignment). Analyses before it
+    stored +alignment for ordinary heads; they are read by the same convention, so every run of a report agrees."""
+    return head["diffusion"] if "expected_sign" in head else -head["alignment"]
+
+
 def _kind_of(head: dict[str, Any]) -> str:
     """A head's kind as analyze recorded it (older analyses: Laplacian or ordinary); only ordinary heads are
     ordinary here, and only Laplacian heads Laplacian."""
-    return head.get("kind", "laplacian" if head["laplacian"] else "ordinary")
+    if "kind" in head:
+        return head["kind"]
+    return "laplacian" if head["laplacian"] else "ordinary"
 
 
 def _against_k0(mechanism: Values) -> None:
@@ -372,6 +386,46 @@ def _against_k0(mechanism: Values) -> None:
     }
     if any(rows.values()):
         mechanism[AGAINST_K0_ROW] = {spec: by_seed for spec, by_seed in rows.items() if by_seed}
+
+
+#: the scores measured on data (analysis version 5) that the twin rows compare, and their row names
+TWIN_SCORES = (("fraction_drop", "within-sequence fraction drop"), ("p_diffusion", "P-aware diffusion"))
+
+
+def _measured_heads(analysis: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """(block, head) -> the head's scores, for heads an analysis measured on data (version 5 on)."""
+    return {
+        (block, h): head
+        for block, layer in analysis["per_layer"].items()
+        for h, head in enumerate((layer.get("mechanism") or {}).get("heads", []))
+        if "fraction_drop" in head
+    }
+
+
+def _against_twins(mechanism: Values, twins: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]]) -> None:
+    """Each arm's changed heads (every head not ordinary) against their twins: the head at the same (block, head)
+    of the k = 0 run of the same seed, which started from the same weights (the kinds add no parameters to W_Q, W_K,
+    W_V, W_O) and saw the same data; per seed the mean over changed heads of score - twin's score, one row per
+    score, named by the changed heads' kind ("changed" when an arm mixes kinds)."""
+    for (spec, seed), heads in twins.items():
+        twin = twins.get(("0", seed))
+        changed = {where: head for where, head in heads.items() if _kind_of(head) != "ordinary"}
+        if spec == "0" or not twin or not changed:
+            continue
+        kinds = {_kind_of(head) for head in changed.values()}
+        name = "Laplacian" if kinds == {"laplacian"} else kinds.pop() if len(kinds) == 1 else "changed"
+        for key, quantity in TWIN_SCORES:
+            pairs = [
+                head[key] - twin[where][key]
+                for where, head in changed.items()
+                if where in twin and head.get(key) is not None and twin[where].get(key) is not None
+            ]
+            if pairs:
+                label = f"{quantity}, {name} heads minus their k = 0 twins"
+                mechanism.setdefault(label, {})[spec] = {
+                    **mechanism.get(label, {}).get(spec, {}),
+                    seed: float(np.mean(pairs)),
+                }
 
 
 def diffusion_against_zero(mechanism: Values) -> dict[str, dict[str, dict[str, Any]]]:
@@ -392,5 +446,7 @@ def diffusion_against_zero(mechanism: Values) -> dict[str, dict[str, dict[str, A
             se = float(values.std(ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else math.nan
             alpha = faced[label] if not math.isnan(faced[label]) else ALPHA
             row.update(p_holm=p_holm, alpha=alpha, mde_at_alpha=mde(se, len(values) - 1, alpha))
-            row["verdict"] = verdict(row["paired"]["mean_difference"], p_holm, row["mde_at_alpha"], claim(label))
+            row["verdict"] = verdict(
+                row["paired"]["mean_difference"], p_holm, row["mde_at_alpha"], claim(label), len(values)
+            )
     return family
