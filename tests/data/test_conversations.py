@@ -149,7 +149,11 @@ def test_generated_tasks_are_fixed_correct_and_held_out(task):
          r"conversation source smoltalk: row 2 has messages .*allowed: a non-empty list of \{role"),
         ("smoltalk", [{"messages": []}], r"row 1 has messages '\[\]'"),
         ("mmlu_aux", [{"question": "q", "choices": ["a", "b"], "answer": 1}, {"question": "q", "choices": ["a"], "answer": 3}],
-         r"conversation source mmlu_aux: row 2 is unusable \(answer 3 of 1 choices\)"),
+         r"conversation source mmlu_aux: row 2 is unusable \(answer 3 is not an index among 1 choices\)"),
+        # a bool or a float is not index 1, a string of letters is not a list of choices
+        ("mmlu_aux", [{"question": "q", "choices": ["a", "b"], "answer": True}], r"row 1 is unusable \(answer True "),
+        ("mmlu_aux", [{"question": "q", "choices": ["a", "b"], "answer": 1.7}], r"row 1 is unusable \(answer 1.7 "),
+        ("mmlu_aux", [{"question": "q", "choices": "ab", "answer": 1}], r"row 1 is unusable \(choices 'ab' are not"),
         ("gsm8k_train", [{"question": "q", "answer": "#### 1"}, {"question": "q"}],
          r"conversation source gsm8k_train: row 2 lacks answer"),
     ],

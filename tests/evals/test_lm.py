@@ -157,3 +157,12 @@ def test_every_row_is_checked_and_unusable_ground_truth_is_counted_not_scored(tm
     assert usable_rows("arc_easy", [arc, {**arc, "answerKey": "C"}])[1] == [2]
     gsm = [{"question": "q", "answer": "so #### 42"}, {"question": "q", "answer": "#### unknown"}, {"question": "q"}]
     assert usable_rows("gsm8k", gsm)[1] == [2, 3]
+    # one plain number after ####, or the item cannot be scored (1/2 and 1e3 would be scored against 1)
+    answers = ["#### 1/2", "#### 1e3", "#### 3 or 4", "42 without a marker", "#### $1,234.50", "#### -7", "#### 1,000"]
+    assert usable_rows("gsm8k", [{"question": "q", "answer": a} for a in answers])[1] == [1, 2, 3, 4]
+    # choices that are not a list of strings, and ARC labels that repeat, cannot be scored either
+    mmlu_choices = [{**good, "choices": "abcd"}, {**good, "choices": {"a": 1}}, {**good, "choices": None}, good]
+    assert usable_rows("mmlu", mmlu_choices)[1] == [1, 2, 3]
+    twice = {**arc, "choices": {"text": ["x", "y"], "label": ["B", "B"]}}
+    as_text = {**arc, "choices": {"text": "xy", "label": "AB"}}
+    assert usable_rows("arc_easy", [twice, as_text, {**arc, "choices": None}, arc])[1] == [1, 2, 3]

@@ -91,21 +91,42 @@ def load_task(task: str, data_dir: str | Path | None = None) -> list[dict[str, A
     return rows
 
 
-_NUMBER = re.compile(r"-?[\d,]*\.?\d+")
+#: a GSM8K reference answer after "####": one plain number (commas and a leading $ allowed), nothing else: "1/2",
+#: "1e3" or "3 or 4" cannot be scored against a reply's number
+_REFERENCE_NUMBER = re.compile(r"\$?-?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?")
+
+
+def choice_index(answer: Any, choices: Any) -> int:
+    """A multiple-choice answer as an index into its choices: an int (not a bool, not a float) among a list of
+    1-10 strings; ValueError naming what is wrong otherwise (``True`` and ``1.7`` are not index 1)."""
+    if not isinstance(choices, list) or not 0 < len(choices) <= 10 or not all(isinstance(c, str) for c in choices):
+        raise ValueError(f"choices {str(choices)[:40]!r} are not a list of 1-10 strings")
+    if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(choices):
+        raise ValueError(f"answer {answer!r} is not an index among {len(choices)} choices")
+    return answer
 
 
 def _ground_truth_usable(task: str, row: dict[str, Any]) -> bool:
     """Whether a row's reference answer can be scored: an MMLU answer index among its choices, an ARC answerKey
-    among its labels, a number in a GSM8K solution, HumanEval's code as text."""
+    among its distinct labels, exactly one number after a GSM8K solution's "####", HumanEval's code as text."""
     try:
         if task == "mmlu":
-            answer, choices = row["answer"], row["choices"]
-            return not isinstance(answer, bool) and int(answer) == answer and 0 <= int(answer) < len(choices) <= 10
+            choice_index(row["answer"], row["choices"])
+            return True
         if task in ("arc_easy", "arc_challenge"):
-            labels, texts = list(row["choices"]["label"]), list(row["choices"]["text"])
-            return len(labels) == len(texts) <= 10 and row["answerKey"] in labels
+            choices = row["choices"]
+            labels, texts = choices["label"], choices["text"]
+            if not isinstance(labels, list) or not isinstance(texts, list):
+                return False
+            distinct = len(set(labels)) == len(labels) and all(isinstance(t, str) for t in labels + texts)
+            return distinct and len(labels) == len(texts) <= 10 and row["answerKey"] in labels
         if task == "gsm8k":
-            return isinstance(row["answer"], str) and _NUMBER.search(row["answer"].split("####")[-1]) is not None
+            answer = row["answer"]
+            return (
+                isinstance(answer, str)
+                and "####" in answer
+                and _REFERENCE_NUMBER.fullmatch(answer.split("####")[-1].strip()) is not None
+            )
         return all(isinstance(row[k], str) for k in _REQUIRED[task])
     except (KeyError, TypeError, ValueError):
         return False

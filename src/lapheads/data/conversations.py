@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lapheads.data.benchmarks import choice_index
 from lapheads.data.images import DataError
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.errors import InputError
@@ -199,10 +200,9 @@ def _mmlu_aux(data_dir):
     conversations = []
     for number, r in enumerate(rows, 1):
         try:
-            choices, answer = list(r["choices"]), int(r["answer"])
-            if not 0 <= answer < len(choices):
-                raise ValueError(f"answer {answer} of {len(choices)} choices")
-            conversations.append(mc_conversation(r["question"], choices, answer))
+            choices = r["choices"]
+            answer = choice_index(r["answer"], list(choices) if isinstance(choices, tuple) else choices)
+            conversations.append(mc_conversation(r["question"], list(choices), answer))
         except (KeyError, TypeError, ValueError) as err:
             raise DataError(f"conversation source mmlu_aux: row {number} is unusable ({str(err)[:60]}); allowed: "
                             "question, choices and an answer index among them") from None
