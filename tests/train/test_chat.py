@@ -204,6 +204,11 @@ def test_ddp_two_ranks_match_one_rank(base_run, tmp_path):
         (["--from", "{base}", "--lora-targets", "wq"], "--lora-targets 'wq'; allowed: a comma list of c_q"),
         (["--from", "{base}", "--examples-per-step", "30"], "--examples-per-step 30 is not a multiple of micro_batch"),
         (["--from", "{base}", "--sequence-len", "4096"], "--sequence-len 4096; allowed: at most the base's 256"),
+        # a window that cuts off every answer: a step would average a loss over no tokens ("non-finite loss")
+        (
+            ["--from", "{base}", "--sequence-len", "4"],
+            "has an assistant token within the first 4 tokens (--sequence-len; the base's: 256); allowed: a base",
+        ),
         (["--from", "{nowhere}"], "is not a run directory: no config.json"),
         (
             ["--preset", "nope", "--from", "{base}"],

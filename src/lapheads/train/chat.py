@@ -340,6 +340,9 @@ def train_chat(
     data_dir = cfg.data_dir or None
     conversations = conversation_mixture(cfg.data, data_dir, cfg.seed)
     packed = task == "mid"
+    window = _window_words(sequence_len, model.config.sequence_len)
+    if not packed:
+        _check_trained_tokens(conversations, tokenizer, sequence_len, window)
     if packed:
         per_pass = cfg.micro_batch * sequence_len * dist_.world_size
         if cfg.total_batch_size % per_pass:
@@ -435,7 +438,14 @@ def train_chat(
             loss_sum, tokens = torch.zeros((), device=dist_.device), 0
             for a, (x, y) in enumerate(micro_batches):
                 x, y = x.to(dist_.device), y.to(dist_.device)
-                tokens += int((y >= 0).sum())
+                trained_here = int((y >= 0).sum())
+                if not trained_here:  # the mean over no tokens is NaN: say why instead of "non-finite loss"
+                    raise ConfigError(
+                        f"step {step + 1}: a micro-batch of {len(x)} conversations has no trained tokens (their "
+                        f"assistant turns start after {window}); allowed: a longer sequence length or shorter "
+                        "conversations"
+                    )
+                tokens += trained_here
                 sync = a == len(micro_batches) - 1 or not dist_.enabled
                 with contextlib.nullcontext() if sync else train_model.no_sync():
                     with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
@@ -491,6 +501,30 @@ def train_chat(
         last_eval |= {f"{t}_accuracy": r["accuracy"] for t, r in summary["tasks"].items()}
         last_eval["chatcore"] = summary["chatcore"]
     return {"step": step, **last_eval}
+
+
+def _window_words(sequence_len: int, base_len: int) -> str:
+    """How an error names the token window: the --sequence-len, and the base's when that is the limit."""
+    if sequence_len == base_len:
+        return f"the first {sequence_len} tokens, the base's sequence_len"
+    return f"the first {sequence_len} tokens (--sequence-len; the base's: {base_len})"
+
+
+#: conversations of the shuffled mixture rendered before SFT starts, to refuse a window that holds no answer
+TRAINED_TOKEN_PROBE = 256
+
+
+def _check_trained_tokens(
+    conversations: list[Conversation], tokenizer: Tokenizer, sequence_len: int, window: str
+) -> None:
+    """Refuse, before a run is written, SFT whose window holds no trained token of the first conversations of the
+    shuffled mixture: every step would average a loss over no tokens."""
+    probe = conversations[:TRAINED_TOKEN_PROBE]
+    if probe and not any(any(render_conversation(tokenizer, c, sequence_len + 1)[1][1:]) for c in probe):
+        raise ConfigError(
+            f"none of the first {len(probe)} conversations has an assistant token within {window}; allowed: a base "
+            "with a longer sequence_len, or shorter conversations"
+        )
 
 
 def merge_lora(run_dir: str | Path, out: str | Path) -> Path:
