@@ -235,3 +235,16 @@ def test_untied_heads_are_refused_where_a_model_has_no_local_term():
     config = lapheads.GPTConfig(depth=2, vocab_size=64, sequence_len=16, aspect_ratio=32, head_dim=32)
     with pytest.raises(HeadSpecError, match="untied"):
         lapheads.GPT(dataclasses.replace(config, laplacian_heads="untied:1"))
+
+
+def test_the_kinds_parameters_take_the_modules_dtype():
+    """Kinds set on a half-precision model (as a reload does) give half-precision (a, b) and local terms."""
+    model = lapheads.create_vit(
+        "vit_small_patch16_224", 0, img_size=16, patch_size=8, embed_dim=8, depth=1, num_heads=2
+    )
+    model = model.half()
+    attn = model.blocks[0].attn
+    attn.set_laplacian_heads(["mix", "laplacian"])
+    assert attn.mix_a.dtype == attn.mix_b.dtype == torch.float16
+    attn.set_laplacian_heads(["local", "untied"])
+    assert {p.dtype for p in attn.parameters()} == {torch.float16}

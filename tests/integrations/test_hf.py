@@ -339,6 +339,12 @@ def test_head_kinds_run_in_a_hugging_face_model_and_mix_heads_round_trip(tmp_pat
     loaded = lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path / "saved").eval()
     assert float(lhf.attention_modules(loaded)[1].mix_a[3]) == pytest.approx(0.3)
     torch.testing.assert_close(_run(loaded, "llama"), fused, rtol=0, atol=1e-6)
+    # a half-precision model keeps its (a, b) in half precision, enabled or reloaded
+    half = lhf.enable(copy.deepcopy(plain).half(), "mix")
+    assert {p.dtype for p in half.parameters()} == {torch.float16}
+    half.save_pretrained(tmp_path / "half")
+    reloaded = lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path / "half", torch_dtype=torch.float16)
+    assert {p.dtype for p in reloaded.parameters()} == {torch.float16}
 
 
 def test_head_kinds_a_hugging_face_model_cannot_run_are_refused_in_one_line():

@@ -66,8 +66,9 @@ class LaplacianHeadsMixin:
         self._kinds = None if kinds is None or is_plain_laplacian(kinds) else kinds
         device = self.laplacian_mask.device
         if self._kinds is not None and "mix" in self._kinds:
-            self.mix_a = torch.nn.Parameter(torch.zeros(num_heads, device=device))  # 1-D: no weight decay in timm
-            self.mix_b = torch.nn.Parameter(torch.ones(num_heads, device=device))
+            dtype = self._weights_dtype()  # a half-precision model's new parameters are half too
+            self.mix_a = torch.nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))  # 1-D: no decay
+            self.mix_b = torch.nn.Parameter(torch.ones(num_heads, device=device, dtype=dtype))
         else:
             self.mix_a = self.mix_b = None
         kinds_of_heads = self._kinds or ()
@@ -98,6 +99,14 @@ class LaplacianHeadsMixin:
         ).T.contiguous()
         self._buffers["head_exclusive"] = torch.tensor([k in PROJECTING_KINDS for k in kinds], device=device)
         self._buffers["head_is_mix"] = torch.tensor([k == "mix" for k in kinds], device=device)
+
+    def _weights_dtype(self) -> torch.dtype:
+        """The dtype of the module's own weights, which the head kinds' parameters take (an fp16 model whose
+        kinds are set, or reloaded with them, keeps fp16 mix and local parameters)."""
+        for name, parameter in self.named_parameters():
+            if parameter.is_floating_point() and not name.startswith(("mix_", "local_", "untied_")):
+                return parameter.dtype
+        return torch.get_default_dtype()
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         module = super()._apply(fn, recurse)  # type: ignore[misc]
@@ -221,11 +230,13 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         starts as exactly the Laplacian head (-W_O P V + W_O W_V x) and training only releases the tie. They are
         plain Parameters filled by copying (no random draw), so a model with untied heads starts from the same
         weights as the Laplacian model of the same seed."""
-        device = self.qkv.weight.device
+        device, dtype = self.qkv.weight.device, self.qkv.weight.dtype
         if num_local:
             width = num_local * self.head_dim
-            self.local_v = torch.nn.Linear(self.qkv.in_features, width, bias=self.qkv.bias is not None, device=device)
-            self.local_o = torch.nn.Linear(width, self.proj.out_features, bias=False, device=device)
+            self.local_v = torch.nn.Linear(
+                self.qkv.in_features, width, bias=self.qkv.bias is not None, device=device, dtype=dtype
+            )
+            self.local_o = torch.nn.Linear(width, self.proj.out_features, bias=False, device=device, dtype=dtype)
         else:
             self.local_v = self.local_o = None
         self._untied_heads = list(untied_heads)
@@ -233,7 +244,7 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
             if not isinstance(self.norm, torch.nn.Identity):  # proj(norm(heads)) is no sum over heads to copy
                 raise HeadSpecError("'untied' heads need scale_norm=False (a norm before proj mixes the heads)")
             width = len(untied_heads) * self.head_dim
-            empty = lambda *shape: torch.nn.Parameter(torch.empty(*shape, device=device))  # noqa: E731
+            empty = lambda *shape: torch.nn.Parameter(torch.empty(*shape, device=device, dtype=dtype))  # noqa: E731
             self.untied_v = empty(width, self.qkv.in_features)
             self.untied_v_bias = empty(width) if self.qkv.bias is not None else None
             self.untied_o = empty(self.proj.out_features, width)

@@ -299,9 +299,10 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
         module.laplacian_kinds = None if plain else tuple(kinds)
         module.laplacian_kinds_checked = True
         if not plain and "mix" in kinds and getattr(module, "mix_a", None) is None:
-            device = next(module.parameters()).device
-            module.mix_a = nn.Parameter(torch.zeros(num_heads, device=device))  # a = 0, b = 1: ordinary at the start
-            module.mix_b = nn.Parameter(torch.ones(num_heads, device=device))
+            weight = next(module.parameters())  # the model's device and dtype (an fp16 model keeps fp16 (a, b))
+            like = {"device": weight.device, "dtype": weight.dtype}
+            module.mix_a = nn.Parameter(torch.zeros(num_heads, **like))  # a = 0, b = 1: ordinary at the start
+            module.mix_b = nn.Parameter(torch.ones(num_heads, **like))
     if plain:
         if hasattr(model.config, "laplacian_head_kinds"):
             del model.config.laplacian_head_kinds

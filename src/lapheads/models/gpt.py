@@ -318,9 +318,9 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
             self.local_v = self.local_o = None
             return
         width = num_local * self.head_dim
-        device = self.c_v.weight.device
-        self.local_v = nn.Linear(self.c_v.in_features, width, bias=False, device=device)
-        self.local_o = nn.Linear(width, self.c_proj.out_features, bias=False, device=device)
+        device, dtype = self.c_v.weight.device, self.c_v.weight.dtype
+        self.local_v = nn.Linear(self.c_v.in_features, width, bias=False, device=device, dtype=dtype)
+        self.local_o = nn.Linear(width, self.c_proj.out_features, bias=False, device=device, dtype=dtype)
 
     def forward(
         self,
