@@ -139,3 +139,25 @@ def test_a_crafted_tokenizer_file_is_one_line_even_when_the_library_panics(tmp_p
     monkeypatch.setattr(hf.Tokenizer, "from_file", panic)
     with pytest.raises(TokenizerError, match=r"is missing or corrupt: called `Result::unwrap\(\)`"):
         load_tokenizer(tmp_path / "tok")
+
+
+def test_a_split_regex_that_backtracks_past_its_limit_is_refused_on_load_and_one_line_on_encode(tmp_path, tokenizers):
+    """Onig panics ("retry-limit-in-match over") on a catastrophic split pattern: the load's probe text meets it
+    and refuses the file by name; a panic on other text is one TokenizerError too (serve then answers JSON)."""
+    import json
+
+    tokenizers["bpe"].save(tmp_path / "tok")
+    state = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
+    state["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": "(a+)+b"}
+    (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(state))
+    with pytest.raises(TokenizerError, match=r"tok: the bpe tokenizer failed on its input \(.*retry-limit") as err:
+        load_tokenizer(tmp_path / "tok")
+    assert "\n" not in str(err.value)
+    import tokenizers as hf
+
+    backend = hf.Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
+    crafted = Tokenizer("bpe", backend)
+    with pytest.raises(TokenizerError, match="a backtracking split regex"):
+        crafted.encode("a" * 50)
+    with pytest.raises(TokenizerError, match="a backtracking split regex"):
+        crafted.encode_batch(["fine", "a" * 50])

@@ -20,6 +20,7 @@ Design choices:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import pickle
@@ -175,15 +176,17 @@ class Tokenizer:
                 else:
                     ids.extend(self._byte_base + b for b in c.encode("utf-8"))
             return ids
-        if self.kind == "tiktoken":
-            return head + self.backend.encode_ordinary(text)
-        return head + self.backend.encode(text, add_special_tokens=False).ids
+        with _panics_as_errors(self.kind):
+            if self.kind == "tiktoken":
+                return head + self.backend.encode_ordinary(text)
+            return head + self.backend.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str], bos: bool = False) -> list[list[int]]:
         if self.kind in ("char", "tiktoken"):
             return [self.encode(t, bos) for t in texts]
         head = [self.bos_id] if bos else []
-        return [head + e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+        with _panics_as_errors(self.kind):
+            return [head + e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = [int(i) for i in ids]
@@ -240,6 +243,29 @@ class Tokenizer:
         return folder
 
 
+@contextlib.contextmanager
+def _panics_as_errors(kind: str) -> Iterator[None]:
+    """A Rust panic inside a tokenizer (pyo3's PanicException, a BaseException: it passes ``except Exception``, so
+    serve would answer a plain-text 500) becomes a TokenizerError of one line."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as err:  # noqa: BLE001 - the panic's class lives in pyo3_runtime, not importable by name
+        if isinstance(err, Exception) and not type(err).__name__.endswith("PanicException"):
+            raise
+        first = (str(err).splitlines() or [type(err).__name__])[0][:120]
+        raise TokenizerError(
+            f"the {kind} tokenizer failed on its input ({first}); allowed: a tokenizer whose split rules handle any "
+            "text (a backtracking split regex exceeds its retry limit)"
+        ) from None
+
+
+#: text a loaded tokenizer must split without failing: long runs of one character (where a backtracking split
+#: regex exhausts its retry limit), words, digits, punctuation, whitespace runs and non-ASCII text
+PROBE_TEXT = "".join(c * 1000 for c in "a1 .-\n") + " Hello, world! 12,345.67 -- naive cafe, Tokyo\t\t e\u0301 \u6771\u4eac"
+
+
 def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
     """Load a tokenizer written by :meth:`Tokenizer.save`."""
     folder = Path(folder)
@@ -273,6 +299,10 @@ def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
             raise TokenizerError(f"{folder / 'tokenizer.json'} is missing or corrupt: {str(err)[:100]}") from None
     if tokenizer.vocab_size != meta["vocab_size"]:
         raise TokenizerError(f"{folder}: vocab size {tokenizer.vocab_size} != recorded {meta['vocab_size']}")
+    try:
+        tokenizer.encode(PROBE_TEXT)  # a bounded probe: a split rule that fails on text fails here, once, by name
+    except TokenizerError as err:
+        raise TokenizerError(f"{folder}: {err}") from None
     return tokenizer
 
 
