@@ -281,3 +281,35 @@ def test_keep_all_checkpoints_and_resume_a_run_written_before_a_field_existed(ti
     assert train_classify(old, tmp_path / "old", resume=True)["step"] == 8
     with pytest.raises(ValueError, match="differs .* in: keep_checkpoints"):
         train_classify(dataclasses.replace(old, keep_checkpoints=5), tmp_path / "old", resume=True)
+
+
+def test_a_run_folder_has_one_writer_a_second_training_is_refused_naming_the_first(tiny_config, tmp_path, capsys):
+    """While one process trains a folder (here a child holding it as a training call does), a second
+    ``train --resume`` or a fresh ``train`` into it is one line naming the holder's pid, and changes nothing."""
+    from lapheads.cli import main
+
+    preset = tmp_path / "tiny.json"
+    preset.write_text(json.dumps(dataclasses.asdict(tiny_config)))
+    out = tmp_path / "run"
+    args = ["train", "classify", "--preset", str(preset), "--out", str(out), "--epochs", "0.25"]
+    assert main(args) == 0
+    capsys.readouterr()
+    before = {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from lapheads.runs.directory import RunDir, owning_runs\n"
+         f"with owning_runs():\n    RunDir({str(out)!r}).claim(); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for extra in (["--resume"], []):
+            assert main([*args, *extra]) == 2
+            err = capsys.readouterr().err
+            assert f"run folder {out} is in use by process {holder.pid}" in err and err.count("\n") == 1
+        after = {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and "lapheads-run" not in p.name}
+        assert after == {name: t for name, t in before.items() if "lapheads-run" not in name}
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main([*args, "--resume"]) == 0  # the holder gone, the folder is free again

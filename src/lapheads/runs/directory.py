@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import re
@@ -10,18 +12,20 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 import lapheads
 from lapheads.errors import CheckpointError
-from lapheads.io import atomic_write_text
+from lapheads.io import atomic_write_text, sole_owner
 from lapheads.runs.layout import (
     CHECKPOINTS,
     CONFIG_FILE,
     LATEST,
     METRICS_FILE,
+    RUN_LOCK,
     SAMPLES_FILE,
     STEP_PREFIX,
     TEMPORARY_PREFIX,
@@ -44,6 +48,25 @@ def git_revision() -> str | None:
         return out.stdout.strip() or None if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         return None
+
+
+#: the run folders the current training call holds (``owning_runs``): an exit stack of their locks
+_HELD_RUNS: contextvars.ContextVar[tuple[contextlib.ExitStack, set[Path]] | None] = contextvars.ContextVar(
+    "lapheads_held_runs", default=None
+)
+
+
+@contextlib.contextmanager
+def owning_runs() -> Iterator[None]:
+    """Hold every run folder claimed in the block (:meth:`RunDir.claim`) until it ends, however it ends: a task's
+    train function runs in one (``lapheads.tasks.Task.train_function``), so a training call owns its folder from
+    the moment it is known to be a run of its own until the call returns."""
+    with contextlib.ExitStack() as stack:
+        token = _HELD_RUNS.set((stack, set()))
+        try:
+            yield
+        finally:
+            _HELD_RUNS.reset(token)
 
 
 class RunDir:
@@ -69,6 +92,18 @@ class RunDir:
         """A run directory is a directory (or does not exist yet); anything else is a one-line error."""
         if self.path.exists() and not self.path.is_dir():
             raise CheckpointError(f"--out {self.path} is a file; allowed: a new directory or a run directory")
+
+    def claim(self) -> None:
+        """Make this process the folder's one writer for the enclosing :func:`owning_runs` (a second training of
+        the same folder, a resumed run while the first still trains, is refused in one line naming the holder's
+        pid). Called once the folder is known to be this run's, so a refusal before never writes a lock into a
+        folder that is not a run. Outside ``owning_runs`` (a trainer called directly) nothing is held."""
+        held = _HELD_RUNS.get()
+        if held is None or self.path.resolve() in held[1]:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        held[0].enter_context(sole_owner(self.path / RUN_LOCK, f"run folder {self.path}"))
+        held[1].add(self.path.resolve())
 
     def write_config(self, task: str, config: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
         self.check_is_directory()

@@ -18,6 +18,7 @@ __all__ = [
     "REPORT",
     "PLAN_FILE",
     "RECORDS_LOCK",
+    "RUN_LOCK",
     "SAMPLES_FILE",
     "STATE_FILE",
     "SWEEP_FILE",
@@ -45,6 +46,7 @@ ANALYSIS_FILE = "analysis.json"  # lapheads analyze's cache of the latest checkp
 SWEEP_FILE = "sweep.json"  # a sweep's definition and cell states
 SWEEP_LOCK = ".lapheads-sweep.lock"  # held by the one process writing a sweep folder (its pid beside it)
 RECORDS_LOCK = ".lapheads-records.lock"  # held by the one sweep writing a records folder
+RUN_LOCK = ".lapheads-run.lock"  # held by the one training process writing a run folder (rank 0)
 PLAN_FILE = "plan.json"  # a records folder's pre-registered plan (lapheads sweep --plan), copied in unchanged
 RECORD_SUFFIX = ".json"  # a cell's record: <cell name>.json in the records folder
 #: the weight files of a checkpoint ``load_model`` may read: a run's model, its EMA (classify --ema-decay), DINO's

@@ -14,6 +14,7 @@ Design choices:
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -82,7 +83,18 @@ class Task:
         return _load(self.config)
 
     def train_function(self) -> Callable[..., dict[str, Any]]:
-        return _load(self.train)
+        """The task's trainer, holding its run folder for the call (one writer per run folder:
+        ``lapheads.runs.owning_runs``)."""
+        from lapheads.runs.directory import owning_runs
+
+        train = _load(self.train)
+
+        @functools.wraps(train)
+        def owning(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            with owning_runs():
+                return train(*args, **kwargs)
+
+        return owning
 
     def preset_table(self) -> dict[str, Any]:
         return _load(self.presets)

@@ -284,6 +284,7 @@ def start_or_resume(
         if changed:
             raise ConfigError(f"--resume with a config that differs from {run.config_file} in: {', '.join(changed)}")
         if dist_.is_main:
+            run.claim()  # before the repair: two resumers must not both repair and continue one folder
             run.repair(logs)
         dist_.barrier()
         folder = latest_checkpoint(run)
@@ -303,6 +304,7 @@ def start_or_resume(
     elif dist_.is_main:
         if run.config_file.exists() or run.config_file.is_symlink():
             _check_owned(run, task)
+            run.claim()  # ours: held before it is started over (a run still training it is not cut short)
             if latest_checkpoint(run) is not None:
                 raise ConfigError(
                     f"{run.path} already holds a run; use --resume to continue it or choose another --out"
@@ -320,6 +322,7 @@ def start_or_resume(
 
         threads = torch.get_num_threads()
         record = {"world_size": dist_.world_size, "threads": threads, "environment": environment(threads)}
+        run.claim()  # the folder is a new run's or an unstarted one of ours: one writer from here on
         run.write_config(task, config, {**record, **extra_record})
     if dist_.is_main and isinstance(extra_record.get("precision"), dict):
         notice(f"precision: {extra_record['precision']['reason']}")
