@@ -130,8 +130,9 @@ def test_scoring(case, layers):
 
 FORGERIES = {
     # limits of in-process attestation (see the module docstring): strict, so a change is noticed either way
-    "forges the completion secret": "import inspect, os\nframe = inspect.currentframe()\n"
-    "names = {}\nwhile frame is not None:\n    names.update(frame.f_globals)\n    frame = frame.f_back\n"
+    # (frame.f_globals written out is refused by the guard's check of the program; inspect reads it all the same)
+    "forges the completion secret": "import inspect, os\nnames = {}\nfor info in inspect.stack():\n"
+    "    names.update(dict(inspect.getmembers(info.frame))['f_globals'])\n"
     "os.write(names['_TOKEN_FD'], b'done:' + names['_token'])\nos._exit(0)\n",
     "__eq__ always true": "def add(a, b):\n    return type('Any', (), {'__eq__': lambda s, o: True})()\n" + CHECK,
 }
@@ -147,7 +148,8 @@ def test_scoring_limits(name, layers):
 # Sandbox containment: nothing of the caller's is written, deleted, read, signalled or connected to
 
 
-UNGUARD_CTYPES = "import sys\nfor _n in ('ctypes', '_ctypes'):\n    sys.modules.pop(_n, None)\nimport ctypes\n"
+#: hostile code undoing the guard's import block (its finder first on sys.meta_path, which the program may not name)
+UNGUARD_CTYPES = "import sys\nvars(sys)['meta_path'].pop(0)\nimport ctypes\n"
 
 #: writes, deletions, renames, links, folder changes and spawns outside the work folder: the guard alone refuses
 #: each ("sandbox: ..."), and bubblewrap contains each
@@ -197,6 +199,15 @@ GUARDED = {
     "pidfd_send_signal": "import os, signal; signal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)",
     "os.setsid": "import os; os.setsid()",
     "ctypes": "import ctypes",
+    # the guard's originals and the primitives it removes, reached the ways a red team found
+    "open.__globals__'s original": "open.__globals__['_open']({new!r}, 'w').write('x')",
+    "unlink's original from its closure": "import os; os.unlink.__closure__[-1].cell_contents({victim!r})",
+    "a closure through getattr": "import os; getattr(os.unlink, '__clo' + 'sure__')[-1].cell_contents({victim!r})",
+    "the caller's frame": "import sys; print(sys._getframe().f_back)",
+    "an AF_UNIX bind writes a socket file": "import socket; socket.socket(socket.AF_UNIX).bind({new!r})",
+    "readline's history file": "import readline; readline.write_history_file({new!r})",
+    "_posixsubprocess re-imported": "import sys; sys.modules.pop('_posixsubprocess', None); import _posixsubprocess",
+    "the collector's referents": "import gc",
 }
 
 #: reaches only bubblewrap stops (code that undoes the guard, reads, the network): contained with the boundary
@@ -210,6 +221,9 @@ BOUNDARY_ONLY = {
     "ctypes double fork, a daemon": UNGUARD_CTYPES + "daemon = 1\nlibc = ctypes.CDLL(None)\nif libc.fork() == 0:\n"
     "    libc.setsid()\n    if libc.fork() == 0:\n        import time; time.sleep(3)\n"
     "        open({new!r}, 'w').write('x')\n    libc._exit(0)",
+    # the guard is no boundary: the standard library's introspection still reaches its originals
+    "inspect reaches unlink's original": "import inspect, os\n"
+    "inspect.getclosurevars(os.unlink).nonlocals['original']({victim!r})",
     "read the caller's file": "print(open({victim!r}).read())",
     "read the parent's environment": "import os; print(open(f'/proc/{{os.getppid()}}/environ', 'rb').read())",
     "read every environment": "import os\nfor p in os.listdir('/proc'):\n    try:\n"
@@ -293,8 +307,7 @@ def test_the_boundary_contains(name, tmp_path, monkeypatch):
 def test_the_guard_alone_refuses(name, tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "boundary_tool", lambda: None)
     result, _, _ = _run_escape(GUARDED[name], tmp_path, monkeypatch)
-    refusal = "import of ctypes halted" if name == "ctypes" else "sandbox:"
-    assert result.status == "failed" and refusal in result.output, (name, result)
+    assert result.status == "failed" and "sandbox:" in result.output, (name, result)
 
 
 #: hangs, floods and bombs: each call returns within its deadline + 2 s with the status stated, the caller's memory

@@ -88,12 +88,13 @@ def test_humaneval_scores_a_right_answer_with_exit_zero_and_a_right_one_one():
     completions = [["    print(5)\n    return 0\nexit()\n", "    return a + b\n"]]
     out = score_humaneval(None, None, [row], num_samples=2, ks=(1,), timeout=5, progress=False, completions=completions)
     assert out["samples"]["passed"] == 1 and out["samples"]["failed"] == 1
+    assert out["sandbox"] == sandbox.containment()  # every result says what held the code
+    assert sandbox.containment().startswith("bubblewrap" if sandbox.boundary_tool() else "guard only: not a boundary")
 
 
 ESCAPED_CHILD = """
 import sys, time
-for name in ("ctypes", "_ctypes"):
-    sys.modules.pop(name, None)  # undo the guard's block, as hostile code would
+vars(sys)["meta_path"].pop(0)  # undo the guard's import block, as hostile code would
 import ctypes
 libc = ctypes.CDLL(None)
 if libc.fork() == 0:

@@ -19,8 +19,14 @@ Two layers:
    before the program runs, it refuses writes, deletions, renames, links and directory changes outside the work
    folder (``open``, ``io.FileIO``, ``os``/``posix`` functions, ``dir_fd`` forms, ``shutil``), and disables process
    spawning and signalling (``subprocess``, ``os.system``/``fork``/``exec*``/``spawn*``/``posix_spawn``/``kill``,
-   ``setsid``, ``pidfd_send_signal``) and ``ctypes``. It stops the accidents a language model's code makes; it is
-   not a boundary against code written to break it (Python can undo any in-process patch).
+   ``setsid``, ``pidfd_send_signal``); it refuses the import of ``_posixsubprocess``, ``ctypes``, ``socket``,
+   ``readline`` and ``gc`` however often they are re-imported (a finder first on ``sys.meta_path``), and the
+   program's own reach into closures, function globals and frames (``__globals__``, ``__closure__``,
+   ``cell_contents``, ``f_back``, ...: checked in its source and in its ``getattr`` calls), where the guard keeps
+   its originals. It stops the accidents a language model's code makes; it is not a boundary against code
+   written to break it (Python can undo any in-process patch: the standard library's ``inspect`` still reads
+   closures and frames, and ``vars(sys)`` reaches ``meta_path``; tests/test_red_team.py keeps such rows contained
+   by bubblewrap only). Every HumanEval result records which of the two held its code (:func:`containment`).
 
 Either way: a hard wall-clock ``timeout`` (output is drained with a deadline, never buffered past a cap), its own
 session killed as a whole plus every process still carrying the run's marker (a child that called ``setsid()``),
@@ -43,95 +49,135 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-__all__ = ["ExecutionResult", "boundary_tool", "run_program"]
+__all__ = ["ExecutionResult", "boundary_tool", "containment", "run_program"]
 
 # Installed in the child before the program; ROOT is the temporary working directory.
 _GUARD = r"""
-import builtins, io, os, posix, shutil, subprocess, sys
+import ast, builtins, importlib.abc, io, os, posix, shutil, subprocess, sys
 import _io
-ROOT = os.path.realpath(os.getcwd())
 
-def _inside(path, dir_fd=None):
-    if isinstance(path, int):
-        return True  # an already-open descriptor
-    base = ROOT if dir_fd is None else os.readlink(f"/proc/self/fd/{dir_fd}")
-    full = os.path.realpath(os.path.join(base, os.fsdecode(os.fspath(path))))
-    return full == ROOT or full.startswith(ROOT + os.sep)
+def _install():
+    # every original the guards call lives in this function's closures, never in the module's globals (which
+    # open.__globals__ would hand the program); the program's own access to closures and frames is refused below
+    ROOT = os.path.realpath(os.getcwd())
 
-def _refuse(what, path=None):
-    raise PermissionError(f"sandbox: {what} {path!r} is outside the temporary directory" if path is not None
-                          else f"sandbox: {what} is disabled")
+    def _inside(path, dir_fd=None):
+        if isinstance(path, int):
+            return True  # an already-open descriptor
+        base = ROOT if dir_fd is None else os.readlink(f"/proc/self/fd/{dir_fd}")
+        full = os.path.realpath(os.path.join(base, os.fsdecode(os.fspath(path))))
+        return full == ROOT or full.startswith(ROOT + os.sep)
 
-_open, _FileIO = _io.open, _io.FileIO
-def _guarded_open(file, mode="r", *args, **kwargs):
-    if any(c in str(mode) for c in "wax+") and not _inside(file):
-        _refuse("writing", file)
-    return _open(file, mode, *args, **kwargs)
-def _guarded_fileio(file, mode="r", *args, **kwargs):
-    if any(c in str(mode) for c in "wax+") and not _inside(file):
-        _refuse("writing", file)
-    return _FileIO(file, mode, *args, **kwargs)
-builtins.open = io.open = _io.open = _guarded_open
-io.FileIO = _io.FileIO = _guarded_fileio
+    def _refuse(what, path=None):
+        raise PermissionError(f"sandbox: {what} {path!r} is outside the temporary directory" if path is not None
+                              else f"sandbox: {what} is disabled")
 
-_os_open = posix.open
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-def _guarded_os_open(path, flags, *args, dir_fd=None, **kwargs):
-    if flags & _WRITE_FLAGS and not _inside(path, dir_fd):
-        _refuse("writing", path)
-    return _os_open(path, flags, *args, dir_fd=dir_fd, **kwargs)
-os.open = posix.open = _guarded_os_open
+    _open, _FileIO = _io.open, _io.FileIO
+    def _guarded_open(file, mode="r", *args, **kwargs):
+        if any(c in str(mode) for c in "wax+") and not _inside(file):
+            _refuse("writing", file)
+        return _open(file, mode, *args, **kwargs)
+    def _guarded_fileio(file, mode="r", *args, **kwargs):
+        if any(c in str(mode) for c in "wax+") and not _inside(file):
+            _refuse("writing", file)
+        return _FileIO(file, mode, *args, **kwargs)
+    builtins.open = io.open = _io.open = _guarded_open
+    io.FileIO = _io.FileIO = _guarded_fileio
 
-def _paths_inside(module, name):
-    original = getattr(module, name)
-    def guarded(*args, **kwargs):
-        fds = [kwargs.get("dir_fd"), kwargs.get("src_dir_fd"), kwargs.get("dst_dir_fd")]
-        for i, arg in enumerate(args[:2]):
-            if isinstance(arg, (str, bytes, os.PathLike)) and not _inside(arg, fds[0] if i == 0 else fds[-1]):
-                _refuse(name, arg)
-        return original(*args, **kwargs)
-    setattr(module, name, guarded)
+    _os_open = posix.open
+    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    def _guarded_os_open(path, flags, *args, dir_fd=None, **kwargs):
+        if flags & _WRITE_FLAGS and not _inside(path, dir_fd):
+            _refuse("writing", path)
+        return _os_open(path, flags, *args, dir_fd=dir_fd, **kwargs)
+    os.open = posix.open = _guarded_os_open
 
-# os's functions are posix's: both are guarded, so importlib.reload(os) brings back guarded ones
-for _module in (os, posix):
-    for _name in ("remove", "unlink", "rmdir", "removedirs", "rename", "renames", "replace", "mkdir", "makedirs",
-                  "chmod", "chown", "lchown", "truncate", "link", "symlink", "chdir", "utime", "mkfifo", "mknod",
-                  "chroot", "listxattr", "setxattr", "removexattr"):
-        if hasattr(_module, _name):
-            _paths_inside(_module, _name)
-for _name in ("rmtree", "move", "copy", "copy2", "copyfile", "copytree", "chown"):
-    _paths_inside(shutil, _name)
+    def _paths_inside(module, name):
+        original = getattr(module, name)
+        def guarded(*args, **kwargs):
+            fds = [kwargs.get("dir_fd"), kwargs.get("src_dir_fd"), kwargs.get("dst_dir_fd")]
+            for i, arg in enumerate(args[:2]):
+                if isinstance(arg, (str, bytes, os.PathLike)) and not _inside(arg, fds[0] if i == 0 else fds[-1]):
+                    _refuse(name, arg)
+            return original(*args, **kwargs)
+        setattr(module, name, guarded)
 
-def _disabled(name):
-    def refuse(*args, **kwargs):
-        _refuse(name)
-    return refuse
-for _module in (os, posix):
-    for _name in ("system", "popen", "fork", "forkpty", "kill", "killpg", "putenv", "unsetenv", "setuid", "fchdir",
-                  "fchmod", "fchown", "execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp", "execlpe",
-                  "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp", "pidfd_open",
-                  "setsid", "setpgid", "setpgrp"):
-        if hasattr(_module, _name):
-            setattr(_module, _name, _disabled("os." + _name))
-subprocess.Popen = _disabled("subprocess")
-subprocess.run = subprocess.call = subprocess.check_call = subprocess.check_output = _disabled("subprocess")
-sys.modules["_posixsubprocess"] = None  # fork_exec, the primitive under subprocess
-sys.modules["ctypes"] = sys.modules["_ctypes"] = None  # foreign calls reach every syscall; HumanEval needs none
-import signal
-for _name in ("pidfd_send_signal", "pthread_kill"):
-    if hasattr(signal, _name):
-        setattr(signal, _name, _disabled("signal." + _name))
+    # os's functions are posix's: both are guarded, so importlib.reload(os) brings back guarded ones
+    for module in (os, posix):
+        for name in ("remove", "unlink", "rmdir", "removedirs", "rename", "renames", "replace", "mkdir", "makedirs",
+                     "chmod", "chown", "lchown", "truncate", "link", "symlink", "chdir", "utime", "mkfifo", "mknod",
+                     "chroot", "listxattr", "setxattr", "removexattr"):
+            if hasattr(module, name):
+                _paths_inside(module, name)
+    for name in ("rmtree", "move", "copy", "copy2", "copyfile", "copytree", "chown"):
+        _paths_inside(shutil, name)
+
+    def _disabled(name):
+        def refuse(*args, **kwargs):
+            _refuse(name)
+        return refuse
+    for module in (os, posix):
+        for name in ("system", "popen", "fork", "forkpty", "kill", "killpg", "putenv", "unsetenv", "setuid",
+                     "fchdir", "fchmod", "fchown", "execv", "execve", "execvp", "execvpe", "execl", "execle",
+                     "execlp", "execlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp",
+                     "pidfd_open", "setsid", "setpgid", "setpgrp"):
+            if hasattr(module, name):
+                setattr(module, name, _disabled("os." + name))
+    subprocess.Popen = _disabled("subprocess")
+    subprocess.run = subprocess.call = subprocess.check_call = subprocess.check_output = _disabled("subprocess")
+    import signal
+    for name in ("pidfd_send_signal", "pthread_kill"):
+        if hasattr(signal, name):
+            setattr(signal, name, _disabled("signal." + name))
+
+    # modules a HumanEval solution never needs and an escape does: process spawning (_posixsubprocess.fork_exec),
+    # foreign calls (ctypes), sockets (an AF_UNIX bind writes a file anywhere), readline's history file, the
+    # collector's referents (which reach any closure); refused by name however often they are re-imported
+    denied = ("_posixsubprocess", "ctypes", "_ctypes", "socket", "_socket", "readline", "gc")
+    class _Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in denied:
+                raise ImportError(f"sandbox: import of {name} is disabled")
+            return None
+    for name in denied:
+        sys.modules.pop(name, None)
+    sys.meta_path.insert(0, _Refuse())
+
+    # the introspection that reaches the guards' originals (closures, globals, frames) or undoes the import guard
+    attributes = frozenset({"__globals__", "__closure__", "cell_contents", "__code__", "__builtins__",
+                            "__subclasses__", "__getattribute__", "f_globals", "f_locals", "f_back", "f_builtins",
+                            "gi_frame", "cr_frame", "ag_frame", "tb_frame", "meta_path", "path_hooks"})
+    frame_of = sys._getframe
+    def _named(function, what):
+        def checked(obj, name, *args):  # the program's own calls only: the standard library's pass (inspect's)
+            if isinstance(name, str) and name in attributes and frame_of(1).f_code.co_filename == "program.py":
+                _refuse(f"attribute {name}")
+            return function(obj, name, *args)
+        return checked
+    for name in ("getattr", "setattr", "delattr", "hasattr"):
+        setattr(builtins, name, _named(getattr(builtins, name), name))
+
+    def check(source):
+        for node in ast.walk(ast.parse(source, "program.py")):
+            if isinstance(node, ast.Attribute) and node.attr in attributes:
+                _refuse(f"attribute {node.attr} (line {node.lineno})")
+        return source
+    return check
+
+_check = _install()
+del _install
 _TOKEN_FD = int(sys.argv[2])
 _token = os.read(_TOKEN_FD, 64)  # the parent's per-run secret; the program itself never sees it as a name
-_os_close = os.close
-_source = _open(sys.argv[1]).read()
-del sys.argv[1:]
+_os_close, _os_write = os.close, os.write
+with open(sys.argv[1]) as _file:  # the program is inside the work folder: the guarded open reads it
+    _source = _check(_file.read())
+del sys.argv[1:], _check, _file
 try:
     exec(compile(_source, "program.py", "exec"), {"__name__": "__main__"})
 except BaseException:  # SystemExit and KeyboardInterrupt too: a program that exits did not finish its checks
     sys.stdout.flush()
     raise
-os.write(_TOKEN_FD, b"done:" + _token)  # reached only when every statement, check(...) included, completed
+_os_write(_TOKEN_FD, b"done:" + _token)  # reached only when every statement, check(...) included, completed
 _os_close(_TOKEN_FD)
 """
 
@@ -202,6 +248,14 @@ def _bwrap_args(workdir: str, disk_mb: int = 64) -> list[str]:
     for key, value in (("PATH", "/usr/bin:/bin"), ("HOME", "/sandbox"), ("TMPDIR", "/sandbox"), ("LANG", "C.UTF-8")):
         args += ["--setenv", key, value]
     return args
+
+
+def containment() -> str:
+    """What holds generated code here, in the words every HumanEval result records: bubblewrap's boundary, or the
+    in-process guard alone, which is not a boundary."""
+    if boundary_tool() is not None:
+        return "bubblewrap (namespaces, read-only system, the work folder the only writable place)"
+    return "guard only: not a boundary against code written to break it (install bubblewrap)"
 
 
 _WARNED: set[str] = set()

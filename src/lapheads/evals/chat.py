@@ -91,7 +91,7 @@ def score_generative(
     progress: bool = True,
 ) -> dict[str, Any]:
     """GSM8K / arith / letters: final-number accuracy of greedy replies; HumanEval: pass@k of the replies' code."""
-    from lapheads.sandbox import run_program
+    from lapheads.sandbox import containment, run_program
 
     if task == "humaneval":
         ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
@@ -121,6 +121,7 @@ def score_generative(
             "accuracy": sum(results[1]) / max(len(rows), 1),
             "n": len(rows),
             "chance": 0.0,
+            "sandbox": containment(),  # every result says whether a boundary held the code
         }
     correct, examples = 0, []
     for row in tqdm(rows, desc=task, disable=not progress, leave=False):

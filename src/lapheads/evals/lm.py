@@ -40,7 +40,7 @@ from lapheads.errors import InputError
 from lapheads.models.gpt import GPT
 from lapheads.runs import RunDir
 from lapheads.runs.layout import external_report_dir
-from lapheads.sandbox import run_program
+from lapheads.sandbox import containment, run_program
 
 __all__ = [
     "HUB_DATASETS",
@@ -276,7 +276,12 @@ def score_humaneval(
         passed = sum(o.passed for o in outcomes)
         for k in ks:
             results[k].append(pass_at_k(len(samples), passed, k))
-    return {**{f"pass@{k}": sum(v) / max(len(v), 1) for k, v in results.items()}, "n": len(rows), "samples": statuses}
+    return {
+        **{f"pass@{k}": sum(v) / max(len(v), 1) for k, v in results.items()},
+        "n": len(rows),
+        "samples": statuses,
+        "sandbox": containment(),  # every result says whether a boundary held the code
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
