@@ -64,7 +64,9 @@ def test_readers_helpers(classify_run, tmp_path):
     assert run.last_metric("eval_top1") == [r for r in run.read_metrics() if "eval_top1" in r][-1]["eval_top1"]
     assert run.last_metric("no_such_metric") is None
     assert run.settings().laplacian_heads == "1"
-    with pytest.raises(CheckpointError, match="holds a 'classify' run; allowed here: lm, mid, sft"):
+    with pytest.raises(
+        CheckpointError, match="holds a 'classify' run, whose model is a 'vit'; allowed here: a GPT's run"
+    ):
         load_gpt_run(run.path)
     other = RunDir(tmp_path / "other")
     assert not other.exists() and not other.finished() and other.read_report("x.json") is None

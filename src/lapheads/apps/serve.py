@@ -331,10 +331,10 @@ def serve(
     """Load ``run_dir`` (a mid or sft run) and serve it until interrupted."""
     import uvicorn
 
-    from lapheads.runs import CONVERSATIONAL_TASKS, load_gpt_run
+    from lapheads.runs import load_gpt_run, trained_on_conversations
 
     record, model, tokenizer = load_gpt_run(run_dir, device)
-    if record.get("task") not in CONVERSATIONAL_TASKS:
+    if not trained_on_conversations(record):
         raise LapheadsError(
             f"{run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: a mid or sft run"
         )

@@ -141,7 +141,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from lapheads.apps.chat import ChatEngine, chat_once, chat_repl
-    from lapheads.runs import CONVERSATIONAL_TASKS, load_gpt_run
+    from lapheads.runs import load_gpt_run, trained_on_conversations
 
     if args.max_tokens < 1 or args.temperature < 0 or args.top_k < 0:
         raise UserError(
@@ -151,7 +151,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.prompt is not None and not args.prompt.strip():
         raise UserError("--prompt is empty; allowed: a question, e.g. --prompt 'What is 12 + 30?'")
     record, model, tokenizer = load_gpt_run(args.run_dir, args.device)
-    if record.get("task") not in CONVERSATIONAL_TASKS:
+    if not trained_on_conversations(record):
         raise UserError(
             f"{args.run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: "
             "a mid or sft run (lapheads train sft --from RUN_DIR)"

@@ -27,9 +27,7 @@ from lapheads.runs.directory import (
 )
 from lapheads.runs.layout import SWEEP_FILE, WEIGHTS
 from lapheads.runs.models import (
-    CONVERSATIONAL_TASKS,
     FACTORIES,
-    GPT_TASKS,
     build_model,
     load_gpt_run,
     load_model,
@@ -38,13 +36,12 @@ from lapheads.runs.models import (
     load_token_shards,
     load_weights,
     model_record,
+    trained_on_conversations,
 )
 from lapheads.runs.sweep import SweepError, load_sweep, spec_dir_name
 
 __all__ = [
-    "CONVERSATIONAL_TASKS",
     "FACTORIES",
-    "GPT_TASKS",
     "RunDir",
     "read_jsonl",
     "latest_checkpoint",
@@ -64,4 +61,5 @@ __all__ = [
     "spec_dir_name",
     "SweepError",
     "WEIGHTS",
+    "trained_on_conversations",
 ]

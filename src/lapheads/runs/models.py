@@ -72,7 +72,7 @@ def build_model(record: dict[str, Any]) -> torch.nn.Module:
 
 def _record_of(run: RunDir, record: dict[str, Any]) -> dict[str, Any]:
     model = record.get("model")
-    if isinstance(model, dict) and "factory" not in model and record.get("task") in CONVERSATIONAL_TASKS:
+    if isinstance(model, dict) and "factory" not in model and trained_on_conversations(record):
         model = {"factory": "gpt", "kwargs": model}  # chat runs of lapheads 0.1 recorded GPTConfig's fields only
     if isinstance(model, dict) and "factory" in model and model["factory"] not in FACTORIES:
         raise CheckpointError(
@@ -184,15 +184,25 @@ def load_nanochat_model(
 # The sweep directory (written by lapheads.study.sweep, read by lapheads.study.report)
 
 
-GPT_TASKS = ("lm", "mid", "sft")  # the tasks whose runs hold a GPT (config.json "task")
-CONVERSATIONAL_TASKS = ("mid", "sft")  # trained on conversations: chat, serve and the chat evals read them
+def trained_on_conversations(record: dict[str, Any]) -> bool:
+    """Whether a run's config.json says it trained on conversations (mid and sft runs record how many, since their
+    first version): chat, serve and the chat evaluations read only those. A fact of the run, not a list of task
+    names (the task table, above runs/, owns the tasks)."""
+    return isinstance(record.get("conversations"), int) and not isinstance(record.get("conversations"), bool)
 
 
 def load_gpt_run(run_dir: str | os.PathLike, device: str = "auto", step: int | None = None):
-    """(config.json's record, model in eval mode, tokenizer) of an lm, mid or sft run; LoRA adapters are merged."""
+    """(config.json's record, model in eval mode, tokenizer) of a run whose model is a GPT (lm, mid, sft); LoRA
+    adapters are merged."""
     run = RunDir(run_dir)
-    run.task(*GPT_TASKS)
     record = run.read_config()
+    entry = record.get("model")
+    factory = entry.get("factory") if isinstance(entry, dict) else None
+    if factory is not None and factory != "gpt":  # (a record without one: load_model names the upgrade)
+        raise CheckpointError(
+            f"{run.path} holds a {record.get('task')!r} run, whose model is a {factory!r}; allowed here: a GPT's run "
+            "(lm, mid, sft)"
+        )
     model = load_model(run, step=step, device=device)
     return record, model, load_run_tokenizer(run, record.get("vocab_size"))
 

@@ -59,6 +59,7 @@ class Task:
         figures: ``lapheads analyze``'s per-layer figures for this task.
         over_training: the summary rows ``analyze --over-training`` plots against step (at the summary layer; the
             heads' diffusion scores are plotted for every block beside them).
+        pictures: ``lapheads report`` draws the cells' attention maps and PCA pictures (they need the weights).
         upgrade: ``module:function(record)`` -> the config.json entries a run written by an older lapheads lacks
             (``lapheads upgrade``); None = nothing to add.
     """
@@ -77,6 +78,7 @@ class Task:
     geometry_layers: tuple[str, ...] = ()
     figures: tuple[str, ...] = ()
     over_training: tuple[str, ...] = ()
+    pictures: bool = False
     upgrade: str | None = None
 
     def config_type(self) -> type:
@@ -159,6 +161,7 @@ TASKS: dict[str, Task] = {
             check_model="lapheads.train.dino:check_model",
             analyzer="lapheads.evals.geometry:analyze_dino",
             analyzed_weights="teacher",
+            pictures=True,
             headline=(
                 ("k-NN top-1, k = 20 (%)", "eval_dino.json", ("knn", "20")),
                 ("k-NN top-1 at random init, k = 20 (%)", "eval_dino.json", ("knn_random_init", "20")),

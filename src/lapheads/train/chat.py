@@ -31,7 +31,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -138,6 +138,8 @@ class ChatTrainConfig(RunConfig):
 class MidConfig(ChatTrainConfig):
     """Mid-training: packed conversations, every token trained (nanochat v1's mid_train defaults)."""
 
+    packed: ClassVar[bool] = True  # rows of sequence_len tokens, conversations end to end (not a field: fixed)
+
     data: str = option("smoltalk,mmlu_aux,gsm8k,identity", "the conversation mixture, NAME[*EPOCHS],...")
     total_batch_size: int = option(524_288, "tokens per optimizer step, over all processes", POSITIVE)
 
@@ -150,6 +152,8 @@ class MidConfig(ChatTrainConfig):
 @dataclass
 class SFTConfig(ChatTrainConfig):
     """SFT: padded, masked conversations (nanochat v1's chat_sft defaults)."""
+
+    packed: ClassVar[bool] = False  # one conversation per row, padded, only assistant tokens trained
 
     examples_per_step: int = option(32, "conversations per optimizer step, over all processes", POSITIVE)
     init_lr_frac: float = option(0.02, "every learning rate starts at this fraction of the above", POSITIVE)
@@ -339,7 +343,7 @@ def train_chat(
         ) from None
     data_dir = cfg.data_dir or None
     conversations = conversation_mixture(cfg.data, data_dir, cfg.seed)
-    packed = task == "mid"
+    packed = type(cfg).packed
     window = _window_words(sequence_len, model.config.sequence_len)
     if not packed:
         _check_trained_tokens(conversations, tokenizer, sequence_len, window)

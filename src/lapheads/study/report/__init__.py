@@ -222,7 +222,9 @@ def write_report(
     out = report_folder(sweep_dir, None if baseline == "0" else spec_dir_name(baseline))
     cells = _done_cells(record)
     declared = declaration(record.get("records"), cells)
-    pictures = task == "dino" and metric is None and bool(cells) and not from_records  # pictures need the weights
+    pictures = (
+        get_task(task).pictures and metric is None and bool(cells) and not from_records
+    )  # pictures need the weights
     if pictures:
         from lapheads.evals.dino import eval_dino
 
