@@ -76,18 +76,18 @@ def read_task_rows(name: str, data_dir: str | Path | None, hub: tuple[str, str |
                         "allowed: local files in the hub's schema") from None
 
 
-def load_task(task: str, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """Rows of ``task`` in the hub's schema, from ``data_dir`` if it holds them, else from the hub."""
-    if task not in HUB_DATASETS:
-        raise InputError(f"unknown task {task!r}; allowed: {', '.join(HUB_DATASETS)}")
-    rows = read_task_rows(task, data_dir, HUB_DATASETS[task], label=f"task {task}")
+def load_task(benchmark: str, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """Rows of ``benchmark`` in the hub's schema, from ``data_dir`` if it holds them, else from the hub."""
+    if benchmark not in HUB_DATASETS:
+        raise InputError(f"unknown task {benchmark!r}; allowed: {', '.join(HUB_DATASETS)}")
+    rows = read_task_rows(benchmark, data_dir, HUB_DATASETS[benchmark], label=f"task {benchmark}")
     if not rows:
-        raise DataError(f"task {task}: no rows; allowed: the schema of {HUB_DATASETS[task][0]}")
+        raise DataError(f"task {benchmark}: no rows; allowed: the schema of {HUB_DATASETS[benchmark][0]}")
     for number, row in enumerate(rows, 1):  # every row, not the first: a bad row 900 is as bad as a bad row 1
-        missing = [k for k in _REQUIRED[task] if not isinstance(row, dict) or k not in row]
+        missing = [k for k in _REQUIRED[benchmark] if not isinstance(row, dict) or k not in row]
         if missing:
-            raise DataError(f"task {task}: row {number} lacks {', '.join(missing)}; allowed: the schema of "
-                            f"{HUB_DATASETS[task][0]} ({', '.join(_REQUIRED[task])})")
+            raise DataError(f"task {benchmark}: row {number} lacks {', '.join(missing)}; allowed: the schema of "
+                            f"{HUB_DATASETS[benchmark][0]} ({', '.join(_REQUIRED[benchmark])})")
     return rows
 
 
@@ -106,38 +106,38 @@ def choice_index(answer: Any, choices: Any) -> int:
     return answer
 
 
-def _ground_truth_usable(task: str, row: dict[str, Any]) -> bool:
+def _ground_truth_usable(benchmark: str, row: dict[str, Any]) -> bool:
     """Whether a row's reference answer can be scored: an MMLU answer index among its choices, an ARC answerKey
     among its distinct labels, exactly one number after a GSM8K solution's "####", HumanEval's code as text."""
     try:
-        if task == "mmlu":
+        if benchmark == "mmlu":
             choice_index(row["answer"], row["choices"])
             return True
-        if task in ("arc_easy", "arc_challenge"):
+        if benchmark in ("arc_easy", "arc_challenge"):
             choices = row["choices"]
             labels, texts = choices["label"], choices["text"]
             if not isinstance(labels, list) or not isinstance(texts, list):
                 return False
             distinct = len(set(labels)) == len(labels) and all(isinstance(t, str) for t in labels + texts)
             return distinct and len(labels) == len(texts) <= 10 and row["answerKey"] in labels
-        if task == "gsm8k":
+        if benchmark == "gsm8k":
             answer = row["answer"]
             return (
                 isinstance(answer, str)
                 and "####" in answer
                 and _REFERENCE_NUMBER.fullmatch(answer.split("####")[-1].strip()) is not None
             )
-        return all(isinstance(row[k], str) for k in _REQUIRED[task])
+        return all(isinstance(row[k], str) for k in _REQUIRED[benchmark])
     except (KeyError, TypeError, ValueError):
         return False
 
 
-def usable_rows(task: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+def usable_rows(benchmark: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
     """(the rows whose ground truth can be scored, the 1-based numbers of those that cannot): an evaluation scores
     the first and reports how many it left out, instead of scoring an unusable item as a wrong answer."""
     usable, unusable = [], []
     for number, row in enumerate(rows, 1):
-        if _ground_truth_usable(task, row):
+        if _ground_truth_usable(benchmark, row):
             usable.append(row)
         else:
             unusable.append(number)

@@ -168,18 +168,18 @@ def _letters_conversation(word: str, rng: random.Random) -> tuple[Conversation, 
 
 
 @cache
-def generated_items(task: str, split: str) -> tuple[tuple[Conversation, str], ...]:
-    """(conversation, reference answer) pairs of ``task``'s ``split``, always the same ones in the same order.
+def generated_items(benchmark: str, split: str) -> tuple[tuple[Conversation, str], ...]:
+    """(conversation, reference answer) pairs of ``benchmark``'s ``split``, always the same ones in the same order.
 
     Args:
-        task: "arith" or "letters".
+        benchmark: "arith" or "letters".
         split: "train" or "test" (disjoint operands or words).
     """
-    if task not in GENERATED_TASKS or split not in SPLITS:
-        raise InputError(f"generated task {task!r} split {split!r}; allowed: {', '.join(GENERATED_TASKS)} x "
+    if benchmark not in GENERATED_TASKS or split not in SPLITS:
+        raise InputError(f"generated task {benchmark!r} split {split!r}; allowed: {', '.join(GENERATED_TASKS)} x "
                          f"{', '.join(SPLITS)}")
-    rng = random.Random(f"{task}-{split}")  # the templates, names and letters chosen; items fixed by the split
-    if task == "arith":
+    rng = random.Random(f"{benchmark}-{split}")  # the templates, names and letters chosen; items fixed by the split
+    if benchmark == "arith":
         # the key is order-free, so 23 + 45 in the test split keeps 45 + 23 out of training
         keep = [item for item in _arith_items()
                 if _held_out(f"{item['op']}{sorted((item['a'], item['b']))}") == (split == "test")]
@@ -192,6 +192,6 @@ def generated_items(task: str, split: str) -> tuple[tuple[Conversation, str], ..
     return tuple(out)
 
 
-def generated_conversations(task: str, split: str) -> list[Conversation]:
+def generated_conversations(benchmark: str, split: str) -> list[Conversation]:
     """The conversations of :func:`generated_items`."""
-    return [conversation for conversation, _ in generated_items(task, split)]
+    return [conversation for conversation, _ in generated_items(benchmark, split)]

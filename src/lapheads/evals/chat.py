@@ -41,7 +41,7 @@ CHAT_BENCHMARKS = (*CATEGORICAL, *GENERATIVE)
 @torch.no_grad()
 def score_categorical(
     engine: ChatEngine,
-    task: str,
+    benchmark: str,
     rows: list[dict[str, Any]],
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -58,8 +58,8 @@ def score_categorical(
             )
         letter_ids.append(ids[0])
     correct, skipped, chance = 0, 0, 0.0
-    for row in tqdm(rows, desc=task, disable=not progress, leave=False):
-        question, choices, answer = _mc_item(task, row)
+    for row in tqdm(rows, desc=benchmark, disable=not progress, leave=False):
+        question, choices, answer = _mc_item(benchmark, row)
         prompt = render_for_completion(tokenizer, mc_conversation(question, choices, answer))
         chance += 1 / len(choices)
         if len(prompt) > model.config.sequence_len:
@@ -83,7 +83,7 @@ def _code_of(reply: str) -> str:
 
 def score_generative(
     engine: ChatEngine,
-    task: str,
+    benchmark: str,
     rows: list[dict[str, Any]],
     *,
     num_samples: int = 1,
@@ -93,11 +93,11 @@ def score_generative(
     """GSM8K / arith / letters: final-number accuracy of greedy replies; HumanEval: pass@k of the replies' code."""
     from lapheads.sandbox import containment, run_program
 
-    if task == "humaneval":
+    if benchmark == "humaneval":
         ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
         results = {k: [] for k in ks}
         temperature = 0.0 if num_samples == 1 else 0.8
-        for i, row in enumerate(tqdm(rows, desc=task, disable=not progress, leave=False)):
+        for i, row in enumerate(tqdm(rows, desc=benchmark, disable=not progress, leave=False)):
             conversation = {"messages": [{"role": "user", "content": row["prompt"]}]}
             replies = [
                 engine.reply(
@@ -124,7 +124,7 @@ def score_generative(
             "sandbox": containment(),  # every result says whether a boundary held the code
         }
     correct, examples = 0, []
-    for row in tqdm(rows, desc=task, disable=not progress, leave=False):
+    for row in tqdm(rows, desc=benchmark, disable=not progress, leave=False):
         reply = engine.reply(row["conversation"], max_tokens=max_tokens)
         got = extract_number(reply.split("####")[-1]) if "####" in reply else None
         correct += got is not None and got == row["reference"]
@@ -139,16 +139,18 @@ def chatcore(results: dict[str, dict[str, Any]]) -> float:
     return sum(centred) / max(len(centred), 1)
 
 
-def _rows(task: str, data_dir: str | None, max_examples: int | None) -> list[dict[str, Any]]:
-    if task in ("arith", "letters"):
+def _rows(benchmark: str, data_dir: str | None, max_examples: int | None) -> list[dict[str, Any]]:
+    if benchmark in ("arith", "letters"):
         from lapheads.data.synthetic import generated_items
 
-        rows = [{"conversation": c, "reference": ref} for c, ref in generated_items(task, "test")]
+        rows = [{"conversation": c, "reference": ref} for c, ref in generated_items(benchmark, "test")]
     else:
-        rows, unusable = usable_rows(task, load_task(task, data_dir))
+        rows, unusable = usable_rows(benchmark, load_task(benchmark, data_dir))
         if unusable:  # scored as wrong they would lower the accuracy without a word
-            print(f"lapheads: {task}: {len(unusable)} item(s) with unusable ground truth left out", file=sys.stderr)
-        if task == "gsm8k":
+            print(
+                f"lapheads: {benchmark}: {len(unusable)} item(s) with unusable ground truth left out", file=sys.stderr
+            )
+        if benchmark == "gsm8k":
             rows = [
                 {"conversation": gsm8k_conversation(r["question"], ""), "reference": extract_number(r["answer"])}
                 for r in rows

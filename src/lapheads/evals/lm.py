@@ -86,8 +86,8 @@ def _answer_tokens(tokenizer: Tokenizer, letters: str) -> tuple[str, list[int]]:
     raise DataError(f"the {tokenizer.kind} tokenizer has no single-token answer letters; allowed: char, bpe, gpt2")
 
 
-def _mc_item(task: str, row: dict[str, Any]) -> tuple[str, list[str], int]:
-    if task == "mmlu":
+def _mc_item(benchmark: str, row: dict[str, Any]) -> tuple[str, list[str], int]:
+    if benchmark == "mmlu":
         return row["question"], list(row["choices"]), int(row["answer"])
     labels = list(row["choices"]["label"])
     return row["question"], list(row["choices"]["text"]), labels.index(row["answerKey"])
