@@ -15,6 +15,15 @@ import numpy as np
 import pytest
 
 
+def node_name(grad_fn) -> str:
+    """An autograd node's name on every torch lapheads supports: torch 2.9 refuses ``.name()`` on a Python
+    Function's node ("a legacy access pattern"), whose class name is the same string."""
+    try:
+        return grad_fn.name()
+    except RuntimeError:
+        return type(grad_fn).__name__
+
+
 def processes_with(text: str) -> list[int]:
     """The pids whose command line contains ``text`` (a run's unique marker: what a sandbox must not leave behind)."""
     found = []
