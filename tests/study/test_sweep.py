@@ -124,6 +124,16 @@ def test_a_per_layer_schedule_sweep_reports_each_schedule_against_k_0(tiny_prese
     assert json.loads((out / "report" / "stats.json").read_text()) == saved  # the k = 0 report is untouched
     assert main(["report", str(out), "--baseline", "3"]) == 2
     assert "--baseline '3' is not a spec of this sweep; choose one of 0, 2,0, 0,2" in capsys.readouterr().err
+    # the mechanism alone: every changed head against its k = 0 twin, and no headline or geometry row
+    assert main(["mechanism", str(out)]) == 0
+    mechanism = (out / "report" / "mechanism.md").read_text()
+    twins = "within-sequence fraction drop, Laplacian heads minus their k = 0 twins"
+    assert f"| {twins} | 2,0 | 2 |" in mechanism and f"| {twins} | 0,2 | 2 |" in mechanism
+    assert "P-aware diffusion, Laplacian heads minus their k = 0 twins" in mechanism
+    assert "test top-1" not in mechanism and "within-sequence fraction (" not in mechanism
+    saved_twins = json.loads((out / "report" / "mechanism.json").read_text())["mechanism"][twins]
+    assert saved_twins["2,0"]["verdict"] == "not decided (2 seed pairs; a verdict needs 3)"
+    assert json.loads((out / "report" / "stats.json").read_text()) == saved  # report.md's numbers untouched
 
 
 def test_one_job_trains_in_this_process_with_the_threads_asked_for(tiny_preset, tmp_path, monkeypatch):

@@ -233,6 +233,17 @@ def cmd_mix(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mechanism(args: argparse.Namespace) -> int:
+    from lapheads.study.report import mechanism_report
+
+    if args.max_tokens < 2:
+        raise UserError(f"--max-tokens {args.max_tokens}; allowed: at least 2")
+    path = mechanism_report(args.sweep_dir, args.max_tokens)
+    print(path.read_text())
+    print(f"report: {path}")
+    return 0
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from lapheads.study.analyze import AnalyzeOptions, analyze_runs
 

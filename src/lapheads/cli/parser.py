@@ -299,6 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
     mix.add_argument("--out", default=None, help="default: RUN_DIR/report/mix")
     mix.set_defaults(func=commands.cmd_mix)
 
+    mechanism = sub.add_parser(
+        "mechanism", allow_abbrev=False, help="the heads' mechanism scores of a sweep's finished cells, nothing else"
+    )
+    mechanism.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a sweep directory (its cells' run directories)")
+    mechanism.add_argument("--max-tokens", type=int, default=1_000_000, help="analyze's token budget per cell")
+    mechanism.set_defaults(func=commands.cmd_mechanism)
+
     sweep = sub.add_parser("sweep", allow_abbrev=False, help="a preset over Laplacian specs x seeds, resumable")
     sweep.add_argument("preset", help="a preset name, or a .json preset file (then --task)")
     sweep.add_argument(

@@ -75,6 +75,7 @@ __all__ = [
     "CLAIMS",
     "collect",
     "diffusion_against_zero",
+    "mechanism_report",
     "fit_against_test",
     "gap_over_training",
     "holm",
@@ -190,6 +191,58 @@ def restate(stats_file: str | Path, margin: float | None = None) -> str:
     return "\n".join(lines)
 
 
+#: what the mechanism section measures and how it is tested (report.md and mechanism.md)
+MECHANISM_INTRO = (
+    "Heat-diffusion mechanism: each head's whole circuit diag(LayerScale) W_O W_V diag(gamma) against the "
+    "identity on its subspace, normalised by what a rank-D head can attain (`lapheads.geometry.mechanism`; "
+    "diffusion = -alignment x the sign of the head kind's token operator: +1, the head lowers the "
+    "within-sequence variance, a Laplacian head by a heat step on its attention graph; -1: it raises it), "
+    "mean over seeds, tested against 0 (one-sample t-test, Holm across these rows per spec). The null: the "
+    "ordinary heads' circuits read as if they were Laplacian (an ordinary-looking circuit in a Laplacian "
+    "head already scores that); the excess rows test the Laplacian heads against it, in their own blocks "
+    "and against the k = 0 run of the same seed. The heat-diffusion reading predicts an excess > 0. "
+    "Measured on data (analysis version 5): each changed head's drop of the within-sequence fraction when "
+    "its own write is added to the stream entering its block, and its P-aware score (-alignment x the "
+    "token operator's gain tau on the within-sequence part, from the model's own P), each minus its twin "
+    "(the same block and head of the k = 0 run of the same seed); a verdict needs 3 seed pairs."
+)
+
+
+def _mechanism_lines(mechanism_stats: dict[str, Any]) -> list[str]:
+    rows = [_mechanism_row(label, spec, row) for label, rows in mechanism_stats.items() for spec, row in rows.items()]
+    return ["", MECHANISM_INTRO, "", *MECHANISM_HEADER, *rows]
+
+
+def mechanism_report(sweep_dir: str | Path, max_tokens: int = 1_000_000) -> Path:
+    """SWEEP_DIR/report/mechanism.md and mechanism.json: the mechanism section alone (every finished cell analysed,
+    or its cached analysis reused), for a question asked of trained models after a study's plan was written: it
+    states no headline or geometry verdict, so it reads nothing a pre-registered report has yet to read."""
+    sweep_dir = Path(sweep_dir)
+    record = load_sweep(sweep_dir)
+    if not get_task(record["task"]).geometry:
+        raise SweepError(f"{sweep_dir}: {record['task']} runs have no geometry analysis; allowed: classify, dino, lm")
+    cells = _done_cells(record)
+    if not cells:
+        raise SweepError(f"{sweep_dir}: no finished cell; run or resume the sweep first")
+    _, mechanism_values = _geometry_values(record, max_tokens)
+    stats = diffusion_against_zero(mechanism_values)
+    seeds = sorted({c["seed"] for c in cells})
+    lines = [
+        f"# Mechanism: {record['preset']} ({record['task']})",
+        "",
+        f"Arms {', '.join(record['specs'])}; the finished cells of seeds {', '.join(map(str, seeds))} "
+        f"({len(cells)} cells); analysed with `lapheads analyze` (its defaults), reported by `lapheads mechanism`. "
+        "No headline or geometry row is computed here.",
+        *_mechanism_lines(stats),
+    ]
+    out = report_folder(sweep_dir, None)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "mechanism.json").write_text(json.dumps({"seeds": seeds, "mechanism": stats}, indent=1, default=str) + "\n")
+    path = out / "mechanism.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def write_report(
     sweep_dir: str | Path,
     metric: str | None = None,
@@ -276,25 +329,7 @@ def write_report(
         _plot(geometry_stats, specs, out / "geometry.png")
         lines += ["![geometry](geometry.png)"]
     if mechanism_stats:
-        lines += [
-            "",
-            "Heat-diffusion mechanism: each head's whole circuit diag(LayerScale) W_O W_V diag(gamma) against the "
-            "identity on its subspace, normalised by what a rank-D head can attain (`lapheads.geometry.mechanism`; "
-            "+1: the head moves tokens toward their attention-weighted neighbours as a heat step does, -1: away), "
-            "mean over seeds, tested against 0 (one-sample t-test, Holm across these rows per spec). The null: the "
-            "ordinary heads' circuits read as if they were Laplacian (an ordinary-looking circuit in a Laplacian "
-            "head already scores that); the excess rows test the Laplacian heads against it, in their own blocks "
-            "and against the k = 0 run of the same seed. The heat-diffusion reading predicts an excess > 0. "
-            "Measured on data (analysis version 5): each changed head's drop of the within-sequence fraction when "
-            "its own write is added to the stream entering its block, and its P-aware score (-alignment x the "
-            "token operator's gain tau on the within-sequence part, from the model's own P), each minus its twin "
-            "(the same block and head of the k = 0 run of the same seed); a verdict needs 3 seed pairs.",
-            "",
-            *MECHANISM_HEADER,
-        ]
-        lines += [
-            _mechanism_row(label, spec, row) for label, rows in mechanism_stats.items() for spec, row in rows.items()
-        ]
+        lines += _mechanism_lines(mechanism_stats)
     emergence: dict[str, Any] = {}
     if mechanism_stats:
         emergence = mechanism_over_training(record)
