@@ -15,6 +15,16 @@ import numpy as np
 import pytest
 
 
+def torchrun(args: list[str], processes: int = 2, timeout: float = 300, wait: bool = True):
+    """``python -m torch.distributed.run --standalone --nproc_per_node N ARGS`` at one thread a process: the
+    finished run (``subprocess.run``, output captured as text) or, with ``wait=False``, the running job (Popen)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if not wait:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+
+
 def node_name(grad_fn) -> str:
     """An autograd node's name on every torch lapheads supports: torch 2.9 refuses ``.name()`` on a Python
     Function's node ("a legacy access pattern"), whose class name is the same string."""

@@ -5,14 +5,13 @@ with its Laplacian config (the run itself: fsdp2_llama.py, under torchrun)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from tests.conftest import torchrun
 
 transformers = pytest.importorskip("transformers")
 
@@ -21,11 +20,7 @@ SCRIPT = Path(__file__).with_name("fsdp2_llama.py")
 
 
 def _torchrun(processes: int, out: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-         str(SCRIPT), str(out)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    done = torchrun([str(SCRIPT), str(out)], processes=processes, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

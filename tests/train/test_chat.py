@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,7 +16,7 @@ from lapheads.models.lora import LoraAdapters, apply_lora
 from lapheads.runs import load_gpt_run
 from lapheads.train.chat import MidConfig, train_mid, train_sft
 from lapheads.train.runtime import NonFiniteLossError
-from tests.conftest import tiny_sft
+from tests.conftest import tiny_sft, torchrun
 
 
 def test_sft_lowers_the_masked_loss_and_records_its_base(base_run, tmp_path):
@@ -165,28 +162,7 @@ def test_ddp_two_ranks_match_one_rank(base_run, tmp_path):
     train_sft(cfg, tmp_path / "one")
     preset = tmp_path / "preset.json"
     preset.write_text(json.dumps(dataclasses.asdict(cfg)))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "lapheads",
-            "train",
-            "sft",
-            "--preset",
-            str(preset),
-            "--out",
-            str(tmp_path / "two"),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
+    done = torchrun(["-m", "lapheads", "train", "sft", "--preset", str(preset), "--out", str(tmp_path / "two")])
     assert done.returncode == 0, done.stderr[-2000:]
     one = load_file(str(tmp_path / "one" / "checkpoints" / "step-00000002" / "model.safetensors"))
     two = load_file(str(tmp_path / "two" / "checkpoints" / "step-00000002" / "model.safetensors"))

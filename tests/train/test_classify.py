@@ -7,8 +7,6 @@ import hashlib
 import json
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from lapheads.io import load_safetensors
 from lapheads.runs import RunDir, load_model
 from lapheads.train.classify import train_classify
 from lapheads.train.runtime import NonFiniteLossError
+from tests.conftest import torchrun
 
 
 def test_tiny_vit_learns_and_evaluates(tiny_config, tmp_path):
@@ -141,29 +140,7 @@ def test_ddp_two_ranks_match_one_rank(tiny_config, tmp_path):
     train_classify(cfg, tmp_path / "one")
     preset = tmp_path / "preset.json"
     preset.write_text(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items()}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "lapheads",
-            "train",
-            "classify",
-            "--preset",
-            str(preset),
-            "--out",
-            str(tmp_path / "two"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    done = torchrun(["-m", "lapheads", "train", "classify", "--preset", str(preset), "--out", str(tmp_path / "two")])
     assert done.returncode == 0, done.stderr[-2000:]
     one, two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
     for key in (k for k in one if not k.endswith("k_norm.bias")):

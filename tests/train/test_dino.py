@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from lapheads.cli import main
 from lapheads.data.multicrop import MultiCropAugmentation, collate_crops
 from lapheads.train.dino import build_student_teacher, train_dino
+from tests.conftest import torchrun
 
 
 def test_multicrop_shapes_and_collation():
@@ -102,9 +103,6 @@ def test_eval_dino_refuses_other_runs(tmp_path, capsys, tiny_config):
 
 @pytest.mark.slow
 def test_ddp_two_ranks_train_split_the_batch_and_save_every_ranks_rng(tiny_dino, tmp_path):
-    import os
-    import subprocess
-    import sys
 
     # Each rank draws its crops from its own RNG stream, so 2 ranks cannot reproduce 1 rank bit for bit (the
     # resume test holds exactness); this checks that torchrun training runs, splits the global batch and saves
@@ -112,28 +110,7 @@ def test_ddp_two_ranks_train_split_the_batch_and_save_every_ranks_rng(tiny_dino,
     cfg = dataclasses.replace(tiny_dino, epochs=1, drop_path=0.0)
     preset = tmp_path / "preset.json"
     preset.write_text(json.dumps(dataclasses.asdict(cfg)))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "lapheads",
-            "train",
-            "dino",
-            "--preset",
-            str(preset),
-            "--out",
-            str(tmp_path / "two"),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
+    done = torchrun(["-m", "lapheads", "train", "dino", "--preset", str(preset), "--out", str(tmp_path / "two")])
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((tmp_path / "two" / "config.json").read_text())
     assert record["world_size"] == 2 and record["steps"] == 4  # 256 images / global batch 64

@@ -14,7 +14,7 @@ from lapheads.cli import main
 from lapheads.train import lm as lm_module
 from lapheads.train.lm import train_lm
 from lapheads.train.runtime import NonFiniteLossError
-from tests.conftest import tiny_lm
+from tests.conftest import tiny_lm, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -168,10 +168,7 @@ def test_data_prepare_tokenises_the_corpus_once(text_root, capsys):
 
 @pytest.mark.slow
 def test_ddp_two_ranks_match_one_rank_and_resume_from_sharded_muon_state(text_root, tmp_path):
-    import os
     import shutil
-    import subprocess
-    import sys
 
     # 1 rank: 2 accumulation steps; every checkpoint kept so the 2-rank run can be rewound
     cfg = tiny_lm(text_root, num_iterations=4, eval_every=4, micro_batch=8, checkpoint_every=2, keep_checkpoints=0)
@@ -179,33 +176,13 @@ def test_ddp_two_ranks_match_one_rank_and_resume_from_sharded_muon_state(text_ro
     preset = tmp_path / "preset.json"
     preset.write_text(json.dumps(dataclasses.asdict(cfg)))
 
-    def torchrun(*extra):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node",
-                "2",
-                "-m",
-                "lapheads",
-                "train",
-                "lm",
-                "--preset",
-                str(preset),
-                "--out",
-                str(tmp_path / "two"),
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-            timeout=300,
+    def two_processes(*extra):
+        done = torchrun(
+            ["-m", "lapheads", "train", "lm", "--preset", str(preset), "--out", str(tmp_path / "two"), *extra]
         )
         assert done.returncode == 0, done.stderr[-2000:]
 
-    torchrun()
+    two_processes()
     final = tmp_path / "two" / "checkpoints" / "step-00000004"
     one = load_file(str(tmp_path / "one" / "checkpoints" / "step-00000004" / "model.safetensors"))
     two = load_file(str(final / "model.safetensors"))
@@ -225,7 +202,7 @@ def test_ddp_two_ranks_match_one_rank_and_resume_from_sharded_muon_state(text_ro
     # rewind to step 2 and resume: the sharded state brings back the same step-4 weights, bit for bit
     shutil.rmtree(final)
     (tmp_path / "two" / "checkpoints" / "latest").write_text("step-00000002\n")
-    torchrun("--resume")
+    two_processes("--resume")
     resumed = load_file(str(final / "model.safetensors"))
     for key in two:
         assert torch.equal(resumed[key], two[key]), key

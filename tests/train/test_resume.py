@@ -20,6 +20,7 @@ from lapheads.errors import CheckpointError
 from lapheads.runs import RunDir, checkpoints, latest_checkpoint
 from lapheads.train.classify import train_classify
 from lapheads.train.runtime import NonFiniteLossError
+from tests.conftest import torchrun
 
 LAPHEADS = str(Path(sys.executable).with_name("lapheads"))
 
@@ -193,30 +194,8 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tiny_config, tmp_
     assert not list((tmp_path / "run" / "checkpoints").glob(".tmp-*"))
 
 
-def _torchrun(args: list[str], out: Path, **kwargs) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "lapheads",
-            "train",
-            "classify",
-            *args,
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        **kwargs,
-    )
+def _torchrun(args: list[str], out: Path) -> subprocess.Popen:
+    return torchrun(["-m", "lapheads", "train", "classify", *args, "--out", str(out)], wait=False)
 
 
 def _rank_pid(parent: int, rank: int) -> int | None:
