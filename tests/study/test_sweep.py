@@ -134,6 +134,14 @@ def test_a_per_layer_schedule_sweep_reports_each_schedule_against_k_0(tiny_prese
     saved_twins = json.loads((out / "report" / "mechanism.json").read_text())["mechanism"][twins]
     assert saved_twins["2,0"]["verdict"] == "not decided (2 seed pairs; a verdict needs 3)"
     assert json.loads((out / "report" / "stats.json").read_text()) == saved  # report.md's numbers untouched
+    # a cell whose config.json was edited to another arm is not reported under its old one
+    edited = json.loads((out / "L0-s1" / "config.json").read_text())
+    edited["config"]["laplacian_heads"] = "2,0"
+    (out / "L0-s1" / "config.json").write_text(json.dumps(edited))
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 2 and main(["mechanism", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "L0-s1: its config.json trained --laplacian-heads '2,0' --seed 1, but the sweep lists it as arm '0'" in err
 
 
 def test_one_job_trains_in_this_process_with_the_threads_asked_for(tiny_preset, tmp_path, monkeypatch):
@@ -494,6 +502,8 @@ def test_a_sweep_without_k_0_reports_its_arms_and_another_baseline_compares_them
             run_dir = tmp_path / f"L{spec}-s{seed}"
             run_dir.mkdir()
             (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10, "eval_top1": value}) + "\n")
+            config = {"task": "classify", "config": {"laplacian_heads": spec, "seed": seed}}
+            (run_dir / "config.json").write_text(json.dumps(config))  # the arm a run trained, as every run says
             cells[run_dir.name] = {"spec": spec, "seed": seed, "run_dir": str(run_dir), "status": "done"}
     record = {"preset": "p", "task": "classify", "specs": ["2", "4"], "seeds": [0, 1], "overrides": [], "cells": cells}
     (tmp_path / "sweep.json").write_text(json.dumps(record))

@@ -43,6 +43,7 @@ from lapheads.study.report.figures import _plot, _plot_steps
 from lapheads.study.report.statistics import (
     _done_cells,
     _geometry_values,
+    check_cells_are_their_arms,
     collect,
     diffusion_against_zero,
     fit_against_test,
@@ -224,6 +225,7 @@ def mechanism_report(sweep_dir: str | Path, max_tokens: int = 1_000_000) -> Path
     cells = _done_cells(record)
     if not cells:
         raise SweepError(f"{sweep_dir}: no finished cell; run or resume the sweep first")
+    check_cells_are_their_arms(record)
     _, mechanism_values = _geometry_values(record, max_tokens)
     stats = diffusion_against_zero(mechanism_values)
     seeds = sorted({c["seed"] for c in cells})
@@ -274,6 +276,7 @@ def write_report(
         raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
     out = report_folder(sweep_dir, None if baseline == "0" else spec_dir_name(baseline))
     cells = _done_cells(record)
+    check_cells_are_their_arms(record)
     declared = declaration(record.get("records"), cells)
     pictures = (
         get_task(task).pictures and metric is None and bool(cells) and not from_records

@@ -109,6 +109,23 @@ def _done_cells(record: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(cells, key=lambda c: (c["seed"], record["specs"].index(c["spec"])))
 
 
+def check_cells_are_their_arms(record: dict[str, Any]) -> None:
+    """Every finished cell read from a run directory trained its own arm and seed: a config.json edited (or a run
+    folder swapped) to another head spec or seed would be reported under the wrong arm, so it is one line instead.
+    (Cells read from records carry their arm in the record they were written with.)"""
+    for cell in _done_cells(record):
+        if cell.get("source") is not None:
+            continue
+        config = RunDir(cell["run_dir"]).read_config().get("config", {})
+        ran = (str(config.get("laplacian_heads")), config.get("seed"))
+        if ran != (cell["spec"], cell["seed"]):
+            raise SweepError(
+                f"{cell['run_dir']}: its config.json trained --laplacian-heads {ran[0]!r} --seed {ran[1]!r}, but the "
+                f"sweep lists it as arm {cell['spec']!r} seed {cell['seed']}; allowed: the cell's own run (rerun it "
+                "or restore its config.json)"
+            )
+
+
 def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float]]:
     """{spec: {seed: value of metric}} over the sweep's finished cells."""
     values: dict[str, dict[int, float]] = {spec: {} for spec in record["specs"]}
