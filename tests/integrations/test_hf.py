@@ -378,3 +378,22 @@ def test_eager_on_a_laplacian_config_is_lapheads_textbook_path_with_maps_and_gen
     assert torch.equal(model.generate(prompt, **kwargs), dynamic)  # the fused path generates the same tokens
     with pytest.raises(InputError, match="allowed: 'lapheads', or 'eager'"):
         model.set_attn_implementation("sdpa")
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_torch_export_saves_and_reloads_a_laplacian_hugging_face_model_with_its_outputs(name, tmp_path):
+    """torch.export (TorchScript's successor) of every family with two Laplacian heads a layer: the exported
+    program, saved and loaded back, gives the eager model's outputs (decoders without their cache object, which
+    is transformers' own type, not a tensor)."""
+    model = lhf.enable(_build(name), 2)
+    torch.manual_seed(1)
+    args = (torch.randn(2, 3, 16, 16),) if name == "vit" else (torch.randint(0, 100, (2, 12)),)
+    kwargs = {} if name == "vit" else {"use_cache": False}
+    with torch.no_grad():
+        eager = model(*args, **kwargs)
+    torch.export.save(torch.export.export(model, args, kwargs=kwargs), tmp_path / "model.pt2")
+    loaded = torch.export.load(tmp_path / "model.pt2").module()
+    with torch.no_grad():
+        out = loaded(*args, **kwargs)
+    key = "last_hidden_state" if name == "vit" else "logits"
+    torch.testing.assert_close(out[key], eager[key], rtol=0, atol=1e-6)
