@@ -9,12 +9,12 @@ import pytest
 
 from lapheads.data.conversations import (
     conversation_mixture,
-    gsm8k_conversation,
     parse_mixture,
     render_conversation,
     render_for_completion,
 )
 from lapheads.data.synthetic import generated_items
+from lapheads.data.turns import gsm8k_conversation
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.errors import InputError
 

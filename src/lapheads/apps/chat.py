@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
-from lapheads.data.conversations import Conversation, render_for_completion
+from lapheads.data.conversations import render_for_completion
 from lapheads.data.tokenizers import Tokenizer
+from lapheads.data.turns import Conversation
 from lapheads.errors import InputError, LapheadsError
 from lapheads.models.gpt import GPT, sample_token
 

@@ -29,22 +29,19 @@ from typing import Any
 
 from lapheads.data.benchmarks import choice_index
 from lapheads.data.images import DataError
+from lapheads.data.synthetic import generated_conversations
 from lapheads.data.tokenizers import Tokenizer
+from lapheads.data.turns import Conversation, gsm8k_conversation, mc_conversation
 from lapheads.errors import InputError
 
 __all__ = [
     "CONVERSATION_SOURCES",
-    "Conversation",
     "conversation_mixture",
-    "gsm8k_conversation",
-    "mc_conversation",
     "parse_mixture",
     "render_conversation",
     "render_for_completion",
 ]
 
-#: A conversation: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str | list[part]}, ...]}``
-Conversation = dict[str, Any]
 PART_TYPES = ("text", "python", "python_output")
 ROLES = ("system", "user", "assistant")
 
@@ -135,31 +132,6 @@ def render_for_completion(tokenizer: Tokenizer, conversation: Conversation) -> l
 # Conversations from the hub's task schemas
 
 
-def mc_conversation(question: str, choices: list[str], answer: int) -> Conversation:
-    """A multiple-choice item as nanochat trains and evaluates it: the lettered prompt, the letter as the reply."""
-    from lapheads.data.benchmarks import LETTERS, render_mc
-
-    return {"messages": [{"role": "user", "content": render_mc(question, choices)},
-                         {"role": "assistant", "content": LETTERS[answer]}]}
-
-
-_CALCULATOR = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
-
-
-def gsm8k_conversation(question: str, answer: str) -> Conversation:
-    """A GSM8K item with its calculator annotations ``<<48/2=24>>`` turned into tool calls and outputs."""
-    parts, last = [], 0
-    for match in _CALCULATOR.finditer(answer):
-        if match.start() > last:
-            parts.append({"type": "text", "text": answer[last:match.start()]})
-        parts.append({"type": "python", "text": match.group(1)})
-        parts.append({"type": "python_output", "text": match.group(2)})
-        last = match.end()
-    if last < len(answer):
-        parts.append({"type": "text", "text": answer[last:]})
-    return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": parts}]}
-
-
 def _rows(
     name: str, data_dir: str | Path | None, hub: tuple[str, str | None, str] | None, keys: tuple[str, ...]
 ) -> list[dict[str, Any]]:
@@ -220,8 +192,6 @@ def _identity(data_dir):
 
 def _generated(task: str, split: str):
     def load(data_dir):
-        from lapheads.data.synthetic import generated_conversations
-
         return generated_conversations(task, split)
     return load
 

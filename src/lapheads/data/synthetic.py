@@ -20,7 +20,7 @@ import zlib
 from functools import cache
 from typing import Any
 
-from lapheads.data.conversations import Conversation, gsm8k_conversation
+from lapheads.data.turns import Conversation, gsm8k_conversation
 from lapheads.errors import InputError
 
 __all__ = ["GENERATED_TASKS", "WORDS", "generated_conversations", "generated_items"]

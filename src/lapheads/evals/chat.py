@@ -25,8 +25,9 @@ from tqdm.auto import tqdm
 
 from lapheads.apps.chat import ChatEngine
 from lapheads.data.benchmarks import usable_rows
-from lapheads.data.conversations import gsm8k_conversation, mc_conversation, render_for_completion
+from lapheads.data.conversations import render_for_completion
 from lapheads.data.images import DataError
+from lapheads.data.turns import gsm8k_conversation, mc_conversation
 from lapheads.errors import InputError
 from lapheads.evals.lm import LETTERS, _mc_item, extract_number, humaneval_program, load_task, pass_at_k
 

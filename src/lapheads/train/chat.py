@@ -36,8 +36,9 @@ from typing import Any, ClassVar
 import torch
 
 from lapheads.config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, ConfigError, Domain, option, validate_config
-from lapheads.data.conversations import Conversation, conversation_mixture, parse_mixture, render_conversation
+from lapheads.data.conversations import conversation_mixture, parse_mixture, render_conversation
 from lapheads.data.tokenizers import Tokenizer
+from lapheads.data.turns import Conversation
 from lapheads.distributed import Distributed, StopRequests, setup_distributed
 from lapheads.errors import InputError
 from lapheads.hardware import BusyWatch
