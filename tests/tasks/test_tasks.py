@@ -57,3 +57,11 @@ def test_every_loss_like_headline_metric_is_known_to_improve_by_falling():
         for label, _, _ in task.headline:
             if any(word in label for word in ("loss", "bits per byte", "perplexity")):
                 assert label in LOWER_IS_BETTER, (task.name, label)
+
+
+def test_the_tasks_a_run_may_name_are_the_task_tables():
+    """runs/ sits below the task table, so its loaders check a record's task against RUN_TASKS: the same names."""
+    from lapheads.runs.layout import RUN_TASKS
+    from lapheads.tasks import TASKS
+
+    assert set(RUN_TASKS) == set(TASKS) and len(RUN_TASKS) == len(TASKS)

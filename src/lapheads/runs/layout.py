@@ -19,6 +19,7 @@ __all__ = [
     "PLAN_FILE",
     "RECORDS_LOCK",
     "RUN_LOCK",
+    "RUN_TASKS",
     "SAMPLES_FILE",
     "STATE_FILE",
     "SWEEP_FILE",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.json"  # the full resolved config, written before anything else
+#: the tasks a run's config.json may name: the task table's names (lapheads.tasks.TASKS, which sits above runs/;
+#: tests/tasks pins the two equal), so a loader refuses a record no lapheads trainer wrote
+RUN_TASKS = ("classify", "lm", "dino", "mid", "sft")
 METRICS_FILE = "metrics.jsonl"  # one JSON object per logged step or evaluation
 SAMPLES_FILE = "samples.jsonl"  # lm: a generated sample per evaluation
 CHECKPOINTS = "checkpoints"  # step folders and the `latest` pointer

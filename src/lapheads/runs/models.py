@@ -13,7 +13,7 @@ from lapheads.distributed import resolve_device
 from lapheads.errors import CheckpointError, InputError
 from lapheads.io import load_safetensors, state_dict_mismatch
 from lapheads.runs.directory import RunDir, checkpoint_folder, files_within
-from lapheads.runs.layout import WEIGHTS, nanochat_tokenizer_dir
+from lapheads.runs.layout import RUN_TASKS, WEIGHTS, nanochat_tokenizer_dir
 
 
 def load_weights(module: torch.nn.Module, path: Path, prefix: str = "") -> None:
@@ -71,6 +71,10 @@ def build_model(record: dict[str, Any]) -> torch.nn.Module:
 
 
 def _record_of(run: RunDir, record: dict[str, Any]) -> dict[str, Any]:
+    if record.get("task") not in RUN_TASKS:
+        raise CheckpointError(
+            f"{run.path}/config.json records task {str(record.get('task'))[:60]!r}; allowed: {', '.join(RUN_TASKS)}"
+        )
     model = record.get("model")
     if isinstance(model, dict) and "factory" not in model and trained_on_conversations(record):
         model = {"factory": "gpt", "kwargs": model}  # chat runs of lapheads 0.1 recorded GPTConfig's fields only
