@@ -111,7 +111,8 @@ def _add_mechanism(per_layer: dict[str, dict[str, Any]], model: torch.nn.Module,
     weights, and ``tau``, ``p_diffusion``, ``fraction_drop`` from the data just analysed) and the mean diffusion
     score of its Laplacian and of its ordinary heads (None where the block has none of a kind: JSON keeps it, and a
     cached analysis compares equal to a fresh one)."""
-    for i, (heads, measured) in enumerate(zip(ov_circuits(model), effects.compute())):
+    circuits = ov_circuits(model)
+    for i, (heads, measured) in enumerate(zip(circuits, effects.compute(circuits))):
         if str(i + 1) not in per_layer:
             continue
         heads = [{**circuit, **data} for circuit, data in zip(heads, measured)]

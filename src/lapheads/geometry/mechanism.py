@@ -271,9 +271,10 @@ class HeadEffects:
             self.gains[i] = None if gain is None else gain if previous is None else previous + gain
         self.sequences += len(self.captured[("x", 0)])
 
-    def compute(self) -> list[list[dict[str, Any]]]:
+    def compute(self, circuits: list[list[dict[str, Any]]] | None = None) -> list[list[dict[str, Any]]]:
+        """The scores per block and head; ``circuits``: the model's ``ov_circuits`` where the caller has them."""
         out = []
-        for i, (layer, circuits) in enumerate(zip(self.layers, ov_circuits(self.model))):
+        for i, (layer, block_circuits) in enumerate(zip(self.layers, circuits or ov_circuits(self.model))):
             fraction = self.before[i].compute()["within_seq_fraction"]
             alpha, beta, _ = kind_coefficients(tuple(layer.kinds), _mix_tensors(layer.attn), torch.float64, "cpu")
             gains = self.gains[i]
@@ -285,7 +286,7 @@ class HeadEffects:
                 heads.append(
                     {
                         "tau": tau,
-                        "p_diffusion": None if tau is None else -circuits[h]["alignment"] * tau,
+                        "p_diffusion": None if tau is None else -block_circuits[h]["alignment"] * tau,
                         "fraction_drop": fraction - self.after[i][h].compute()["within_seq_fraction"],
                     }
                 )

@@ -70,6 +70,13 @@ def build_model(record: dict[str, Any]) -> torch.nn.Module:
         raise CheckpointError(f"the recorded model arguments do not build a {factory} model: {err}") from None
 
 
+def trained_on_conversations(record: dict[str, Any]) -> bool:
+    """Whether a run's config.json says it trained on conversations (mid and sft runs record how many, since their
+    first version): chat, serve and the chat evaluations read only those. A fact of the run, not a list of task
+    names (the task table, above runs/, owns the tasks)."""
+    return isinstance(record.get("conversations"), int) and not isinstance(record.get("conversations"), bool)
+
+
 def _record_of(run: RunDir, record: dict[str, Any]) -> dict[str, Any]:
     if record.get("task") not in RUN_TASKS:
         raise CheckpointError(
@@ -186,13 +193,6 @@ def load_nanochat_model(
 
 # ----------------------------------------------------------------------------------------------------------------
 # The sweep directory (written by lapheads.study.sweep, read by lapheads.study.report)
-
-
-def trained_on_conversations(record: dict[str, Any]) -> bool:
-    """Whether a run's config.json says it trained on conversations (mid and sft runs record how many, since their
-    first version): chat, serve and the chat evaluations read only those. A fact of the run, not a list of task
-    names (the task table, above runs/, owns the tasks)."""
-    return isinstance(record.get("conversations"), int) and not isinstance(record.get("conversations"), bool)
 
 
 def load_gpt_run(run_dir: str | os.PathLike, device: str = "auto", step: int | None = None):
