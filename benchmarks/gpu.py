@@ -116,7 +116,8 @@ def gpt_table(
     backend: str,
     head_dim: int = 128,
 ) -> list[str]:
-    from lapheads.train.lm import LMConfig, build_optimizers
+    from lapheads.train.lm import LMConfig
+    from lapheads.train.optimizers import build_optimizers
 
     rows, peak = [], _peak_flops(device)
     for depth in depths:

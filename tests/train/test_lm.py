@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from lapheads.cli import main
 from lapheads.train import lm as lm_module
+from lapheads.train import optimizers as optim
 from lapheads.train.lm import train_lm
 from lapheads.train.runtime import NonFiniteLossError
 from tests.conftest import tiny_lm, torchrun
@@ -237,10 +238,15 @@ def test_the_2026_family_trains_and_resumes_with_the_forks_optimizer_groups_and_
     assert "value_embeds.1.weight" in a and "smear_lambda" in a
     assert all(torch.equal(a[k], b[k]) for k in a)
     # schedules: warm-up steps, momentum to 0.97 then to 0.90 over the warm-down, cosine weight decay
-    assert lm_module.lr_multiplier(0, 8, cfg) == 0.5 and lm_module.lr_multiplier(4, 8, cfg) == 1.0
-    assert lm_module.muon_momentum(2, cfg, 8) == pytest.approx(0.97)
-    assert lm_module.muon_momentum(8, cfg, 8) == pytest.approx(0.90)
-    assert lm_module.muon_weight_decay(0, 8, cfg) == pytest.approx(0.1) and lm_module.muon_weight_decay(8, 8, cfg) == 0
+    assert optim.lr_multiplier(0, 8, 0.5, 2, 0.05) == 0.5 and optim.lr_multiplier(4, 8, 0.5, 2, 0.05) == 1.0
+    assert optim.lr_multiplier(7, 8, 0.5, 2, 0.05) == pytest.approx(0.25 + 0.75 * 0.05)
+    momentum = {s: optim.muon_momentum(s, 8, 0.85, 0.97, 2, 0.90, 0.5) for s in (0, 1, 2, 8)}
+    assert momentum == pytest.approx({0: 0.85, 1: 0.91, 2: 0.97, 8: 0.90})
+    assert optim.muon_weight_decay(0, 8, 0.1, "cosine") == pytest.approx(0.1)
+    assert optim.muon_weight_decay(8, 8, 0.1, "cosine") == 0 and optim.muon_weight_decay(8, 8, 0.1, "constant") == 0.1
+    # the chat stages' schedule: flat, then linear to 0 over the last warmdown_ratio
+    assert [optim.lr_multiplier(s, 4, 0.5) for s in range(4)] == [1.0, 1.0, 1.0, 0.5]
+    assert [optim.lr_multiplier(s, 4, 1.0) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
 
 
 def test_the_forks_optimizer_groups(text_root):
@@ -248,7 +254,7 @@ def test_the_forks_optimizer_groups(text_root):
 
     cfg = tiny_lm(text_root, arch="nanochat-2026", embedding_lr=0.3, scalar_lr=0.5)
     model = GPT(lm_module.gpt_config(cfg, 40))
-    optimizers = lm_module.build_optimizers(model, cfg)
+    optimizers = optim.build_optimizers(model, cfg)
     groups = optimizers["adamw"].param_groups
     scale = (64 / 768) ** -0.5
     by_first = {id(g["params"][0]): g for g in groups}
@@ -417,9 +423,9 @@ def test_analyze_takes_a_nanochat_checkpoint(tmp_path, capsys, monkeypatch, text
 
 
 def _prepare(root: str) -> int:
-    from lapheads.train.lm import prepare_lm_data
+    from lapheads.train.lm import text_source
 
-    return len(prepare_lm_data(tiny_lm(root))[1].train)
+    return len(text_source(tiny_lm(root)).prepare()[1].train)
 
 
 def test_cells_started_together_prepare_the_tokens_once(tmp_path):

@@ -376,16 +376,16 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.action == "prepare":
         if args.name not in TEXT_DATASETS:
             raise UserError(f"data prepare {args.name!r}: allowed: {', '.join(TEXT_DATASETS)}")
-        from lapheads.train.lm import LMConfig, prepare_lm_data
+        from lapheads.data.text import TextSource
 
-        cfg = LMConfig(
-            dataset=args.name,
+        source = TextSource(
+            args.name,
+            args.tokenizer,
             data_root=args.root or "data",
-            tokenizer=args.tokenizer,
             tokenizer_vocab=args.tokenizer_vocab,
             download_shards=args.shards,
         )
-        tokenizer, shards = prepare_lm_data(cfg)
+        tokenizer, shards = source.prepare()
         print(json.dumps({"vocab_size": tokenizer.vocab_size, **shards.meta}))
         return 0
     if args.name == "fashion-mnist":

@@ -34,11 +34,13 @@ import torch
 
 from lapheads.data.images import DataError
 from lapheads.data.tokenizers import Tokenizer
+from lapheads.errors import InputError
 
 __all__ = [
     "FINEWEB_REPO",
     "TokenBatches",
     "TokenShards",
+    "TextSource",
     "fineweb_documents",
     "fineweb_shards",
     "markdown_play_to_text",
@@ -294,6 +296,68 @@ class TokenShards:
                                 f"{meta[f'{split}_tokens']}: truncated or corrupt; delete the folder to re-prepare")
             _check_token_ids(array, int(meta.get("vocab_size") or 0), folder / f"{split}.bin")
         return cls(arrays["train"], arrays["val"], meta)
+
+
+#: characters of training text a BPE is fitted on, unless the run says otherwise
+TOKENIZER_TRAIN_CHARS = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class TextSource:
+    """What a language model reads: a corpus, its tokenizer, and where both are kept. ``prepare`` builds (or trains)
+    the tokenizer once, tokenises the corpus once under DATA_ROOT/tokens/<dataset>-<tokenizer>, and opens the shards;
+    a pre-training run and ``lapheads data prepare`` both call it."""
+
+    dataset: str
+    tokenizer: str = "char"
+    data_root: str = "data"
+    tokenizer_vocab: int = 4096
+    tokenizer_train_chars: int = TOKENIZER_TRAIN_CHARS
+    max_shards: int | None = None
+    download_shards: int = 0
+
+    @property
+    def tokens_dir(self) -> Path:
+        vocab = f"{self.tokenizer_vocab}" if self.tokenizer == "bpe" else ""
+        return Path(self.data_root) / "tokens" / f"{self.dataset}-{self.tokenizer}{vocab}"
+
+    def training_texts(self, limit: int) -> Iterator[str]:
+        """Training-split text (never the validation plays or shard), at most ``limit`` characters."""
+        if self.dataset == "shakespeare":
+            texts = (t for i, (_, t) in enumerate(shakespeare_plays(self.data_root)) if i % 10 != 9)
+        else:
+            shards = fineweb_shards(Path(self.data_root) / "fineweb-edu", self.download_shards)
+            texts = (d for s in shards[:-1] for d in fineweb_documents(s))
+        seen = 0
+        for text in texts:
+            yield text[: limit - seen]
+            seen += len(text)
+            if seen >= limit:
+                return
+
+    def prepare(self) -> tuple[Tokenizer, TokenShards]:
+        """The tokenizer (loaded from the shards' copy, else built: GPT-2's, characters, or a BPE fitted on the
+        training split) and the token shards; cells started together wait for one another (a lock file)."""
+        from lapheads.data.tokenizers import KINDS, TokenizerError, load_tokenizer, train_bpe
+        from lapheads.io import exclusive
+
+        if self.dataset not in TEXT_DATASETS:
+            raise InputError(f"unknown dataset {self.dataset!r}; allowed: {', '.join(TEXT_DATASETS)}")
+        if self.tokenizer not in KINDS:
+            raise InputError(f"unknown tokenizer {self.tokenizer!r}; allowed: {', '.join(KINDS)}")
+        folder = self.tokens_dir
+        with exclusive(folder.parent / f".{folder.name}.lock"):
+            try:
+                tokenizer = load_tokenizer(shard_tokenizer_dir(folder))
+            except TokenizerError:
+                if self.tokenizer == "gpt2":
+                    tokenizer = Tokenizer.gpt2()
+                elif self.tokenizer == "char":
+                    tokenizer = Tokenizer.char("".join(self.training_texts(self.tokenizer_train_chars)))
+                else:
+                    tokenizer = train_bpe(self.training_texts(self.tokenizer_train_chars), self.tokenizer_vocab)
+            prepare_tokens(self.dataset, tokenizer, folder, self.data_root, self.max_shards, self.download_shards)
+        return tokenizer, TokenShards.open(folder)
 
 
 def _check_token_ids(tokens: np.ndarray, vocab_size: int, path: Path, chunk: int = 1 << 26) -> None:

@@ -11,7 +11,8 @@ Design choices:
   over the last 20%.
 * **SFT** trains on padded batches of whole conversations with nanochat's loss mask (assistant tokens only),
   ``examples_per_step`` conversations per step, LRs at ``init_lr_frac`` 0.02 of the pre-training ones decaying
-  linearly to 0 (nanochat v1's defaults). Muon for block matrices, AdamW for the rest, as in pre-training.
+  linearly to 0 (nanochat v1's defaults). Muon for block matrices, AdamW for the rest: pre-training's
+  optimizers and schedule (:mod:`lapheads.train.optimizers`).
 * **LoRA through peft** (``--lora-rank R``): adapters on ``c_q, c_k, c_v, c_proj, c_fc`` (the authors' rank 16,
   alpha 32, dropout 0.05, AdamW LR 2e-4); the base is frozen, checkpoints hold only adapter weights, the final
   adapters are also written in peft's own format (``RUN_DIR/adapter``), and ``--lora-merge true`` writes a plain
@@ -24,11 +25,9 @@ Design choices:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -41,21 +40,22 @@ from lapheads.data.tokenizers import Tokenizer
 from lapheads.data.turns import Conversation
 from lapheads.distributed import Distributed, StopRequests, setup_distributed
 from lapheads.errors import InputError
-from lapheads.hardware import BusyWatch
 from lapheads.models.gpt import GPT
 from lapheads.models.lora import LoraAdapters, apply_lora
 from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, load_nanochat_model, model_record
 from lapheads.runs.layout import STATE_FILE
+from lapheads.train.optimizers import build_optimizers, lr_multiplier, set_learning_rates
 from lapheads.train.runtime import (
     HEAD_SPEC,
     RunConfig,
+    StepClock,
     check_finite_loss,
+    grad_sync,
     optimizer_step,
     run_precision,
     save_checkpoint,
     seed_everything,
     start_or_resume,
-    training_progress,
     wrap_for_training,
 )
 
@@ -296,26 +296,14 @@ def conversation_loss(
 
 
 def _optimizers(model: GPT, peft_model, cfg: ChatTrainConfig, dist_: Distributed) -> dict[str, torch.optim.Optimizer]:
-    if peft_model is not None:
-        params = [p for p in peft_model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=cfg.lora_lr * cfg.init_lr_frac, weight_decay=cfg.weight_decay)
-        for group in opt.param_groups:
-            group["initial_lr"] = group["lr"]
-        return {"adamw": opt}
-    from lapheads.train.lm import build_optimizers
-
-    optimizers = build_optimizers(model, cfg, dist_)
-    for opt in optimizers.values():
-        for group in opt.param_groups:
-            group["lr"] = group["initial_lr"] = group["initial_lr"] * cfg.init_lr_frac
-    return optimizers
-
-
-def _lr_multiplier(step: int, total: int, warmdown_ratio: float) -> float:
-    warmdown = round(warmdown_ratio * total)
-    if step < total - warmdown:
-        return 1.0
-    return (total - step) / max(warmdown, 1)
+    """Pre-training's optimizers at ``init_lr_frac`` of its rates; with LoRA, one AdamW over the adapters."""
+    if peft_model is None:
+        return build_optimizers(model, cfg, dist_, lr_scale=cfg.init_lr_frac)
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lora_lr * cfg.init_lr_frac, weight_decay=cfg.weight_decay)
+    for group in opt.param_groups:
+        group["initial_lr"] = group["lr"]
+    return {"adamw": opt}
 
 
 def train_chat(
@@ -416,8 +404,8 @@ def train_chat(
         tokenizer.save(run.tokenizer_dir)
     train_model, forward_model = wrap_for_training(peft_model if peft_model is not None else model, dist_, cfg.compile)
     hint = "lower --lora-lr" if peft_model is not None else "lower --init-lr-frac"
-    progress = training_progress(total_steps, start_step, f"train {task}", disable=not dist_.is_main)
-    busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
+    clock = StepClock(total_steps, start_step, f"train {task}", main=dist_.is_main, stop_at_step=stop_at_step)
+    progress = clock.progress
 
     def evaluate(step: int) -> dict[str, float]:
         if not val:
@@ -431,13 +419,10 @@ def train_chat(
         return {"val_loss": loss}
 
     last_eval: dict[str, float] = evaluate(0) if start_step == 0 else {}
-    tick = time.perf_counter()
     step = start_step
     with StopRequests(active=not dist_.enabled) as stop:
         while step < total_steps:
-            busy.begin()  # evaluations and checkpoints are not the step's pace
-            if stop_at_step is not None and step >= stop_at_step:
-                progress.close()
+            if not clock.begin(step):
                 return {"step": step, "stopped": True}
             micro_batches = batches.step(step)
             loss_sum, tokens = torch.zeros((), device=dist_.device), 0
@@ -451,8 +436,7 @@ def train_chat(
                         "conversations"
                     )
                 tokens += trained_here
-                sync = a == len(micro_batches) - 1 or not dist_.enabled
-                with contextlib.nullcontext() if sync else train_model.no_sync():
+                with grad_sync(train_model, dist_, last=a == len(micro_batches) - 1):
                     with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
                         loss = forward_model(x, y)
                     (loss / len(micro_batches)).backward()
@@ -461,18 +445,14 @@ def train_chat(
             check_finite_loss(mean_loss, step, run, hint, progress)
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(trained.parameters(), cfg.grad_clip)
-            multiplier = _lr_multiplier(step, total_steps, cfg.warmdown_ratio)
-            for opt in optimizers.values():
-                for group in opt.param_groups:
-                    group["lr"] = group["initial_lr"] * multiplier
+            multiplier = lr_multiplier(step, total_steps, cfg.warmdown_ratio)  # no warm-up, down to 0
+            set_learning_rates(optimizers, multiplier)
             optimizer_step(list(optimizers.values()), step, run, hint, progress)
             (peft_model or model).zero_grad(set_to_none=True)
             step += 1
-            progress.update(1)
-            if (busy_line := busy.step()) and dist_.is_main:
-                progress.write(busy_line)
-            if step % cfg.log_every == 0 or step == total_steps:
-                elapsed, tick = time.perf_counter() - tick, time.perf_counter()
+            clock.end()
+            if clock.due(step, cfg.log_every):
+                elapsed, _ = clock.lap()
                 progress.set_postfix(loss=f"{mean_loss:.4f}", lrm=f"{multiplier:.2f}")
                 if dist_.is_main:
                     run.log(
@@ -484,13 +464,12 @@ def train_chat(
                             "seconds": elapsed,
                         }
                     )
-            if step % cfg.eval_every == 0 or step == total_steps:
+            if clock.due(step, cfg.eval_every):
                 last_eval = evaluate(step)
-                save_checkpoint(run, step, dist_, trained, optimizers, {}, keep=cfg.keep_checkpoints)
-            elif (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or stop.requested:
+            if clock.due(step, cfg.checkpoint_every, cfg.eval_every) or stop.requested:
                 save_checkpoint(run, step, dist_, trained, optimizers, {}, keep=cfg.keep_checkpoints)
             stop.stop_if_requested(step, run.path, progress)
-    progress.close()
+    clock.close()
     if peft_model is not None and dist_.is_main:
         peft_model.save_pretrained(str(run.path / "adapter"))  # peft's own format: PeftModel.from_pretrained reads it
         if cfg.lora_merge:

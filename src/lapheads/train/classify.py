@@ -14,11 +14,9 @@ Design choices:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.distributed import StopRequests, setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.classify import evaluate_classifier, evaluate_fit, fit_images
-from lapheads.hardware import BusyWatch, activation_bytes, check_fits, training_bytes
+from lapheads.hardware import activation_bytes, check_fits, training_bytes
 from lapheads.models.vit import vit_head_kinds, vit_laplacian_masks
 from lapheads.runs import RunDir, model_record
 from lapheads.runs import build_model as build_from_record
@@ -40,13 +38,14 @@ from lapheads.runs.layout import CONFIG_FILE
 from lapheads.train.runtime import (
     GlobalBatchSampler,
     RunConfig,
+    StepClock,
     check_finite_loss,
+    grad_sync,
     optimizer_step,
     run_precision,
     save_checkpoint,
     seed_everything,
     start_or_resume,
-    training_progress,
     wrap_for_training,
 )
 
@@ -371,28 +370,24 @@ def train_classify(
     train_model, forward_model = wrap_for_training(model, dist_, cfg.compile)
 
     steps_per_eval = max(1, round(cfg.eval_every_epochs * sampler.steps_per_epoch))
-    progress = training_progress(total_steps, start_step, "train", disable=not dist_.is_main)
-    busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
+    clock = StepClock(total_steps, start_step, "train", main=dist_.is_main, stop_at_step=stop_at_step)
+    progress = clock.progress
     batches = sampler.step_batches(start_step)
     last_eval: dict[str, float] = {}
-    tick, seen = time.perf_counter(), 0
     model.train()
     step = start_step
     with StopRequests(active=not dist_.enabled) as stop:
         while step < total_steps:
-            busy.begin()  # evaluations and checkpoints are not the step's pace
-            if stop_at_step is not None and step >= stop_at_step:
-                progress.close()
+            if not clock.begin(step):
                 return {"step": step, "stopped": True}
             step, micro_batches = next(batches)
-            loss_sum = torch.zeros((), device=dist_.device)
+            loss_sum, seen = torch.zeros((), device=dist_.device), 0
             for a, indices in enumerate(micro_batches):
                 images, labels = _collate(train_set, indices)
                 images, labels = images.to(dist_.device, non_blocking=True), labels.to(dist_.device, non_blocking=True)
                 if mixup is not None:
                     images, labels = mixup(images, labels)
-                sync = a == len(micro_batches) - 1 or not dist_.enabled
-                with contextlib.nullcontext() if sync else train_model.no_sync():
+                with grad_sync(train_model, dist_, last=a == len(micro_batches) - 1):
                     with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
                         loss = loss_fn(forward_model(images), labels)
                     # the logged loss stays the task's; the optional penalty only joins the gradient
@@ -411,14 +406,10 @@ def train_classify(
             if ema is not None:
                 ema.update(model, step=step + 1)
             step += 1
-            progress.update(1)
-            if (busy_line := busy.step()) and dist_.is_main:
-                progress.write(busy_line)
+            clock.end(seen)
             lr = optimizer.param_groups[0]["lr"]
-            if step % cfg.log_every == 0 or step == total_steps:
-                elapsed = time.perf_counter() - tick
-                rate = seen / elapsed if elapsed > 0 else 0.0
-                tick, seen = time.perf_counter(), 0
+            if clock.due(step, cfg.log_every):
+                _, rate = clock.lap()
                 progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", img_s=f"{rate:.0f}")
                 if dist_.is_main:
                     run.log(
@@ -430,7 +421,7 @@ def train_classify(
                             "images_per_s": rate,
                         }
                     )
-            if step % steps_per_eval == 0 or step == total_steps:
+            if clock.due(step, steps_per_eval):
                 eval_batch = micro_batch * 2
                 last_eval = evaluate_classifier(model, eval_set, dist_, eval_batch, precision.autocast, cfg.num_workers)
                 if ema is not None:
@@ -445,12 +436,7 @@ def train_classify(
                 if dist_.is_main:
                     run.log({"step": step, "epoch": step / sampler.steps_per_epoch, **last_eval})
                     progress.write(f"step {step}: " + ", ".join(f"{k} {v:.2f}" for k, v in last_eval.items()))
-            if (
-                (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-                or step % steps_per_eval == 0
-                or step == total_steps
-                or stop.requested
-            ):
+            if clock.due(step, cfg.checkpoint_every, steps_per_eval) or stop.requested:
                 save_checkpoint(
                     run,
                     step,
@@ -462,5 +448,5 @@ def train_classify(
                     keep=cfg.keep_checkpoints,
                 )
             stop.stop_if_requested(step, run.path, progress)
-    progress.close()
+    clock.close()
     return {"step": step, "num_params": num_params, **last_eval}

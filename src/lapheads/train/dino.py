@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.data.multicrop import MultiCropAugmentation, collate_crops
 from lapheads.distributed import StopRequests, setup_distributed
 from lapheads.errors import InputError
-from lapheads.hardware import BusyWatch, activation_bytes, check_fits, training_bytes
+from lapheads.hardware import activation_bytes, check_fits, training_bytes
 from lapheads.models.dino import (
     DINOHead,
     DINOLoss,
@@ -47,13 +46,13 @@ from lapheads.runs.layout import CONFIG_FILE
 from lapheads.train.runtime import (
     GlobalBatchSampler,
     RunConfig,
+    StepClock,
     check_finite_loss,
     optimizer_step,
     run_precision,
     save_checkpoint,
     seed_everything,
     start_or_resume,
-    training_progress,
     wrap_for_training,
 )
 
@@ -317,17 +316,15 @@ def train_dino(
     )
     _, forward_model = wrap_for_training(student, dist_, cfg.compile)
     steps_per_checkpoint = max(1, round(cfg.checkpoint_every_epochs * per_epoch))
-    progress = training_progress(total_steps, start_step, "train dino", disable=not dist_.is_main)
-    busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
+    clock = StepClock(total_steps, start_step, "train dino", main=dist_.is_main, stop_at_step=stop_at_step)
+    progress = clock.progress
     batches = sampler.step_batches(start_step)
-    tick, seen, mean_loss = time.perf_counter(), 0, math.nan
+    mean_loss = math.nan
     student.train()
     step = start_step
     with StopRequests(active=not dist_.enabled) as stop:
         while step < total_steps:
-            busy.begin()  # evaluations and checkpoints are not the step's pace
-            if stop_at_step is not None and step >= stop_at_step:
-                progress.close()
+            if not clock.begin(step):
                 return {"step": step, "stopped": True}
             step, (indices,) = next(batches)
             epoch = step // per_epoch
@@ -352,15 +349,10 @@ def train_dino(
             cancel_last_layer_gradients(epoch, student, cfg.freeze_last_layer)
             optimizer_step([optimizer], step, run, hint, progress)
             update_teacher(student, teacher, float(momentum_schedule[step]))
-            seen += len(indices) * dist_.world_size
             step += 1
-            progress.update(1)
-            if (busy_line := busy.step()) and dist_.is_main:
-                progress.write(busy_line)
-            if step % cfg.log_every == 0 or step == total_steps:
-                elapsed = time.perf_counter() - tick
-                rate = seen / elapsed if elapsed > 0 else 0.0
-                tick, seen = time.perf_counter(), 0
+            clock.end(len(indices) * dist_.world_size)
+            if clock.due(step, cfg.log_every):
+                _, rate = clock.lap()
                 progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr_schedule[step - 1]:.2e}", img_s=f"{rate:.0f}")
                 if dist_.is_main:
                     run.log(
@@ -374,15 +366,10 @@ def train_dino(
                             "images_per_s": rate,
                         }
                     )
-            if (
-                (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-                or step % steps_per_checkpoint == 0
-                or step == total_steps
-                or stop.requested
-            ):
+            if clock.due(step, cfg.checkpoint_every, steps_per_checkpoint) or stop.requested:
                 save_checkpoint(
                     run, step, dist_, student, optimizer, {"epoch": step / per_epoch}, extra, keep=cfg.keep_checkpoints
                 )
             stop.stop_if_requested(step, run.path, progress)
-    progress.close()
+    clock.close()
     return {"step": step, "num_params": num_params, "loss": mean_loss}

@@ -2,15 +2,16 @@
 
 Design choices:
 
-* **Optimizers as nanochat**: ``torch.optim.Muon`` (Nesterov, momentum warmed from 0.85 to 0.95 over 300 steps, no
-  weight decay) for every matrix inside the blocks; AdamW (betas 0.8/0.95, eps 1e-10) for the embedding and the
-  head, their learning rates scaled by (width/768)^-0.5.
+* **Optimizers as nanochat** (:mod:`lapheads.train.optimizers`, shared with the chat stages): ``torch.optim.Muon``
+  (Nesterov, momentum warmed from 0.85 to 0.95 over 300 steps, no weight decay) for every matrix inside the blocks;
+  AdamW (betas 0.8/0.95, eps 1e-10) for the embedding and the head, their learning rates scaled by (width/768)^-0.5.
 * **Schedule**: linear warm-up (``warmup_ratio``), constant, then a linear warm-down over the last
   ``warmdown_ratio`` of the steps to ``final_lr_frac``; steps = ``num_iterations`` or, when -1, tokens =
   ``target_param_data_ratio`` x parameters (Chinchilla-style) divided by the batch.
 * **The batch is in tokens**: ``total_batch_size`` tokens per optimizer step = micro_batch x sequence_len x world
   size x accumulation steps (derived, and checked to divide).
-* **Data**: token shards prepared once per (dataset, tokenizer) under DATA_ROOT/tokens/, and batches that are a
+* **Data**: token shards prepared once per (dataset, tokenizer) under DATA_ROOT/tokens/ (``TextSource`` in
+  :mod:`lapheads.data.text`, which ``lapheads data prepare`` calls too), and batches that are a
   pure function of (seed, step) (``TokenBatches``), so DDP and resume need no loader state.
 * **Evaluation** in bits per byte on the validation split (special tokens excluded, as nanochat), and samples from
   a prompt, both logged to the run directory (metrics.jsonl, samples.jsonl).
@@ -20,12 +21,9 @@ Design choices:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import math
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,35 +45,39 @@ from lapheads.config import (
 )
 from lapheads.data.text import (
     TEXT_DATASETS,
+    TOKENIZER_TRAIN_CHARS,
+    TextSource,
     TokenBatches,
-    TokenShards,
-    prepare_tokens,
-    shakespeare_plays,
-    shard_tokenizer_dir,
 )
-from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
-from lapheads.distributed import Distributed, StopRequests, setup_distributed
+from lapheads.data.tokenizers import KINDS, Tokenizer
+from lapheads.distributed import StopRequests, setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.lm import evaluate_bpb
-from lapheads.hardware import BusyWatch, activation_bytes, check_fits, training_bytes
-from lapheads.io import exclusive
+from lapheads.hardware import activation_bytes, check_fits, training_bytes
 from lapheads.models.gpt import ARCHS, GPT, GPTConfig
 from lapheads.runs import RunDir, model_record
 from lapheads.runs.layout import CONFIG_FILE, METRICS_FILE, SAMPLES_FILE
-from lapheads.train.muon import ShardedMuon
+from lapheads.train.optimizers import (
+    build_optimizers,
+    lr_multiplier,
+    muon_momentum,
+    muon_weight_decay,
+    set_learning_rates,
+)
 from lapheads.train.runtime import (
     RunConfig,
+    StepClock,
     check_finite_loss,
+    grad_sync,
     optimizer_step,
     run_precision,
     save_checkpoint,
     seed_everything,
     start_or_resume,
-    training_progress,
     wrap_for_training,
 )
 
-__all__ = ["LMConfig", "build_gpt", "prepare_lm_data", "train_lm"]
+__all__ = ["LMConfig", "build_gpt", "text_source", "train_lm"]
 
 
 @dataclass
@@ -90,7 +92,9 @@ class LMConfig(RunConfig):
     max_shards: int | None = option(None, "fineweb-edu: tokenise at most N shards", POSITIVE)
     tokenizer: str = option("char", "characters, a BPE trained on the corpus, or GPT-2's BPE", one_of(*KINDS))
     tokenizer_vocab: int = option(4096, "BPE vocabulary size", at_least(256))
-    tokenizer_train_chars: int = option(2_000_000_000, "characters of training text to fit the BPE on", POSITIVE)
+    tokenizer_train_chars: int = option(
+        TOKENIZER_TRAIN_CHARS, "characters of training text to fit the BPE on", POSITIVE
+    )
     # model (depth is the dial; see lapheads.models.gpt)
     depth: int = option(4, "number of blocks; the width is depth x aspect ratio", POSITIVE)
     aspect_ratio: int = option(64, "width per block of depth", POSITIVE)
@@ -220,7 +224,7 @@ def recorded_model(record: dict[str, Any]) -> dict[str, Any]:
     cfg = config_from_dict(LMConfig, record["config"], source=CONFIG_FILE)
     with torch.device("meta"):
         model = build_gpt(cfg, record["vocab_size"])
-    return {"model": model_record("gpt", model.constructor_kwargs()), "tokens": str(tokens_dir(cfg))}
+    return {"model": model_record("gpt", model.constructor_kwargs()), "tokens": str(text_source(cfg).tokens_dir)}
 
 
 def check_model(cfg: LMConfig) -> None:
@@ -230,124 +234,17 @@ def check_model(cfg: LMConfig) -> None:
         build_gpt(cfg, 256)
 
 
-def tokens_dir(cfg: LMConfig) -> Path:
-    vocab = f"{cfg.tokenizer_vocab}" if cfg.tokenizer == "bpe" else ""
-    return Path(cfg.data_root) / "tokens" / f"{cfg.dataset}-{cfg.tokenizer}{vocab}"
-
-
-def _training_texts(cfg: LMConfig, limit: int):
-    """Training-split text for fitting a tokenizer, at most ``limit`` characters."""
-    if cfg.dataset == "shakespeare":
-        texts = (t for i, (_, t) in enumerate(shakespeare_plays(cfg.data_root)) if i % 10 != 9)
-    else:
-        from lapheads.data.text import fineweb_documents, fineweb_shards
-
-        shards = fineweb_shards(Path(cfg.data_root) / "fineweb-edu", cfg.download_shards)
-        texts = (d for s in shards[:-1] for d in fineweb_documents(s))
-    seen = 0
-    for text in texts:
-        yield text[: limit - seen]
-        seen += len(text)
-        if seen >= limit:
-            return
-
-
-def prepare_lm_data(cfg: LMConfig) -> tuple[Tokenizer, TokenShards]:
-    """The tokenizer (built or trained once, cached) and the token shards of ``cfg``'s dataset."""
-    if cfg.dataset not in TEXT_DATASETS:
-        raise InputError(f"unknown dataset {cfg.dataset!r}; allowed: {', '.join(TEXT_DATASETS)}")
-    if cfg.tokenizer not in KINDS:
-        raise InputError(f"unknown tokenizer {cfg.tokenizer!r}; allowed: {', '.join(KINDS)}")
-    folder = tokens_dir(cfg)
-    with exclusive(folder.parent / f".{folder.name}.lock"):  # sweep cells started together prepare it once
-        try:
-            tokenizer = load_tokenizer(shard_tokenizer_dir(folder))
-        except TokenizerError:
-            if cfg.tokenizer == "gpt2":
-                tokenizer = Tokenizer.gpt2()
-            elif cfg.tokenizer == "char":
-                tokenizer = Tokenizer.char("".join(_training_texts(cfg, cfg.tokenizer_train_chars)))
-            else:
-                tokenizer = train_bpe(_training_texts(cfg, cfg.tokenizer_train_chars), cfg.tokenizer_vocab)
-        prepare_tokens(cfg.dataset, tokenizer, folder, cfg.data_root, cfg.max_shards, cfg.download_shards)
-    return tokenizer, TokenShards.open(folder)
-
-
-def build_optimizers(model: GPT, cfg: LMConfig, dist_: Distributed | None = None) -> dict[str, torch.optim.Optimizer]:
-    """nanochat's split: Muon for the block matrices (value-embedding gates included, as the fork), AdamW for the
-    embedding and head (LRs scaled by width) and, in the 2026 family, for value embeddings (half the embedding LR),
-    residual lambdas (scalar LR x 0.01), x0 lambdas (scalar LR, beta1 0.96) and the smear/backout scalars (0.2).
-    Under DDP, Muon's work is split across the ranks (``ShardedMuon``: each orthogonalises its share)."""
-    scale = (model.config.n_embd / 768) ** -0.5
-    groups = [
-        dict(params=list(model.lm_head.parameters()), lr=cfg.unembedding_lr * scale),
-        dict(params=list(model.transformer["wte"].parameters()), lr=cfg.embedding_lr * scale),
-    ]
-    if len(model.value_embeds):
-        groups.append(dict(params=list(model.value_embeds.parameters()), lr=cfg.embedding_lr * scale * 0.5))
-    if model.resid_lambdas is not None:
-        groups.append(dict(params=[model.resid_lambdas], lr=cfg.scalar_lr * 0.01, weight_decay=0.0))
-    if model.x0_lambdas is not None:
-        groups.append(dict(params=[model.x0_lambdas], lr=cfg.scalar_lr, betas=(0.96, 0.95), weight_decay=0.0))
-    gates = [
-        p
-        for p in (getattr(model.smear_gate, "weight", None), model.smear_lambda, model.backout_lambda)
-        if p is not None
-    ]
-    # mix heads' (a, b) are per-head scalars: AdamW at the scalar LR, no decay; Muon takes the block matrices
-    mix = [p for p in model.blocks.parameters() if p.dim() < 2]
-    if mix:
-        groups.append(dict(params=mix, lr=cfg.scalar_lr, weight_decay=0.0))
-    if gates:
-        groups.append(dict(params=gates, lr=0.2, weight_decay=0.0))
-    adamw = torch.optim.AdamW(groups, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=1e-10, weight_decay=cfg.weight_decay)
-    dist_ = dist_ or Distributed()
-    muon = ShardedMuon(
-        [p for p in model.blocks.parameters() if p.dim() >= 2],
-        rank=dist_.rank,
-        world_size=dist_.world_size,
-        lr=cfg.matrix_lr,
-        momentum=cfg.muon_momentum_end,
-        nesterov=True,
-        weight_decay=cfg.muon_weight_decay,
+def text_source(cfg: LMConfig) -> TextSource:
+    """The corpus and tokenizer ``cfg`` trains on (``TextSource.prepare`` builds them once)."""
+    return TextSource(
+        cfg.dataset,
+        cfg.tokenizer,
+        cfg.data_root,
+        cfg.tokenizer_vocab,
+        cfg.tokenizer_train_chars,
+        cfg.max_shards,
+        cfg.download_shards,
     )
-    for opt in (adamw, muon):
-        for group in opt.param_groups:
-            group["initial_lr"] = group["lr"]
-    return {"adamw": adamw, "muon": muon}
-
-
-def lr_multiplier(step: int, total: int, cfg: LMConfig) -> float:
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_ratio * total)
-    warmdown = round(cfg.warmdown_ratio * total)
-    if step < warmup:
-        return (step + 1) / warmup
-    if step <= total - warmdown:
-        return 1.0
-    progress = (total - step) / warmdown
-    return progress + (1 - progress) * cfg.final_lr_frac
-
-
-def muon_momentum(step: int, cfg: LMConfig, total: int | None = None) -> float:
-    """Warmed from start to end; with ``muon_momentum_final``, moved on to it over the LR warm-down (the fork)."""
-    frac = min(step / max(cfg.muon_momentum_warmup, 1), 1.0)
-    momentum = (1 - frac) * cfg.muon_momentum_start + frac * cfg.muon_momentum_end
-    warmdown = round(cfg.warmdown_ratio * total) if total else 0
-    if (
-        cfg.muon_momentum_final is not None
-        and warmdown
-        and step >= total - warmdown
-        and step >= cfg.muon_momentum_warmup
-    ):
-        progress = (step - (total - warmdown)) / warmdown
-        momentum = (1 - progress) * cfg.muon_momentum_end + progress * cfg.muon_momentum_final
-    return momentum
-
-
-def muon_weight_decay(step: int, total: int, cfg: LMConfig) -> float:
-    if cfg.muon_weight_decay_schedule == "cosine":  # decays to 0 over training (the fork)
-        return cfg.muon_weight_decay * 0.5 * (1 + math.cos(math.pi * step / total))
-    return cfg.muon_weight_decay
 
 
 @torch.no_grad()
@@ -409,10 +306,10 @@ def train_lm(
     dist_ = setup_distributed(cfg.device)
     accum_steps = _accum_steps(cfg, dist_.world_size)
     if dist_.is_main:
-        tokenizer, shards = prepare_lm_data(cfg)
+        tokenizer, shards = text_source(cfg).prepare()
     dist_.barrier()
     if not dist_.is_main:
-        tokenizer, shards = prepare_lm_data(cfg)  # prepared by rank 0: loads from the cache
+        tokenizer, shards = text_source(cfg).prepare()  # prepared by rank 0: loads from the cache
     token_bytes = tokenizer.token_bytes()
 
     _check_training_fits(cfg, tokenizer.vocab_size, dist_.device.type)
@@ -451,7 +348,7 @@ def train_lm(
             "n_head": model.config.n_head,
             "steps": total_steps,
             "model": model_record("gpt", model.constructor_kwargs()),
-            "tokens": str(tokens_dir(cfg)),
+            "tokens": str(text_source(cfg).tokens_dir),
             "accum_steps": accum_steps,
             "train_tokens": len(shards.train),
         },
@@ -488,51 +385,51 @@ def train_lm(
             progress.write(f"step {step}: val_bpb {bpb:.4f}\n--- sample ---\n{text}\n--------------")
         return {"val_bpb": bpb}
 
-    progress = training_progress(total_steps, start_step, "train lm", disable=not dist_.is_main)
-    busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
+    clock = StepClock(total_steps, start_step, "train lm", main=dist_.is_main, stop_at_step=stop_at_step)
+    progress = clock.progress
+    warmup_steps = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_ratio * total_steps)
+    hint = "lower --matrix-lr / --embedding-lr / --unembedding-lr"
     last_eval: dict[str, float] = {}
-    tick, seen = time.perf_counter(), 0
     model.train()
     step = start_step
     with StopRequests(active=not dist_.enabled) as stop:
         while step < total_steps:
-            busy.begin()  # evaluations and checkpoints are not the step's pace
-            if stop_at_step is not None and step >= stop_at_step:
-                progress.close()
+            if not clock.begin(step):
                 return {"step": step, "stopped": True}
             micro_batches = batches.step(step)
             loss_sum = torch.zeros((), device=dist_.device)
             for a, (x, y) in enumerate(micro_batches):
                 x, y = x.to(dist_.device, non_blocking=True), y.to(dist_.device, non_blocking=True)
-                sync = a == len(micro_batches) - 1 or not dist_.enabled
-                with contextlib.nullcontext() if sync else train_model.no_sync():
+                with grad_sync(train_model, dist_, last=a == len(micro_batches) - 1):
                     with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
                         loss = forward_model(x, y)
                     (loss / len(micro_batches)).backward()
                 loss_sum += loss.detach()
-            seen += cfg.total_batch_size
             mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
-            hint = "lower --matrix-lr / --embedding-lr / --unembedding-lr"
             check_finite_loss(mean_loss, step, run, hint, progress)
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            multiplier = lr_multiplier(step, total_steps, cfg)
-            for opt in optimizers.values():
-                for group in opt.param_groups:
-                    group["lr"] = group["initial_lr"] * multiplier
+            multiplier = lr_multiplier(step, total_steps, cfg.warmdown_ratio, warmup_steps, cfg.final_lr_frac)
+            set_learning_rates(optimizers, multiplier)
             for group in optimizers["muon"].param_groups:
-                group["momentum"] = muon_momentum(step, cfg, total_steps)
-                group["weight_decay"] = muon_weight_decay(step, total_steps, cfg)
+                group["momentum"] = muon_momentum(
+                    step,
+                    total_steps,
+                    cfg.muon_momentum_start,
+                    cfg.muon_momentum_end,
+                    cfg.muon_momentum_warmup,
+                    cfg.muon_momentum_final,
+                    cfg.warmdown_ratio,
+                )
+                group["weight_decay"] = muon_weight_decay(
+                    step, total_steps, cfg.muon_weight_decay, cfg.muon_weight_decay_schedule
+                )
             optimizer_step(list(optimizers.values()), step, run, hint, progress)
             model.zero_grad(set_to_none=True)
             step += 1
-            progress.update(1)
-            if (busy_line := busy.step()) and dist_.is_main:
-                progress.write(busy_line)
-            if step % cfg.log_every == 0 or step == total_steps:
-                elapsed = time.perf_counter() - tick
-                rate = seen / elapsed if elapsed > 0 else 0.0
-                tick, seen = time.perf_counter(), 0
+            clock.end(cfg.total_batch_size)
+            if clock.due(step, cfg.log_every):
+                _, rate = clock.lap()
                 progress.set_postfix(loss=f"{mean_loss:.4f}", lrm=f"{multiplier:.2f}", tok_s=f"{rate:.0f}")
                 if dist_.is_main:
                     run.log(
@@ -544,14 +441,9 @@ def train_lm(
                             "tokens": step * cfg.total_batch_size,
                         }
                     )
-            if step % cfg.eval_every == 0 or step == total_steps:
+            if clock.due(step, cfg.eval_every):
                 last_eval = evaluate(step)
-            if (
-                (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-                or step % cfg.eval_every == 0
-                or step == total_steps
-                or stop.requested
-            ):
+            if clock.due(step, cfg.checkpoint_every, cfg.eval_every) or stop.requested:
                 save_checkpoint(
                     run,
                     step,
@@ -562,5 +454,5 @@ def train_lm(
                     keep=cfg.keep_checkpoints,
                 )
             stop.stop_if_requested(step, run.path, progress)
-    progress.close()
+    clock.close()
     return {"step": step, "num_params": num_params, **last_eval}

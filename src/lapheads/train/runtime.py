@@ -16,6 +16,7 @@ Design choices:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import sys
@@ -32,7 +33,7 @@ from lapheads.core import native
 from lapheads.core.heads import HEAD_SPEC
 from lapheads.distributed import Distributed, StoppedError, peer_failures, setup_distributed
 from lapheads.errors import CheckpointError, InputError
-from lapheads.hardware import Precision, choose_precision
+from lapheads.hardware import BusyWatch, Precision, choose_precision
 from lapheads.runs import (
     RunDir,
     latest_checkpoint,
@@ -47,6 +48,8 @@ from lapheads.runs.layout import (
 __all__ = [
     "CheckpointError",
     "training_progress",
+    "StepClock",
+    "grad_sync",
     "start_or_resume",
     "wrap_for_training",
     "Distributed",
@@ -118,6 +121,69 @@ def training_progress(total: int, initial: int, desc: str, disable: bool):
 
         return tqdm(total=total, initial=initial, disable=disable, desc=desc, dynamic_ncols=True)
     return _LineProgress(total, initial, desc, disable)
+
+
+class StepClock:
+    """The bookkeeping every training loop repeats around its step, so the loops keep only their own work.
+
+    It owns the progress bar (``progress``: tqdm or plain lines), the one busy-machine line (``BusyWatch``), the
+    ``stop_at_step`` exit the resume tests use, the throughput between log lines, and which steps are due for a log
+    line, an evaluation or a checkpoint (every N steps, and always the last). A loop reads::
+
+        while step < total:
+            if not clock.begin(step):
+                return {"step": step, "stopped": True}
+            ...  # forward, backward, optimizer step
+            step += 1
+            clock.end(examples)
+            if clock.due(step, cfg.log_every):
+                seconds, rate = clock.lap()
+    """
+
+    def __init__(self, total: int, start: int, desc: str, *, main: bool, stop_at_step: int | None = None) -> None:
+        """``total`` steps from ``start``; ``main``: this process writes the bar; ``stop_at_step``: stop there as
+        if killed."""
+        self.total, self.main, self.stop_at_step = total, main, stop_at_step
+        self.progress = training_progress(total, start, desc, disable=not main)
+        self.busy = BusyWatch()  # one line when the machine is busy: the ETA is then not the machine's own pace
+        self.tick, self.seen = time.perf_counter(), 0
+
+    def begin(self, step: int) -> bool:
+        """A step starts (evaluations and checkpoints before it are not its pace); False, with the bar closed, when
+        ``stop_at_step`` says to stop here."""
+        self.busy.begin()
+        if self.stop_at_step is not None and step >= self.stop_at_step:
+            self.progress.close()
+            return False
+        return True
+
+    def end(self, examples: int = 0) -> None:
+        """A step ended, having seen ``examples`` (tokens or images, over every process)."""
+        self.seen += examples
+        self.progress.update(1)
+        if (busy_line := self.busy.step()) and self.main:
+            self.progress.write(busy_line)
+
+    def due(self, step: int, *every: int) -> bool:
+        """Whether ``step`` (the steps done) is the last or a multiple of one of ``every`` (0: never)."""
+        return step == self.total or any(n and step % n == 0 for n in every)
+
+    def lap(self) -> tuple[float, float]:
+        """Seconds since the last lap and examples per second over them; starts the next lap."""
+        now = time.perf_counter()
+        seconds = now - self.tick
+        rate = self.seen / seconds if seconds > 0 else 0.0
+        self.tick, self.seen = now, 0
+        return seconds, rate
+
+    def close(self) -> None:
+        self.progress.close()
+
+
+def grad_sync(train_model: torch.nn.Module, dist_: Distributed, last: bool):
+    """The context of one micro-batch's backward: DDP all-reduces the gradients on the ``last`` micro-batch of a
+    step only (``no_sync`` on the others); one process needs neither."""
+    return contextlib.nullcontext() if last or not dist_.enabled else train_model.no_sync()
 
 
 @dataclass
