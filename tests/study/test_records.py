@@ -190,6 +190,7 @@ def test_a_margin_must_be_a_positive_number(margin, tmp_path, capsys):
 
 def test_a_non_finite_metric_is_refused_by_name(tmp_path, capsys):
     from lapheads.study.report import collect
+    from lapheads.tasks.metrics import TEST_TOP1
 
     for seed, value in ((0, 80.0), (1, float("nan"))):
         run = tmp_path / f"L0-s{seed}"
@@ -199,7 +200,7 @@ def test_a_non_finite_metric_is_refused_by_name(tmp_path, capsys):
         f"L0-s{s}": {"spec": "0", "seed": s, "run_dir": str(tmp_path / f"L0-s{s}"), "status": "done"} for s in (0, 1)
     }
     with pytest.raises(Exception, match="cell 0 seed 1: test top-1 \\(%\\) is nan; allowed: a finite number"):
-        collect({"specs": ["0"], "cells": cells}, ("test top-1 (%)", "metrics", ("eval_top1",)))
+        collect({"specs": ["0"], "cells": cells}, TEST_TOP1)
 
 
 def test_cells_pair_by_the_kernels_they_ran_not_the_cpu_they_ran_on():

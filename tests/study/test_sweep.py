@@ -26,6 +26,7 @@ from lapheads.study.report import (
 )
 from lapheads.study.report.statistics import settled_from
 from lapheads.study.report.tables import _row
+from lapheads.tasks.metrics import VAL_BPB, Metric
 
 
 def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_preset, tmp_path, monkeypatch, capsys):
@@ -357,6 +358,7 @@ def test_a_sweep_with_one_pair_so_far_reports_it_untested_without_nan():
 
 def test_report_restates_a_stats_json_with_todays_statistics(tmp_path, capsys):
     saved = {
+        "baseline": "0",
         "metrics": {
             "test top-1 (%)": {
                 "0": {"values": {"0": 80.0, "1": 81.0, "2": 80.5}},
@@ -364,7 +366,7 @@ def test_report_restates_a_stats_json_with_todays_statistics(tmp_path, capsys):
             }
         },
         "geometry": {
-            "within-sequence fraction": {
+            "within-sequence fraction (last block)": {
                 "0": {"values": {"0": 0.5, "1": 0.55, "2": 0.52}},
                 "3": {"values": {"0": 0.6, "1": 0.7, "2": 0.61}},
             }
@@ -405,25 +407,25 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step(t
         (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
         cells[run_dir.name] = {"spec": spec, "seed": seed, "run_dir": str(run_dir), "status": "done"}
     record = {"specs": ["0", "2"], "cells": cells}
-    gaps = gap_over_training(record, ("validation bits per byte", "metrics", ("val_bpb",)))
+    gaps = gap_over_training(record, VAL_BPB)
     first, last = gaps["2"]
     assert [first["step"], last["step"]] == [100, 200] and [first["n_pairs"], last["n_pairs"]] == [3, 2]
     diff = np.array([0.10, 0.06, 0.08])
     low, high = stats.t.interval(0.95, 2, loc=diff.mean(), scale=stats.sem(diff))
     assert first["mean_difference"] == pytest.approx(0.08) and first["ci_low"] == pytest.approx(low)
     assert first["ci_high"] == pytest.approx(high) and last["mean_difference"] == pytest.approx(0.02)
-    assert gap_over_training(record, ("k-NN", "eval_dino.json", ("knn", "20"))) == {}  # logged once, no series
+    assert gap_over_training(record, Metric("k-NN", "eval_dino.json", ("knn", "20"))) == {}  # logged once, no series
     # still improving? the last quarter of 200 steps starts at step 150: no evaluation there but the last, so the
     # change is measured from the evaluation before it (step 100); bpb: lower is better
-    changes = late_change(record, ("validation bits per byte", "metrics", ("val_bpb",)))
+    changes = late_change(record, VAL_BPB)
     assert changes["0"]["from_step"] == 100 and changes["0"]["to_step"] == 200 and changes["0"]["n_pairs"] == 3
     assert changes["0"]["mean_difference"] == pytest.approx((-0.30 - 0.31 - 0.28) / 3)
     assert changes["2"]["n_pairs"] == 2 and changes["2"]["still_improving"] and changes["0"]["still_improving"]
     flat = {"specs": ["0"], "cells": {name: c for name, c in cells.items() if c["spec"] == "0"}}
-    flat_values = late_change(flat, ("test top-1 (%)", "metrics", ("val_bpb",)))  # higher is better: falling is not
+    flat_values = late_change(flat, Metric("top-1 (%)", "metrics", ("val_bpb",)))  # higher is better: falling is not
     assert flat_values["0"]["still_improving"] is False
     one_seed = {"specs": ["0"], "cells": {name: c for name, c in cells.items() if c["spec"] == "0" and c["seed"] == 0}}
-    assert late_change(one_seed, ("validation bits per byte", "metrics", ("val_bpb",)))["0"]["still_improving"] is None
+    assert late_change(one_seed, VAL_BPB)["0"]["still_improving"] is None
 
 
 def test_fit_against_test_pairs_each_cells_training_and_test_top1_and_the_losses_with_the_baseline(tmp_path):

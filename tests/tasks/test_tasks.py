@@ -28,7 +28,7 @@ def test_every_entry_resolves(name):
 
             assert callable(_load(reference))
     assert task.headline, "report needs at least one headline metric"
-    assert all(source == "metrics" or source.endswith(".json") for _, source, _ in task.headline)
+    assert all(m.source == "metrics" or m.source.endswith(".json") for m in task.headline)
 
 
 def test_the_cli_offers_exactly_the_tasks():
@@ -48,15 +48,14 @@ def test_check_model_fails_in_one_line_for_a_spec_that_does_not_fit():
 
 
 def test_every_loss_like_headline_metric_is_known_to_improve_by_falling():
-    """report's "still improving" reads a metric's better direction from LOWER_IS_BETTER: a new task's loss must be
-    listed there, or its falling loss would read as getting worse."""
+    """report's "still improving" reads a metric's better direction from its Metric: a new task's loss must say
+    lower_is_better, or its falling loss would read as getting worse."""
     from lapheads.tasks import TASKS
-    from lapheads.tasks.metrics import LOWER_IS_BETTER
 
     for task in TASKS.values():
-        for label, _, _ in task.headline:
-            if any(word in label for word in ("loss", "bits per byte", "perplexity")):
-                assert label in LOWER_IS_BETTER, (task.name, label)
+        for metric in task.headline:
+            if any(word in metric.label for word in ("loss", "bits per byte", "perplexity")):
+                assert metric.lower_is_better and metric.better == -1, (task.name, metric.label)
 
 
 def test_the_tasks_a_run_may_name_are_the_task_tables():
@@ -65,3 +64,23 @@ def test_the_tasks_a_run_may_name_are_the_task_tables():
     from lapheads.tasks import TASKS
 
     assert set(RUN_TASKS) == set(TASKS) and len(RUN_TASKS) == len(TASKS)
+
+
+def test_a_metric_carries_its_claim_and_direction_and_one_label_names_one_metric():
+    """Reports join a row to the paper's claim through its Metric: one label must name one metric everywhere (two
+    declarations of a label with different claims would make the verdict depend on which was read)."""
+    from lapheads.tasks import TASKS
+    from lapheads.tasks.metrics import MECHANISM, METRICS, claim, logged
+
+    declared = [m for t in TASKS.values() for m in (*t.headline, *t.geometry)] + list(MECHANISM)
+    for metric in declared:
+        assert METRICS[metric.label] == metric
+        assert claim(metric.label) == metric.claim
+    assert claim("within-sequence fraction (after the final norm)") == -1  # a layer does not change the claim
+    assert claim("diffusion score, Laplacian heads (block 3)") == +1
+    assert claim("diffusion score, ordinary heads (mean over blocks)") is None
+    # report --metric KEY: a declared metric logged under KEY keeps its claim and direction, under the key's label
+    bpb = logged("val_bpb")
+    assert (bpb.label, bpb.claim, bpb.better) == ("val_bpb", -1, -1)
+    other = logged("fit_loss")
+    assert (other.claim, other.better, other.path) == (None, +1, ("fit_loss",))

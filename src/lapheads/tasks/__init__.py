@@ -21,7 +21,12 @@ from typing import Any, Callable
 
 from lapheads.errors import InputError
 from lapheads.tasks.metrics import (
+    DINO_HEADLINE,
     LM_GEOMETRY,
+    SFT_HEADLINE,
+    TEST_TOP1,
+    VAL_BPB,
+    VAL_LOSS,
     VISION_FIGURES,
     VISION_GEOMETRY,
     VISION_LAYERS,
@@ -53,8 +58,8 @@ class Task:
         analyzer: ``module:function(run, options)`` for ``lapheads analyze``; None = not supported.
         analyzed_weights: the weights of a checkpoint that ``analyze`` and ``report`` read ("model", or DINO's
             "teacher").
-        headline: the metrics ``lapheads report`` compares first.
-        geometry: (label, path into a layer's analysis) rows of the report.
+        headline: the metrics ``lapheads report`` compares first (the first is the primary without a plan).
+        geometry: the rows read from a layer's analysis, stated at each of ``geometry_layers``.
         geometry_layers: the layers whose geometry the report states.
         figures: ``lapheads analyze``'s per-layer figures for this task.
         over_training: the summary rows ``analyze --over-training`` plots against step (at the summary layer; the
@@ -74,7 +79,7 @@ class Task:
     analyzer: str | None = None
     analyzed_weights: str = "model"
     headline: tuple[Metric, ...] = ()
-    geometry: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    geometry: tuple[Metric, ...] = ()
     geometry_layers: tuple[str, ...] = ()
     figures: tuple[str, ...] = ()
     over_training: tuple[str, ...] = ()
@@ -125,7 +130,7 @@ TASKS: dict[str, Task] = {
             presets="lapheads.tasks.presets.classify:CLASSIFY_PRESETS",
             check_model="lapheads.train.classify:check_model",
             analyzer="lapheads.evals.geometry:analyze_classify",
-            headline=(("test top-1 (%)", "metrics", ("eval_top1",)),),
+            headline=(TEST_TOP1,),
             geometry=VISION_GEOMETRY,
             geometry_layers=VISION_LAYERS,
             figures=VISION_FIGURES,
@@ -140,7 +145,7 @@ TASKS: dict[str, Task] = {
             presets="lapheads.tasks.presets.lm:LM_PRESETS",
             check_model="lapheads.train.lm:check_model",
             analyzer="lapheads.evals.geometry:analyze_lm",
-            headline=(("validation bits per byte", "metrics", ("val_bpb",)),),
+            headline=(VAL_BPB,),
             # at the LM head's input (after the final norm), where linguistic-collapse studies measure them
             geometry=LM_GEOMETRY,
             geometry_layers=("after the final norm",),
@@ -162,13 +167,7 @@ TASKS: dict[str, Task] = {
             analyzer="lapheads.evals.geometry:analyze_dino",
             analyzed_weights="teacher",
             pictures=True,
-            headline=(
-                ("k-NN top-1, k = 20 (%)", "eval_dino.json", ("knn", "20")),
-                ("k-NN top-1 at random init, k = 20 (%)", "eval_dino.json", ("knn_random_init", "20")),
-                ("linear probe top-1 (%)", "eval_dino.json", ("linear", "test_accuracy")),
-                ("segmentation mIoU (%)", "eval_dino.json", ("segmentation", "miou")),
-                ("PCA foreground IoU (%)", "eval_dino.json", ("pca_foreground_iou",)),
-            ),
+            headline=DINO_HEADLINE,
             geometry=VISION_GEOMETRY,
             geometry_layers=VISION_LAYERS,
             figures=VISION_FIGURES,
@@ -182,7 +181,7 @@ TASKS: dict[str, Task] = {
             train="lapheads.train.chat:train_mid",
             presets="lapheads.tasks.presets.chat:MID_PRESETS",
             from_run=True,
-            headline=(("validation loss (nats)", "metrics", ("val_loss",)),),
+            headline=(VAL_LOSS,),
         ),
         Task(
             name="sft",
@@ -191,12 +190,7 @@ TASKS: dict[str, Task] = {
             train="lapheads.train.chat:train_sft",
             presets="lapheads.tasks.presets.chat:SFT_PRESETS",
             from_run=True,
-            headline=(
-                ("validation loss (nats)", "metrics", ("val_loss",)),
-                ("held-out arith accuracy", "eval_chat.json", ("tasks", "arith", "accuracy")),
-                ("held-out letters accuracy", "eval_chat.json", ("tasks", "letters", "accuracy")),
-                ("ChatCORE", "eval_chat.json", ("chatcore",)),
-            ),
+            headline=SFT_HEADLINE,
         ),
     )
 }

@@ -70,10 +70,9 @@ from lapheads.study.report.tables import (
 )
 from lapheads.study.verdicts import apply_rule
 from lapheads.tasks import get_task
-from lapheads.tasks.metrics import CLAIMS, claim
+from lapheads.tasks.metrics import claim, logged
 
 __all__ = [
-    "CLAIMS",
     "collect",
     "diffusion_against_zero",
     "mechanism_report",
@@ -97,10 +96,12 @@ def _judge(
     baseline: str,
     margin: float | None,
     plan: Any = None,
+    claims: dict[str, int | None] | None = None,
 ) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, Any]]:
     """Apply the verdict rule to every row (``primary_label`` the primary test; a plan's primary, family and
-    contrasts where the sweep has one); returns the rows in table order (primary, declared family, secondary) and
-    the rule's record."""
+    contrasts where the sweep has one); a row's claim is the one in ``claims``, else its label's declared metric's
+    (``tasks.metrics.claim``). Returns the rows in table order (primary, declared family, secondary) and the rule's
+    record."""
     directions = planned = family = None
     if plan is not None:
         primary_label = plan.primary if plan.primary in rows else primary_label
@@ -122,7 +123,7 @@ def _judge(
                     by_key[key] = {**summarize(values, against)[arm], "arm": arm}
     primary = {primary_label: rows[primary_label]}
     others = {label: value for label, value in rows.items() if label != primary_label}
-    claims = {label: claim(label) for label in rows}
+    claims = {label: (claims or {}).get(label, claim(label)) for label in rows}
     rule = apply_rule(primary, others, claims, baseline, margin, directions, family, planned)
     rule["plan"] = None if plan is None else {"study": plan.study, "sha256": plan.sha256}
     declared = [label for label in rule["declared"] if label in others]
@@ -152,17 +153,12 @@ def restate(stats_file: str | Path, margin: float | None = None) -> str:
 
     try:
         saved = json.loads(Path(stats_file).read_text())
-        groups = [(label, rows) for label, rows in saved["metrics"].items()]
-        # reports before 2026-11-30 measured geometry at the last block and did not say so in the label
-        groups += [
-            (label if label.endswith(")") else f"{label} (last block)", rows)
-            for label, rows in saved.get("geometry", {}).items()
-        ]
+        groups = [*saved["metrics"].items(), *saved.get("geometry", {}).items()]
 
         def values(rows: dict[str, Any]) -> dict[str, dict[int, float]]:
             return {spec: {int(seed): float(v) for seed, v in row["values"].items()} for spec, row in rows.items()}
 
-        baseline = str(saved.get("baseline", "0"))  # reports before 2026-12-01 always compared with k = 0
+        baseline = str(saved["baseline"])
         family = {label: summarize(values(rows), baseline) for label, rows in groups}
         primary_label = next(iter(saved["metrics"]))
         mechanism = diffusion_against_zero({label: values(rows) for label, rows in saved.get("mechanism", {}).items()})
@@ -285,8 +281,8 @@ def write_report(
         from lapheads.evals.dino import eval_dino
 
         eval_dino([c["run_dir"] for c in cells], out, reuse=True)
-    metrics = [(metric, "metrics", (metric,))] if metric else list(get_task(task).headline)
-    headline = {m[0]: summarize(collect(record, m), baseline) for m in metrics}
+    metrics = [logged(metric)] if metric else list(get_task(task).headline)
+    headline = {m.label: summarize(collect(record, m), baseline) for m in metrics}
     if not any(row["n"] for rows in headline.values() for row in rows.values()):
         names = ", ".join(headline)
         raise SweepError(f"{sweep_dir}: no finished cell has {names}; run or resume the sweep first")
@@ -309,14 +305,15 @@ def write_report(
         geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in geometry_values.items()}
         mechanism_stats = diffusion_against_zero(mechanism_values)
     plan = _plan_of(record)
-    table, rule = _judge({**headline, **geometry_stats}, metrics[0][0], baseline, margin, plan)
+    claims = {m.label: m.claim for m in metrics}  # a --metric KEY row keeps its declared metric's claim
+    table, rule = _judge({**headline, **geometry_stats}, metrics[0].label, baseline, margin, plan, claims)
     rule["declaration"] = declared
     lines += [*_rule_lines(rule), *_table_header(baseline)]
     lines += [_row(label, key, stats[key]) for label, stats in table.items() for key in _table_keys(stats, specs)]
     _plot(headline, specs, out / "metric.png")
     lines += ["", "![metric](metric.png)"]
-    gaps = {m[0]: g for m in metrics if (g := gap_over_training(record, m, baseline))}
-    changes = {m[0]: c for m in metrics if (c := late_change(record, m))}
+    gaps = {m.label: g for m in metrics if (g := gap_over_training(record, m, baseline))}
+    changes = {m.label: c for m in metrics if (c := late_change(record, m))}
     for label, by_spec in changes.items():
         lines += _late_change_lines(label, by_spec)
     fit = fit_against_test(record, baseline) if metric is None else {}

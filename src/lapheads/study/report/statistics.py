@@ -11,7 +11,7 @@ import numpy as np
 from lapheads.runs import RunDir, SweepError
 from lapheads.study.verdicts import holm_steps, mde
 from lapheads.tasks import get_task
-from lapheads.tasks.metrics import Metric, better_direction, claim
+from lapheads.tasks.metrics import Metric, claim, logged
 
 # the headline metrics, geometry rows and geometry layers of each task are in lapheads.tasks (Task.headline, ...)
 ALPHA, POWER = 0.05, 0.80
@@ -94,11 +94,10 @@ def reader(cell: dict[str, Any]) -> Any:
 
 def _final(run: Any, metric: Metric) -> float | None:
     """One finished cell's value of ``metric``, or None where the run has not produced it."""
-    _, source, path = metric
-    if source == "metrics":
-        return run.last_metric(path[0])
-    value: Any = run.read_report(source)
-    for key in path:
+    if metric.source == "metrics":
+        return run.last_metric(metric.path[0])
+    value: Any = run.read_report(metric.source)
+    for key in metric.path:
         value = value.get(key) if isinstance(value, dict) else None
     return value
 
@@ -134,7 +133,7 @@ def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise SweepError(
-                    f"cell {cell['spec']} seed {cell['seed']}: {metric[0]} is {value!r}; allowed: a finite number "
+                    f"cell {cell['spec']} seed {cell['seed']}: {metric.label} is {value!r}; allowed: a finite number "
                     "(a run that diverged has no value to compare: rerun it or leave its arm out)"
                 )
             values[cell["spec"]][cell["seed"]] = value
@@ -143,14 +142,14 @@ def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float
 
 def _series(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, dict[int, float]]]:
     """{spec: {step: {seed: value}}} of a metric logged in metrics.jsonl at every evaluation ({} for others)."""
-    _, source, path = metric
-    if source != "metrics":
+    if metric.source != "metrics":
         return {}
+    key = metric.path[0]
     series: dict[str, dict[int, dict[int, float]]] = {spec: {} for spec in record["specs"]}
     for cell in _done_cells(record):
         for entry in reader(cell).read_metrics():
-            if path[0] in entry and "step" in entry:
-                series[cell["spec"]].setdefault(int(entry["step"]), {})[cell["seed"]] = float(entry[path[0]])
+            if key in entry and "step" in entry:
+                series[cell["spec"]].setdefault(int(entry["step"]), {})[cell["seed"]] = float(entry[key])
     return series
 
 
@@ -158,7 +157,7 @@ def late_change(record: dict[str, Any], metric: Metric, fraction: float = 0.25) 
     """Is the metric still moving at the end? Per spec, each seed's change over the last ``fraction`` of training
     (last evaluation minus the first evaluation at or after (1 - fraction) of the last step), its mean over seeds,
     t-based 95% interval, and "still improving" when that interval excludes 0 in the metric's better direction."""
-    better = better_direction(metric[0])
+    better = metric.better
     out = {}
     for spec, by_step in _series(record, metric).items():
         steps = sorted(by_step)
@@ -179,15 +178,15 @@ def late_change(record: dict[str, Any], metric: Metric, fraction: float = 0.25) 
     return out
 
 
-_FIT, _TEST = ("fit_top1", "metrics", ("fit_top1",)), ("eval_top1", "metrics", ("eval_top1",))
+_FIT, _TEST = logged("fit_top1"), logged("eval_top1")
 
 
 # against the baseline: a regularising bias fits less (fit top-1 down, fit loss up) and generalises better (test
 # loss down); at a fit top-1 near 100% only the losses can still show it
 _AGAINST_BASELINE = {
     "fit top-1": _FIT,
-    "fit loss": ("fit_loss", "metrics", ("fit_loss",)),
-    "test loss": ("eval_loss", "metrics", ("eval_loss",)),
+    "fit loss": logged("fit_loss"),
+    "test loss": logged("eval_loss"),
 }
 
 
@@ -312,7 +311,7 @@ def _geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, V
     options = AnalyzeOptions(max_tokens=max_tokens)
     task = get_task(record["task"])
     metrics, where = task.geometry, task.geometry_layers
-    out: Values = {f"{label} ({w})": {s: {} for s in record["specs"]} for w in where for label, _ in metrics}
+    out: Values = {f"{m.label} ({w})": {s: {} for s in record["specs"]} for w in where for m in metrics}
     mechanism: Values = {}
     twins: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]] = {}
     for cell in _done_cells(record):
@@ -324,12 +323,12 @@ def _geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, V
         twins[(cell["spec"], cell["seed"])] = _measured_heads(analysis)
         layers = {"last block": [n for n in analysis["layers"] if n.isdigit()][-1], "after the final norm": "norm"}
         for w in where:
-            for label, path in metrics:
+            for metric in metrics:
                 value: Any = analysis["per_layer"].get(layers[w], {})
-                for key in path:
+                for key in metric.path:
                     value = value.get(key) if isinstance(value, dict) else None
                 if value is not None:
-                    out[f"{label} ({w})"][cell["spec"]][cell["seed"]] = float(value)
+                    out[f"{metric.label} ({w})"][cell["spec"]][cell["seed"]] = float(value)
     _against_k0(mechanism)
     _against_twins(mechanism, twins)
     return out, mechanism
