@@ -200,3 +200,33 @@ def test_the_op_reads_on_a_screen_and_leaves_the_compiled_node_to_its_autograd_m
     assert "native" not in {
         alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names
     }
+
+
+def test_only_the_task_table_asks_which_task_a_run_is():
+    """Nothing outside tasks/ compares a task's name with a literal (``record["task"] == "lm"``, ``task in ("mid",
+    "sft")``): what differs between tasks is a field of its ``Task``, or a fact the run records (its token shards,
+    its conversations)."""
+    from lapheads.tasks import TASKS
+
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[0] == "tasks":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            names = {n.value for side in sides for n in ast.walk(side) if isinstance(n, ast.Constant)}
+            asks_task = any(
+                (isinstance(side, ast.Name) and side.id == "task")
+                or (
+                    isinstance(side, ast.Subscript)
+                    and isinstance(side.slice, ast.Constant)
+                    and side.slice.value == "task"
+                )
+                for side in sides
+            )
+            if asks_task and names & set(TASKS):
+                found.append(f"{relative}:{node.lineno}")
+    assert not found, "ask the task table (lapheads.tasks.get_task) instead:\n" + "\n".join(found)

@@ -362,7 +362,7 @@ def load_lm(
 
         record, model, tokenizer = load_gpt_run(run_dir, device, step)
         config = record["config"]
-        if record["task"] == "lm":
+        if record.get("tokens"):  # a pre-training run names the token shards it trained on; chat stages have none
             return LoadedLM(
                 model,
                 tokenizer,
@@ -373,7 +373,6 @@ def load_lm(
                 RunDir(run_dir).report_dir,
                 str(run_dir),
             )
-        # chat stages have no token shards of their own
         return LoadedLM(
             model, tokenizer, None, model.config.sequence_len, 0, 8, RunDir(run_dir).report_dir, str(run_dir)
         )
