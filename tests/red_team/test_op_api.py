@@ -21,7 +21,7 @@ def _api_cases():
     q, k, v = qkv()
     cases = {
         # the head spec
-        "k above H": ((q, k, v, 5), {}, "laplacian_heads=5 is out of range"),
+        "k above H": ((q, k, v, 5), {}, "laplacian_heads=5 is out of range; allowed: 0 to 4"),
         "k negative": ((q, k, v, -1), {}, "laplacian_heads=-1 is out of range"),
         "k a bool": ((q, k, v, True), {}, "laplacian_heads=True is a bool"),
         "k a float": ((q, k, v, 1.5), {}, "1.5"),
@@ -49,16 +49,22 @@ def _api_cases():
         # the options
         "an int mask": ((q, k, v, 1), {"attn_mask": torch.ones(5, 5, dtype=torch.int64)}, "attn_mask has dtype"),
         "a mask of the wrong shape": ((q, k, v, 1), {"attn_mask": torch.ones(3, 3, dtype=torch.bool)}, "broadcast"),
+        "a mask of another batch": (
+            (q, k, v, 1),
+            {"attn_mask": torch.ones(3, 1, 5, 5, dtype=torch.bool)},
+            "attn_mask of shape (3, 1, 5, 5) does not broadcast to (B, H, T, S)",
+        ),
         "mask and is_causal with a cache": (
             (*qkv(t=3, s=5), 1),
             {"attn_mask": torch.ones(3, 5, dtype=torch.bool), "is_causal": True},
             "cannot be combined",
         ),
-        "dropout above 1": ((q, k, v, 1), {"dropout_p": 1.5}, "dropout_p=1.5"),
+        "dropout above 1": ((q, k, v, 1), {"dropout_p": 1.5}, "dropout_p=1.5; allowed: a number in [0, 1]"),
         "dropout negative": ((q, k, v, 1), {"dropout_p": -0.1}, "dropout_p=-0.1"),
         "dropout a bool": ((q, k, v, 1), {"dropout_p": True}, "dropout_p=True"),
         "dropout a string": ((q, k, v, 1), {"dropout_p": "0.1"}, "dropout_p='0.1'"),
-        "blend above 1": ((q, k, v, 1), {"blend": 1.5}, "blend=1.5"),
+        "blend above 1": ((q, k, v, 1), {"blend": 1.5}, "blend=1.5; allowed: a number in [0, 1]"),
+        "blend a float vector": ((q, k, v, 1), {"blend": torch.tensor([0.5])}, "blend tensor of dtype torch.float32"),
         "blend negative": ((q, k, v, 1), {"blend": -0.5}, "blend=-0.5"),
         "blend a tensor above 1": ((q, k, v, 1), {"blend": torch.tensor(2.0)}, "blend=2.0"),
         "blend a vector": ((q, k, v, 1), {"blend": torch.ones(2)}, "0-dim"),
