@@ -419,6 +419,7 @@ def train_chat(
         return {"val_loss": loss}
 
     last_eval: dict[str, float] = evaluate(0) if start_step == 0 else {}
+    clock.lap()  # the first log line's seconds start after the step-0 evaluation
     step = start_step
     with StopRequests(active=not dist_.enabled) as stop:
         while step < total_steps:
