@@ -25,7 +25,7 @@ from lapheads.study.report import (
     write_report,
 )
 from lapheads.study.report.statistics import settled_from
-from lapheads.study.report.tables import _row
+from lapheads.study.report.tables import table_row
 from lapheads.tasks.metrics import VAL_BPB, Metric
 
 
@@ -337,12 +337,14 @@ def test_a_sweep_with_one_pair_so_far_reports_it_untested_without_nan():
         return family["test top-1 (%)"]["3"]
 
     row = judged({"0": {0: 80.0, 1: 81.0}, "3": {0: 82.0}})
-    text = _row("test top-1 (%)", "3", row)
+    text = table_row("test top-1 (%)", "3", row)
     assert "nan" not in text and "+2 (1 pair)" in text and "not tested" in text
     # arms on different seeds: Welch on the difference of the means
-    assert "| +2.5 (Welch) |" in _row("test top-1 (%)", "3", judged({"0": {0: 80.0, 1: 81.0}, "3": {2: 82.0, 3: 84.0}}))
+    assert "| +2.5 (Welch) |" in table_row(
+        "test top-1 (%)", "3", judged({"0": {0: 80.0, 1: 81.0}, "3": {2: 82.0, 3: 84.0}})
+    )
     no_baseline = judged({"0": {}, "3": {0: 82.0, 1: 84.0}})  # quietly: no mean of nothing
-    assert "| – (k = 0 has no value) |" in _row("test top-1 (%)", "3", no_baseline)
+    assert "| – (k = 0 has no value) |" in table_row("test top-1 (%)", "3", no_baseline)
     cosine = {
         "token cosine similarity (last block)": summarize(
             {"0": {0: 0.5, 1: 0.4, 2: 0.45}, "3": {0: 0.3, 1: 0.2, 2: 0.26}}

@@ -11,7 +11,7 @@ import os
 import sys
 
 from lapheads.cli.commands import UserError, one_line
-from lapheads.cli.parser import _TrainParser, build_parser
+from lapheads.cli.parser import TrainParser, build_parser
 from lapheads.errors import LapheadsError
 
 __all__ = ["UserError", "build_parser", "main"]
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = _without_threads(list(sys.argv[1:] if argv is None else argv))
     if argv[:1] == ["train"] and {"-h", "--help"} & set(argv) and "--preset" in argv[:-1]:
-        _TrainParser.preset_for_help = argv[argv.index("--preset") + 1]  # help shows that preset's values
+        TrainParser.preset_for_help = argv[argv.index("--preset") + 1]  # help shows that preset's values
     # Options a sub-command does not declare are config overrides (--key value), typed and checked by the config.
     args, overrides = parser.parse_known_args(argv)
     if args.command is None:

@@ -35,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-class _TrainParser(_Parser):
+class TrainParser(_Parser):
     """A ``train TASK`` parser whose help ends with the task's presets and config fields, built only when asked
     (it imports the training modules); with ``--preset NAME`` before ``--help`` the fields show that preset's
     values."""
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a model from a preset",
         description="lapheads train TASK --help lists the presets and every config field.",
     )
-    tasks = train.add_subparsers(dest="task", metavar="TASK", required=True, parser_class=_TrainParser)
+    tasks = train.add_subparsers(dest="task", metavar="TASK", required=True, parser_class=TrainParser)
     for task in TASKS.values():
         task_parser = tasks.add_parser(
             task.name, allow_abbrev=False, help=task.help, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -29,7 +29,7 @@ from lapheads.data.conversations import render_for_completion
 from lapheads.data.images import DataError
 from lapheads.data.turns import gsm8k_conversation, mc_conversation
 from lapheads.errors import InputError
-from lapheads.evals.lm import LETTERS, _mc_item, extract_number, humaneval_program, load_task, pass_at_k
+from lapheads.evals.lm import LETTERS, extract_number, humaneval_program, load_task, multiple_choice_item, pass_at_k
 
 __all__ = ["CHAT_BENCHMARKS", "chatcore", "run_chat_evals", "score_categorical", "score_generative"]
 
@@ -60,7 +60,7 @@ def score_categorical(
         letter_ids.append(ids[0])
     correct, skipped, chance = 0, 0, 0.0
     for row in tqdm(rows, desc=benchmark, disable=not progress, leave=False):
-        question, choices, answer = _mc_item(benchmark, row)
+        question, choices, answer = multiple_choice_item(benchmark, row)
         prompt = render_for_completion(tokenizer, mc_conversation(question, choices, answer))
         chance += 1 / len(choices)
         if len(prompt) > model.config.sequence_len:

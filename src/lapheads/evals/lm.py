@@ -86,7 +86,7 @@ def _answer_tokens(tokenizer: Tokenizer, letters: str) -> tuple[str, list[int]]:
     raise DataError(f"the {tokenizer.kind} tokenizer has no single-token answer letters; allowed: char, bpe, gpt2")
 
 
-def _mc_item(benchmark: str, row: dict[str, Any]) -> tuple[str, list[str], int]:
+def multiple_choice_item(benchmark: str, row: dict[str, Any]) -> tuple[str, list[str], int]:
     if benchmark == "mmlu":
         return row["question"], list(row["choices"]), int(row["answer"])
     labels = list(row["choices"]["label"])
@@ -126,7 +126,7 @@ def score_multiple_choice(
 ) -> dict[str, Any]:
     """Accuracy of the letter with the highest logit among the answer letters (ARC, MMLU)."""
     device = model.lm_head.weight.device
-    items = [_mc_item(task, row) for row in rows]
+    items = [multiple_choice_item(task, row) for row in rows]
     correct, skipped, predictions = 0, 0, []
     for start in tqdm(range(0, len(items), batch_size), desc=task, disable=not progress, leave=False):
         chunk = items[start : start + batch_size]

@@ -240,9 +240,9 @@ def plot_analyses(analyses: list[dict[str, Any]], out: Path) -> list[Path]:
             if extra:
                 ax = axes[len(panels)]
                 for label, analysis in zip(labels, analyses):
-                    eigenvalues = analysis["per_layer"][_last_block(analysis)]["spectrum"]["eigenvalues"]
+                    eigenvalues = analysis["per_layer"][last_block(analysis)]["spectrum"]["eigenvalues"]
                     ax.semilogy(range(1, len(eigenvalues) + 1), eigenvalues,
-                                label=f"{label} (layer {_last_block(analysis)})")  # fmt: skip
+                                label=f"{label} (layer {last_block(analysis)})")  # fmt: skip
                 ax.set_title("normalised eigenvalues, last block", fontsize=9)
                 ax.set_xlabel("component", fontsize=8)
                 ax.grid(alpha=0.3)
@@ -258,7 +258,7 @@ def _task(analyses: list[dict[str, Any]]) -> str:
     return tasks[0]
 
 
-def _last_block(analysis: dict[str, Any]) -> str:
+def last_block(analysis: dict[str, Any]) -> str:
     blocks = [n for n in analysis["layers"] if n.isdigit()]
     return blocks[-1] if blocks else analysis["layers"][-1]
 
@@ -314,7 +314,7 @@ def _summary_layer(analysis: dict[str, Any]) -> str:
     studies measure), other models at the last block (before the final norm)."""
     if analysis.get("task") == "lm" and "norm" in analysis["layers"]:
         return "norm"
-    return _last_block(analysis)
+    return last_block(analysis)
 
 
 def write_summary(analyses: list[dict[str, Any]], out: Path, plots: list[Path]) -> Path:

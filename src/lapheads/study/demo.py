@@ -105,7 +105,7 @@ def agreement_counts(changes: list[float], direction: int) -> str:
 
 
 def _claim_rows(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
-    from lapheads.study.analyze import SUMMARY_ROWS, _last_block
+    from lapheads.study.analyze import SUMMARY_ROWS, last_block
 
     readers = dict(SUMMARY_ROWS)
     rows = []
@@ -124,7 +124,7 @@ def _claim_rows(runs: dict[str, RunDir], analyses: list[dict]) -> list[str]:
         direction = claim(metrics[0])
         measured = []
         for metric in metrics:
-            for place, layer_of in (("last block", _last_block), ("after the final norm", lambda a: "norm")):
+            for place, layer_of in (("last block", last_block), ("after the final norm", lambda a: "norm")):
                 try:
                     base, lap = (float(readers[metric](a, layer_of(a))) for a in analyses[:2])
                 except (KeyError, TypeError):

@@ -39,15 +39,15 @@ from typing import Any
 
 from lapheads.runs import SWEEP_FILE, SweepError, load_sweep, spec_dir_name
 from lapheads.runs.layout import report_folder
-from lapheads.study.report.figures import _plot, _plot_steps
+from lapheads.study.report.figures import plot_metric, plot_steps
 from lapheads.study.report.statistics import (
-    _done_cells,
-    _geometry_values,
     check_cells_are_their_arms,
     collect,
     diffusion_against_zero,
+    done_cells,
     fit_against_test,
     gap_over_training,
+    geometry_values,
     holm,
     late_change,
     mechanism_over_training,
@@ -58,15 +58,15 @@ from lapheads.study.report.statistics import (
 )
 from lapheads.study.report.tables import (
     MECHANISM_HEADER,
-    _fit_lines,
-    _gap_lines,
-    _late_change_lines,
-    _mechanism_row,
-    _row,
-    _rule_lines,
-    _settled_text,
-    _step_lines,
-    _table_header,
+    fit_lines,
+    gap_lines,
+    late_change_lines,
+    mechanism_row,
+    rule_lines,
+    settled_text,
+    step_lines,
+    table_header,
+    table_row,
 )
 from lapheads.study.verdicts import apply_rule
 from lapheads.tasks import get_task
@@ -167,9 +167,9 @@ def restate(stats_file: str | Path, margin: float | None = None) -> str:
     family, rule = _judge(family, primary_label, baseline, margin)
     rule["declaration"] = {"before_data": False, "plan_sha256": None, "why": "restated: no plan was declared"}
     lines = [
-        *_rule_lines(rule),
-        *_table_header(baseline),
-        *[_row(label, spec, stats[spec]) for label, stats in family.items() for spec in stats],
+        *rule_lines(rule),
+        *table_header(baseline),
+        *[table_row(label, spec, stats[spec]) for label, stats in family.items() for spec in stats],
     ]
     if mechanism:
         lines += [
@@ -181,7 +181,7 @@ def restate(stats_file: str | Path, margin: float | None = None) -> str:
             *MECHANISM_HEADER,
         ]
         lines += [
-            _mechanism_row(label, spec, {**row, "verdict": "withdrawn"})
+            mechanism_row(label, spec, {**row, "verdict": "withdrawn"})
             for label, rows in mechanism.items()
             for spec, row in rows.items()
         ]
@@ -206,7 +206,7 @@ MECHANISM_INTRO = (
 
 
 def _mechanism_lines(mechanism_stats: dict[str, Any]) -> list[str]:
-    rows = [_mechanism_row(label, spec, row) for label, rows in mechanism_stats.items() for spec, row in rows.items()]
+    rows = [mechanism_row(label, spec, row) for label, rows in mechanism_stats.items() for spec, row in rows.items()]
     return ["", MECHANISM_INTRO, "", *MECHANISM_HEADER, *rows]
 
 
@@ -218,11 +218,11 @@ def mechanism_report(sweep_dir: str | Path, max_tokens: int = 1_000_000) -> Path
     record = load_sweep(sweep_dir)
     if not get_task(record["task"]).geometry:
         raise SweepError(f"{sweep_dir}: {record['task']} runs have no geometry analysis; allowed: classify, dino, lm")
-    cells = _done_cells(record)
+    cells = done_cells(record)
     if not cells:
         raise SweepError(f"{sweep_dir}: no finished cell; run or resume the sweep first")
     check_cells_are_their_arms(record)
-    _, mechanism_values = _geometry_values(record, max_tokens)
+    _, mechanism_values = geometry_values(record, max_tokens)
     stats = diffusion_against_zero(mechanism_values)
     seeds = sorted({c["seed"] for c in cells})
     lines = [
@@ -271,7 +271,7 @@ def write_report(
     if baseline != "0" and baseline not in specs:  # a sweep without k = 0 still reports its arms, untested
         raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
     out = report_folder(sweep_dir, None if baseline == "0" else spec_dir_name(baseline))
-    cells = _done_cells(record)
+    cells = done_cells(record)
     check_cells_are_their_arms(record)
     declared = declaration(record.get("records"), cells)
     pictures = (
@@ -301,32 +301,32 @@ def write_report(
     geometry_stats: dict[str, Any] = {}
     mechanism_stats: dict[str, Any] = {}
     if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
-        geometry_values, mechanism_values = _geometry_values(record, max_tokens)
-        geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in geometry_values.items()}
+        by_row, mechanism_values = geometry_values(record, max_tokens)
+        geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in by_row.items()}
         mechanism_stats = diffusion_against_zero(mechanism_values)
     plan = _plan_of(record)
     claims = {m.label: m.claim for m in metrics}  # a --metric KEY row keeps its declared metric's claim
     table, rule = _judge({**headline, **geometry_stats}, metrics[0].label, baseline, margin, plan, claims)
     rule["declaration"] = declared
-    lines += [*_rule_lines(rule), *_table_header(baseline)]
-    lines += [_row(label, key, stats[key]) for label, stats in table.items() for key in _table_keys(stats, specs)]
-    _plot(headline, specs, out / "metric.png")
+    lines += [*rule_lines(rule), *table_header(baseline)]
+    lines += [table_row(label, key, stats[key]) for label, stats in table.items() for key in _table_keys(stats, specs)]
+    plot_metric(headline, specs, out / "metric.png")
     lines += ["", "![metric](metric.png)"]
     gaps = {m.label: g for m in metrics if (g := gap_over_training(record, m, baseline))}
     changes = {m.label: c for m in metrics if (c := late_change(record, m))}
     for label, by_spec in changes.items():
-        lines += _late_change_lines(label, by_spec)
+        lines += late_change_lines(label, by_spec)
     fit = fit_against_test(record, baseline) if metric is None else {}
     if fit:
-        lines += _fit_lines(fit, baseline)
+        lines += fit_lines(fit, baseline)
     for label, by_spec in gaps.items():
-        lines += _gap_lines(label, by_spec, baseline)
+        lines += gap_lines(label, by_spec, baseline)
     if gaps:
         titles = {f"{label}: gap over training": by_spec for label, by_spec in gaps.items()}
-        _plot_steps(titles, out / "gap.png", "paired difference (95% CI)", lambda spec: f"{spec} - {baseline}")
+        plot_steps(titles, out / "gap.png", "paired difference (95% CI)", lambda spec: f"{spec} - {baseline}")
         lines += ["", "![gap over training](gap.png)"]
     if geometry_stats:
-        _plot(geometry_stats, specs, out / "geometry.png")
+        plot_metric(geometry_stats, specs, out / "geometry.png")
         lines += ["![geometry](geometry.png)"]
     if mechanism_stats:
         lines += _mechanism_lines(mechanism_stats)
@@ -336,10 +336,10 @@ def write_report(
         for label, by_spec in emergence.items():
             intro = (
                 f"{label} (mean over blocks) at every kept checkpoint, mean over seeds [95% CI] (seeds); "
-                + "; ".join(f"k = {spec}: {_settled_text(rows)}" for spec, rows in by_spec.items())
+                + "; ".join(f"k = {spec}: {settled_text(rows)}" for spec, rows in by_spec.items())
             )
-            lines += _step_lines(intro, by_spec, lambda spec: f"k = {spec}")
-        _plot_steps(emergence, out / "mechanism.png", "mean diffusion score (95% CI)", lambda spec: f"k = {spec}")
+            lines += step_lines(intro, by_spec, lambda spec: f"k = {spec}")
+        plot_steps(emergence, out / "mechanism.png", "mean diffusion score (95% CI)", lambda spec: f"k = {spec}")
         lines += ["", "![diffusion scores over training](mechanism.png)"]
     if pictures:
         lines += ["", "PCA pictures of the teachers' patch tokens (columns: cells, seed-major):", "", "![pca](pca.png)"]

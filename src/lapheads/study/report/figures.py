@@ -14,9 +14,7 @@ def _spec_order(spec: str) -> tuple[int, int, str]:
     return (0, int(spec), "") if spec.isdigit() else (1, 0, spec)
 
 
-def _plot_steps(
-    panels: dict[str, dict[str, list[dict]]], path: Path, ylabel: str, legend: Callable[[str], str]
-) -> Path:
+def plot_steps(panels: dict[str, dict[str, list[dict]]], path: Path, ylabel: str, legend: Callable[[str], str]) -> Path:
     """One panel per entry: each spec's ``paired_test`` rows against step, the mean with its 95% interval."""
     specs = sorted({spec for rows_by_spec in panels.values() for spec in rows_by_spec}, key=_spec_order)
     color = {spec: f"C{i}" for i, spec in enumerate(specs)}  # one colour per spec in every panel
@@ -43,7 +41,7 @@ def _spec_axis(specs: list[str]) -> tuple[list[float], list[str]]:
     return list(range(len(specs))), specs
 
 
-def _plot(panels: dict[str, dict[str, dict[str, Any]]], specs: list[str], path: Path) -> Path:
+def plot_metric(panels: dict[str, dict[str, dict[str, Any]]], specs: list[str], path: Path) -> Path:
     xs, labels = _spec_axis(specs)
     with panel_grid(path, len(panels)) as axes:
         for ax, (title, stats) in zip(axes, panels.items()):

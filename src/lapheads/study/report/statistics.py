@@ -102,7 +102,7 @@ def _final(run: Any, metric: Metric) -> float | None:
     return value
 
 
-def _done_cells(record: dict[str, Any]) -> list[dict[str, Any]]:
+def done_cells(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Finished cells, seed-major in spec order (the order of the PCA grid's columns)."""
     cells = [c for c in record["cells"].values() if c.get("status") in ("done", "recorded")]
     return sorted(cells, key=lambda c: (c["seed"], record["specs"].index(c["spec"])))
@@ -112,7 +112,7 @@ def check_cells_are_their_arms(record: dict[str, Any]) -> None:
     """Every finished cell read from a run directory trained its own arm and seed: a config.json edited (or a run
     folder swapped) to another head spec or seed would be reported under the wrong arm, so it is one line instead.
     (Cells read from records carry their arm in the record they were written with.)"""
-    for cell in _done_cells(record):
+    for cell in done_cells(record):
         if cell.get("source") is not None:
             continue
         config = RunDir(cell["run_dir"]).read_config().get("config", {})
@@ -128,7 +128,7 @@ def check_cells_are_their_arms(record: dict[str, Any]) -> None:
 def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float]]:
     """{spec: {seed: value of metric}} over the sweep's finished cells."""
     values: dict[str, dict[int, float]] = {spec: {} for spec in record["specs"]}
-    for cell in _done_cells(record):
+    for cell in done_cells(record):
         value = _final(reader(cell), metric)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -146,7 +146,7 @@ def _series(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, dict[
         return {}
     key = metric.path[0]
     series: dict[str, dict[int, dict[int, float]]] = {spec: {} for spec in record["specs"]}
-    for cell in _done_cells(record):
+    for cell in done_cells(record):
         for entry in reader(cell).read_metrics():
             if key in entry and "step" in entry:
                 series[cell["spec"]].setdefault(int(entry["step"]), {})[cell["seed"]] = float(entry[key])
@@ -183,7 +183,7 @@ _FIT, _TEST = logged("fit_top1"), logged("eval_top1")
 
 # against the baseline: a regularising bias fits less (fit top-1 down, fit loss up) and generalises better (test
 # loss down); at a fit top-1 near 100% only the losses can still show it
-_AGAINST_BASELINE = {
+AGAINST_BASELINE = {
     "fit top-1": _FIT,
     "fit loss": logged("fit_loss"),
     "test loss": logged("eval_loss"),
@@ -197,7 +197,7 @@ def fit_against_test(record: dict[str, Any], baseline: str = "0") -> dict[str, d
     test loss (None for the baseline itself, or without baseline cells). {} when no finished cell logged a fit
     score."""
     fit, test = collect(record, _FIT), collect(record, _TEST)
-    others = {name: collect(record, metric) for name, metric in _AGAINST_BASELINE.items()}
+    others = {name: collect(record, metric) for name, metric in AGAINST_BASELINE.items()}
     out = {}
     for spec, by_seed in fit.items():
         if by_seed:
@@ -239,7 +239,7 @@ def mechanism_over_training(record: dict[str, Any]) -> dict[str, dict[str, list[
 
     weights = get_task(record["task"]).analyzed_weights
     scores: dict[str, dict[str, dict[int, dict[int, float]]]] = {}
-    for cell in _done_cells(record):
+    for cell in done_cells(record):
         if cell.get("source") is not None:  # a record keeps every kept checkpoint's scores
             by_step = cell["source"].checkpoint_heads
         else:
@@ -304,7 +304,7 @@ def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[
 Values = dict[str, dict[str, dict[int, float]]]  # row label -> spec -> seed -> value
 
 
-def _geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, Values]:
+def geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, Values]:
     """(geometry rows, mechanism rows) from every finished cell's analysis (``lapheads analyze``, cached)."""
     from lapheads.study.analyze import AnalyzeOptions, analyze_run
 
@@ -314,7 +314,7 @@ def _geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, V
     out: Values = {f"{m.label} ({w})": {s: {} for s in record["specs"]} for w in where for m in metrics}
     mechanism: Values = {}
     twins: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]] = {}
-    for cell in _done_cells(record):
+    for cell in done_cells(record):
         analysis = cell["source"].analysis if cell.get("source") is not None else analyze_run(cell["run_dir"], options)
         if analysis is None:
             continue

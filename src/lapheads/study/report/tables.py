@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from lapheads.study.report.statistics import _AGAINST_BASELINE, settled_from
+from lapheads.study.report.statistics import AGAINST_BASELINE, settled_from
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -26,7 +26,7 @@ def _with_interval(row: dict[str, Any]) -> str:
     return f"{row['mean_difference']:+.3g}{interval}"
 
 
-def _late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[str]:
+def late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
         "",
         f"{label}, change over the last quarter of training (each seed's last evaluation minus its evaluation at "
@@ -43,7 +43,7 @@ def _late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[s
     return lines
 
 
-def _fit_lines(rows: dict[str, dict[str, Any]], baseline: str) -> list[str]:
+def fit_lines(rows: dict[str, dict[str, Any]], baseline: str) -> list[str]:
     lines = [
         "",
         "Fit: final top-1 on the first training images without augmentation (`--fit-subset`) against the test "
@@ -53,20 +53,20 @@ def _fit_lines(rows: dict[str, dict[str, Any]], baseline: str) -> list[str]:
         "test loss.",
         "",
         "| Laplacian heads | fit top-1 (%) | fit - test [95% CI] | "
-        + " | ".join(f"{name} - at k = {baseline}" for name in _AGAINST_BASELINE)
+        + " | ".join(f"{name} - at k = {baseline}" for name in AGAINST_BASELINE)
         + " | seeds |",
         "|---|---|---|---|---|---|---|",
     ]
     for spec, row in rows.items():
         against = row["against_baseline"] or {}
-        columns = [_with_interval(against[name]) if name in against else "–" for name in _AGAINST_BASELINE]
+        columns = [_with_interval(against[name]) if name in against else "–" for name in AGAINST_BASELINE]
         lines.append(
             f"| {spec} | {row['fit_top1']:.2f} | {_with_interval(row)} | {' | '.join(columns)} | {row['n_pairs']} |"
         )
     return lines
 
 
-def _step_lines(intro: str, rows_by_spec: dict[str, list[dict]], column: Callable[[str], str]) -> list[str]:
+def step_lines(intro: str, rows_by_spec: dict[str, list[dict]], column: Callable[[str], str]) -> list[str]:
     """Markdown: one row per step, one column per spec: mean [95% CI] (pairs) of ``paired_test`` rows."""
     specs = list(rows_by_spec)
     steps = sorted({row["step"] for rows in rows_by_spec.values() for row in rows})
@@ -81,12 +81,12 @@ def _step_lines(intro: str, rows_by_spec: dict[str, list[dict]], column: Callabl
     return lines
 
 
-def _gap_lines(label: str, gaps: dict[str, list[dict]], baseline: str) -> list[str]:
+def gap_lines(label: str, gaps: dict[str, list[dict]], baseline: str) -> list[str]:
     intro = f"{label}, paired gap over training (spec - {baseline} at each evaluation; mean [95% CI] (pairs)):"
-    return _step_lines(intro, gaps, lambda spec: f"{spec} - {baseline}")
+    return step_lines(intro, gaps, lambda spec: f"{spec} - {baseline}")
 
 
-def _settled_text(rows: list[dict]) -> str:
+def settled_text(rows: list[dict]) -> str:
     settled = settled_from(rows)
     if settled is None:
         return "one seed so far, untested" if rows[-1]["n_pairs"] < 2 else "its interval includes 0 at the last step"
@@ -94,7 +94,7 @@ def _settled_text(rows: list[dict]) -> str:
     return f"{'diffusive (above 0)' if sign > 0 else 'sharpening (below 0)'} from step {step} on"
 
 
-def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
+def table_row(label: str, spec: str, stats: dict[str, Any]) -> str:
     cells = [label, stats.get("role", ""), spec, str(stats["n"]), _mean_std(stats, ".4g")]
     if "test" in stats:
         pair = stats["paired"]
@@ -125,7 +125,7 @@ def _row(label: str, spec: str, stats: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _mechanism_row(label: str, spec: str, row: dict[str, Any]) -> str:
+def mechanism_row(label: str, spec: str, row: dict[str, Any]) -> str:
     pair = row["paired"]
     interval = "" if math.isnan(pair["ci_low"]) else f"[{pair['ci_low']:+.3g}, {pair['ci_high']:+.3g}]"
     cells = [
@@ -147,7 +147,7 @@ MECHANISM_HEADER = [
 ]
 
 
-def _table_header(baseline: str) -> list[str]:
+def table_header(baseline: str) -> list[str]:
     return [
         f"| metric | role | Laplacian heads | n | mean ± std | difference vs {baseline} [95% CI] | p: t-test / Holm / "
         "sign-flip | seeds in the paper's direction | alpha: MDE | verdict |",
@@ -155,7 +155,7 @@ def _table_header(baseline: str) -> list[str]:
     ]
 
 
-def _rule_lines(rule: dict[str, Any]) -> list[str]:
+def rule_lines(rule: dict[str, Any]) -> list[str]:
     """The verdict rule in words, with this report's family and margins (lapheads.study.verdicts)."""
     margins = "; ".join(
         f"{label}: {'none (the paper reports no such effect)' if m is None else f'{m:.3g}'}"
