@@ -1,8 +1,8 @@
 """The lower bounds pyproject states are versions lapheads works with: the Hugging Face extra's transformers floor,
 installed from PyPI beside (not into) the environment, passes lapheads' own Hugging Face tests.
 
-The floor is read from pyproject.toml, so a lowered bound is checked, not assumed. Its huggingface_hub and
-tokenizers are the newest its own metadata allows (transformers checks them on import). Measured 2026-12-03:
+The floor is read from pyproject.toml, so a lowered bound is checked, not assumed. Its huggingface_hub, tokenizers
+and kernels are the newest its own metadata allows (transformers checks or imports them on import). Measured 2026-12-03:
 transformers 5.0.0-5.3.0 fail (5.0: GPT-2's attention maps never come back; a saved Laplacian model loads as plain
 SDPA in a process that never imported lapheads), 5.4.0 and later pass. Slow: it downloads ~15 MB.
 """
@@ -32,7 +32,7 @@ def _floor(extra: str, package: str) -> str:
 
 
 def _requirement(metadata: str, package: str) -> str:
-    found = re.search(rf"^Requires-Dist: {package}\s*([^;\n]*)$", metadata, flags=re.M | re.I)
+    found = re.search(rf"^Requires-Dist: {package}\s*([^;\n]*)(;.*)?$", metadata, flags=re.M | re.I)  # any extra's
     return f"{package}{found.group(1).replace(' ', '')}" if found else package
 
 
@@ -50,8 +50,10 @@ def test_the_stated_transformers_floor_passes_lapheads_hugging_face_tests(tmp_pa
         pytest.skip("PyPI is not reachable here")
     (info,) = target.glob("transformers-*.dist-info")  # "5.4" installs as 5.4.0
     metadata = (info / "METADATA").read_text()
-    _pip("--target", str(target), _requirement(metadata, "huggingface-hub"), _requirement(metadata, "tokenizers"),
-         "typer-slim")  # fmt: skip
+    # the floor's own hub, tokenizers and kernels ranges shadow the environment's newer ones (kernels 0.19, which
+    # the current transformers requires, changed an API that 5.4 calls on import; 5.4 allows kernels <0.13)
+    own = [_requirement(metadata, package) for package in ("huggingface-hub", "tokenizers", "kernels")]
+    _pip("--target", str(target), *own, "typer-slim")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")])}
     probe = subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"],
                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
