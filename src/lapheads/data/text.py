@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from lapheads.data.images import DataError
-from lapheads.data.tokenizers import Tokenizer
+from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
 from lapheads.errors import InputError
 
 __all__ = [
@@ -338,7 +338,6 @@ class TextSource:
     def prepare(self) -> tuple[Tokenizer, TokenShards]:
         """The tokenizer (loaded from the shards' copy, else built: GPT-2's, characters, or a BPE fitted on the
         training split) and the token shards; cells started together wait for one another (a lock file)."""
-        from lapheads.data.tokenizers import KINDS, TokenizerError, load_tokenizer, train_bpe
         from lapheads.io import exclusive
 
         if self.dataset not in TEXT_DATASETS:
