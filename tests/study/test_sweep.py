@@ -24,7 +24,7 @@ from lapheads.study.report import (
     welch_t_test,
     write_report,
 )
-from lapheads.study.report.statistics import settled_from
+from lapheads.study.report.statistics import dose_response, settled_from
 from lapheads.study.report.tables import table_row
 from lapheads.tasks.metrics import VAL_BPB, Metric
 
@@ -498,6 +498,44 @@ def test_diffusion_scores_are_tested_against_zero_with_holm_across_the_section()
     assert "0" not in family["diffusion score, Laplacian heads (mean over blocks)"]
 
 
+FRACTION = "within-sequence fraction (after the final norm)"
+
+
+def test_the_dose_is_each_seeds_least_squares_slope_against_k_tested_over_seeds():
+    """k = 0..3 of 4 seeds: each seed's slope is scipy's linregress, the mean slope its one-sample t-test; a head kind
+    is no dose; the headline's slope against the geometry is fitted seed by seed with the sign the paper predicts."""
+    rng = np.random.default_rng(0)
+    top1 = {str(k): {s: 80 + 0.5 * k + s + float(rng.normal(0, 0.2)) for s in range(4)} for k in range(4)}
+    fraction = {str(k): {s: 0.3 - 0.02 * k + float(rng.normal(0, 0.005)) for s in range(4)} for k in range(4)}
+    top1["sum:3"], fraction["sum:3"] = {s: 99.0 for s in range(4)}, {s: 0.0 for s in range(4)}
+    del top1["2"][3]  # seed 3 lacks an arm: it has no top-1 slope
+    table = {"test top-1 (%)": summarize(top1), FRACTION: summarize(fraction)}
+    dose = dose_response(table, ["test top-1 (%)", FRACTION], "test top-1 (%)", [FRACTION])
+    assert dose["levels"] == [0, 1, 2, 3]
+    slopes = [stats.linregress(range(4), [top1[str(k)][s] for k in range(4)]).slope for s in range(3)]
+    row = dose["slopes"]["test top-1 (%)"]
+    assert list(row["values"]) == [0, 1, 2] and list(row["values"].values()) == pytest.approx(slopes)
+    assert row["mean_difference"] == pytest.approx(np.mean(slopes)) and row["span"] == 3
+    assert row["p"] == pytest.approx(stats.ttest_1samp(slopes, 0).pvalue) and row["signs"] == "3/3"
+    assert dose["slopes"][FRACTION]["signs"] == "4/4" and dose["slopes"][FRACTION]["ci_high"] < 0  # falls: as claimed
+    follows = dose["follows"][FRACTION]
+    expected = [
+        stats.linregress([fraction[str(k)][s] for k in range(4)], [top1[str(k)][s] for k in range(4)]).slope
+        for s in range(3)
+    ]
+    assert list(follows["values"].values()) == pytest.approx(expected) and follows["direction"] == -1
+    assert follows["signs"] == "3/3"  # top-1 rises as the fraction falls in every seed: what the paper's reading says
+    assert (
+        dose_response(
+            {"test top-1 (%)": summarize({"0": top1["0"], "sum:3": top1["sum:3"]})},
+            ["test top-1 (%)"],
+            "test top-1 (%)",
+            [],
+        )
+        == {}
+    )  # one dose level: no dose section
+
+
 def test_a_sweep_without_k_0_reports_its_arms_and_another_baseline_compares_them(tmp_path):
     """No k = 0 arm (say, k = 2 against k = 4): the default report lists both untested; --baseline 4 tests them."""
     cells = {}
@@ -518,6 +556,10 @@ def test_a_sweep_without_k_0_reports_its_arms_and_another_baseline_compares_them
     versus = write_report(tmp_path, geometry=False, baseline="4")
     assert versus == tmp_path / "report-vs-L4" / "report.md"
     assert "| test top-1 (%) | primary | 2 | 2 | 84.5 ± 0.71 | +0.75 [" in versus.read_text()
+    # k = 2 and 4 are two dose levels: each seed's slope, (83 - 84) / 2 and (84.5 - 85) / 2
+    assert "| test top-1 (%) | -0.375 [" in versus.read_text()
+    dose = json.loads((tmp_path / "report-vs-L4" / "stats.json").read_text())["dose"]["slopes"]["test top-1 (%)"]
+    assert dose["values"] == {"0": -0.5, "1": -0.25} and dose["signs"] == "0/2"
 
 
 def test_head_kinds_are_arms_of_a_sweep_with_directory_safe_names():

@@ -16,6 +16,9 @@ Design choices:
   exact sign-flip p and the seeds that moved the paper's way; **no claim** for metrics the paper makes none about.
 * **Geometry against k**: ``lapheads analyze`` on every cell (cached per run), the last block's metrics, the same
   statistics.
+* **The dose**: where the sweep has k = 0, 1, 2, ... Laplacian heads per block, each seed's slope of the primary,
+  headline and declared metrics against k, tested over seeds, and each seed's slope of the headline against the
+  declared geometry across those arms (does accuracy follow geometry?); secondary, uncorrected.
 * **The heat-diffusion mechanism**: each head's output-value circuit score (``geometry.mechanism``: positive =
   the head moves tokens toward their attention-weighted neighbours) read from every cell's analysis, per spec, for
   the Laplacian and the ordinary heads, averaged over blocks and per block, the null (ordinary heads read as
@@ -45,6 +48,7 @@ from lapheads.study.report.statistics import (
     collect,
     diffusion_against_zero,
     done_cells,
+    dose_response,
     fit_against_test,
     gap_over_training,
     geometry_values,
@@ -58,6 +62,7 @@ from lapheads.study.report.statistics import (
 )
 from lapheads.study.report.tables import (
     MECHANISM_HEADER,
+    dose_lines,
     fit_lines,
     gap_lines,
     late_change_lines,
@@ -312,6 +317,9 @@ def write_report(
     lines += [table_row(label, key, stats[key]) for label, stats in table.items() for key in _table_keys(stats, specs)]
     plot_metric(headline, specs, out / "metric.png")
     lines += ["", "![metric](metric.png)"]
+    fitted = list(dict.fromkeys([*rule["primary"], *headline, *rule["declared"]]))
+    dose = dose_response(table, fitted, metrics[0].label, [g for g in rule["declared"] if g in geometry_stats])
+    lines += dose_lines(dose)
     gaps = {m.label: g for m in metrics if (g := gap_over_training(record, m, baseline))}
     changes = {m.label: c for m in metrics if (c := late_change(record, m))}
     for label, by_spec in changes.items():
@@ -354,6 +362,7 @@ def write_report(
                 "over_training": gaps,
                 "late_change": changes,
                 "fit": fit,
+                "dose": dose,
                 "mechanism_over_training": emergence,
             },
             indent=1,

@@ -466,3 +466,71 @@ def diffusion_against_zero(mechanism: Values) -> dict[str, dict[str, dict[str, A
                 row["paired"]["mean_difference"], p_holm, row["mde_at_alpha"], claim(label), len(values)
             )
     return family
+
+
+def _least_squares_slope(x: list[float], y: list[float]) -> float:
+    """The slope of y on x by least squares (NaN where x does not vary)."""
+    x_, y_ = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    spread = float(((x_ - x_.mean()) ** 2).sum())
+    return float(((x_ - x_.mean()) * (y_ - y_.mean())).sum() / spread) if spread > 0 else math.nan
+
+
+def _dose_levels(rows: dict[str, dict[str, Any]]) -> dict[int, dict[int, float]]:
+    """k -> seed -> value of a metric's dose arms: the specs that put the same k Laplacian heads in every block
+    ("0", "1", "2", "3"; a per-layer schedule or a head kind is no dose)."""
+    return {
+        int(spec): {int(seed): float(v) for seed, v in row["values"].items()}
+        for spec, row in rows.items()
+        if spec.isdigit() and "values" in row
+    }
+
+
+def _slopes_over_seeds(slopes: dict[int, float], direction: int | None) -> dict[str, Any]:
+    """Per-seed slopes tested against 0 over seeds: mean, t-based 95% interval, p, MDE at alpha 0.05, sign count."""
+    finite = {seed: s for seed, s in slopes.items() if not math.isnan(s)}
+    test = paired_test(finite, dict.fromkeys(finite, 0.0))
+    towards = sum(1 for s in finite.values() if s * (direction or 1) > 0)
+    return {**test, "values": finite, "direction": direction, "signs": f"{towards}/{len(finite)}"}
+
+
+def dose_response(
+    table: dict[str, dict[str, dict[str, Any]]], labels: list[str], headline: str, geometry: list[str]
+) -> dict[str, Any]:
+    """The dose arms' slopes (k = 0, 1, 2, 3 Laplacian heads per block), seed by seed, and whether the headline
+    follows the geometry across them.
+
+    Each seed's least-squares slope of a metric against k over the dose arms it has all of; the slopes' mean, t-based
+    95% interval and one-sample t-test over seeds (secondary: raw p, uncorrected). "Follows": each seed's slope of
+    ``headline`` against a geometry row across the same arms; the paper's reading ("Laplacian heads improve accuracy
+    by smoothing the tokens of a sequence") predicts the sign claim(headline) x claim(geometry): top-1 rising as the
+    within-sequence fraction falls is a negative slope. Empty where the sweep has fewer than 2 dose levels.
+
+    Args:
+        table: label -> spec -> ``summarize`` row (each row keeps its per-seed ``values``).
+        labels: the rows to fit against k.
+        headline: the headline metric's label (the y of "follows").
+        geometry: the geometry labels it is fitted against.
+    """
+    out: dict[str, Any] = {"slopes": {}, "follows": {}}
+    for label in labels:
+        by_k = _dose_levels(table.get(label, {}))
+        if len(by_k) < 2:
+            continue
+        levels = sorted(by_k)
+        seeds = sorted(set.intersection(*(set(by_k[k]) for k in levels)))
+        slopes = {s: _least_squares_slope(levels, [by_k[k][s] for k in levels]) for s in seeds}
+        out["levels"] = levels
+        out["slopes"][label] = {**_slopes_over_seeds(slopes, claim(label)), "span": levels[-1] - levels[0]}
+    y_by_k = _dose_levels(table.get(headline, {}))
+    for label in geometry:
+        x_by_k = _dose_levels(table.get(label, {}))
+        levels = sorted(set(x_by_k) & set(y_by_k))
+        if len(levels) < 2:
+            continue
+        seeds = sorted(set.intersection(*(set(x_by_k[k]) & set(y_by_k[k]) for k in levels)))
+        slopes = {
+            s: _least_squares_slope([x_by_k[k][s] for k in levels], [y_by_k[k][s] for k in levels]) for s in seeds
+        }
+        predicted = None if claim(headline) is None or claim(label) is None else claim(headline) * claim(label)
+        out["follows"][label] = {**_slopes_over_seeds(slopes, predicted), "headline": headline}
+    return out if out["slopes"] else {}
