@@ -1,0 +1,33 @@
+"""The studies committed under docs/reproduction/: every plan loads, and every record beside it is a finished cell
+of that plan, made under it (its sha256), in the precision it pins; what a reader of a committed report relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lapheads.runs.records import load_records
+from lapheads.study.records import check_record, load_plan
+
+STUDIES = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
+PLANS = sorted(STUDIES.glob("**/plan.json"))
+
+
+def test_the_decomposition_study_is_committed_with_its_plan():
+    assert STUDIES / "decomposition" / "cells" / "plan.json" in PLANS
+
+
+@pytest.mark.parametrize("plan_path", PLANS, ids=lambda p: str(p.parent.relative_to(STUDIES)))
+def test_every_record_is_a_cell_of_its_folders_plan(plan_path):
+    plan = load_plan(plan_path)
+    for record in load_records(plan_path.parent):
+        check_record(record, plan)  # made under this plan (its sha256 stamped in the record)
+        data = record.data
+        cell = data["cell"]
+        assert record.path.stem == cell["name"] and cell["spec"] in plan.arms and cell["seed"] in plan.seeds
+        assert data["sweep"]["preset"] == plan.preset and data["sweep"]["task"] == plan.task
+        assert data["sweep_arms"] == {"specs": plan.arms, "seeds": plan.seeds}
+        if "amp=false" in plan.overrides:  # the plan pins fp32
+            assert data["environment"]["precision"]["autocast_bf16"] is False, record.path.name
+        assert data["wall_seconds"] > 0 and data["metrics"], f"{record.path.name} is not a finished cell"
