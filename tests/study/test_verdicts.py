@@ -216,3 +216,19 @@ def test_restating_a_committed_report_prints_the_family_alphas_and_margin():
     top = [line for line in text.splitlines() if line.startswith("| test top-1 (%) | primary | 3 |")][0]
     assert "+0.006 [-0.607, +0.619]" in top and "| 2/5 |" in top
     assert "equivalent within +-0.689 (TOST p 0.018, sign-flip 0.031)" in top  # both halves, both ways
+
+
+def test_a_plans_secondary_headline_keeps_its_margins_equivalence_test():
+    """A plan whose primary is geometry: test top-1 is secondary, yet a paper-sized gain can still be excluded by
+    both TOST halves (the decomposition plan's "top-1 secondary, with the rule's default margin")."""
+    fraction = {"within-sequence fraction (after the final norm)": _family({"3": -0.08}, noise=0.01)}
+    values = {"0": {s: 85.0 + 0.1 * s for s in range(6)}}
+    values["3"] = {s: v + (0.05 if s % 2 else -0.05) for s, v in values["0"].items()}
+    top1 = {"test top-1 (%)": summarize(values)}
+    claims = {"within-sequence fraction (after the final norm)": -1, "test top-1 (%)": +1}
+    rule = apply_rule(fraction, top1, claims, family=[])
+    row = top1["test top-1 (%)"]["3"]
+    margin = default_margin("test top-1 (%)", float(np.mean(list(values["0"].values()))))
+    assert row["role"] == "secondary" and row["margin"] == pytest.approx(margin)
+    assert rule["margin"]["test top-1 (%)"] == pytest.approx(margin)
+    assert row["verdict"].startswith("equivalent within") and row["verdict"].endswith("(uncorrected)")

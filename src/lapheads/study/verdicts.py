@@ -300,8 +300,14 @@ def apply_rule(
         for key, row in compared(label):
             if "role" in row:
                 continue
-            describe(label, key, row, "secondary", ALPHA)
+            differences = describe(label, key, row, "secondary", ALPHA)
             row["p_holm"] = math.nan
+            if row["direction"] is not None:  # a claimed secondary row (a plan's headline) keeps its margin's TOST
+                base = values_of(label, row.get("baseline", baseline)) or {}
+                m = default_margin(label, float(np.mean(list(base.values()))) if base else math.nan)
+                if m is not None:
+                    record["margin"].setdefault(label, m)
+                    _equivalence(row, differences, m)
             words = _verdict(*test_of(row), row, claims.get(label))
             row["verdict"] = words if words.startswith(("not", "no claim")) else f"{words} (uncorrected)"
     return record
@@ -313,7 +319,8 @@ _CONTRAST_WORDS = {None: "no claim: contrast", 1: "the paper's direction", -1: "
 
 
 def _equivalence(row: dict[str, Any], differences: list[float], margin: float | None) -> None:
-    """Both TOST halves for the primary metric's row: by the t distribution and by exact sign flips."""
+    """Both TOST halves for a row with a margin (the primary's, or a claimed secondary headline's): by the t
+    distribution and by exact sign flips."""
     n = len(differences)
     se = float(np.std(differences, ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
     row["margin"] = margin

@@ -318,7 +318,7 @@ def write_report(
     plot_metric(headline, specs, out / "metric.png")
     lines += ["", "![metric](metric.png)"]
     fitted = list(dict.fromkeys([*rule["primary"], *headline, *rule["declared"]]))
-    dose = dose_response(table, fitted, metrics[0].label, [g for g in rule["declared"] if g in geometry_stats])
+    dose = dose_response(table, fitted, metrics[0].label, [g for g in fitted if g in geometry_stats])
     lines += dose_lines(dose)
     gaps = {m.label: g for m in metrics if (g := gap_over_training(record, m, baseline))}
     changes = {m.label: c for m in metrics if (c := late_change(record, m))}
