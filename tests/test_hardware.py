@@ -37,6 +37,25 @@ def test_true_and_false_are_obeyed_whatever_the_hardware(cpu, amp):
     assert hardware.choose_precision(amp, "cpu").autocast is amp
 
 
+@pytest.fixture
+def fp32_flags():
+    """torch's fp32 precision flags as a test found them, restored after it (they are process-wide)."""
+    saved = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
+    yield
+    torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+
+
+def test_fp32_on_a_gpu_is_ieee_fp32_not_tf32(fp32_flags):
+    # torch's default runs cuDNN convolutions (the patch embedding) in TF32: a pinned fp32 study would not be fp32
+    torch.backends.cudnn.conv.fp32_precision = "tf32"
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    hardware.choose_precision(False, "cpu")
+    assert torch.backends.cudnn.conv.fp32_precision == "tf32"  # off CUDA nothing is touched
+    choice = hardware.choose_precision(False, torch.device("cuda", 0))
+    assert choice.autocast is False and choice.reason == "fp32 (amp = false), TF32 off"
+    assert torch.backends.cudnn.conv.fp32_precision == "ieee" and torch.backends.cuda.matmul.fp32_precision == "ieee"
+
+
 def test_this_machine_is_read_from_its_cpu_flags():
     flags = hardware.cpu_flags()
     if not flags:

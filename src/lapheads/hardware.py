@@ -150,6 +150,22 @@ class Precision:
         return {"autocast_bf16": self.autocast, "reason": self.reason}
 
 
+def full_fp32(device) -> None:
+    """fp32 on a GPU as the CPU computes it: IEEE matrix products and convolutions, no TF32.
+
+    torch leaves cuDNN convolutions (a ViT's patch embedding) in TF32, a 10-bit mantissa, by default; a run that
+    chose fp32 (a study that pins its precision) gets fp32. No-op off CUDA.
+
+    Args:
+        device: a torch.device or its type.
+    """
+    if getattr(device, "type", device) == "cuda":
+        import torch
+
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (/proc/cpuinfo; empty where there is none)."""
     try:
@@ -263,13 +279,15 @@ def choose_precision(amp: bool | str, device) -> Precision:
     if amp is True:
         return Precision(True, "bf16 autocast (amp = true)")
     if amp is False:
-        return Precision(False, "fp32 (amp = false)")
+        full_fp32(kind)
+        return Precision(False, "fp32 (amp = false)" + (", TF32 off" if kind == "cuda" else ""))
     if kind == "cuda":
         import torch
 
         if torch.cuda.is_bf16_supported():
             return Precision(True, "bf16 autocast: this GPU supports bf16 (amp = auto)")
-        return Precision(False, "fp32: this GPU has no bf16 (amp = auto)")
+        full_fp32(kind)
+        return Precision(False, "fp32, TF32 off: this GPU has no bf16 (amp = auto)")
     if not cpu_has_native_bf16():
         return Precision(False, "fp32: this CPU has no native bf16, where autocast is ~20x slower (amp = auto)")
     faster, ratio = _bf16_probe_faster()

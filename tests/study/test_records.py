@@ -7,6 +7,7 @@ import os
 import shutil
 
 import pytest
+import torch
 
 from lapheads.cli import main
 from lapheads.runs.records import RECORD_FORMAT, RecordError, read_record, write_record
@@ -218,6 +219,23 @@ def test_cells_pair_by_the_kernels_they_ran_not_the_cpu_they_ran_on():
     assert environment_key(native) != environment_key(avx2_machine)
     # ATen capped alone is not enough: MKL still runs AVX-512
     assert environment_key({**native, "cpu_kernels": cpu_kernels(flags, "AVX2")}) != environment_key(pinned)
+
+
+def test_cells_on_a_gpu_pair_only_with_cells_on_the_same_gpu_and_fp32_precision():
+    from lapheads.runs.records import accelerator, environment, environment_key
+
+    cpu = {"torch_version": "2.11.0", "cpu_flags": ["avx", "avx2", "fma"], "torch_cpu_capability": "AVX2"}
+    cpu |= {"machine": "x86_64", "threads": 1, "precision": {"autocast_bf16": False}}
+    h200 = {"name": "NVIDIA H200", "capability": "9.0", "cuda": "13.0", "cudnn": 91000}
+    ieee, tf32 = {"fp32_matmul": "ieee", "fp32_conv": "ieee"}, {"fp32_matmul": "none", "fp32_conv": "tf32"}
+    on_gpu = {**cpu, "accelerator": {**h200, **ieee}}
+    assert environment_key(on_gpu) == environment_key({**cpu, "accelerator": {**h200, **ieee, "cudnn": 90000}})
+    assert environment_key(on_gpu) != environment_key({**cpu, "accelerator": {**h200, **tf32}})  # TF32 convolutions
+    assert environment_key(on_gpu) != environment_key(cpu)
+    # a CPU cell records no accelerator, and a record older than the field pairs with it
+    assert accelerator(None) is None and accelerator(torch.device("cpu")) is None
+    assert environment(1)["accelerator"] is None
+    assert environment_key({**cpu, "accelerator": None}) == environment_key(cpu)
 
 
 @pytest.mark.skipif("avx2" not in __import__("lapheads.hardware").hardware.cpu_flags(), reason="needs an AVX2 CPU")

@@ -33,6 +33,7 @@ from lapheads.geometry.features import ResidualStream, select_layers
 from lapheads.geometry.layers import LayerGeometry, LMLayerGeometry
 from lapheads.geometry.linguistic import top_k_classes
 from lapheads.geometry.mechanism import HeadEffects, ov_circuits
+from lapheads.hardware import full_fp32
 from lapheads.runs import RunDir, checkpoint_folder, load_model
 
 __all__ = ["ANALYSIS_VERSION", "AnalyzeOptions", "analyze_classify", "analyze_dino", "analyze_lm", "lm_geometry"]
@@ -165,6 +166,7 @@ def _labelled_geometry(
     With ``classifier`` the model's predictions feed NC4 and the classifier's input gets its own NC entry.
     """
     device = resolve_device(options.device)
+    full_fp32(device)  # measured in fp32 as trained in fp32: no TF32 patch embedding on a GPU
     model.to(device)
     layers = select_layers(model, options.layers)
     tokens_per_seq = model.patch_embed.num_patches + model.num_prefix_tokens

@@ -36,6 +36,7 @@ __all__ = [
     "RECORD_VERSION",
     "CellRecord",
     "RecordError",
+    "accelerator",
     "config_difference",
     "environment",
     "environment_key",
@@ -59,9 +60,33 @@ def file_sha256(path: str | os.PathLike) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def environment(threads: int) -> dict[str, Any]:
-    """Where a cell ran: versions, git revision, CPU model and kernel flags, threads (the CPU kind varies between
-    machines, and results move with it: a report pairs seeds within one environment)."""
+def accelerator(device: Any = None) -> dict[str, Any] | None:
+    """The GPU a run computes on and what decides its rounding there (its fp32 matmul and convolution precision:
+    IEEE or TF32), or None on the CPU.
+
+    Args:
+        device: the run's torch.device (or its type); None or a CPU device: no accelerator.
+    """
+    import torch
+
+    if device is None or getattr(device, "type", device) != "cuda":
+        return None
+    index = getattr(device, "index", None)
+    index = torch.cuda.current_device() if index is None else index
+    return {
+        "name": torch.cuda.get_device_name(index),
+        "capability": ".".join(str(part) for part in torch.cuda.get_device_capability(index)),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "fp32_matmul": torch.backends.cuda.matmul.fp32_precision,
+        "fp32_conv": torch.backends.cudnn.conv.fp32_precision,
+    }
+
+
+def environment(threads: int, device: Any = None) -> dict[str, Any]:
+    """Where a cell ran: versions, git revision, CPU model and kernel flags, threads, the GPU if it trained on one
+    (the CPU kind varies between machines, and results move with it: a report pairs seeds within one
+    environment)."""
     import torch
 
     import lapheads
@@ -92,23 +117,28 @@ def environment(threads: int) -> dict[str, Any]:
         "cpu_kernel_pins": pins,
         "cpu_kernels": cpu_kernels(kernel_flags, capability, pins),
         "threads": threads,
+        "accelerator": accelerator(device),
     }
 
 
 def environment_key(env: dict[str, Any]) -> tuple:
     """What decides a cell's numbers beyond its config: torch, the instruction set each CPU kernel library runs
     (ATen, MKL, oneDNN: derived from the CPU flags for a record older than ``cpu_kernels``), the architecture,
-    threads and precision (the CPU model is recorded, but two CPUs running the same kernels agree bit for bit)."""
+    threads, precision and the GPU with its fp32 matmul / convolution precision (None on the CPU, and in a record
+    older than ``accelerator``). The CPU model is recorded, but two CPUs running the same kernels agree bit for
+    bit."""
     from lapheads.hardware import cpu_kernels
 
     precision = env.get("precision") or {}
     kernels = env.get("cpu_kernels") or cpu_kernels(env.get("cpu_flags") or [], env.get("torch_cpu_capability"))
+    gpu = env.get("accelerator")
     return (
         env.get("torch_version"),
         tuple(sorted(kernels.items())),
         env.get("machine"),
         env.get("threads"),
         precision.get("autocast_bf16") if isinstance(precision, dict) else precision,
+        (gpu["name"], gpu["fp32_matmul"], gpu["fp32_conv"]) if gpu else None,
     )
 
 

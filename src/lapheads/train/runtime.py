@@ -33,7 +33,7 @@ from lapheads.core import native
 from lapheads.core.heads import HEAD_SPEC
 from lapheads.distributed import Distributed, StoppedError, peer_failures, setup_distributed
 from lapheads.errors import CheckpointError, InputError
-from lapheads.hardware import BusyWatch, Precision, choose_precision
+from lapheads.hardware import BusyWatch, Precision, choose_precision, full_fp32
 from lapheads.runs import (
     RunDir,
     latest_checkpoint,
@@ -358,7 +358,7 @@ def start_or_resume(
             start_step = load_checkpoint(folder, dist_, model, optimizer, extra_models)["step"]
         if dist_.is_main:
             found = _check_the_log_reaches(run, start_step, int(config.get("log_every") or 0))
-            _say_if_the_kernels_changed(run, notice)
+            _say_if_the_kernels_changed(run, dist_.device, notice)
             notice(
                 f"resuming {run.path} from step {start_step} ({folder.name}; {found})"
                 if folder is not None
@@ -387,7 +387,7 @@ def start_or_resume(
         from lapheads.runs.records import environment
 
         threads = torch.get_num_threads()
-        record = {"world_size": dist_.world_size, "threads": threads, "environment": environment(threads)}
+        record = {"world_size": dist_.world_size, "threads": threads, "environment": environment(threads, dist_.device)}
         run.claim()  # the folder is a new run's or an unstarted one of ours: one writer from here on
         run.write_config(task, config, {**record, **extra_record})
     if dist_.is_main and isinstance(extra_record.get("precision"), dict):
@@ -427,7 +427,7 @@ def _check_the_log_reaches(run: RunDir, step: int, log_every: int) -> str:
     return f"{METRICS_FILE}: {len(trained)} training records up to step {last}"
 
 
-def _say_if_the_kernels_changed(run: RunDir, notice) -> None:
+def _say_if_the_kernels_changed(run: RunDir, device: torch.device, notice) -> None:
     """A run resumed where other kernels run (another CPU, another torch, other threads) goes on, but no longer
     matches a run trained in one place bit for bit: say so once (its config.json keeps where it started)."""
     import torch
@@ -437,12 +437,13 @@ def _say_if_the_kernels_changed(run: RunDir, notice) -> None:
     started = run.read_config().get("environment")
     if not started:
         return
-    here = environment(torch.get_num_threads())
+    here = environment(torch.get_num_threads(), device)
     then, now = environment_key({**started, "precision": None}), environment_key({**here, "precision": None})
     if then != now:
 
-        def said(key: tuple) -> str:  # torch, the kernels of each library, the architecture, threads
-            return f"torch {key[0]}, {' '.join(f'{lib} {isa}' for lib, isa in key[1])}, {key[2]}, {key[3]} threads"
+        def said(key: tuple) -> str:  # torch, the kernels of each library, the architecture, threads, the GPU
+            gpu = f", {key[5][0]} ({key[5][1]} matmul, {key[5][2]} conv)" if key[5] else ""
+            return f"torch {key[0]}, {' '.join(f'{lib} {isa}' for lib, isa in key[1])}, {key[2]}, {key[3]} threads{gpu}"
 
         notice(
             f"{run.path} started on {said(then)} and resumes on {said(now)}: its numbers will not match a run "
@@ -470,6 +471,8 @@ def run_precision(run: RunDir, amp: bool | str, dist_: Distributed, resume: bool
     if resume and run.config_file.exists():
         saved = run.read_config().get("precision")
         if isinstance(saved, dict) and isinstance(saved.get("autocast_bf16"), bool):
+            if not saved["autocast_bf16"]:
+                full_fp32(dist_.device)
             return Precision(saved["autocast_bf16"], str(saved.get("reason", "recorded")) + ", kept on resume")
     return choose_precision(amp, dist_.device)  # start_or_resume announces it, once the run is known to start
 
