@@ -43,6 +43,8 @@ from lapheads.errors import InputError, LapheadsError
 
 __all__ = ["ACTIVE_STATES", "SlurmError", "SlurmOptions", "CellJob", "TrainJob", "submit_cells", "submit_training"]
 
+#: rounds of wait_for a job may be unknown to both sacct and squeue before it counts as lost
+VANISHED_ROUNDS = 5
 #: states in which a job still holds (or will hold) its cell: never submitted again
 ACTIVE_STATES = frozenset(
     {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "RESIZING",
@@ -233,7 +235,8 @@ class TrainJob(_Requeueable):
 
 def job_states(job_ids: list[str]) -> dict[str, str]:
     """SLURM's state of each job: one sacct call for all of them (through submitit's shared watcher, as a cluster's
-    admins expect), squeue for a job sacct does not list yet, "VANISHED" for one neither knows."""
+    admins expect), squeue for a job sacct does not list yet (slurmdbd learns of a job after slurmctld; ``-t all``
+    because a job that just ended is listed only with it), "VANISHED" for one neither knows."""
     import subprocess
 
     submitit = _submitit()
@@ -246,7 +249,9 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
         state = watcher.get_state(job_id, mode="cache") or "UNKNOWN"
         state = state.split()[0] if state.strip() else "UNKNOWN"  # "CANCELLED by 0" -> "CANCELLED"
         if state == "UNKNOWN":
-            listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+            listed = subprocess.run(
+                ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True, text=True
+            )
             state = listed.stdout.strip() or "VANISHED"
         states[job_id] = state
     return states
@@ -305,6 +310,7 @@ def wait_for(live: list[tuple[Any, Any]], ledger: dict[str, dict[str, Any]], fol
 
     failed = []
     pending = list(live)
+    unknown: dict[str, int] = {}  # rounds each job has been VANISHED
     while pending:
         time.sleep(min(60, 2 + len(pending)))  # one sacct call a round, rarer with more jobs
         states = job_states([job.job_id for _, job in pending])
@@ -312,8 +318,15 @@ def wait_for(live: list[tuple[Any, Any]], ledger: dict[str, dict[str, Any]], fol
             state = states[job.job_id]
             if state in ACTIVE_STATES:
                 continue
+            finished = RunDir(cell.run_dir).finished()
+            if state == "VANISHED" and not finished:
+                # neither sacct nor squeue knows it this round (the accounting daemon lags the controller): ask again
+                unknown[job.job_id] = unknown.get(job.job_id, 0) + 1
+                if unknown[job.job_id] < VANISHED_ROUNDS:
+                    continue
             pending.remove((cell, job))
-            done = state == "COMPLETED" and RunDir(cell.run_dir).finished()
+            # a job SLURM has lost track of whose run finished did its work: the run directory is the truth
+            done = state in ("COMPLETED", "VANISHED") and finished
             ledger[cell.name]["status"] = "done" if done else "failed"
             save()
             if done:
