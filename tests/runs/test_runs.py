@@ -119,3 +119,29 @@ def test_dino_and_lm_runs_rebuild_from_their_records(tiny_dino, text_root, tmp_p
 
     assert upgrade_run(tmp_path / "lm") == ["model", "tokens"]
     assert json.loads((tmp_path / "lm" / "config.json").read_text()) == config
+
+
+def test_the_git_revision_is_read_without_git_too(monkeypatch, tmp_path):
+    # a GPU container given a copy of the checkout may have no git: the record still names the commit
+    import subprocess
+
+    from lapheads.runs import directory
+
+    with_git = directory.git_revision()
+    if with_git is None:
+        pytest.skip("not run from a git checkout")
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert directory.git_revision() == with_git
+    # a branch whose ref was packed (git gc) is read from packed-refs; a folder with no .git above it has none
+    git = tmp_path / "repo" / ".git"
+    git.mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    (git / "packed-refs").write_text(
+        f"# pack-refs with: peeled\n{'a' * 40} refs/heads/other\n{'b' * 40} refs/heads/main\n"
+    )
+    assert directory._revision_from_files(tmp_path / "repo" / "src") == "b" * 40
+    assert directory._revision_from_files(tmp_path) is None or not (tmp_path / ".git").exists()

@@ -41,13 +41,37 @@ def notice(message: str) -> None:
 
 
 def git_revision() -> str | None:
+    """The commit of the lapheads checkout this code runs from (None for an installed copy): ``git rev-parse``, or
+    where git is not installed (a GPU container given a copy of the checkout) read from .git's HEAD and refs."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
         )
         return out.stdout.strip() or None if out.returncode == 0 else None
+    except FileNotFoundError:
+        return _revision_from_files(Path(__file__).resolve().parent)
     except (OSError, subprocess.TimeoutExpired):
         return None
+
+
+def _revision_from_files(start: Path) -> str | None:
+    """HEAD's commit read from the first .git folder above ``start`` (a loose ref, else packed-refs)."""
+    git = next((folder / ".git" for folder in (start, *start.parents) if (folder / ".git").is_dir()), None)
+    if git is None:
+        return None
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head or None  # a detached HEAD holds the commit itself
+        ref = head.removeprefix("ref: ")
+        if (git / ref).is_file():
+            return (git / ref).read_text().strip() or None
+        for line in (git / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return line.split()[0]
+    except OSError:
+        pass
+    return None
 
 
 #: the run folders the current training call holds (``owning_runs``): an exit stack of their locks
