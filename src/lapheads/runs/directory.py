@@ -42,16 +42,16 @@ def notice(message: str) -> None:
 
 def git_revision() -> str | None:
     """The commit of the lapheads checkout this code runs from (None for an installed copy): ``git rev-parse``, or
-    where git is not installed (a GPU container given a copy of the checkout) read from .git's HEAD and refs."""
+    where git is not installed or refuses the folder (a GPU container given a copy of the checkout, owned by another
+    user) read from .git's HEAD and refs."""
+    here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
-        )
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except FileNotFoundError:
-        return _revision_from_files(Path(__file__).resolve().parent)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here, timeout=5)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
-        return None
+        pass
+    return _revision_from_files(here)
 
 
 def _revision_from_files(start: Path) -> str | None:
