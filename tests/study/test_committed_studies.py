@@ -30,4 +30,7 @@ def test_every_record_is_a_cell_of_its_folders_plan(plan_path):
         assert data["sweep_arms"] == {"specs": plan.arms, "seeds": plan.seeds}
         if "amp=false" in plan.overrides:  # the plan pins fp32
             assert data["environment"]["precision"]["autocast_bf16"] is False, record.path.name
+        if "device=cuda" in plan.overrides:  # the plan pins a GPU: each record names it, computing IEEE fp32
+            gpu = data["environment"]["accelerator"]
+            assert gpu and gpu["fp32_matmul"] == gpu["fp32_conv"] == "ieee", record.path.name
         assert data["wall_seconds"] > 0 and data["metrics"], f"{record.path.name} is not a finished cell"
