@@ -252,3 +252,28 @@ def test_a_pinned_sweep_records_the_kernels_its_cells_ran(tiny_preset, tmp_path,
     # the environment is the training process's own, written into its config.json
     config = json.loads((out / "L1-s0" / "config.json").read_text())
     assert config["environment"]["torch_cpu_capability"] == "AVX2" and "ATEN_CPU_CAPABILITY" not in os.environ
+
+
+def test_parallel_cells_are_analysed_in_their_own_processes_for_their_records(tiny_preset, tmp_path, monkeypatch):
+    # on a many-core GPU host the sweep's one process analysed 16 finished cells one after another (~1 min each):
+    # each cell's analysis now runs in a process of its own, and the record is written from its cached result
+    from lapheads.study import analyze as analyze_module
+
+    real, reused = analyze_module.analyze_run, []
+
+    def from_the_cache(run_dir, options=None, force=False):
+        cached = os.path.join(run_dir, "report", "analysis.json")
+        before = os.stat(cached).st_mtime_ns  # the cell's own process wrote it
+        result = real(run_dir, options, force)
+        reused.append(os.stat(cached).st_mtime_ns == before)  # read, not computed again
+        return result
+
+    monkeypatch.setattr(analyze_module, "analyze_run", from_the_cache)
+    out, records = tmp_path / "sweep", tmp_path / "records"
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0,1", "--seeds", "0"]
+    args += ["--out", str(out), "--records", str(records), "--jobs", "2", "--threads", "2", "--set", "amp=false"]
+    assert main(args) == 0
+    assert reused == [True, True]
+    for name in ("L0-s0", "L1-s0"):
+        cached = json.loads((out / name / "report" / "analysis.json").read_text())
+        assert read_record(records / f"{name}.json").analysis == cached

@@ -42,11 +42,15 @@ __all__ = [
     "build_record",
     "check_record",
     "declaration",
+    "RECORD_MAX_TOKENS",
     "install_plan",
     "load_plan",
     "record_or_none",
     "records_sweep",
 ]
+
+#: the tokens per layer a record's analysis reads (a random subset of the evaluation set)
+RECORD_MAX_TOKENS = 262_144
 
 #: what a contrast may claim: "paper" (the arm moves each metric the way the paper says Laplacian heads move it,
 #: relative to the baseline), "reverse" (the baseline is the more-Laplacian arm: the opposite), "no claim"
@@ -168,7 +172,7 @@ def build_record(
     plan_sha256: str | None = None,
     threads: int | None = None,
     wall_seconds: float | None = None,
-    max_tokens: int = 262_144,
+    max_tokens: int = RECORD_MAX_TOKENS,
 ) -> dict[str, Any]:
     """Everything a report reads from one finished cell's run directory (see the module docstring)."""
     from lapheads.geometry.mechanism import ov_circuits

@@ -431,9 +431,17 @@ def _children_end_with_the_sweep(running: dict[str, Any]):
 
 
 def _schedule(queue, running, failed, task, preset, overrides, record, save, log, jobs, per_job, env, logs, recorder):
-    """The job loop of :func:`_run_parallel`: start cells while slots are free, collect the finished ones."""
+    """The job loop of :func:`_run_parallel`: start cells while slots are free, collect the finished ones. With
+    records, a cell that finished training keeps its slot for a second process, ``lapheads analyze`` with the
+    record's options (cached in its run directory): cells are analysed side by side with their own threads, and
+    this process then writes each record from the cache (on a many-core GPU host it would otherwise analyse every
+    cell one after another, ~1 min each)."""
     import torch
 
+    from lapheads.study.records import RECORD_MAX_TOKENS
+
+    analysing: set[str] = set()
+    analysed = recorder is not None and get_task(task).geometry and get_task(task).analyzer is not None
     while queue or running:
         while queue and len(running) < jobs:
             cell = queue.pop(0)
@@ -461,6 +469,17 @@ def _schedule(queue, running, failed, task, preset, overrides, record, save, log
             handle.close()
             del running[name]
             done = proc.returncode == 0 and _finished(cell.run_dir)
+            if done and analysed and name not in analysing:
+                analysing.add(name)
+                argv = [sys.executable, "-m", "lapheads", "analyze", str(cell.run_dir)]
+                argv += ["--max-tokens", str(RECORD_MAX_TOKENS)]
+                handle = open(logs / f"{cell.name}.log", "a")
+                process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env)
+                running[name] = (cell, process, handle, began)
+                log(f"sweep: {name} trained; analysing it for its record")
+                continue
+            if name in analysing:  # trained; an analysis that failed is redone below, where its error is raised
+                done = _finished(cell.run_dir)
             if done and recorder is not None:
                 previous = torch.get_num_threads()
                 torch.set_num_threads(per_job)  # beside the cells still training
