@@ -277,3 +277,10 @@ def test_parallel_cells_are_analysed_in_their_own_processes_for_their_records(ti
     for name in ("L0-s0", "L1-s0"):
         cached = json.loads((out / name / "report" / "analysis.json").read_text())
         assert read_record(records / f"{name}.json").analysis == cached
+    # cells trained by an earlier sweep (one stopped before its records, say) are analysed side by side too
+    again, more = tmp_path / "again", tmp_path / "more"
+    assert main([*args[:8], "--out", str(again), "--jobs", "2", "--threads", "2", "--set", "amp=false"]) == 0
+    assert not (again / "L0-s0" / "report" / "analysis.json").exists()  # no records asked: no analysis
+    reused.clear()
+    assert main([*args[:8], "--out", str(again), "--records", str(more), *args[12:]]) == 0
+    assert reused == [True, True] and read_record(more / "L1-s0.json").data["wall_seconds"] is None

@@ -245,7 +245,9 @@ def run_sweep(
             elif _finished(cell.run_dir):
                 record["cells"][cell.name] = {**entry, "status": "done"}
                 log(f"sweep: {cell.name} finished before, skipped")
-                if recorder is not None:
+                if recorder is not None and slurm is None and (jobs > 1 or pins) and _analysed(task):
+                    todo.append(cell)  # no record yet: analysed side by side with the others (_schedule)
+                elif recorder is not None:
                     recorder.write(cell, None, threads or 0)
             else:
                 record["cells"][cell.name] = {**entry, "status": "pending"}
@@ -438,13 +440,16 @@ def _schedule(queue, running, failed, task, preset, overrides, record, save, log
     cell one after another, ~1 min each)."""
     import torch
 
-    from lapheads.study.records import RECORD_MAX_TOKENS
-
     analysing: set[str] = set()
-    analysed = recorder is not None and get_task(task).geometry and get_task(task).analyzer is not None
+    analysed = recorder is not None and _analysed(task)
     while queue or running:
         while queue and len(running) < jobs:
             cell = queue.pop(0)
+            if analysed and _finished(cell.run_dir):  # trained before (an interrupted sweep): only its analysis
+                running[cell.name] = (cell, *_analyse(cell, env, logs), None)
+                analysing.add(cell.name)
+                log(f"sweep: {cell.name} trained before; analysing it for its record")
+                continue
             resume = RunDir(cell.run_dir).exists()
             argv = [
                 sys.executable,
@@ -471,11 +476,7 @@ def _schedule(queue, running, failed, task, preset, overrides, record, save, log
             done = proc.returncode == 0 and _finished(cell.run_dir)
             if done and analysed and name not in analysing:
                 analysing.add(name)
-                argv = [sys.executable, "-m", "lapheads", "analyze", str(cell.run_dir)]
-                argv += ["--max-tokens", str(RECORD_MAX_TOKENS)]
-                handle = open(logs / f"{cell.name}.log", "a")
-                process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env)
-                running[name] = (cell, process, handle, began)
+                running[name] = (cell, *_analyse(cell, env, logs), began)
                 log(f"sweep: {name} trained; analysing it for its record")
                 continue
             if name in analysing:  # trained; an analysis that failed is redone below, where its error is raised
@@ -484,7 +485,7 @@ def _schedule(queue, running, failed, task, preset, overrides, record, save, log
                 previous = torch.get_num_threads()
                 torch.set_num_threads(per_job)  # beside the cells still training
                 try:
-                    recorder.write(cell, time.monotonic() - began, per_job)
+                    recorder.write(cell, None if began is None else time.monotonic() - began, per_job)
                 finally:
                     torch.set_num_threads(previous)
             record["cells"][name]["status"] = "done" if done else "failed"
@@ -492,6 +493,22 @@ def _schedule(queue, running, failed, task, preset, overrides, record, save, log
             if not done:
                 failed.append(f"{name} (exit {proc.returncode}, see {logs / (name + '.log')})")
             log(f"sweep: {name} {'done' if done else 'FAILED'}")
+
+
+def _analysed(task: str) -> bool:
+    """Whether a record of this task holds an analysis (lapheads.study.records.build_record)."""
+    return bool(get_task(task).geometry and get_task(task).analyzer is not None)
+
+
+def _analyse(cell: Cell, env: dict[str, str], logs: Path) -> tuple[subprocess.Popen, Any]:
+    """Start ``lapheads analyze`` on a trained cell with the options its record reads (the result is cached in its
+    run directory); its output goes to the cell's log. Returns the process and the open log."""
+    from lapheads.study.records import RECORD_MAX_TOKENS
+
+    argv = [sys.executable, "-m", "lapheads", "analyze", str(cell.run_dir), "--max-tokens", str(RECORD_MAX_TOKENS)]
+    logs.mkdir(parents=True, exist_ok=True)
+    handle = open(logs / f"{cell.name}.log", "a")
+    return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env), handle
 
 
 def _train_argv(task: str, preset: str, cell: Cell, overrides: list[str]) -> list[str]:
