@@ -40,6 +40,7 @@ __all__ = [
     "DIRECTIONS",
     "Plan",
     "build_record",
+    "holds_analysis",
     "check_record",
     "declaration",
     "RECORD_MAX_TOKENS",
@@ -162,6 +163,12 @@ def check_record(record: CellRecord, plan: Plan | None) -> None:
         )
 
 
+def holds_analysis(task: str) -> bool:
+    """Whether a record of this task holds ``lapheads analyze`` at the latest checkpoint (tasks with geometry)."""
+    spec = get_task(task)
+    return bool(spec.geometry and spec.analyzer is not None)
+
+
 def build_record(
     run_dir: str | Path,
     *,
@@ -182,7 +189,7 @@ def build_record(
     config = run.read_config()
     task = get_task(config["task"])
     analysis = None
-    if task.geometry and task.analyzer is not None:
+    if holds_analysis(config["task"]):
         analysis = analyze_run(run.path, AnalyzeOptions(max_tokens=max_tokens))
     heads = {}
     if task.analyzer is not None:

@@ -36,6 +36,7 @@ from lapheads.core.heads import HeadSpecError, parse_spec_arms
 from lapheads.io import sole_owner
 from lapheads.runs import SWEEP_FILE, RunDir, SweepError, spec_dir_name
 from lapheads.runs.layout import PLAN_FILE, RECORDS_LOCK, SWEEP_LOCK
+from lapheads.study.records import RECORD_MAX_TOKENS, holds_analysis
 from lapheads.tasks import get_task
 
 __all__ = ["SweepError", "cell_name", "parse_seeds", "parse_specs", "run_sweep", "sweep_cells"]
@@ -245,7 +246,7 @@ def run_sweep(
             elif _finished(cell.run_dir):
                 record["cells"][cell.name] = {**entry, "status": "done"}
                 log(f"sweep: {cell.name} finished before, skipped")
-                if recorder is not None and slurm is None and (jobs > 1 or pins) and _analysed(task):
+                if recorder is not None and slurm is None and (jobs > 1 or pins) and holds_analysis(task):
                     todo.append(cell)  # no record yet: analysed side by side with the others (_schedule)
                 elif recorder is not None:
                     recorder.write(cell, None, threads or 0)
@@ -441,7 +442,7 @@ def _schedule(queue, running, failed, task, preset, overrides, record, save, log
     import torch
 
     analysing: set[str] = set()
-    analysed = recorder is not None and _analysed(task)
+    analysed = recorder is not None and holds_analysis(task)
     while queue or running:
         while queue and len(running) < jobs:
             cell = queue.pop(0)
@@ -495,16 +496,9 @@ def _schedule(queue, running, failed, task, preset, overrides, record, save, log
             log(f"sweep: {name} {'done' if done else 'FAILED'}")
 
 
-def _analysed(task: str) -> bool:
-    """Whether a record of this task holds an analysis (lapheads.study.records.build_record)."""
-    return bool(get_task(task).geometry and get_task(task).analyzer is not None)
-
-
 def _analyse(cell: Cell, env: dict[str, str], logs: Path) -> tuple[subprocess.Popen, Any]:
     """Start ``lapheads analyze`` on a trained cell with the options its record reads (the result is cached in its
     run directory); its output goes to the cell's log. Returns the process and the open log."""
-    from lapheads.study.records import RECORD_MAX_TOKENS
-
     argv = [sys.executable, "-m", "lapheads", "analyze", str(cell.run_dir), "--max-tokens", str(RECORD_MAX_TOKENS)]
     logs.mkdir(parents=True, exist_ok=True)
     handle = open(logs / f"{cell.name}.log", "a")
