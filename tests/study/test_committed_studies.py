@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lapheads.runs.records import load_records
+from lapheads.runs.records import environment_key, load_records
 from lapheads.study.records import check_record, load_plan
 
 STUDIES = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
@@ -30,10 +30,23 @@ def test_every_record_is_a_cell_of_its_folders_plan(plan_path):
         assert data["sweep_arms"] == {"specs": plan.arms, "seeds": plan.seeds}
         if "amp=false" in plan.overrides:  # the plan pins fp32
             assert data["environment"]["precision"]["autocast_bf16"] is False, record.path.name
-        if "device=cuda" in plan.overrides:  # the plan pins a GPU: each record names it, computing IEEE fp32
-            gpu = data["environment"]["accelerator"]
-            assert gpu and gpu["fp32_matmul"] == gpu["fp32_conv"] == "ieee", record.path.name
+        gpu = data["environment"].get("accelerator")
+        if "device=cuda" in plan.overrides:  # the plan pins a GPU: each record names it
+            assert gpu, record.path.name
+        if gpu and "amp=false" in plan.overrides:  # fp32 on a GPU is IEEE fp32 (no TF32 matmuls or convolutions)
+            assert gpu["fp32_matmul"] == gpu["fp32_conv"] == "ieee", record.path.name
         # finished: its log reaches the run's last step (wall_seconds is None where a later sweep recorded it)
         last = max((entry["step"] for entry in data["metrics"] if "step" in entry), default=None)
         assert last == data["config"]["steps"], f"{record.path.name} is not a finished cell"
         assert data["wall_seconds"] is None or data["wall_seconds"] > 0
+
+
+@pytest.mark.parametrize("plan_path", PLANS, ids=lambda p: str(p.parent.relative_to(STUDIES)))
+def test_each_seeds_arms_share_one_environment(plan_path):
+    """A seed's arms are compared with each other, so they ran in one environment (torch, kernels, threads,
+    precision, GPU): the rule every plan here states."""
+    by_seed: dict[int, set[tuple]] = {}
+    for record in load_records(plan_path.parent):
+        by_seed.setdefault(record.data["cell"]["seed"], set()).add(environment_key(record.data["environment"]))
+    mixed = {seed: keys for seed, keys in by_seed.items() if len(keys) > 1}
+    assert not mixed, f"seeds whose arms ran in different environments: {sorted(mixed)}"
