@@ -87,6 +87,14 @@ def test_a_sweep_continues_from_its_records_and_reports_from_them_alone(tiny_pre
     assert "Seed 2 left out: its arms ran in different environments" in text
     assert json.loads((mixed / "report" / "stats.json").read_text())["metrics"]["test top-1 (%)"]["1"]["n"] == 2
 
+    # a plan's stop that reads its first seeds only (e.g. 6 of 8 pairs): the others are left out, and said so
+    assert main(["report", str(records), "--no-geometry", "--seeds", "0,1"]) == 0
+    stats = json.loads((records / "report" / "stats.json").read_text())
+    assert stats["metrics"]["test top-1 (%)"]["1"]["n"] == 2 and stats["seeds_left_out"] == [2]
+    assert "seeds 0, 1 (--seeds; left out: 2)" in (records / "report" / "report.md").read_text()
+    assert main(["report", str(records), "--seeds", "0,7"]) == 2
+    assert "--seeds 7: not a seed of" in capsys.readouterr().err
+
     trained = []
     monkeypatch.setattr(sweep_module, "_train", lambda task: lambda *a, **k: trained.append(a))
     capsys.readouterr()

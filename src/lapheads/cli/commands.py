@@ -348,14 +348,23 @@ def slurm_options(args: argparse.Namespace):
 
 def cmd_report(args: argparse.Namespace) -> int:
     from lapheads.study.report import restate, write_report
+    from lapheads.study.sweep import parse_seeds
 
     if args.margin is not None and not (math.isfinite(args.margin) and args.margin > 0):
         raise UserError(f"--margin {args.margin}; allowed: a positive number (the gain an equivalence test rules out)")
     if Path(args.sweep_dir).is_file():  # a stats.json: its per-seed values, with today's statistics
+        if args.seeds is not None:
+            raise UserError(f"--seeds {args.seeds} with {args.sweep_dir}; allowed: a sweep or records folder")
         print(restate(args.sweep_dir, margin=args.margin))
         return 0
+    seeds = None if args.seeds is None else parse_seeds(args.seeds)
     path = write_report(
-        args.sweep_dir, metric=args.metric, geometry=not args.no_geometry, baseline=args.baseline, margin=args.margin
+        args.sweep_dir,
+        metric=args.metric,
+        geometry=not args.no_geometry,
+        baseline=args.baseline,
+        margin=args.margin,
+        seeds=seeds,
     )
     print(path.read_text())
     print(f"report: {path}")

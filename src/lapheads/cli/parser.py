@@ -368,6 +368,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the primary metric's equivalence margin: a gain this large ruled out reads 'excluded' (default: the "
         "paper's relative error reduction on this baseline's error rate, where the paper reports one)",
     )
+    report.add_argument(
+        "--seeds",
+        default=None,
+        help="report only these seeds, a comma list (a plan's pre-registered stop, e.g. its first 6 pairs: "
+        "0,1,2,3,4,5); default: every seed",
+    )
     report.set_defaults(func=commands.cmd_report)
 
     kernel = sub.add_parser(

@@ -246,6 +246,23 @@ def mechanism_report(sweep_dir: str | Path, max_tokens: int = 1_000_000) -> Path
     return path
 
 
+def only_seeds(record: dict[str, Any], seeds: list[int], where: Path) -> dict[str, Any]:
+    """The sweep record restricted to ``seeds`` (each one the sweep has); the others are named in the report."""
+    have = record["seeds"]
+    unknown = [seed for seed in seeds if seed not in have]
+    if unknown:
+        allowed = ", ".join(map(str, have))
+        raise SweepError(f"--seeds {','.join(map(str, unknown))}: not a seed of {where}; allowed: {allowed}")
+    cells = {name: cell for name, cell in record["cells"].items() if cell["seed"] in seeds}
+    kept, left_out = [seed for seed in have if seed in seeds], [seed for seed in have if seed not in seeds]
+    return {**record, "seeds": kept, "cells": cells, "left_out": left_out}
+
+
+def _left_out(record: dict[str, Any]) -> str:
+    left_out = record.get("left_out")
+    return f" (--seeds; left out: {', '.join(map(str, left_out))})" if left_out else ""
+
+
 def write_report(
     sweep_dir: str | Path,
     metric: str | None = None,
@@ -253,6 +270,7 @@ def write_report(
     max_tokens: int = 262_144,
     baseline: str = "0",
     margin: float | None = None,
+    seeds: list[int] | None = None,
 ) -> Path:
     """Write SWEEP_DIR/report/{report.md, stats.json, metric.png, gap.png, geometry.png (, pca.png)}; returns
     report.md.
@@ -265,6 +283,7 @@ def write_report(
             schedules with each other this way); other than "0", the report goes to SWEEP_DIR/report-vs-L<spec>/
             ("3,0" -> report-vs-L3_0) so the k = 0 report stays.
         margin: the primary metric's equivalence margin (None: the paper's effect on this baseline, where known).
+        seeds: report only these seeds (a plan's pre-registered stop: e.g. its first 6 pairs); None: every seed.
     """
 
     from lapheads.study.records import declaration, records_sweep
@@ -272,6 +291,8 @@ def write_report(
     sweep_dir = Path(sweep_dir)
     from_records = not (sweep_dir / SWEEP_FILE).exists() and sweep_dir.is_dir() and any(sweep_dir.glob("*.json"))
     record = records_sweep(sweep_dir) if from_records else load_sweep(sweep_dir)
+    if seeds is not None:
+        record = only_seeds(record, seeds, sweep_dir)
     task, specs = record["task"], record["specs"]
     if baseline != "0" and baseline not in specs:  # a sweep without k = 0 still reports its arms, untested
         raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
@@ -295,7 +316,7 @@ def write_report(
     lines = [
         f"# Sweep report: {record['preset']} ({task})",
         "",
-        f"Specs {', '.join(specs)}; seeds {', '.join(map(str, record['seeds']))}; overrides "
+        f"Specs {', '.join(specs)}; seeds {', '.join(map(str, record['seeds']))}{_left_out(record)}; overrides "
         f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - {baseline}, paired by seed, with its "
         "t-based 95% interval; p = two-sided paired t-test; verdict: held / opposite (p below the row's alpha, "
         "with / against the paper's direction), excluded (a paper-sized gain ruled out) or not detected.",
@@ -364,6 +385,7 @@ def write_report(
                 "fit": fit,
                 "dose": dose,
                 "mechanism_over_training": emergence,
+                **({"seeds_left_out": record["left_out"]} if record.get("left_out") else {}),
             },
             indent=1,
             default=str,
