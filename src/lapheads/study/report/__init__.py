@@ -247,15 +247,17 @@ def mechanism_report(sweep_dir: str | Path, max_tokens: int = 1_000_000) -> Path
 
 
 def only_seeds(record: dict[str, Any], seeds: list[int], where: Path) -> dict[str, Any]:
-    """The sweep record restricted to ``seeds`` (each one the sweep has); the others are named in the report."""
+    """The sweep record restricted to ``seeds`` (each one the sweep has); the others with a finished cell are named
+    in the report as left out (a declared seed that never ran is not)."""
     have = record["seeds"]
     unknown = [seed for seed in seeds if seed not in have]
     if unknown:
         allowed = ", ".join(map(str, have))
         raise SweepError(f"--seeds {','.join(map(str, unknown))}: not a seed of {where}; allowed: {allowed}")
     cells = {name: cell for name, cell in record["cells"].items() if cell["seed"] in seeds}
-    kept, left_out = [seed for seed in have if seed in seeds], [seed for seed in have if seed not in seeds]
-    return {**record, "seeds": kept, "cells": cells, "left_out": left_out}
+    ran = {cell["seed"] for cell in record["cells"].values() if cell.get("status") in ("done", "recorded")}
+    left_out = [seed for seed in have if seed in ran and seed not in seeds]
+    return {**record, "seeds": [seed for seed in have if seed in seeds], "cells": cells, "left_out": left_out}
 
 
 def _left_out(record: dict[str, Any]) -> str:
