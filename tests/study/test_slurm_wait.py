@@ -55,3 +55,51 @@ def test_a_job_lost_with_its_run_unfinished_fails_after_the_grace_rounds(scripte
 def test_a_completed_job_whose_run_did_not_finish_failed(scripted):
     failed, status = scripted({"12_0": ["COMPLETED"]}, finished=set())
     assert status == {"12_0": "failed"} and failed[0].startswith("12_0 (job 12_0 COMPLETED")
+
+
+@pytest.fixture
+def answers(monkeypatch):
+    """job_states over scripted daemons: ``controller`` is what squeue lists (a job it does not hold is absent, and
+    squeue refuses a call naming one such job), ``accounting`` what sacct lists."""
+    submitit = pytest.importorskip("submitit")
+    import subprocess
+
+    controller: dict[str, str] = {}
+    accounting: dict[str, str] = {}
+    calls: list[list[str]] = []
+
+    def squeue(command, **kwargs):
+        ids = command[command.index("-j") + 1].split(",")
+        calls.append(ids)
+        if any(job not in controller for job in ids):
+            return subprocess.CompletedProcess(command, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
+        return subprocess.CompletedProcess(command, 0, "".join(f"{j}|{controller[j]}\n" for j in ids), "")
+
+    def sacct(command, **kwargs):
+        asked = {command[i + 1] for i, word in enumerate(command) if word == "-j"}  # an array's id: all its tasks
+        rows = [f"{job}|{state}|vm" for job, state in accounting.items() if job.split("_")[0] in asked]
+        return "\n".join(["JobID|State|NodeList", *rows]).encode()
+
+    monkeypatch.setattr(slurm, "_submitit", lambda: submitit)
+    monkeypatch.setattr(subprocess, "run", squeue)
+    monkeypatch.setattr(submitit.slurm.slurm.subprocess, "check_output", sacct)
+    return SimpleNamespace(controller=controller, accounting=accounting, calls=calls)
+
+
+def test_the_controller_outranks_the_accounting_databases_stale_end_of_a_requeued_job(answers):
+    # just after a requeue sacct can list the killed first run's end while the controller holds the job again
+    answers.controller.update({"22": "RUNNING"})
+    answers.accounting.update({"22": "FAILED"})
+    assert slurm.job_states(["22"]) == {"22": "RUNNING"}
+    answers.controller["22"] = "COMPLETED"
+    assert slurm.job_states(["22"]) == {"22": "COMPLETED"}
+
+
+def test_jobs_the_controller_let_go_are_read_from_sacct_each_call_afresh(answers):
+    answers.controller.update({"30_0": "PENDING"})
+    answers.accounting.update({"30_1": "CANCELLED by 0", "30_2": "FAILED"})
+    states = slurm.job_states(["30_0", "30_1", "30_2", "31"])
+    assert states == {"30_0": "PENDING", "30_1": "CANCELLED", "30_2": "FAILED", "31": "VANISHED"}
+    assert answers.calls[0] == ["30_0", "30_1", "30_2", "31"] and len(answers.calls) == 5  # refused: one by one
+    answers.accounting["30_2"] = "COMPLETED"  # not the first answer, cached (submitit's shared watcher would)
+    assert slurm.job_states(["30_2"])["30_2"] == "COMPLETED"

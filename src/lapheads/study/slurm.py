@@ -9,7 +9,7 @@ Design choices:
   caps how many run at once. Each job trains its cell (resuming its run directory when it holds one) and writes the
   cell's record itself, with the same builder a local sweep uses, so the records are the same.
 * **A rerun never submits a cell twice.** sweep.json keeps each cell's job id; ``lapheads sweep`` on the folder
-  again asks SLURM (sacct, through submitit) for each state, leaves pending, running and requeued cells alone, and
+  again asks SLURM (squeue, else sacct) for each state, leaves pending, running and requeued cells alone, and
   resubmits only cells whose job is over without a finished run (failed, cancelled, timed out, vanished), saying so
   with the last lines of the job's log.
 * **Pre-emption is normal.** sbatch asks for USR2 90 s before the time limit (submitit's default), and a cluster
@@ -234,27 +234,53 @@ class TrainJob(_Requeueable):
 
 
 def job_states(job_ids: list[str]) -> dict[str, str]:
-    """SLURM's state of each job: one sacct call for all of them (through submitit's shared watcher, as a cluster's
-    admins expect), squeue for a job sacct does not list yet (slurmdbd learns of a job after slurmctld; ``-t all``
-    because a job that just ended is listed only with it), "VANISHED" for one neither knows."""
+    """SLURM's state of each job, "VANISHED" for one SLURM does not know.
+
+    The controller (squeue, one call for all) is asked first: it is the truth for every job it still holds. The
+    accounting database (sacct, one call, read by submitit's parser) answers for jobs the controller has let go
+    (MinJobAge after they end), and only then: it learns of a job after the controller, and for a moment after a
+    requeue it lists the killed first run's end (FAILED) while the controller already holds the job again. That
+    answer is never cached (submitit's shared watcher keeps a job's first terminal state for good), so a later call
+    sees the requeued run.
+    """
+    _submitit()
+    states = _controller_states(job_ids)
+    gone = [job_id for job_id in job_ids if job_id not in states]
+    if gone:
+        from submitit.slurm.slurm import SlurmInfoWatcher
+
+        accounting = SlurmInfoWatcher()  # a fresh one: no state carried over from an earlier call
+        for job_id in gone:
+            accounting.register_job(job_id)
+        accounting.update()
+        for job_id in gone:
+            state = accounting.get_state(job_id, mode="cache").strip()
+            states[job_id] = state.split()[0] if state and state != "UNKNOWN" else "VANISHED"  # "CANCELLED by 0"
+    return states
+
+
+def _controller_states(job_ids: list[str]) -> dict[str, str]:
+    """squeue's state of each job the controller holds (``-t all``: one that just ended is listed only with it;
+    ``-r``: an array's pending tasks one per line). squeue refuses the whole call when one id is unknown to it, so
+    then each job is asked alone."""
     import subprocess
 
-    submitit = _submitit()
-    watcher = submitit.SlurmJob.watcher
-    for job_id in job_ids:
-        watcher.register_job(job_id)
-    watcher.update()
-    states = {}
-    for job_id in job_ids:
-        state = watcher.get_state(job_id, mode="cache") or "UNKNOWN"
-        state = state.split()[0] if state.strip() else "UNKNOWN"  # "CANCELLED by 0" -> "CANCELLED"
-        if state == "UNKNOWN":
-            listed = subprocess.run(
-                ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True, text=True
-            )
-            state = listed.stdout.strip() or "VANISHED"
-        states[job_id] = state
-    return states
+    def ask(ids: list[str]) -> subprocess.CompletedProcess:
+        command = ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(ids)]
+        return subprocess.run(command, capture_output=True, text=True)
+
+    if not job_ids:
+        return {}
+    answers = [ask(job_ids)]
+    if answers[0].returncode != 0 and len(job_ids) > 1:
+        answers = [ask([job_id]) for job_id in job_ids]
+    listed = {}
+    for answer in answers:
+        for line in answer.stdout.splitlines():
+            job_id, _, state = line.strip().partition("|")
+            if job_id in job_ids and state:
+                listed[job_id] = state.split()[0]
+    return listed
 
 
 def log_tail(folder: Path, job_id: str, lines: int = 5) -> str:
