@@ -82,7 +82,8 @@ def test_a_preempted_cell_requeues_and_finishes_on_the_uninterrupted_trajectory(
     # what SLURM does at pre-emption with preempt_send_user_signal (and before the time limit): the user signal
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     _start_when_requeued(job)
-    assert main([*args, *slurm, "--wait"]) == 0  # the job is still ours (requeued or running): not resubmitted
+    # the job is still ours (requeued or running): not resubmitted
+    assert main([*args, *slurm, "--wait"]) == 0, _history(job)
     said = capsys.readouterr().out
     assert "not submitted again" in said and "submitted as SLURM job" not in said.replace("not submitted again", "")
     log = "".join(p.read_text() for p in (out / "slurm" / job).glob("*_log.*"))
@@ -96,6 +97,13 @@ def test_a_preempted_cell_requeues_and_finishes_on_the_uninterrupted_trajectory(
     train_classify(dataclasses.replace(cfg, laplacian_heads="1", seed=0), tmp_path / "uninterrupted")
     a, b = _weights(out / "L1-s0"), _weights(tmp_path / "uninterrupted")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _history(job: str) -> str:
+    """Every run of a job as the accounting database and the controller saw it (for a failure's message)."""
+    runs = subprocess.run(["sacct", "-D", "-P", "-j", job, "-o", "JobID,State,ExitCode,Start,End"], capture_output=True)
+    now = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%i %T %r"], capture_output=True)
+    return f"sacct -D: {runs.stdout.decode()!r}; squeue: {now.stdout.decode()!r}"
 
 
 def _start_when_requeued(job: str) -> None:
