@@ -59,35 +59,36 @@ def test_a_completed_job_whose_run_did_not_finish_failed(scripted):
 
 @pytest.fixture
 def answers(monkeypatch):
-    """job_states over scripted daemons: ``controller`` is what squeue lists (a job it does not hold is absent, and
-    squeue refuses a call naming one such job), ``accounting`` what sacct lists."""
+    """job_states over scripted daemons: ``controller`` is what squeue lists (as squeue 22.05 does: of several ids
+    the ones it holds, and a call whose one id it does not hold is refused; with ``refuse_several`` any call naming
+    such an id is refused), ``accounting`` what sacct lists."""
     submitit = pytest.importorskip("submitit")
     import subprocess
 
-    controller: dict[str, str] = {}
-    accounting: dict[str, str] = {}
-    calls: list[list[str]] = []
+    scripted = SimpleNamespace(controller={}, accounting={}, calls=[], refuse_several=False)
 
     def squeue(command, **kwargs):
         ids = command[command.index("-j") + 1].split(",")
-        calls.append(ids)
-        if any(job not in controller for job in ids):
+        scripted.calls.append(ids)
+        unknown = [job for job in ids if job not in scripted.controller]
+        if unknown and (len(ids) == 1 or scripted.refuse_several):
             return subprocess.CompletedProcess(command, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
-        return subprocess.CompletedProcess(command, 0, "".join(f"{j}|{controller[j]}\n" for j in ids), "")
+        listed = "".join(f"{job}|{scripted.controller[job]}\n" for job in ids if job not in unknown)
+        return subprocess.CompletedProcess(command, 0, listed, "")
 
     def sacct(command, **kwargs):
         asked = {command[i + 1] for i, word in enumerate(command) if word == "-j"}  # an array's id: all its tasks
-        rows = [f"{job}|{state}|vm" for job, state in accounting.items() if job.split("_")[0] in asked]
+        rows = [f"{job}|{state}|vm" for job, state in scripted.accounting.items() if job.split("_")[0] in asked]
         return "\n".join(["JobID|State|NodeList", *rows]).encode()
 
     monkeypatch.setattr(slurm, "_submitit", lambda: submitit)
     monkeypatch.setattr(subprocess, "run", squeue)
     monkeypatch.setattr(submitit.slurm.slurm.subprocess, "check_output", sacct)
-    return SimpleNamespace(controller=controller, accounting=accounting, calls=calls)
+    return scripted
 
 
 def test_the_controller_outranks_the_accounting_databases_stale_end_of_a_requeued_job(answers):
-    # just after a requeue sacct can list the killed first run's end while the controller holds the job again
+    # around a requeue sacct can still hold an end the controller has moved past
     answers.controller.update({"22": "RUNNING"})
     answers.accounting.update({"22": "FAILED"})
     assert slurm.job_states(["22"]) == {"22": "RUNNING"}
@@ -95,11 +96,13 @@ def test_the_controller_outranks_the_accounting_databases_stale_end_of_a_requeue
     assert slurm.job_states(["22"]) == {"22": "COMPLETED"}
 
 
-def test_jobs_the_controller_let_go_are_read_from_sacct_each_call_afresh(answers):
+@pytest.mark.parametrize("refuse_several", [False, True])
+def test_jobs_the_controller_let_go_are_read_from_sacct_each_call_afresh(answers, refuse_several):
+    answers.refuse_several = refuse_several
     answers.controller.update({"30_0": "PENDING"})
     answers.accounting.update({"30_1": "CANCELLED by 0", "30_2": "FAILED"})
     states = slurm.job_states(["30_0", "30_1", "30_2", "31"])
     assert states == {"30_0": "PENDING", "30_1": "CANCELLED", "30_2": "FAILED", "31": "VANISHED"}
-    assert answers.calls[0] == ["30_0", "30_1", "30_2", "31"] and len(answers.calls) == 5  # refused: one by one
+    assert answers.calls[0] == ["30_0", "30_1", "30_2", "31"] and len(answers.calls) == (5 if refuse_several else 1)
     answers.accounting["30_2"] = "COMPLETED"  # not the first answer, cached (submitit's shared watcher would)
     assert slurm.job_states(["30_2"])["30_2"] == "COMPLETED"

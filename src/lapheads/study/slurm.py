@@ -238,10 +238,9 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
 
     The controller (squeue, one call for all) is asked first: it is the truth for every job it still holds. The
     accounting database (sacct, one call, read by submitit's parser) answers for jobs the controller has let go
-    (MinJobAge after they end), and only then: it learns of a job after the controller, and for a moment after a
-    requeue it lists the killed first run's end (FAILED) while the controller already holds the job again. That
-    answer is never cached (submitit's shared watcher keeps a job's first terminal state for good), so a later call
-    sees the requeued run.
+    (MinJobAge after they end), and only then: it learns of a job after the controller, so around a requeue it can
+    still hold an end the controller has moved past. That answer is never cached (submitit's shared watcher keeps a
+    job's first terminal state for good and never asks again), so a later call sees a requeued run.
     """
     _submitit()
     states = _controller_states(job_ids)
@@ -261,8 +260,8 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
 
 def _controller_states(job_ids: list[str]) -> dict[str, str]:
     """squeue's state of each job the controller holds (``-t all``: one that just ended is listed only with it;
-    ``-r``: an array's pending tasks one per line). squeue refuses the whole call when one id is unknown to it, so
-    then each job is asked alone."""
+    ``-r``: an array's pending tasks one per line). squeue (22.05) lists the ones it holds of several ids but
+    refuses a call whose one id it does not hold; should a call of several be refused, each job is asked alone."""
     import subprocess
 
     def ask(ids: list[str]) -> subprocess.CompletedProcess:
