@@ -242,7 +242,7 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
     still hold an end the controller has moved past. That answer is never cached (submitit's shared watcher keeps a
     job's first terminal state for good and never asks again), so a later call sees a requeued run.
     """
-    _submitit()
+    _submitit()  # submitit installed and sbatch on PATH, else its one-line error
     states = _controller_states(job_ids)
     gone = [job_id for job_id in job_ids if job_id not in states]
     if gone:
@@ -273,11 +273,11 @@ def _controller_states(job_ids: list[str]) -> dict[str, str]:
     answers = [ask(job_ids)]
     if answers[0].returncode != 0 and len(job_ids) > 1:
         answers = [ask([job_id]) for job_id in job_ids]
-    listed = {}
+    wanted, listed = set(job_ids), {}
     for answer in answers:
         for line in answer.stdout.splitlines():
             job_id, _, state = line.strip().partition("|")
-            if job_id in job_ids and state:
+            if job_id in wanted and state:
                 listed[job_id] = state.split()[0]
     return listed
 
