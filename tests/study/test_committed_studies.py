@@ -3,6 +3,7 @@ of that plan, made under it (its sha256), in the precision it pins; what a reade
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,16 @@ def test_each_seeds_arms_share_one_environment(plan_path):
     precision, GPU): the rule every plan here states, so the report leaves no committed seed out."""
     if load_records(plan_path.parent):
         assert records_sweep(plan_path.parent)["mixed_environments"] == {}
+
+
+@pytest.mark.parametrize("plan_path", PLANS, ids=lambda p: str(p.parent.relative_to(STUDIES)))
+def test_a_committed_report_tests_the_margins_its_plan_fixed(plan_path):
+    """A record-based report is judged under its own plan: its sha256, and each margin the plan fixed before the
+    data (not the paper's default recomputed on the study's baseline, which moves with the data)."""
+    stats = plan_path.parent / "report" / "stats.json"
+    if not stats.exists():
+        pytest.skip("no report yet: the study has not reached its stop")
+    plan, rule = load_plan(plan_path), json.loads(stats.read_text())["rule"]
+    assert rule["plan"]["sha256"] == plan.sha256
+    for label, margin in plan.margins.items():
+        assert rule["margin"][label] == margin, label

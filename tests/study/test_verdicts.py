@@ -232,3 +232,22 @@ def test_a_plans_secondary_headline_keeps_its_margins_equivalence_test():
     assert row["role"] == "secondary" and row["margin"] == pytest.approx(margin)
     assert rule["margin"]["test top-1 (%)"] == pytest.approx(margin)
     assert row["verdict"].startswith("equivalent within") and row["verdict"].endswith("(uncorrected)")
+
+
+def test_a_margin_fixed_before_the_data_outranks_the_papers_default():
+    """A plan's margins (the patch-4 plan fixed 0.676 from its pilot) are the ones tested, primary or secondary;
+    the paper's default on the study's own baseline (0.698 there) would move the bar after the data."""
+    values = {"0": {s: 85.0 + 0.1 * s for s in range(6)}}
+    values["3"] = {s: v + (0.05 if s % 2 else -0.05) for s, v in values["0"].items()}
+    label = "test top-1 (%)"
+    for as_primary in (True, False):
+        top1 = {label: summarize(values)}
+        fraction = {"within-sequence fraction (after the final norm)": _family({"3": -0.08}, noise=0.01)}
+        primary, others = (top1, fraction) if as_primary else (fraction, top1)
+        claims = {label: +1, "within-sequence fraction (after the final norm)": -1}
+        rule = apply_rule(primary, others, claims, family=[], margins={label: 0.45})
+        assert top1[label]["3"]["margin"] == 0.45 and rule["margin"][label] == 0.45
+        assert "+-0.45" in top1[label]["3"]["verdict"]
+    top1 = {label: summarize(values)}
+    apply_rule(top1, {}, {label: +1}, margin=0.25, margins={label: 0.45})  # --margin, given, wins
+    assert top1[label]["3"]["margin"] == 0.25

@@ -366,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="the primary metric's equivalence margin: a gain this large ruled out reads 'excluded' (default: the "
-        "paper's relative error reduction on this baseline's error rate, where the paper reports one)",
+        "plan's, for a records folder whose plan fixes one; else the paper's relative error reduction on this "
+        "baseline's error rate, where the paper reports one)",
     )
     report.add_argument(
         "--seeds",

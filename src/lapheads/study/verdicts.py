@@ -194,6 +194,7 @@ def apply_rule(
     directions: dict[str, int | None] | None = None,
     family: tuple[str, ...] | list[str] | None = None,
     planned: set[str] | None = None,
+    margins: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Give every compared row (label -> key -> ``report.summarize`` row, compared with ``row["baseline"]``) its role,
     alpha, MDE at that alpha, permutation p, sign count, equivalence tests and verdict, in place; returns the rule's
@@ -204,14 +205,20 @@ def apply_rule(
         others: every other row: declared geometry (by label) and secondary rows.
         claims: the paper's direction per label (+1 rises, -1 falls, None no claim).
         baseline: the spec the others are compared with where a row does not name its own.
-        margin: the equivalence margin of the primary metric (None: the paper's, where it has one).
+        margin: the equivalence margin of the primary metric (None: ``margins``', else the paper's where it has one).
         directions: per compared key, the contrast's claim (+1 as the paper, -1 reversed, None no claim); default
             :func:`contrast_direction` of the row's arm and baseline.
         family: the declared family's labels (default :data:`DECLARED_GEOMETRY`; a plan's ``family``).
         planned: the compared keys the plan declares (None: every compared key); others are secondary.
+        margins: margins by label fixed before the data (a plan's ``margins``); they outrank the paper's default.
     """
     declared_labels = DECLARED_GEOMETRY if family is None else tuple(family)
     tables = {**primary, **others}
+    fixed = margins or {}
+
+    def margin_of(label: str, base_mean: float) -> float | None:
+        """A margin fixed before the data wins; the paper's effect on this baseline is the default."""
+        return fixed[label] if label in fixed else default_margin(label, base_mean)
 
     def arm_of(key: str, row: dict[str, Any]) -> str:
         return str(row.get("arm", key))
@@ -277,7 +284,7 @@ def apply_rule(
     record["primary_family_size"] = holm_family(primary_members, "primary")
     for label, rows in primary.items():
         base_mean = rows[baseline]["mean"] if baseline in rows and "mean" in rows[baseline] else math.nan
-        m = margin if margin is not None else default_margin(label, base_mean)
+        m = margin if margin is not None else margin_of(label, base_mean)
         record["margin"][label] = m
         for key, row in compared(label):
             if (label, key) not in primary_members:
@@ -304,7 +311,7 @@ def apply_rule(
             row["p_holm"] = math.nan
             if row["direction"] is not None:  # a claimed secondary row (a plan's headline) keeps its margin's TOST
                 base = values_of(label, row.get("baseline", baseline)) or {}
-                m = default_margin(label, float(np.mean(list(base.values()))) if base else math.nan)
+                m = margin_of(label, float(np.mean(list(base.values()))) if base else math.nan)
                 if m is not None:
                     record["margin"].setdefault(label, m)
                     _equivalence(row, differences, m)

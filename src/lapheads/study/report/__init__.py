@@ -129,7 +129,8 @@ def _judge(
     primary = {primary_label: rows[primary_label]}
     others = {label: value for label, value in rows.items() if label != primary_label}
     claims = {label: (claims or {}).get(label, claim(label)) for label in rows}
-    rule = apply_rule(primary, others, claims, baseline, margin, directions, family, planned)
+    margins = None if plan is None else plan.margins  # fixed before the data: they outrank the paper's default
+    rule = apply_rule(primary, others, claims, baseline, margin, directions, family, planned, margins)
     rule["plan"] = None if plan is None else {"study": plan.study, "sha256": plan.sha256}
     declared = [label for label in rule["declared"] if label in others]
     rest = {label: value for label, value in others.items() if label not in declared}
@@ -284,7 +285,8 @@ def write_report(
         baseline: the spec every other is compared with, seed by seed (a per-layer schedule study compares its
             schedules with each other this way); other than "0", the report goes to SWEEP_DIR/report-vs-L<spec>/
             ("3,0" -> report-vs-L3_0) so the k = 0 report stays.
-        margin: the primary metric's equivalence margin (None: the paper's effect on this baseline, where known).
+        margin: the primary metric's equivalence margin (None: the plan's, where the sweep has a plan with one; else
+            the paper's effect on this baseline, where known).
         seeds: report only these seeds (a plan's pre-registered stop: e.g. its first 6 pairs); None: every seed.
     """
 
