@@ -205,7 +205,8 @@ def apply_rule(
         others: every other row: declared geometry (by label) and secondary rows.
         claims: the paper's direction per label (+1 rises, -1 falls, None no claim).
         baseline: the spec the others are compared with where a row does not name its own.
-        margin: the equivalence margin of the primary metric (None: ``margins``', else the paper's where it has one).
+        margin: the equivalence margin of the primary metric (None: its entry in ``margins``, else the paper's where
+            it has one).
         directions: per compared key, the contrast's claim (+1 as the paper, -1 reversed, None no claim); default
             :func:`contrast_direction` of the row's arm and baseline.
         family: the declared family's labels (default :data:`DECLARED_GEOMETRY`; a plan's ``family``).
