@@ -209,6 +209,21 @@ def test_a_paper_sized_gain_ruled_out_reads_excluded_and_an_undecided_one_not_de
     assert loose["test top-1 (%)"]["3"]["verdict"].startswith("not detected (MDE")
 
 
+def test_a_declared_row_with_a_plans_margin_gets_both_tost_halves_and_one_without_none():
+    label = DECLARED_GEOMETRY[0]
+    declared = {label: _family({"3": 0.0}, noise=0.01), DECLARED_GEOMETRY[1]: _family({"3": 0.0}, noise=0.01)}
+    rule = apply_rule({"test top-1 (%)": {}}, declared, dict.fromkeys(declared, -1), margins={label: 0.1})
+    row = declared[label]["3"]
+    differences = [row["values"][s] - v for s, v in declared[label]["0"]["values"].items()]
+    se, mean = np.std(differences, ddof=1) / math.sqrt(5), float(np.mean(differences))
+    # the claim is a fall: a gain is a negative difference, so "a gain >= margin" is mean <= -margin
+    assert row["tost_p"] == pytest.approx(stats.t.cdf((-mean - 0.1) / se, 4))
+    assert row["tost_lower_p"] == pytest.approx(stats.t.cdf((mean - 0.1) / se, 4))
+    assert row["role"] == "declared" and row["verdict"].startswith("equivalent within +-0.1 (TOST p")
+    assert rule["margin"][label] == 0.1
+    assert "tost_p" not in declared[DECLARED_GEOMETRY[1]]["3"]  # no margin declared: no equivalence test
+
+
 def test_restating_a_committed_report_prints_the_family_alphas_and_margin():
     text = restate("docs/reproduction/fmnist-10k-converged/stats.json")
     assert "the **declared** family" in text and "(12 tests)" in text and "test top-1 (%): 0.689" in text

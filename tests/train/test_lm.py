@@ -512,3 +512,18 @@ def _train_straight_and_resumed(cfg, tmp_path) -> None:
         a = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
         b = load_file(str(tmp_path / "resumed" / "checkpoints" / "step-00000008" / f"{name}.safetensors"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_eval_whole_split_scores_every_held_out_token_once_after_the_last_step(text_root, tmp_path):
+    def final_rows(run, **changes):
+        train_lm(tiny_lm(text_root, num_iterations=6, eval_every=6, eval_whole_split=True, **changes), run)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in rows if "val_bpb" in r][-1], [r for r in rows if "val_bpb_whole" in r]
+
+    periodic, whole = final_rows(tmp_path / "short-eval")
+    assert len(whole) == 1 and whole[0]["step"] == 6  # once, at the end
+    assert whole[0]["val_tokens"] > 100 * 2048  # the held-out plays, not the first eval_tokens
+    assert whole[0]["val_bpb_whole"] != pytest.approx(periodic["val_bpb"], rel=1e-6)
+    # an evaluation that already reads the whole split gives the same number: the same windows, the same model
+    periodic, whole = final_rows(tmp_path / "whole-eval", eval_tokens=10**9)
+    assert whole[0]["val_bpb_whole"] == pytest.approx(periodic["val_bpb"], rel=1e-9)

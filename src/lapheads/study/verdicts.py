@@ -302,6 +302,9 @@ def apply_rule(
     members = {(label, k): row for label in declared for k, row in compared(label) if in_plan(k)}
     record["declared_family_size"] = holm_family(members, "declared")
     for (label, key), row in members.items():
+        if label in fixed:  # a declared row with a plan's margin: both TOST halves, as the primary's
+            record["margin"][label] = fixed[label]
+            _equivalence(row, _differences(row, values_of(label, row.get("baseline", baseline))), fixed[label])
         row["verdict"] = _verdict(test_of(row)[0], row["p_holm"], row, claims.get(label))
 
     for label in tables:

@@ -26,6 +26,7 @@ from lapheads.tasks.metrics import (
     SFT_HEADLINE,
     TEST_TOP1,
     VAL_BPB,
+    VAL_BPB_WHOLE,
     VAL_LOSS,
     VISION_FIGURES,
     VISION_GEOMETRY,
@@ -145,7 +146,7 @@ TASKS: dict[str, Task] = {
             presets="lapheads.tasks.presets.lm:LM_PRESETS",
             check_model="lapheads.train.lm:check_model",
             analyzer="lapheads.evals.geometry:analyze_lm",
-            headline=(VAL_BPB,),
+            headline=(VAL_BPB, VAL_BPB_WHOLE),  # the second only where --eval-whole-split ran
             # at the LM head's input (after the final norm), where linguistic-collapse studies measure them
             geometry=LM_GEOMETRY,
             geometry_layers=("after the final norm",),

@@ -53,6 +53,10 @@ class Metric:
 # Headline metrics (a task's ``Task.headline``)
 TEST_TOP1 = Metric("test top-1 (%)", "metrics", ("eval_top1",), claim=+1)
 VAL_BPB = Metric("validation bits per byte", "metrics", ("val_bpb",), claim=-1, lower_is_better=True)
+#: on the whole held-out split, once after the last step (``lapheads train lm --eval-whole-split``)
+VAL_BPB_WHOLE = Metric(
+    "validation bits per byte, whole split", "metrics", ("val_bpb_whole",), claim=-1, lower_is_better=True
+)
 VAL_LOSS = Metric("validation loss (nats)", "metrics", ("val_loss",), lower_is_better=True)
 DINO_HEADLINE = (
     Metric("k-NN top-1, k = 20 (%)", "eval_dino.json", ("knn", "20"), claim=+1),
@@ -115,7 +119,17 @@ MECHANISM = (
 
 #: Every declared metric by its label: what a report row's label names
 METRICS: dict[str, Metric] = {
-    m.label: m for m in (TEST_TOP1, VAL_BPB, *DINO_HEADLINE, *SFT_HEADLINE, *VISION_GEOMETRY, *LM_GEOMETRY, *MECHANISM)
+    m.label: m
+    for m in (
+        TEST_TOP1,
+        VAL_BPB,
+        VAL_BPB_WHOLE,
+        *DINO_HEADLINE,
+        *SFT_HEADLINE,
+        *VISION_GEOMETRY,
+        *LM_GEOMETRY,
+        *MECHANISM,
+    )
 }
 
 

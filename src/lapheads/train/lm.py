@@ -151,6 +151,9 @@ class LMConfig(RunConfig):
     # runtime
     eval_every: int = option(250, "steps between validation bpb, samples and checkpoints", POSITIVE)
     eval_tokens: int = option(524_288, "validation tokens per evaluation", POSITIVE)
+    eval_whole_split: bool = option(
+        False, "after the last step, bits per byte on the whole held-out split as well (logged as val_bpb_whole)"
+    )
     sample_prompt: str = option("", "prompt of the sample written at each evaluation")
     sample_tokens: int = option(200, "tokens per sample", NON_NEGATIVE)
     sample_temperature: float = option(0.8, "sampling temperature (0: greedy)", NON_NEGATIVE)
@@ -455,4 +458,18 @@ def train_lm(
                 )
             stop.stop_if_requested(step, run.path, progress)
     clock.close()
+    if cfg.eval_whole_split:  # once, at the end: the periodic evaluations read only the first eval_tokens
+        whole = evaluate_bpb(
+            model,
+            shards.val,
+            token_bytes,
+            dist_,
+            seq_len=cfg.sequence_len,
+            max_tokens=len(shards.val),
+            batch_size=cfg.micro_batch,
+            amp=precision.autocast,
+        )
+        if dist_.is_main:
+            run.log({"step": step, "val_bpb_whole": whole, "val_tokens": len(shards.val)})
+        last_eval["val_bpb_whole"] = whole
     return {"step": step, "num_params": num_params, **last_eval}
