@@ -59,6 +59,8 @@ ABSURD = {
     ),
     "ViT img_size 28,000": (lambda: _classify_check(img_size=28000), "tokens an image at img_size 28000"),
     "ViT mlp_ratio 100,000": (lambda: _classify_check({"mlp_ratio": 100000}), "parameters, 17 tokens an image"),
+    # a regression (issue 60): the fit check built all 100,000 blocks on the meta device first, for minutes
+    "ViT depth 100,000": (lambda: _classify_check({"depth": 100000}), "parameters, 17 tokens an image"),
     "DINO out_dim 1e9": (lambda: _dino_check(out_dim=10**9), "out_dim 1,000,000,000"),
     "DINO local_crops 100,000": (lambda: _dino_check(local_crops=100000), "2 + 100000 crops"),
 }
@@ -115,3 +117,27 @@ def test_every_preset_fits_the_machine_it_is_written_for(task, preset, monkeypat
     device = "cpu" if preset.endswith("-cpu") or "fmnist" in preset else "cuda"
     monkeypatch.setattr(hardware, "available_memory_bytes", lambda d="cpu": (16 if device == "cpu" else 80) << 30)
     _fits(task, preset, device)
+
+
+def test_train_classify_at_depth_100000_is_refused_in_seconds(fmnist_root, tmp_path, capsys):
+    """The issue's bar, through the command a user types: refused in one line in under 10 s, nothing trained."""
+    from lapheads.cli import main
+
+    start = time.perf_counter()
+    args = ["train", "classify", "--preset", "fmnist-cpu", "--data-root", str(fmnist_root), "--threads", "1"]
+    assert main([*args, "--model-kwargs", '{"depth": 100000}', "--out", str(tmp_path / "run")]) != 0
+    assert time.perf_counter() - start < 10
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "(44,512,015,370 parameters, 50 tokens an image" in err and "GiB available" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_deep_probes_count_is_the_built_models():
+    from lapheads.train import classify
+
+    cfg = resolve_config("classify", "fmnist-cpu", None, [])
+    deep = dataclasses.replace(cfg, model_kwargs={**cfg.model_kwargs, "depth": classify.PROBE_MAX_DEPTH + 1})
+    with torch.device("meta"):
+        built = classify.build_model(deep, 10, 1)
+    _, depth, params = classify._meta_probe(deep, 10, 1)
+    assert (depth, params) == (len(built.blocks), sum(p.numel() for p in built.parameters()))

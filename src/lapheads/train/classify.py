@@ -199,20 +199,46 @@ def check_model(cfg: ClassifyConfig) -> None:
 def check_training_fits(cfg: ClassifyConfig, num_classes: int, in_chans: int, device: str, world_size: int = 1) -> None:
     """Refuse, before anything is allocated, a step that cannot fit, by a lower bound: the model built on the meta
     device gives its parameters, tokens per image, width, depth and heads (lapheads.hardware.training_bytes)."""
-    with torch.device("meta"):
-        probe = build_model(cfg, num_classes, in_chans)
+    probe, depth, params = _meta_probe(cfg, num_classes, in_chans)
     blocks = list(getattr(probe, "blocks", []) or [])
     if not blocks or not hasattr(probe, "patch_embed"):
         return  # not a ViT-like model: its build's own check stands
     tokens = int(probe.patch_embed.num_patches) + int(getattr(probe, "num_prefix_tokens", 0))
     heads = int(getattr(blocks[0].attn, "num_heads", 1))
-    params = sum(p.numel() for p in probe.parameters())
     batch = _micro_batch(cfg, world_size)[0]  # images per forward pass on this process
     width, per_value = int(probe.embed_dim), activation_bytes(cfg.amp, device)
-    need = training_bytes(params, batch, tokens, width, len(blocks), heads, attention_maps=device == "cpu",
+    need = training_bytes(params, batch, tokens, width, depth, heads, attention_maps=device == "cpu",
                           activation_bytes=per_value)  # fmt: skip
     check_fits(f"training {cfg.model} ({params:,} parameters, {tokens:,} tokens an image at img_size {cfg.img_size}) "
                f"on micro-batches of {batch}", need, device)  # fmt: skip
+
+
+#: deeper than this, the fit check counts a 1- and a 2-block probe and extrapolates: building every block, even on
+#: the meta device, takes minutes at depth 100,000 (the red team's trial) before the check can refuse it
+PROBE_MAX_DEPTH = 64
+
+
+def _meta_probe(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> tuple[torch.nn.Module, int, int]:
+    """(a probe of the model on the meta device, the model's depth in blocks, its parameter count)."""
+
+    def built(config: ClassifyConfig) -> torch.nn.Module:
+        with torch.device("meta"):
+            return build_model(config, num_classes, in_chans)
+
+    def count(model: torch.nn.Module) -> int:
+        return sum(p.numel() for p in model.parameters())
+
+    depth = cfg.model_kwargs.get("depth")
+    if isinstance(depth, int) and depth > PROBE_MAX_DEPTH:
+        try:
+            one, two = (built(dataclasses.replace(cfg, model_kwargs={**cfg.model_kwargs, "depth": d})) for d in (1, 2))
+        except InputError:  # a spec that names every layer does not build at depth 1: count the real one
+            pass
+        else:  # every block of a ViT has the same parameters: the rest is the stem and the head
+            per_block = count(two) - count(one)
+            return two, depth, count(one) + (depth - 1) * per_block
+    probe = built(cfg)
+    return probe, len(list(getattr(probe, "blocks", []) or [])), count(probe)
 
 
 def _model_patch_size(name: str) -> int | None:
