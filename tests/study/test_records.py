@@ -67,6 +67,9 @@ def test_a_sweep_continues_from_its_records_and_reports_from_them_alone(tiny_pre
     assert main(["report", str(records)]) == 0
     report = (records / "report" / "report.md").read_text()
     assert json.loads((records / "report" / "stats.json").read_text()) == from_runs
+    # the code that trained each cell, as the records say (never a plan's intention), in both reports alike
+    (revision, names), *others = from_runs["code_revisions"].items()
+    assert not others and len(revision) == 40 and f"{revision[:7]}: " in report and sorted(names)[0] == "L0-s0"
     assert "declared before the data" in report
     # the plan's primary and contrasts: the fraction, Holm over its two contrasts (one against another arm)
     assert from_runs["rule"]["primary"] == ["within-sequence fraction (after the final norm)"]

@@ -45,6 +45,7 @@ from lapheads.runs.layout import report_folder
 from lapheads.study.report.figures import plot_metric, plot_steps
 from lapheads.study.report.statistics import (
     check_cells_are_their_arms,
+    code_revisions,
     collect,
     diffusion_against_zero,
     done_cells,
@@ -67,6 +68,7 @@ from lapheads.study.report.tables import (
     gap_lines,
     late_change_lines,
     mechanism_row,
+    revisions_line,
     rule_lines,
     settled_text,
     step_lines,
@@ -328,6 +330,9 @@ def write_report(
     ]
     for seed, environments in (record.get("mixed_environments") or {}).items():
         lines += [f"Seed {seed} left out: its arms ran in different environments ({environments}).", ""]
+    revisions = code_revisions(cells)
+    if revisions:  # what trained each cell, as its record says: never a plan's intention
+        lines += [revisions_line(revisions), ""]
     geometry_stats: dict[str, Any] = {}
     mechanism_stats: dict[str, Any] = {}
     if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
@@ -390,6 +395,7 @@ def write_report(
                 "dose": dose,
                 "mechanism_over_training": emergence,
                 **({"seeds_left_out": record["left_out"]} if record.get("left_out") else {}),
+                **({"code_revisions": revisions} if revisions else {}),
             },
             indent=1,
             default=str,

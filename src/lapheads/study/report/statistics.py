@@ -4,6 +4,7 @@ quarter, the gap over training, geometry and diffusion scores read from every ce
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,22 @@ def done_cells(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Finished cells, seed-major in spec order (the order of the PCA grid's columns)."""
     cells = [c for c in record["cells"].values() if c.get("status") in ("done", "recorded")]
     return sorted(cells, key=lambda c: (c["seed"], record["specs"].index(c["spec"])))
+
+
+def code_revisions(cells: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The lapheads revisions that trained the cells (``environment.git_revision``, which the training process wrote
+    into config.json and a record copies), each with its cells' names; {} where no cell says."""
+    by_revision: dict[str, list[str]] = {}
+    for cell in cells:
+        source = cell.get("source")
+        if source is not None:
+            name, environment = source.name, source.data.get("environment") or {}
+        else:
+            name, environment = Path(cell["run_dir"]).name, RunDir(cell["run_dir"]).read_config().get("environment")
+        revision = (environment or {}).get("git_revision")
+        if revision:
+            by_revision.setdefault(str(revision), []).append(name)
+    return by_revision
 
 
 def check_cells_are_their_arms(record: dict[str, Any]) -> None:

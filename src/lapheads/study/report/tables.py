@@ -222,3 +222,13 @@ def dose_lines(dose: dict[str, Any]) -> list[str]:
                 f"{row['signs'] if row['direction'] is not None else '–'} |"
             )
     return lines
+
+
+def revisions_line(revisions: dict[str, list[str]]) -> str:
+    """Which code trained the cells, as the records say (lapheads.study.report.statistics.code_revisions)."""
+    named = "; ".join(
+        f"{revision[:7]}: {', '.join(names) if len(names) <= 8 else f'{len(names)} cells'}"
+        for revision, names in sorted(revisions.items(), key=lambda item: -len(item[1]))
+    )
+    several = " (several: what changed between them is for the study's account to state)" if len(revisions) > 1 else ""
+    return f"Code revisions the records name (each record's environment.git_revision){several}: {named}."

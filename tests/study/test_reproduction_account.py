@@ -1,0 +1,332 @@
+"""docs/reproduction.md against its record-based reports (issue 56): every number the account quotes from the
+decomposition and patch-4 reports equals the report's stats.json at the printed precision, and every decimal in
+the parts built on those reports is either such a quote or a constant named here with where it comes from.
+
+A number is quoted by the string the document prints (``interval(row, 3)`` -> "-0.090 [-0.114, -0.067]"), so a
+CI rounded the wrong way, a count miscopied or a p from another row fails here with the two strings side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from lapheads.study.verdicts import holm_steps
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the document with its line breaks read as spaces: a quote may wrap
+DOC = " ".join((ROOT / "docs" / "reproduction.md").read_text().split())
+
+
+def _report(study: str) -> dict:
+    return json.loads((ROOT / "docs" / "reproduction" / study / "cells" / "report" / "stats.json").read_text())
+
+
+DEC, P4 = _report("decomposition"), _report("patch4")
+FINAL = "(after the final norm)"
+
+
+def geometry(report: dict, metric: str, key: str) -> dict:
+    return report["geometry"][f"{metric} {FINAL}"][key]
+
+
+def top1(report: dict, key: str) -> dict:
+    return report["metrics"]["test top-1 (%)"][key]
+
+
+def signed(value: float, digits: int) -> str:
+    return f"{value:+.{digits}f}"
+
+
+def difference(row: dict, digits: int) -> str:
+    """A paired difference as printed: "+0.24"."""
+    return signed((row.get("paired") or row)["mean_difference"], digits)
+
+
+def interval(row: dict, digits: int) -> str:
+    """A paired difference and its 95 % CI as printed: "-0.090 [-0.114, -0.067]"."""
+    paired = row.get("paired") or row
+    low, high = signed(paired["ci_low"], digits), signed(paired["ci_high"], digits)
+    return f"{signed(paired['mean_difference'], digits)} [{low}, {high}]"
+
+
+def magnitude(row: dict, digits: int) -> str:
+    """A negative difference printed as a size: "0.44 [0.27, 0.61]"."""
+    paired = row.get("paired") or row
+    size, low, high = (-paired[key] for key in ("mean_difference", "ci_high", "ci_low"))
+    return f"{size:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def plain(row: dict, digits: int) -> str:
+    """A positive difference printed without signs: "0.0015 [0.0011, 0.0019]"."""
+    paired = row.get("paired") or row
+    low, high = paired["ci_low"], paired["ci_high"]
+    return f"{paired['mean_difference']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def p(value: float) -> str:
+    """A p-value as printed: two significant digits, never in exponent form ("0.000066", "0.045")."""
+    return f"{value:.{max(0, 1 - math.floor(math.log10(value)))}f}"
+
+
+def _holm_over_top1(report: dict) -> dict[str, float]:
+    rows = {key: row["paired"]["p"] for key, row in report["metrics"]["test top-1 (%)"].items() if row.get("paired")}
+    return holm_steps(rows)[0]
+
+
+def _leave_one_seed_out_p(row: dict, baseline: dict) -> dict[str, float]:
+    differences = {seed: value - baseline["values"][seed] for seed, value in row["values"].items()}
+    return {
+        seed: float(stats.ttest_1samp([d for s, d in differences.items() if s != seed], 0.0).pvalue)
+        for seed in differences
+    }
+
+
+def _equivalence_after_holm(report: dict, arms: tuple[str, ...]) -> dict[str, dict[str, bool]]:
+    """Holm across ``arms`` of each TOST (both halves: its p is the larger), by t and by exact sign flips."""
+    out: dict[str, dict[str, bool]] = {arm: {} for arm in arms}
+    for test, keys in (
+        ("t", ("tost_p", "tost_lower_p")),
+        ("sign flips", ("tost_sign_flip_p", "tost_lower_sign_flip_p")),
+    ):
+        adjusted = holm_steps({arm: max(top1(report, arm)[k] for k in keys) for arm in arms})[0]
+        for arm in arms:
+            out[arm][test] = adjusted[arm] < 0.05
+    return out
+
+
+def _quotes() -> dict[str, str]:
+    """What the account prints, by where it comes from."""
+    fraction, scale_free = "within-sequence fraction", "within-sequence variance / mean |h|^2"
+    per_seq, pooled = "components for 99%, per sequence", "components for 99%, pooled"
+    between, nc1, cosine = "between-class fraction", "NC1, sequence means", "token cosine similarity"
+    mech = DEC["mechanism"]
+    laplacian = mech["diffusion score, Laplacian heads (mean over blocks)"]
+    excess = mech["Laplacian excess over ordinary heads (k = 0 run, paired by seed)"]
+    ordinary = mech["diffusion score, ordinary heads (mean over blocks)"]["0"]
+    holm_top1 = _holm_over_top1(DEC)
+    centring = _leave_one_seed_out_p(geometry(DEC, fraction, "centring:1 vs 1"), geometry(DEC, fraction, "1"))
+    p4_mech = P4["mechanism"]
+    p4_fit = P4["fit"]["3"]["against_baseline"]
+    p4_top1 = top1(P4, "3")
+    half_width = (p4_top1["paired"]["ci_high"] - p4_top1["paired"]["ci_low"]) / 2
+    quotes = {
+        # decomposition: the primary family
+        "k=3 fraction": interval(geometry(DEC, fraction, "3"), 3),
+        "k=1 fraction": interval(geometry(DEC, fraction, "1"), 3),
+        "k=3, k=1 fraction Holm": f"Holm p {p(geometry(DEC, fraction, '3')['p_holm'])}, "
+        f"{p(geometry(DEC, fraction, '1')['p_holm'])}",
+        **{f"primary table: {name}": _primary_row(name, key) for name, key in PRIMARY_ROWS.items()},
+        "primary MDEs": "design MDE "
+        + "-".join(sorted(f"{geometry(DEC, fraction, k)['mde_at_alpha']:.3f}" for k in ("1", "3")))
+        + " at alpha / 6",
+        "dose fraction p": f"(p {p(DEC['dose']['slopes'][f'{fraction} {FINAL}']['p'])}, 6/6)",
+        "follows at the k=3 shift": _follows_at_shift(),
+        "decomposition wall times": "Cell wall times " + "-".join(f"{m:.1f}" for m in _wall_minutes("decomposition")),
+        "patch-4 wall times": "(" + "-".join(f"{m:.1f}" for m in _wall_minutes("patch4")) + " min a cell)",
+        "sum-k3 fraction": interval(geometry(DEC, fraction, "sum:3 vs 3"), 3),
+        "sum-k3 fraction, short": difference(geometry(DEC, fraction, "sum:3 vs 3"), 3),
+        "XSA-k3 fraction": difference(geometry(DEC, fraction, "exclusive:3 vs 3"), 3),
+        "untied-k3 fraction": difference(geometry(DEC, fraction, "untied:3 vs 3"), 3),
+        "centring-L1 fraction": interval(geometry(DEC, fraction, "centring:1 vs 1"), 3),
+        "centring-L1 Holm": f"Holm p {p(geometry(DEC, fraction, 'centring:1 vs 1')['p_holm'])}",
+        "centring-L1 leave one out, low": f"{min(v for s, v in centring.items() if s in '2345'):.3f} to",
+        "centring-L1 leave one out, high": f"to {max(v for s, v in centring.items() if s in '2345'):.3f}",
+        "sum-k0 fraction": interval(geometry(DEC, fraction, "sum:3"), 3),
+        "sum-k0 fraction p": f"raw p {p(geometry(DEC, fraction, 'sum:3')['paired']['p'])}",
+        "XSA-k0 fraction": interval(geometry(DEC, fraction, "exclusive:3"), 3),
+        "untied-k0 fraction": interval(geometry(DEC, fraction, "untied:3"), 3),
+        "untied-k0 fraction p": f"raw p {p(geometry(DEC, fraction, 'untied:3')['paired']['p'])}",
+        "centring-k0 fraction": interval(geometry(DEC, fraction, "centring:1"), 3),
+        "centring-k0 fraction p": f"p\n  {p(geometry(DEC, fraction, 'centring:1')['paired']['p'])}",
+        "k=1 fraction, short": difference(geometry(DEC, fraction, "1"), 3),
+        "k=3 shift": f"{-geometry(DEC, fraction, '3')['paired']['mean_difference']:.3f}",
+        "k=3 scale-free": interval(geometry(DEC, scale_free, "3"), 3),
+        # decomposition: the other geometry rows
+        "k=3 between": interval(geometry(DEC, between, "3"), 3),
+        "k=1 between": difference(geometry(DEC, between, "1"), 3),
+        "k=3 NC1": interval(geometry(DEC, nc1, "3"), 2),
+        "k=1 NC1": difference(geometry(DEC, nc1, "1"), 2),
+        "k=1 per-seq": interval(geometry(DEC, per_seq, "1"), 2),
+        "k=2 per-seq": interval(geometry(DEC, per_seq, "2"), 2),
+        "k=3 per-seq": interval(geometry(DEC, per_seq, "3"), 2),
+        "k=3 per-seq MDE": f"MDE {geometry(DEC, per_seq, '3')['mde_at_alpha']:.2f}",
+        "k=3 pooled": interval(geometry(DEC, pooled, "3"), 2),
+        "k=3 pooled p": f"p {p(geometry(DEC, pooled, '3')['paired']['p'])}",
+        "k=1 pooled": difference(geometry(DEC, pooled, "1"), 2),
+        "sum scale-free": interval(geometry(DEC, scale_free, "sum:3"), 3),
+        "sum cosine": interval(geometry(DEC, cosine, "sum:3"), 3),
+        "sum-k3 scale-free": difference(geometry(DEC, scale_free, "sum:3 vs 3"), 3),
+        "sum-k3 cosine": difference(geometry(DEC, cosine, "sum:3 vs 3"), 3),
+        # decomposition: top-1
+        "margin": f"{DEC['rule']['margin']['test top-1 (%)']:.3f}",
+        "k=0 error": f"{100 - top1(DEC, '0')['mean']:.2f} %",
+        "k=1 top-1": interval(top1(DEC, "1"), 2),
+        "k=2 top-1": interval(top1(DEC, "2"), 2),
+        "k=3 top-1": interval(top1(DEC, "3"), 2),
+        "k=1..3 top-1, short": ", ".join(difference(top1(DEC, k), 2) for k in "123"),
+        "TOST by t": ", ".join(p(top1(DEC, k)["tost_p"]) for k in "123"),
+        "TOST by sign flips": ", ".join(p(top1(DEC, k)["tost_sign_flip_p"]) for k in "123"),
+        "Holm x3 by sign flips": _holm_step("1", 3),
+        "Holm x2 by sign flips": _holm_step("2", 2),
+        "sum top-1": interval(top1(DEC, "sum:3"), 2),
+        "sum top-1 short": difference(top1(DEC, "sum:3"), 2),
+        "sum top-1 p": f"raw p {p(top1(DEC, 'sum:3')['paired']['p'])}",
+        "sum top-1 sign flip": f"sign-flip {p(top1(DEC, 'sum:3')['permutation_p'])}",
+        "sum-k3 top-1": interval(top1(DEC, "sum:3 vs 3"), 2),
+        "sum-k3 top-1 p": f"raw p\n  {p(top1(DEC, 'sum:3 vs 3')['paired']['p'])}",
+        "top-1 rows": f"{len(holm_top1)} top-1 rows",
+        "Holm over top-1 rows": f"{holm_top1['sum:3']:.2f} and {holm_top1['sum:3 vs 3']:.2f}",
+        "Holm over top-1 rows, table": f"Holm over the report's {len(holm_top1)} top-1 rows {holm_top1['sum:3']:.2f}",
+        "sum late change": interval(DEC["late_change"]["test top-1 (%)"]["sum:3"], 2),
+        "sum fit": f"{DEC['fit']['sum:3']['fit_top1']:.2f} against k = 0's {DEC['fit']['0']['fit_top1']:.2f}",
+        # decomposition: the dose
+        "dose fraction": f"{DEC['dose']['slopes'][f'{fraction} {FINAL}']['mean_difference']:+.4f} per head",
+        "dose fraction CI": interval(DEC["dose"]["slopes"][f"{fraction} {FINAL}"], 3).split(" ", 1)[1],
+        "dose top-1": interval(DEC["dose"]["slopes"]["test top-1 (%)"], 3).replace(" [", " per head ["),
+        "follows": interval(DEC["dose"]["follows"][f"{fraction} {FINAL}"], 1).replace(" [", " points per unit\n  ["),
+        "follows, table": interval(DEC["dose"]["follows"][f"{fraction} {FINAL}"], 1).replace(" [", " per unit ["),
+        # decomposition: the mechanism
+        "diffusion k=1..3": " / ".join(interval(laplacian[k], 3) for k in "12"),
+        "diffusion k=3": interval(laplacian["3"], 3),
+        "diffusion k=1..3, table": " / ".join(difference(laplacian[k], 3) for k in "123"),
+        "ordinary heads": interval(ordinary, 3),
+        "ordinary heads, table": f"score {difference(ordinary, 3)} themselves",
+        "excess range": " to ".join(sorted({difference(excess[k], 3) for k in "123"})),
+        # patch 4
+        "p4 k=0": f"k = 0 {top1(P4, '0')['mean']:.2f} +- {top1(P4, '0')['std']:.2f}",
+        "p4 k=3": f"{top1(P4, '3')['mean']:.2f} +- {top1(P4, '3')['std']:.2f}",
+        "p4 top-1": interval(p4_top1, 2),
+        "p4 top-1 p": f"p {p(p4_top1['paired']['p'])}",
+        "p4 sign flip": f"sign-flip {p(p4_top1['permutation_p'])}",
+        "p4 TOST": f"TOST p {p(p4_top1['tost_p'])} by t, {p(p4_top1['tost_sign_flip_p'])}",
+        "p4 MDE": f"{p4_top1['mde_at_alpha']:.2f} points",
+        "p4 margin": f"{P4['rule']['margin']['test top-1 (%)']:.3f}",
+        "p4 SD": f"{np.std(list(_p4_differences().values()), ddof=1):.3f}",
+        "p4 half width": f"{half_width:.3f} x {math.sqrt(6):.3f} / {stats.t.ppf(0.975, 5):.3f}",
+        "p4 fraction": interval(geometry(P4, fraction, "3"), 3),
+        "p4 fraction p": f"p {p(geometry(P4, fraction, '3')['paired']['p'])}",
+        "p4 between": interval(geometry(P4, between, "3"), 3),
+        "p4 NC1": interval(geometry(P4, nc1, "3"), 2),
+        "p4 pooled": interval(geometry(P4, pooled, "3"), 2),
+        "p4 pooled, table": f"({difference(geometry(P4, pooled, '3'), 2)}, 6/6)",
+        "p4 per-seq": interval(geometry(P4, per_seq, "3"), 2),
+        "p4 per-seq MDE": f"MDE {geometry(P4, per_seq, '3')['mde_at_alpha']:.2f}",
+        "p4 gap epoch 3": interval(P4["over_training"]["test top-1 (%)"]["3"][0], 2),
+        "p4 gap epoch 9": interval(P4["over_training"]["test top-1 (%)"]["3"][2], 2),
+        "p4 late k=3": interval(P4["late_change"]["test top-1 (%)"]["3"], 3),
+        "p4 late k=0": interval(P4["late_change"]["test top-1 (%)"]["0"], 2),
+        "p4 fit": f"{P4['fit']['0']['fit_top1']:.2f} % and {P4['fit']['3']['fit_top1']:.2f} %",
+        "p4 fit gap": magnitude(p4_fit["fit top-1"], 2),
+        "p4 test loss": interval(p4_fit["test loss"], 3),
+        "p4 diffusion": interval(p4_mech["diffusion score, Laplacian heads (mean over blocks)"]["3"], 3),
+        "p4 ordinary": "ordinary heads "
+        + difference(p4_mech["diffusion score, ordinary heads (mean over blocks)"]["0"], 3),
+        "p4 excess": interval(p4_mech["Laplacian excess over ordinary heads (k = 0 run, paired by seed)"]["3"], 3),
+        "p4 twin drop": plain(
+            p4_mech["within-sequence fraction drop, Laplacian heads minus their k = 0 twins"]["3"], 4
+        ),
+    }
+    return quotes
+
+
+def _p4_differences() -> dict[str, float]:
+    row, base = top1(P4, "3"), top1(P4, "0")
+    return {seed: value - base["values"][seed] for seed, value in row["values"].items()}
+
+
+#: the primary table's rows (decomposition section): its label, the stats key
+PRIMARY_ROWS = {
+    "k = 3 minus k = 0": "3",
+    "k = 1 minus k = 0": "1",
+    "`sum:3` minus k = 3": "sum:3 vs 3",
+    "`exclusive:3` minus k = 3": "exclusive:3 vs 3",
+    "`untied:3` minus k = 3": "untied:3 vs 3",
+    "`centring:1` minus k = 1": "centring:1 vs 1",
+}
+
+
+def _primary_row(name: str, key: str) -> str:
+    row = geometry(DEC, "within-sequence fraction", key)
+    if row["direction"] == -1:  # a claimed contrast: the seeds that moved the paper's way
+        signs, moved = row["signs"], "fall"
+    else:  # an ablation, two-sided: the seeds on the side of the mean
+        higher = row["paired"]["mean_difference"] > 0
+        signs = f"{sum((d > 0) == higher for d in _differences(row))}/6"
+        moved = "higher" if higher else "lower"
+    return f"| {name} | {interval(row, 3)} | {p(row['p_holm'])} | {signs} {moved} |"
+
+
+def _holm_step(arm: str, factor: int) -> str:
+    """One step of Holm over the three arms' sign-flip TOST p, as printed: "0.016 x 3 = 0.047"."""
+    value = top1(DEC, arm)["tost_sign_flip_p"]
+    return f"{p(value)} x {factor} = {factor * value:.3f}"
+
+
+def _differences(row: dict) -> list[float]:
+    base = geometry(DEC, "within-sequence fraction", row["baseline"])
+    return [value - base["values"][seed] for seed, value in row["values"].items()]
+
+
+def _follows_at_shift() -> str:
+    """The within-seed slope of top-1 on the fraction, times the k = 3 shift: the top-1 change it implies."""
+    follows = DEC["dose"]["follows"]["within-sequence fraction (after the final norm)"]
+    shift = -geometry(DEC, "within-sequence fraction", "3")["paired"]["mean_difference"]
+    scaled = {key: -follows[key] * shift for key in ("mean_difference", "ci_high", "ci_low")}
+    return f"{scaled['mean_difference']:+.2f} [{scaled['ci_high']:+.2f}, {scaled['ci_low']:+.2f}] points"
+
+
+def _wall_minutes(study: str) -> tuple[float, float]:
+    folder = ROOT / "docs" / "reproduction" / study / "cells"
+    minutes = [json.loads(f.read_text())["wall_seconds"] / 60 for f in folder.glob("*.json") if f.name != "plan.json"]
+    return min(minutes), max(minutes)
+
+
+QUOTES = _quotes()
+
+
+@pytest.mark.parametrize("what", sorted(QUOTES))
+def test_each_quoted_number_is_its_reports_stats_at_the_printed_precision(what):
+    quoted = " ".join(QUOTES[what].split())
+    assert quoted in DOC, f"{what}: the report says {quoted!r}; docs/reproduction.md does not"
+
+
+def test_the_equivalence_sentence_says_what_survives_holm_across_the_three_arms():
+    survives = _equivalence_after_holm(DEC, ("1", "2", "3"))
+    assert all(survives[arm]["t"] for arm in "123")
+    assert [arm for arm in "123" if survives[arm]["sign flips"]] == ["1"]
+    assert "at k = 1 alone once the three arms are corrected" in DOC
+
+
+def _record_based_parts() -> str:
+    """The claims table's rows that cite a record-based report, and the two studies' sections."""
+    table = DOC[DOC.index("## Claims at a glance") : DOC.index("## What in a Laplacian head")]
+    rows = [row for row in table.split("| ") if "cells/report" in row or "same" in row]
+    return " ".join(rows) + DOC[DOC.index("## What in a Laplacian head") : DOC.index("## Studies in progress")]
+
+
+#: decimals in those parts that no report computes, each with where it comes from
+CONSTANTS = {
+    "4.69": "the paper's ImageNet effect (81.45 -> 82.32 top-1) as a share of the error rate",
+    "0.066": "the decomposition plan's design MDE, from the earlier sweeps' paired SD of 0.03 (plan.json)",
+    "0.975": "the t quantile's level in the patch-4 stop formula",
+    "14.41": "the patch-4 pilot's k = 0 error (100 - 85.59; patch4/pilot/L0-s100.json, outside the study)",
+    "99.6": "the patch-4 pilot's k = 0 fit (patch4/pilot/L0-s100.json, outside the study)",
+    "0.0025": "appendix B's exploratory per-head reading (decomposition/mechanism/mechanism.md)",
+}
+
+
+def test_every_decimal_in_the_record_based_parts_is_a_quote_or_a_named_constant():
+    quoted = " ".join(" ".join(q.split()) for q in QUOTES.values())
+    found = re.findall(r"(?<![\w.])[-+]?\d+\.\d+", _record_based_parts())
+    unknown = sorted(
+        {n for n in found if not {n, n.lstrip("+-")} & ({*quoted.split()} | set(CONSTANTS))}
+        - {n for n in found if n in quoted or n.lstrip("+-") in quoted}
+    )
+    assert not unknown, f"decimals neither quoted from a stats.json nor named in CONSTANTS: {unknown}"
