@@ -25,6 +25,37 @@ def torchrun(args: list[str], processes: int = 2, timeout: float = 300, wait: bo
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
 
 
+#: a peer's suite that prints nothing for this long has stalled (a hang), however busy the machine is: pytest -q
+#: prints a character per test, and the slowest single peer test measured here takes ~3 min on a loaded 2-core CPU
+PEER_SUITE_STALL_SECONDS = 1800
+
+
+def run_peer_suite(
+    command: list[str], *, stall_seconds: float = PEER_SUITE_STALL_SECONDS, **popen
+) -> subprocess.CompletedProcess:
+    """Run a peer's test suite to its end, however long a loaded machine makes it: no wall-clock limit, only a stall
+    watchdog (no new output for ``stall_seconds``: killed, and the result says so in its stderr). Output is captured
+    as text, as ``subprocess.run(capture_output=True, text=True)`` would."""
+    import tempfile
+    import time
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        job = subprocess.Popen(command, stdout=out, stderr=err, text=True, **popen)
+        seen, last_change = -1, time.monotonic()
+        while job.poll() is None:
+            time.sleep(2)
+            size = os.fstat(out.fileno()).st_size + os.fstat(err.fileno()).st_size
+            if size != seen:
+                seen, last_change = size, time.monotonic()
+            elif time.monotonic() - last_change > stall_seconds:
+                job.kill()
+                job.wait()
+                err.write(f"\n[stalled: no output for {stall_seconds:.0f} s; killed]\n")
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command, job.returncode, out.read(), err.read())
+
+
 def node_name(grad_fn) -> str:
     """An autograd node's name on every torch lapheads supports: torch 2.9 refuses ``.name()`` on a Python
     Function's node ("a legacy access pattern"), whose class name is the same string."""

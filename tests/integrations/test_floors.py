@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from tests.conftest import run_peer_suite
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -58,8 +60,8 @@ def test_the_stated_transformers_floor_passes_lapheads_hugging_face_tests(tmp_pa
     probe = subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"],
                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert probe.stdout.strip() == info.name.removeprefix("transformers-").removesuffix(".dist-info"), probe.stderr
-    tests = subprocess.run(
+    tests = run_peer_suite(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests/integrations/test_hf.py")],
-        env=env, capture_output=True, text=True, timeout=900, cwd=ROOT,
+        env=env, cwd=ROOT,
     )  # fmt: skip
     assert tests.returncode == 0, tests.stdout[-3000:]

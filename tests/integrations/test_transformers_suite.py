@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import peer_tests
+from tests.conftest import peer_tests, run_peer_suite
 
 transformers = pytest.importorskip("transformers")
 
@@ -140,10 +139,10 @@ def _outcomes(junit: Path) -> dict[str, dict[str, str]]:
 def test_transformers_model_tests_pass_with_lapheads_as_with_sdpa(family, tmp_path):
     folder = _suite(Path(sys.prefix) / "share" / "lapheads-transformers-tests")
     junit = tmp_path / "junit.xml"
-    done = subprocess.run(
+    done = run_peer_suite(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
          f"tests/test_lapheads_{family}.py"],
-        cwd=folder.parent, capture_output=True, text=True, timeout=1800,
+        cwd=folder.parent,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert junit.is_file(), done.stdout[-3000:] + done.stderr[-2000:]

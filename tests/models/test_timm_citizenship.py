@@ -18,7 +18,7 @@ import lapheads  # noqa: F401 - registers the names
 from lapheads.core.convert import BlendSchedule, set_blend
 from lapheads.errors import InputError
 from lapheads.models.vit import create_vit, default_cfgs, vit_laplacian_masks
-from tests.conftest import peer_tests, pip_download
+from tests.conftest import peer_tests, pip_download, run_peer_suite
 
 
 @pytest.mark.parametrize("spec", [2, "0,1,2,3,2,1"])
@@ -243,7 +243,7 @@ def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_o
         conftest.write_text(conftest.read_text() + "\nimport lapheads  # noqa: F401 - lapheads' names join timm's\n")
     (tests / "test_lapheads_timm.py").write_text(REPARAMETRIZED.format(names=NAMES))
     names = " or ".join(sorted({*NAMES, *NAMES.values()}))
-    done = subprocess.run(
+    done = run_peer_suite(
         [
             sys.executable,
             "-m",
@@ -260,9 +260,6 @@ def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_o
             f"({names}) and not load_pretrained",
         ],
         cwd=tests,
-        capture_output=True,
-        text=True,
-        timeout=1200,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     outcomes = {}
@@ -311,9 +308,9 @@ def test_the_module_parity_tests_pass_at_the_oldest_supported_timm(tmp_path):
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert version.stdout.strip() == OLDEST_TIMM, version.stderr[-1000:]
     tests = Path(__file__).parents[1] / "core" / "test_attention.py"
-    done = subprocess.run(
+    done = run_peer_suite(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests), "-k", "module or timm"],
-        env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).parents[2],
+        env=env, cwd=Path(__file__).parents[2],
     )  # fmt: skip
     assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:]
 
