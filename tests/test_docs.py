@@ -112,3 +112,24 @@ def test_every_relative_link_leads_to_a_file(page):
     targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
     missing = [t for t in targets if "://" not in t and not (page.parent / t).exists()]
     assert not missing, missing
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+
+
+@pytest.mark.parametrize("index", range(len(_python_blocks(ROOT / "README.md"))))
+def test_the_readmes_python_runs_as_written(index, monkeypatch):
+    """Each Python block of the README, executed as it stands; the one line that downloads a model from the Hub is
+    given a tiny local Llama instead (this machine, like CI, has no network for weights)."""
+    transformers = pytest.importorskip("transformers")
+
+    def tiny_llama(name, **kwargs):
+        config = transformers.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2,
+        )  # fmt: skip
+        return transformers.LlamaForCausalLM(config)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", tiny_llama)
+    exec(compile(_python_blocks(ROOT / "README.md")[index], f"README.md python block {index}", "exec"), {})
