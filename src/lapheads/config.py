@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lapheads.errors import LapheadsError
+from lapheads.io import json_loads
 
 __all__ = [
     "ConfigError",
@@ -223,17 +224,19 @@ def _coerce(key: str, text: str, annotation: Any) -> Any:
             if option in (int, float, str):
                 return option(text)
             if option is dict or typing.get_origin(option) is dict:
-                value = json.loads(text)
+                value = json_loads(text)
                 if not isinstance(value, dict):
                     raise ValueError("not a JSON object")
                 return value
             if option in (list, tuple) or typing.get_origin(option) in (list, tuple):
-                items = json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",")]
+                items = json_loads(text) if text.startswith("[") else [p.strip() for p in text.split(",")]
                 element = (typing.get_args(option) or (None,))[0]
                 return [element(item) for item in items] if element in (int, float, str) else items
         except ValueError as err:
             errors.append(str(err))
-    raise ConfigError(f"--{key.replace('_', '-')} {text!r}: allowed: {_type_words(annotation)}")
+    shown = repr(text) if len(text) <= 80 else f"{text[:40]!r}...({len(text):,} characters)"
+    why = f" ({errors[-1]})" if errors and "levels deep" in errors[-1] else ""  # the one reason a reader can't guess
+    raise ConfigError(f"--{key.replace('_', '-')} {shown}{why}: allowed: {_type_words(annotation)}")
 
 
 def config_from_dict(cls: type[C], data: dict[str, Any], base: C | None = None, source: str = "config") -> C:
@@ -253,7 +256,7 @@ def config_from_dict(cls: type[C], data: dict[str, Any], base: C | None = None, 
 def load_preset_file(path: str | Path) -> dict[str, Any]:
     """Read a JSON preset file (a dict of config fields)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json_loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read preset file {path}: {err}") from None
     if not isinstance(data, dict):

@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -24,6 +26,9 @@ __all__ = [
     "NUMPY_ARRAY_GLOBALS",
     "atomic_write_text",
     "exclusive",
+    "json_depth",
+    "json_loads",
+    "MAX_JSON_DEPTH",
     "sole_owner",
     "load_safetensors",
     "load_tensor_file",
@@ -37,6 +42,37 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+#: the deepest JSON nesting lapheads reads from a file or an argument: its own files nest under 10 levels; Python's
+#: json recurses once a level and fails at the interpreter's recursion limit (~1,000) with a RecursionError
+MAX_JSON_DEPTH = 128
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_A_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth(raw: bytes | str) -> int:
+    """The deepest bracket nesting of a JSON text, counted before it is parsed (strings removed, then one scan of
+    the brackets): nothing recursive, so any depth is counted in time linear in the text."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    depth = deepest = 0
+    for byte in _JSON_STRING.sub(b'""', data).translate(None, _NOT_A_BRACKET):
+        if byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def json_loads(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` that refuses nesting deeper than ``max_depth`` the way it refuses any malformed text: with a
+    ``json.JSONDecodeError`` (a ValueError), so every caller's one-line error for a bad file covers it too."""
+    depth = json_depth(text)
+    if depth > max_depth:
+        document = text if isinstance(text, str) else text.decode(errors="replace")
+        raise json.JSONDecodeError(f"nested {depth} levels deep; allowed: at most {max_depth}", document[:80], 0)
+    return json.loads(text)
 
 
 #: What numpy arrays pickle as, in numpy 1.x and 2.x (``_frombuffer`` with protocol 5; ``_codecs.encode`` carries

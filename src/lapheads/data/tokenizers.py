@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from lapheads.errors import LapheadsError
+from lapheads.io import json_loads
 
 __all__ = [
     "CHAT_TOKENS",
@@ -270,7 +271,7 @@ def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
     """Load a tokenizer written by :meth:`Tokenizer.save`."""
     folder = Path(folder)
     try:
-        meta = json.loads((folder / META_FILE).read_text())
+        meta = json_loads((folder / META_FILE).read_text())
     except FileNotFoundError:
         raise TokenizerError(f"{folder} holds no tokenizer ({META_FILE} missing)") from None
     except json.JSONDecodeError as err:
@@ -284,7 +285,7 @@ def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
         import tiktoken
 
         try:
-            state = json.loads((folder / "tiktoken.json").read_text())
+            state = json_loads((folder / "tiktoken.json").read_text())
             ranks = {bytes.fromhex(token): rank for token, rank in state.pop("mergeable_ranks").items()}
             tokenizer = Tokenizer("tiktoken", tiktoken.Encoding(mergeable_ranks=ranks, **state), bos=meta["bos"])
         except (OSError, ValueError, KeyError, TypeError) as err:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from lapheads.errors import CheckpointError, InputError
-from lapheads.io import load_tensor_file, state_dict_mismatch
+from lapheads.io import json_loads, load_tensor_file, state_dict_mismatch
 from lapheads.models.gpt import GPT, SMEAR_GATE_CHANNELS, GPTConfig
 
 __all__ = ["load_nanochat", "nanochat_gpt_config", "nanochat_steps"]
@@ -113,7 +113,7 @@ def load_nanochat(
         raise CheckpointError(f"{folder} has no step {step}; allowed: {', '.join(map(str, steps))}")
     meta_file = folder / f"meta_{step:06d}.json"
     try:
-        meta = json.loads(meta_file.read_text())
+        meta = json_loads(meta_file.read_text())
         model_config = dict(meta["model_config"])
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
         raise CheckpointError(f"{meta_file} is not a nanochat meta file with a model_config ({err})") from None

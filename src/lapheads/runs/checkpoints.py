@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 
 from lapheads.distributed import Distributed
 from lapheads.errors import CheckpointError, LapheadsError
-from lapheads.io import atomic_write_text, load_safetensors
+from lapheads.io import atomic_write_text, json_loads, load_safetensors
 from lapheads.runs.directory import RunDir, latest_checkpoint
 from lapheads.runs.layout import LATEST, STATE_FILE, STEP_PREFIX, WEIGHTS, step_name, temporary_step_name
 from lapheads.runs.models import load_weights
@@ -186,7 +186,7 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Restore weights, optimizer, this rank's RNG state; return the trainer state."""
     try:
-        state = json.loads((folder / STATE_FILE).read_text())
+        state = json_loads((folder / STATE_FILE).read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{folder}/state.json is missing or corrupt: {err}") from None
     if state.get("world_size", 1) != dist_.world_size:
@@ -203,7 +203,7 @@ def load_checkpoint(
         meta = state["optimizer"][file]
         if "sharded" in meta:  # each rank wrote its own part (same world size: checked above)
             try:
-                meta = json.loads((folder / f"{file}-rank{dist_.rank}.json").read_text())
+                meta = json_loads((folder / f"{file}-rank{dist_.rank}.json").read_text())
             except (OSError, json.JSONDecodeError) as err:
                 raise CheckpointError(f"{folder}/{file}-rank{dist_.rank}.json is missing or corrupt: {err}") from None
             file = f"{file}-rank{dist_.rank}"

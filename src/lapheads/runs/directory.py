@@ -19,7 +19,7 @@ import torch
 
 import lapheads
 from lapheads.errors import CheckpointError
-from lapheads.io import atomic_write_text, sole_owner
+from lapheads.io import atomic_write_text, json_loads, sole_owner
 from lapheads.runs.layout import (
     CHECKPOINTS,
     CONFIG_FILE,
@@ -144,7 +144,7 @@ class RunDir:
 
     def read_config(self) -> dict[str, Any]:
         try:
-            record = json.loads(self.config_file.read_text())
+            record = json_loads(self.config_file.read_text())
         except FileNotFoundError:
             raise CheckpointError(f"{self.path} is not a run directory: no config.json") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -196,7 +196,7 @@ class RunDir:
         if not file.is_file():
             return None
         try:
-            return json.loads(file.read_text())
+            return json_loads(file.read_text())
         except json.JSONDecodeError as err:
             raise CheckpointError(f"{file} is corrupt ({err}); delete it to measure again") from None
 
@@ -244,7 +244,7 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append(json_loads(line))
         except json.JSONDecodeError as err:
             if number == len(lines):  # no newline after it: the write was interrupted
                 torn = True

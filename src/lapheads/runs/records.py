@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lapheads.errors import LapheadsError
-from lapheads.io import atomic_write_text
+from lapheads.io import atomic_write_text, json_loads
 from lapheads.runs.layout import PLAN_FILE, record_file
 
 __all__ = [
@@ -197,7 +197,7 @@ def _check(data: Any, where: str) -> dict[str, Any]:
 def read_record(path: str | os.PathLike) -> CellRecord:
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json_loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RecordError(f"{path} cannot be read as a cell record ({type(err).__name__}: {err})") from None
     return CellRecord(_check(data, str(path)), path)

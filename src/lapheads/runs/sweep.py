@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lapheads.io import json_loads
 from lapheads.errors import LapheadsError
 from lapheads.runs.layout import (
     SWEEP_FILE,
@@ -27,7 +28,7 @@ def load_sweep(sweep_dir: str | os.PathLike) -> dict[str, Any]:
     """A sweep directory's sweep.json (its specs, seeds, overrides and cells with their status)."""
     file = Path(sweep_dir) / SWEEP_FILE
     try:
-        record = json.loads(file.read_text())
+        record = json_loads(file.read_text())
     except FileNotFoundError:
         raise SweepError(f"{sweep_dir} holds no sweep ({SWEEP_FILE} missing); run `lapheads sweep` first") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

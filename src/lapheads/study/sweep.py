@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lapheads.core.heads import HeadSpecError, parse_spec_arms
-from lapheads.io import sole_owner
+from lapheads.io import json_loads, sole_owner
 from lapheads.runs import SWEEP_FILE, RunDir, SweepError, spec_dir_name
 from lapheads.runs.layout import PLAN_FILE, RECORDS_LOCK, SWEEP_LOCK
 from lapheads.study.records import RECORD_MAX_TOKENS, holds_analysis
@@ -284,7 +284,7 @@ def run_sweep(
 
 def _read_sweep(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        return json_loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise SweepError(
             f"{path} is corrupt ({type(err).__name__}: {err}); allowed: a sweep.json lapheads wrote"

@@ -26,7 +26,6 @@ Design choices:
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from lapheads.data.tokenizers import Tokenizer
 from lapheads.data.turns import Conversation
 from lapheads.distributed import Distributed, StopRequests, setup_distributed
 from lapheads.errors import InputError
+from lapheads.io import json_loads
 from lapheads.models.gpt import GPT
 from lapheads.models.lora import LoraAdapters, apply_lora
 from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, load_nanochat_model, model_record
@@ -530,7 +530,7 @@ def merge_lora(run_dir: str | Path, out: str | Path) -> Path:
         {k: v for k, v in record.items() if k not in ("task", "config")} | {"merged_from": str(run.path.resolve())},
     )
     tokenizer.save(merged.tokenizer_dir)
-    step = int(json.loads((checkpoint_folder(run) / STATE_FILE).read_text())["step"])
+    step = int(json_loads((checkpoint_folder(run) / STATE_FILE).read_text())["step"])
     save_checkpoint(merged, step, Distributed(), model, {}, {})
     return out
 

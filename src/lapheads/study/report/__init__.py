@@ -40,6 +40,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lapheads.io import json_loads
 from lapheads.runs import SWEEP_FILE, SweepError, load_sweep, spec_dir_name
 from lapheads.runs.layout import report_folder
 from lapheads.study.report.figures import plot_metric, plot_steps
@@ -160,7 +161,7 @@ def restate(stats_file: str | Path, margin: float | None = None) -> str:
     recomputed with the current tests and verdict rule (:mod:`lapheads.study.verdicts`); no run directory needed."""
 
     try:
-        saved = json.loads(Path(stats_file).read_text())
+        saved = json_loads(Path(stats_file).read_text())
         groups = [*saved["metrics"].items(), *saved.get("geometry", {}).items()]
 
         def values(rows: dict[str, Any]) -> dict[str, dict[int, float]]:
