@@ -211,6 +211,9 @@ def sole_owner(lock_file: str | Path, what: str) -> Iterator[None]:
     lock_file = Path(lock_file)
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     owner_file = lock_file.with_name(lock_file.name + ".pid")
+    for path in (lock_file, owner_file):  # opening either truncates it: never through a link to someone's file
+        if path.is_symlink():
+            raise InputError(f"{path} is a symbolic link; lapheads keeps its lock files itself; allowed: remove it")
     lock = FileLock(str(lock_file))
     try:
         lock.acquire(timeout=0)
@@ -224,7 +227,8 @@ def sole_owner(lock_file: str | Path, what: str) -> Iterator[None]:
             "finish, or stop it first"
         ) from None
     try:
-        owner_file.write_text(f"{os.getpid()}\n")
+        with os.fdopen(os.open(owner_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "w") as f:
+            f.write(f"{os.getpid()}\n")  # O_NOFOLLOW: a link made since the check above is refused, not followed
         yield
     finally:
         owner_file.unlink(missing_ok=True)

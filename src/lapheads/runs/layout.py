@@ -87,6 +87,20 @@ def report_folder(folder: str | Path, baseline_dir_name: str | None = None) -> P
     return Path(folder) / name
 
 
+def writable_report_folder(folder: str | Path, baseline_dir_name: str | None = None) -> Path:
+    """:func:`report_folder`, to write into: refused in one line where it, or anything in it, is a symbolic link, so
+    a report never writes through a link to a place lapheads does not own (issue 60)."""
+    from lapheads.errors import InputError
+
+    out = report_folder(folder, baseline_dir_name)
+    links = [out] if out.is_symlink() else sorted(p for p in out.iterdir() if p.is_symlink()) if out.is_dir() else []
+    if links:
+        raise InputError(
+            f"{links[0]} is a symbolic link; a report writes only into a folder of its own; allowed: remove the link"
+        )
+    return out
+
+
 def nanochat_tokenizer_dir(checkpoint_folder: str | Path) -> Path:
     """Where nanochat keeps the tokenizer of a checkpoint folder: ``<base>/tokenizer`` beside
     ``<base>/base_checkpoints/<model>/`` (nanochat's own layout, not a lapheads run)."""

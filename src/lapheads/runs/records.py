@@ -191,7 +191,34 @@ def _check(data: Any, where: str) -> dict[str, Any]:
     for key in ("cell", "sweep", "config", "metrics", "environment"):
         if key not in data:
             raise RecordError(f"{where} lacks {key!r}; allowed: a complete cell record (lapheads sweep --records)")
+    _check_cell_against_its_config(data, where)
     return data
+
+
+def _check_cell_against_its_config(data: dict[str, Any], where: str) -> None:
+    """A record's cell (name, arm, seed, task) is what the config that trained it says: a record copied under another
+    seed, relabelled to another arm or given a fractional seed is refused before it counts (issue 60)."""
+    from lapheads.runs.sweep import spec_dir_name
+
+    cell, trained = data["cell"], data["config"]
+    config = trained.get("config") if isinstance(trained, dict) else None
+    if not isinstance(cell, dict) or not isinstance(config, dict):
+        raise RecordError(f"{where}: its cell or config is not an object; allowed: a record lapheads sweep wrote")
+    seed, spec = cell.get("seed"), cell.get("spec")
+    if type(seed) is not int or seed != config.get("seed"):
+        raise RecordError(f"{where}: cell seed {seed!r}, trained with seed {config.get('seed')!r}; allowed: the same int")
+    if not isinstance(spec, str) or spec != str(config.get("laplacian_heads")):
+        raise RecordError(
+            f"{where}: cell arm {spec!r}, trained with laplacian_heads {config.get('laplacian_heads')!r}; allowed: the "
+            "same spec"
+        )
+    if cell.get("name") != f"{spec_dir_name(spec)}-s{seed}" or cell.get("config") != config:
+        raise RecordError(f"{where}: cell {cell.get('name')!r} does not match the config that trained it (arm {spec}, "
+                          f"seed {seed}); allowed: a record lapheads sweep wrote")  # fmt: skip
+    if data["sweep"].get("task") != trained.get("task"):
+        raise RecordError(
+            f"{where}: a {data['sweep'].get('task')!r} sweep's record of a {trained.get('task')!r} run; allowed: one task"
+        )
 
 
 def read_record(path: str | os.PathLike) -> CellRecord:
@@ -200,7 +227,11 @@ def read_record(path: str | os.PathLike) -> CellRecord:
         data = json_loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RecordError(f"{path} cannot be read as a cell record ({type(err).__name__}: {err})") from None
-    return CellRecord(_check(data, str(path)), path)
+    record = CellRecord(_check(data, str(path)), path)
+    if path.stem != record.name:
+        raise RecordError(f"{path} holds the record of cell {record.name}; allowed: {record.name}.json (records keep "
+                          "their names)")  # fmt: skip
+    return record
 
 
 def write_record(records_dir: str | os.PathLike, data: dict[str, Any]) -> Path:
@@ -219,7 +250,17 @@ def load_records(records_dir: str | os.PathLike) -> list[CellRecord]:
     folder = Path(records_dir)
     if not folder.is_dir():
         raise RecordError(f"{folder} is not a folder of cell records")
-    return [read_record(p) for p in sorted(folder.glob("*.json")) if p.name != PLAN_FILE]
+    records = [read_record(p) for p in sorted(folder.glob("*.json")) if p.name != PLAN_FILE]
+    by_log: dict[str, CellRecord] = {}
+    for record in records:  # two seeds never train to the same log: one is a copy relabelled as a new seed
+        log = hashlib.sha256(json.dumps(record.data["metrics"], sort_keys=True).encode()).hexdigest()
+        first = by_log.setdefault(log, record)
+        if first is not record and first.seed != record.seed:
+            raise RecordError(
+                f"{record.path} holds the same training log as {first.path.name} under another seed ({record.seed} "
+                f"vs {first.seed}): a copied record; allowed: one record per trained cell"
+            )
+    return records
 
 
 def config_difference(recorded: dict[str, Any], wanted: dict[str, Any]) -> str | None:

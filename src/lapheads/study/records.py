@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,7 @@ def load_plan(path: str | Path) -> Plan:
     if missing or unknown:
         raise RecordError(f"--plan {path}: missing {missing}, unknown {unknown}; allowed fields: {', '.join(fields)}")
     plan = Plan(**data, sha256=file_sha256(path))
+    _check_plan_values(plan, f"--plan {path}")
     for contrast in plan.contrasts:
         if set(contrast) != {"arm", "baseline", "direction"} or contrast["direction"] not in DIRECTIONS:
             raise RecordError(
@@ -105,9 +107,55 @@ def load_plan(path: str | Path) -> Plan:
                 raise RecordError(
                     f"--plan {path}: contrast {side} {contrast[side]!r} is not one of the arms {plan.arms}"
                 )
-    if not (0 < plan.alpha < 1):
-        raise RecordError(f"--plan {path}: alpha {plan.alpha!r}; allowed: a number in (0, 1)")
+    pairs = [(c["arm"], c["baseline"]) for c in plan.contrasts]
+    for arm, baseline in pairs:
+        if arm == baseline:
+            raise RecordError(f"--plan {path}: a contrast of arm {arm!r} with itself; allowed: two distinct arms")
+        if pairs.count((arm, baseline)) + pairs.count((baseline, arm)) > 1:
+            raise RecordError(
+                f"--plan {path}: arms {arm!r} and {baseline!r} are contrasted more than once; allowed: one contrast "
+                "per pair, with one direction"
+            )
     return plan
+
+
+def report_labels(task: str) -> list[str]:
+    """The rows a report of ``task`` can hold, by label: its headline metrics, and each geometry metric at each
+    layer the task reports ("within-sequence fraction (after the final norm)"): what a plan may name."""
+    spec = get_task(task)
+    geometry = [f"{m.label} ({layer})" for m in spec.geometry for layer in spec.geometry_layers]
+    return [m.label for m in spec.headline] + geometry
+
+
+def _check_plan_values(plan: Plan, where: str) -> None:
+    """What a plan fixes before the data is well formed: a known task and preset; unique arms and integer seeds;
+    its primary, family and margins report rows the task has (a misspelt label would leave the report to choose);
+    margins finite and > 0; alpha in (0, 1)."""
+    from lapheads.tasks import TASKS
+
+    if plan.task not in TASKS:
+        raise RecordError(f"{where}: task {plan.task!r}; allowed: {', '.join(TASKS)}")
+    if not plan.arms or not all(isinstance(a, str) and a for a in plan.arms) or len(set(plan.arms)) < len(plan.arms):
+        raise RecordError(f"{where}: arms {plan.arms!r}; allowed: distinct head specs, as strings")
+    if not plan.seeds or any(type(seed) is not int or seed < 0 for seed in plan.seeds):
+        raise RecordError(f"{where}: seeds {plan.seeds!r}; allowed: integers >= 0")
+    if len(set(plan.seeds)) < len(plan.seeds):
+        raise RecordError(f"{where}: seeds {plan.seeds!r} repeat a seed; allowed: each seed once")
+    labels = report_labels(plan.task)
+    named = [("primary", plan.primary), *(("family", label) for label in plan.family)]
+    named += [("margins", label) for label in plan.margins]
+    for field, label in named:
+        if label not in labels:
+            raise RecordError(
+                f"{where}: {field} {label!r} is not a row of a {plan.task} report; allowed: {'; '.join(labels)}"
+            )
+    if len(set(plan.family)) < len(plan.family):
+        raise RecordError(f"{where}: family {plan.family!r} repeats a label; allowed: each row once")
+    for label, margin in plan.margins.items():
+        if type(margin) not in (int, float) or not math.isfinite(margin) or margin <= 0:
+            raise RecordError(f"{where}: margin {margin!r} for {label!r}; allowed: a finite number > 0")
+    if type(plan.alpha) not in (int, float) or not (0 < plan.alpha < 1):
+        raise RecordError(f"{where}: alpha {plan.alpha!r}; allowed: a number in (0, 1)")
 
 
 def install_plan(plan_path: str | Path, records_dir: str | Path) -> Plan:
@@ -234,6 +282,12 @@ def records_sweep(folder: str | Path) -> dict[str, Any]:
     plan = load_plan(plan_file) if plan_file.exists() else None
     specs: list[str] = list(plan.arms) if plan else []
     seeds: list[int] = list(plan.seeds) if plan else []
+    for r in found if plan else []:  # a plan's folder holds its cells only: no arm or seed joins after the fact
+        if r.spec not in plan.arms or r.seed not in plan.seeds or r.data["sweep"].get("task") != plan.task:
+            raise RecordError(
+                f"{r.path} is cell {r.name} ({r.data['sweep'].get('task')}), which the plan in {folder} does not have "
+                f"(task {plan.task}, arms {plan.arms}, seeds {plan.seeds}); allowed: the plan's cells"
+            )
     for r in found:
         specs += [r.spec] if r.spec not in specs else []
         seeds += [r.seed] if r.seed not in seeds else []

@@ -128,8 +128,9 @@ def sign_count(differences: list[float], direction: int | None) -> str:
     return f"{towards}/{len(d)}"
 
 
-def holm_steps(p_values: dict[Any, float]) -> tuple[dict[Any, float], dict[Any, float]]:
-    """(Holm-adjusted p, the alpha each row faces at its step) of a family; NaN rows stay NaN."""
+def holm_steps(p_values: dict[Any, float], alpha: float = ALPHA) -> tuple[dict[Any, float], dict[Any, float]]:
+    """(Holm-adjusted p, the alpha each row faces at its step) of a family at familywise ``alpha``; NaN rows stay
+    NaN."""
     finite = sorted((p, i, key) for i, (key, p) in enumerate(p_values.items()) if not math.isnan(p))
     adjusted = dict.fromkeys(p_values, math.nan)
     faced = dict.fromkeys(p_values, math.nan)
@@ -137,7 +138,7 @@ def holm_steps(p_values: dict[Any, float]) -> tuple[dict[Any, float], dict[Any, 
     for step, (p, _, key) in enumerate(finite):
         running = max(running, min(1.0, (len(finite) - step) * p))
         adjusted[key] = running
-        faced[key] = ALPHA / (len(finite) - step)
+        faced[key] = alpha / (len(finite) - step)
     return adjusted, faced
 
 
@@ -195,6 +196,7 @@ def apply_rule(
     family: tuple[str, ...] | list[str] | None = None,
     planned: set[str] | None = None,
     margins: dict[str, float] | None = None,
+    alpha: float = ALPHA,
 ) -> dict[str, Any]:
     """Give every compared row (label -> key -> ``report.summarize`` row, compared with ``row["baseline"]``) its role,
     alpha, MDE at that alpha, permutation p, sign count, equivalence tests and verdict, in place; returns the rule's
@@ -212,6 +214,7 @@ def apply_rule(
         family: the declared family's labels (default :data:`DECLARED_GEOMETRY`; a plan's ``family``).
         planned: the compared keys the plan declares (None: every compared key); others are secondary.
         margins: margins by label fixed before the data (a plan's ``margins``); they outrank the paper's default.
+        alpha: every family's familywise alpha, and each secondary row's (a plan's ``alpha``; default 0.05).
     """
     declared_labels = DECLARED_GEOMETRY if family is None else tuple(family)
     tables = {**primary, **others}
@@ -272,15 +275,15 @@ def apply_rule(
 
     def holm_family(members: dict[Any, dict[str, Any]], role: str) -> int:
         """Holm over ``members`` ((label, key) -> row): design alpha / m, the realised step's alpha beside it."""
-        adjusted, faced = holm_steps({member: test_of(row)[1] for member, row in members.items()})
+        adjusted, faced = holm_steps({member: test_of(row)[1] for member, row in members.items()}, alpha)
         m = max(len(members), 1)
         for (label, key), row in members.items():
-            describe(label, key, row, role, ALPHA / m)
+            describe(label, key, row, role, alpha / m)
             row["p_holm"] = adjusted[(label, key)]
             row["holm_alpha"] = faced[(label, key)]
         return len(members)
 
-    record: dict[str, Any] = {"alpha": ALPHA, "power": POWER, "primary": list(primary), "declared": [], "margin": {}}
+    record: dict[str, Any] = {"alpha": alpha, "power": POWER, "primary": list(primary), "declared": [], "margin": {}}
     primary_members = {(label, k): row for label in primary for k, row in compared(label) if in_plan(k)}
     record["primary_family_size"] = holm_family(primary_members, "primary")
     for label, rows in primary.items():
@@ -289,13 +292,13 @@ def apply_rule(
         record["margin"][label] = m
         for key, row in compared(label):
             if (label, key) not in primary_members:
-                differences = describe(label, key, row, "secondary", ALPHA)
+                differences = describe(label, key, row, "secondary", alpha)
                 row["p_holm"] = math.nan
             else:
                 differences = _differences(row, values_of(label, row.get("baseline", baseline)))
             _equivalence(row, differences, m)
             p = row["p_holm"] if (label, key) in primary_members else test_of(row)[1]
-            row["verdict"] = _verdict(test_of(row)[0], p, row, claims.get(label))
+            row["verdict"] = _verdict(test_of(row)[0], p, row, claims.get(label), alpha)
 
     declared = {label: rows for label, rows in others.items() if label in declared_labels}
     record["declared"] = list(declared)
@@ -305,13 +308,13 @@ def apply_rule(
         if label in fixed:  # a declared row with a plan's margin: both TOST halves, as the primary's
             record["margin"][label] = fixed[label]
             _equivalence(row, _differences(row, values_of(label, row.get("baseline", baseline))), fixed[label])
-        row["verdict"] = _verdict(test_of(row)[0], row["p_holm"], row, claims.get(label))
+        row["verdict"] = _verdict(test_of(row)[0], row["p_holm"], row, claims.get(label), alpha)
 
     for label in tables:
         for key, row in compared(label):
             if "role" in row:
                 continue
-            differences = describe(label, key, row, "secondary", ALPHA)
+            differences = describe(label, key, row, "secondary", alpha)
             row["p_holm"] = math.nan
             if row["direction"] is not None:  # a claimed secondary row (a plan's headline) keeps its margin's TOST
                 base = values_of(label, row.get("baseline", baseline)) or {}
@@ -319,7 +322,7 @@ def apply_rule(
                 if m is not None:
                     record["margin"].setdefault(label, m)
                     _equivalence(row, differences, m)
-            words = _verdict(*test_of(row), row, claims.get(label))
+            words = _verdict(*test_of(row), row, claims.get(label), alpha)
             row["verdict"] = words if words.startswith(("not", "no claim")) else f"{words} (uncorrected)"
     return record
 
@@ -345,7 +348,7 @@ def _equivalence(row: dict[str, Any], differences: list[float], margin: float | 
     row["tost_sign_flip_p"], row["tost_lower_sign_flip_p"] = sign_flip_tost_p(differences, margin, gain_sign)
 
 
-def _verdict(difference: float, p: float, row: dict[str, Any], claim_: int | None) -> str:
+def _verdict(difference: float, p: float, row: dict[str, Any], claim_: int | None, alpha: float = ALPHA) -> str:
     """held / opposite (a claimed contrast) or differs (higher / lower) (a contrast without a claim) when the row's
     test rejects at its alpha; excluded / equivalent when a TOST rejects by both of its tests; else not detected, with
     the design MDE."""
@@ -355,22 +358,22 @@ def _verdict(difference: float, p: float, row: dict[str, Any], claim_: int | Non
     pairs = row.get("paired", {}).get("n_pairs", 0)
     if 0 < pairs < 3 and not math.isnan(p):  # one degree of freedom: a t-test's p says too little to decide on
         return f"not decided ({pairs} seed pairs; a verdict needs 3)"
-    if not math.isnan(p) and p < ALPHA:
+    if not math.isnan(p) and p < alpha:
         if direction is None:
             return f"differs ({'higher' if difference > 0 else 'lower'})"
         return "held" if difference * direction > 0 else "opposite"
     margin = row.get("margin")
     upper, upper_exact = row.get("tost_p", math.nan), row.get("tost_sign_flip_p", math.nan)
     lower, lower_exact = row.get("tost_lower_p", math.nan), row.get("tost_lower_sign_flip_p", math.nan)
-    if upper < ALPHA and upper_exact < ALPHA:
-        if lower < ALPHA and lower_exact < ALPHA:
+    if upper < alpha and upper_exact < alpha:
+        if lower < alpha and lower_exact < alpha:
             return (
                 f"equivalent within +-{margin:.3g} (TOST p {max(upper, lower):.2g}, sign-flip "
                 f"{max(upper_exact, lower_exact):.2g})"
             )
         return f"excluded: a gain >= {margin:.3g} is ruled out (TOST p {upper:.2g}, sign-flip {upper_exact:.2g})"
     tost_note = ""
-    if upper < ALPHA:  # the t version alone: say so, with the exact one's p
+    if upper < alpha:  # the t version alone: say so, with the exact one's p
         tost_note = f"; TOST p {upper:.2g} but sign-flip {upper_exact:.2g}: a gain >= {margin:.3g} not excluded"
     if not math.isnan(row.get("mde_at_alpha", math.nan)):
         return f"not detected (MDE {row['mde_at_alpha']:.3g} at alpha {row['alpha']:.2g}{tost_note})"

@@ -37,12 +37,13 @@ Design choices:
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from lapheads.io import json_loads
 from lapheads.runs import SWEEP_FILE, SweepError, load_sweep, spec_dir_name
-from lapheads.runs.layout import report_folder
+from lapheads.runs.layout import writable_report_folder
 from lapheads.study.report.figures import plot_metric, plot_steps
 from lapheads.study.report.statistics import (
     check_cells_are_their_arms,
@@ -76,7 +77,7 @@ from lapheads.study.report.tables import (
     table_header,
     table_row,
 )
-from lapheads.study.verdicts import apply_rule
+from lapheads.study.verdicts import ALPHA, apply_rule
 from lapheads.tasks import get_task
 from lapheads.tasks.metrics import claim, logged
 
@@ -111,8 +112,15 @@ def _judge(
     (``tasks.metrics.claim``). Returns the rows in table order (primary, declared family, secondary) and the rule's
     record."""
     directions = planned = family = None
-    if plan is not None:
-        primary_label = plan.primary if plan.primary in rows else primary_label
+    if plan is not None:  # the plan's primary and family, or no report: a report never picks its own
+        missing = [label for label in (plan.primary, *plan.family) if label not in rows]
+        if missing:
+            raise SweepError(
+                f"the plan names {', '.join(map(repr, missing))}, which this report does not compute (--no-geometry "
+                "leaves out every geometry row); allowed: a report that computes the plan's primary and family"
+            )
+        primary_label = plan.primary
+        _check_finite(rows[primary_label], primary_label)
         family, planned, directions = plan.family, set(), {}
         for contrast in plan.contrasts:
             arm, against = contrast["arm"], contrast["baseline"]
@@ -133,11 +141,21 @@ def _judge(
     others = {label: value for label, value in rows.items() if label != primary_label}
     claims = {label: (claims or {}).get(label, claim(label)) for label in rows}
     margins = None if plan is None else plan.margins  # fixed before the data: they outrank the paper's default
-    rule = apply_rule(primary, others, claims, baseline, margin, directions, family, planned, margins)
+    alpha = ALPHA if plan is None else plan.alpha
+    rule = apply_rule(primary, others, claims, baseline, margin, directions, family, planned, margins, alpha)
     rule["plan"] = None if plan is None else {"study": plan.study, "sha256": plan.sha256}
     declared = [label for label in rule["declared"] if label in others]
     rest = {label: value for label, value in others.items() if label not in declared}
     return {**primary, **{label: others[label] for label in declared}, **rest}, rule
+
+
+def _check_finite(rows: dict[str, dict[str, Any]], label: str) -> None:
+    """A plan's primary is tested on finite values only: a NaN or inf value is a broken cell, not "no spread"."""
+    for spec, row in rows.items():
+        bad = {seed: value for seed, value in (row.get("values") or {}).items() if not math.isfinite(float(value))}
+        if bad:
+            raise SweepError(f"the primary {label!r} of arm {spec} is not finite at seed(s) {bad}; allowed: finite "
+                             "values (rerun or remove those cells)")  # fmt: skip
 
 
 def _plan_of(record: dict[str, Any]) -> Any:
@@ -242,7 +260,7 @@ def mechanism_report(sweep_dir: str | Path, max_tokens: int = 1_000_000) -> Path
         "No headline or geometry row is computed here.",
         *_mechanism_lines(stats),
     ]
-    out = report_folder(sweep_dir, None)
+    out = writable_report_folder(sweep_dir, None)
     out.mkdir(parents=True, exist_ok=True)
     (out / "mechanism.json").write_text(json.dumps({"seeds": seeds, "mechanism": stats}, indent=1, default=str) + "\n")
     path = out / "mechanism.md"
@@ -303,7 +321,7 @@ def write_report(
     task, specs = record["task"], record["specs"]
     if baseline != "0" and baseline not in specs:  # a sweep without k = 0 still reports its arms, untested
         raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
-    out = report_folder(sweep_dir, None if baseline == "0" else spec_dir_name(baseline))
+    out = writable_report_folder(sweep_dir, None if baseline == "0" else spec_dir_name(baseline))
     cells = done_cells(record)
     check_cells_are_their_arms(record)
     declared = declaration(record.get("records"), cells)
