@@ -99,3 +99,18 @@ def test_ratio_and_scale_free_within_variance():
     stream.update(h[3:], labels[3:])
     assert stream.compute()["within_seq_scale_free"] == pytest.approx(parts["within_seq_scale_free"])
     assert anova(h)["within_to_between_class"] is None  # one class: no between-class part to compare with
+
+
+def test_the_differentiable_fraction_is_the_reports_and_its_gradient_is_the_hand_derived_one():
+    from lapheads.geometry.anova import within_sequence_fraction
+
+    h = torch.randn(5, 7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    fraction = within_sequence_fraction(h)
+    assert float(fraction) == pytest.approx(anova(h.detach())["within_seq_fraction"], rel=1e-12)
+    fraction.backward()
+    # f = W / T with W = sum ||h - mu_s||^2, T = sum ||h - mu_G||^2: the mean terms' derivatives sum to zero, so
+    # df/dh = 2 [(h - mu_s) - f (h - mu_G)] / T
+    x = h.detach()
+    within, total = x - x.mean(1, keepdim=True), x - x.mean((0, 1), keepdim=True)
+    by_hand = 2 * (within - float(fraction) * total) / total.square().sum()
+    assert torch.allclose(h.grad, by_hand, atol=1e-12)

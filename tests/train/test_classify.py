@@ -387,3 +387,46 @@ def test_progress_off_a_terminal_is_plain_lines_not_carriage_returns(tiny_config
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("train: 5/10 steps (50%), 0:00 elapsed, ~0:00 left, loss=0.5")
     assert lines[1:] == ["step 5: eval_top1 50.00"]  # closing after a line at the same step adds none
+
+
+def test_the_within_seq_penalty_resumes_bit_identically_and_moves_the_fraction_its_way(tiny_config, tmp_path):
+    """The intervention (issue 57): lambda > 0 lowers the within-sequence fraction after the final norm, lambda < 0
+    raises it, a run stopped and resumed under it is the straight run, and lambda = 0 attaches nothing."""
+    from lapheads.geometry import anova
+    from lapheads.geometry.features import ResidualStream
+
+    base = dataclasses.replace(tiny_config, laplacian_heads="0", epochs=1.0, eval_every_epochs=1.0, lr=3e-3)
+
+    def fraction_after_training(penalty: float, out: Path) -> float:
+        train_classify(dataclasses.replace(base, within_seq_penalty=penalty), out)
+        model = load_model(RunDir(out)).eval()
+        data = build_image_data("fashion-mnist", base.data_root, 28, augment=False).eval
+        images = torch.stack([data[i][0] for i in range(64)])
+        with ResidualStream(model, ["norm"]) as stream, torch.no_grad():
+            model(images)
+            return anova(stream.tokens["norm"])["within_seq_fraction"]
+
+    plain, lowered, raised = (fraction_after_training(p, tmp_path / f"p{p}") for p in (0.0, 1.0, -1.0))
+    assert lowered < plain - 0.02 and raised > plain + 0.02, (lowered, plain, raised)
+    logged = [r["within_seq_fraction"] for r in RunDir(tmp_path / "p1.0").read_metrics() if "within_seq_fraction" in r]
+    assert logged and all(0 < f < 1 for f in logged)  # the manipulation check, logged as it trains
+    assert not any("within_seq_fraction" in r for r in RunDir(tmp_path / "p0.0").read_metrics())
+
+    cfg = dataclasses.replace(base, within_seq_penalty=1.0, checkpoint_every=3)
+    train_classify(cfg, tmp_path / "full")
+    assert train_classify(cfg, tmp_path / "split", stop_at_step=7)["stopped"]
+    train_classify(cfg, tmp_path / "split", resume=True)
+    a, b = final_weights(tmp_path / "full"), final_weights(tmp_path / "split")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_zero_penalty_is_todays_run(tiny_config, tmp_path, monkeypatch):
+    """lambda = 0 leaves the training step as it was: no hook, the same objective, the same weights bit for bit as a
+    run whose config predates the option (its default)."""
+    hooks = []
+    monkeypatch.setattr(classify, "FinalNormTokens", lambda model: hooks.append(model))
+    train_classify(dataclasses.replace(tiny_config, within_seq_penalty=0.0), tmp_path / "zero")
+    train_classify(tiny_config, tmp_path / "default")
+    assert not hooks
+    a, b = final_weights(tmp_path / "zero"), final_weights(tmp_path / "default")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -17,7 +17,7 @@ import torch
 from lapheads.errors import InputError
 from lapheads.geometry.moments import ClassMoments
 
-__all__ = ["AnovaAccumulator", "anova"]
+__all__ = ["AnovaAccumulator", "anova", "within_sequence_fraction"]
 
 PARTS = ("within_seq", "between_seq", "between_class")
 
@@ -66,6 +66,17 @@ def anova(h: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, floa
         "between_class": float((class_means[index] - global_mean).square().sum(-1).mean()),
     }
     return _with_fractions(parts, float((h - global_mean).square().sum(-1).mean()), float(h.square().sum(-1).mean()))
+
+
+def within_sequence_fraction(h: torch.Tensor) -> torch.Tensor:
+    """The within-sequence fraction of a batch's tokens ``h`` (B, T, D), differentiable: the sum of squared distances
+    to each sequence's mean over the sum of squared distances to the batch's mean (the report's ``anova``
+    ``within_seq_fraction`` with the batch as the data). A training penalty on it moves the geometry directly, without
+    Laplacian heads (``lapheads train classify --within-seq-penalty``); computed in fp32 at least."""
+    h = h.float() if h.dtype in (torch.float16, torch.bfloat16) else h
+    within = (h - h.mean(1, keepdim=True)).square().sum()
+    total = (h - h.mean((0, 1), keepdim=True)).square().sum()
+    return within / total.clamp_min(torch.finfo(h.dtype).tiny)
 
 
 class AnovaAccumulator:

@@ -24,12 +24,13 @@ from typing import Any
 import torch
 from torch.utils.data import Subset
 
-from lapheads.config import NON_NEGATIVE, POSITIVE, RATE, ConfigError, one_of, option, validate_config
+from lapheads.config import NON_NEGATIVE, POSITIVE, RATE, ConfigError, interval, one_of, option, validate_config
 from lapheads.core.kinds import decisiveness_penalty
 from lapheads.data.images import DATASETS, build_image_data, check_data_root
 from lapheads.distributed import StopRequests, setup_distributed
 from lapheads.errors import InputError
 from lapheads.evals.classify import evaluate_classifier, evaluate_fit, fit_images
+from lapheads.geometry.anova import within_sequence_fraction
 from lapheads.hardware import activation_bytes, check_fits, training_bytes
 from lapheads.models.vit import vit_head_kinds, vit_laplacian_masks
 from lapheads.runs import RunDir, model_record
@@ -88,6 +89,12 @@ class ClassifyConfig(RunConfig):
         0.0,
         "weight of the decisiveness penalty on mix heads' (a, b): towards a named kind (lapheads.study.mix; 0: off)",
         NON_NEGATIVE,
+    )
+    within_seq_penalty: float = option(
+        0.0,
+        "a geometry intervention: lambda x the within-sequence fraction of each batch's tokens after the final norm "
+        "joins the loss (> 0 lowers the fraction, < 0 raises it), moving the geometry without Laplacian heads (0: off)",
+        interval(-100, 100),
     )
     mix_lr_scale: float = option(
         1.0,
@@ -239,6 +246,31 @@ def _meta_probe(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> tuple[t
             return two, depth, count(one) + (depth - 1) * per_block
     probe = built(cfg)
     return probe, len(list(getattr(probe, "blocks", []) or [])), count(probe)
+
+
+class FinalNormTokens:
+    """The output of ``model.norm`` (the tokens the report's "after the final norm" rows measure) of the last training
+    forward pass, kept with its graph for a penalty on the geometry; evaluation passes (no grad) are not kept."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        norm = getattr(model, "norm", None)
+        if not isinstance(norm, torch.nn.Module) or isinstance(norm, torch.nn.Identity):
+            raise ConfigError(
+                f"--within-seq-penalty needs a model with a final norm over its tokens; {type(model).__name__} has "
+                "none; allowed: 0 for this model"
+            )
+        self._tokens: torch.Tensor | None = None
+        norm.register_forward_hook(self._keep)
+
+    def _keep(self, module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        if module.training and torch.is_grad_enabled():
+            self._tokens = output
+
+    def pop(self) -> torch.Tensor:
+        tokens, self._tokens = self._tokens, None
+        if tokens is None or tokens.ndim != 3:
+            raise RuntimeError("the final norm gave no (B, T, D) tokens in this training step")
+        return tokens
 
 
 def _model_patch_size(name: str) -> int | None:
@@ -394,6 +426,7 @@ def train_classify(
         },
     )
     train_model, forward_model = wrap_for_training(model, dist_, cfg.compile)
+    final_tokens = FinalNormTokens(model) if cfg.within_seq_penalty else None  # none at 0: the run as before
 
     steps_per_eval = max(1, round(cfg.eval_every_epochs * sampler.steps_per_epoch))
     clock = StepClock(total_steps, start_step, "train", main=dist_.is_main, stop_at_step=stop_at_step)
@@ -408,6 +441,7 @@ def train_classify(
                 return {"step": step, "stopped": True}
             step, micro_batches = next(batches)
             loss_sum, seen = torch.zeros((), device=dist_.device), 0
+            fraction_sum = torch.zeros((), device=dist_.device)
             for a, indices in enumerate(micro_batches):
                 images, labels = _collate(train_set, indices)
                 images, labels = images.to(dist_.device, non_blocking=True), labels.to(dist_.device, non_blocking=True)
@@ -418,6 +452,10 @@ def train_classify(
                         loss = loss_fn(forward_model(images), labels)
                     # the logged loss stays the task's; the optional penalty only joins the gradient
                     objective = loss + cfg.mix_penalty * decisiveness_penalty(model) if cfg.mix_penalty else loss
+                    if final_tokens is not None:  # the intervention: the report's fraction, on this batch
+                        fraction = within_sequence_fraction(final_tokens.pop())
+                        objective = objective + cfg.within_seq_penalty * fraction
+                        fraction_sum += fraction.detach()
                     (objective / len(micro_batches)).backward()
                 loss_sum += loss.detach()
                 seen += len(indices) * dist_.world_size
@@ -445,6 +483,12 @@ def train_classify(
                             "loss": mean_loss,
                             "lr": lr,
                             "images_per_s": rate,
+                            # the manipulation check as it trains: this step's batch fraction
+                            **(
+                                {"within_seq_fraction": fraction_sum.item() / len(micro_batches)}
+                                if final_tokens
+                                else {}
+                            ),
                         }
                     )
             if clock.due(step, steps_per_eval):
