@@ -146,7 +146,7 @@ def test_records_copied_as_new_seeds_do_not_count_as_new_seeds(tmp_path):
         data = json.loads((folder / f"L{arm}-s0.json").read_text())
         _as_seed(data, 7, f"L{arm}-s7")  # a seed the plan has: only the copy's identical log gives it away
         (folder / f"L{arm}-s7.json").write_text(json.dumps(data))
-    with pytest.raises(RecordError, match="holds the same training log as L0-s0.json under another seed"):
+    with pytest.raises(RecordError, match=r"holds the same training log as L0-s0.json \(cell L0-s7 vs L0-s0\)"):
         load_records(folder)
 
 

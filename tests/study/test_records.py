@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lapheads.cli import main
-from lapheads.runs.records import RECORD_FORMAT, RecordError, read_record, write_record
+from lapheads.runs.records import RECORD_FORMAT, RecordError, load_records, read_record, write_record
 from lapheads.study import sweep as sweep_module
 from lapheads.study.records import load_plan
 
@@ -296,3 +296,37 @@ def test_parallel_cells_are_analysed_in_their_own_processes_for_their_records(ti
     reused.clear()
     assert main([*args[:8], "--out", str(again), "--records", str(more), *args[12:]]) == 0
     assert reused == [True, True] and read_record(more / "L1-s0.json").data["wall_seconds"] is None
+
+
+def test_an_arm_can_be_a_training_setting_paired_by_seed_like_any_arm(tiny_preset, tmp_path, capsys):
+    """Issue 57: k = 0 with and without the geometry penalty, two arms of one plan: named in the plan, the records
+    and the report, the setting in each record's config, the penalty's arm contrasted with plain k = 0."""
+    penalised = "0+within_seq_penalty=1.0"
+    plan = _plan(
+        tmp_path,
+        tiny_preset,
+        study="tiny intervention",
+        arms=["0", penalised],
+        primary="test top-1 (%)",
+        family=["within-sequence fraction (after the final norm)"],
+        contrasts=[{"arm": penalised, "baseline": "0", "direction": "paper"}],
+    )
+    out, records = tmp_path / "sweep", tmp_path / "records"
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", f"0;{penalised}", "--seeds", "0,1,2"]
+    assert main([*args, "--out", str(out), "--records", str(records), "--set", "amp=false", "--plan", str(plan)]) == 0
+    record = read_record(records / "L0+within_seq_penalty=1.0-s1.json")
+    config = record.data["config"]["config"]
+    assert record.spec == penalised and config["within_seq_penalty"] == 1.0 and config["laplacian_heads"] == "0"
+    assert read_record(records / "L0-s1.json").data["config"]["config"]["within_seq_penalty"] == 0.0
+    assert main(["report", str(records)]) == 0
+    stats = json.loads((records / "report" / "stats.json").read_text())
+    fraction = stats["geometry"]["within-sequence fraction (after the final norm)"][penalised]
+    assert fraction["role"] == "declared" and fraction["paired"]["n_pairs"] == 3
+    assert fraction["paired"]["mean_difference"] < 0  # the manipulation: the penalty lowers the fraction
+    assert stats["metrics"]["test top-1 (%)"][penalised]["role"] == "primary"
+    # a record relabelled to the other arm is refused: the setting in its config says which arm it is
+    moved = json.loads((records / "L0+within_seq_penalty=1.0-s2.json").read_text())
+    moved["cell"].update(spec="0", name="L0-s2")
+    (records / "L0-s2.json").write_text(json.dumps(moved))
+    with pytest.raises(RecordError, match=r"cell arm '0', trained with|same training log"):
+        load_records(records)

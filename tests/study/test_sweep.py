@@ -142,7 +142,7 @@ def test_a_per_layer_schedule_sweep_reports_each_schedule_against_k_0(tiny_prese
     capsys.readouterr()
     assert main(["report", str(out)]) == 2 and main(["mechanism", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "L0-s1: its config.json trained --laplacian-heads '2,0' --seed 1, but the sweep lists it as arm '0'" in err
+    assert "L0-s1: its config.json trained laplacian_heads '2,0', but the sweep lists it as arm '0' seed 1" in err
 
 
 def test_one_job_trains_in_this_process_with_the_threads_asked_for(tiny_preset, tmp_path, monkeypatch):

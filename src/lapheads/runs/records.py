@@ -198,7 +198,7 @@ def _check(data: Any, where: str) -> dict[str, Any]:
 def _check_cell_against_its_config(data: dict[str, Any], where: str) -> None:
     """A record's cell (name, arm, seed, task) is what the config that trained it says: a record copied under another
     seed, relabelled to another arm or given a fractional seed is refused before it counts (issue 60)."""
-    from lapheads.runs.sweep import spec_dir_name
+    from lapheads.runs.sweep import arm_mismatch, spec_dir_name
 
     cell, trained = data["cell"], data["config"]
     config = trained.get("config") if isinstance(trained, dict) else None
@@ -207,11 +207,9 @@ def _check_cell_against_its_config(data: dict[str, Any], where: str) -> None:
     seed, spec = cell.get("seed"), cell.get("spec")
     if type(seed) is not int or seed != config.get("seed"):
         raise RecordError(f"{where}: cell seed {seed!r}, trained with seed {config.get('seed')!r}; allowed: the same int")
-    if not isinstance(spec, str) or spec != str(config.get("laplacian_heads")):
-        raise RecordError(
-            f"{where}: cell arm {spec!r}, trained with laplacian_heads {config.get('laplacian_heads')!r}; allowed: the "
-            "same spec"
-        )
+    mismatch = arm_mismatch(spec, config) if isinstance(spec, str) else "no arm"
+    if mismatch:
+        raise RecordError(f"{where}: cell arm {spec!r}, trained with {mismatch}; allowed: the same arm")
     if cell.get("name") != f"{spec_dir_name(spec)}-s{seed}" or cell.get("config") != config:
         raise RecordError(f"{where}: cell {cell.get('name')!r} does not match the config that trained it (arm {spec}, "
                           f"seed {seed}); allowed: a record lapheads sweep wrote")  # fmt: skip
@@ -252,13 +250,14 @@ def load_records(records_dir: str | os.PathLike) -> list[CellRecord]:
         raise RecordError(f"{folder} is not a folder of cell records")
     records = [read_record(p) for p in sorted(folder.glob("*.json")) if p.name != PLAN_FILE]
     by_log: dict[str, CellRecord] = {}
-    for record in records:  # two seeds never train to the same log: one is a copy relabelled as a new seed
+    for record in records:  # two cells never train to the same log: one is a copy, relabelled as a seed or an arm
         log = hashlib.sha256(json.dumps(record.data["metrics"], sort_keys=True).encode()).hexdigest()
         first = by_log.setdefault(log, record)
-        if first is not record and first.seed != record.seed:
+        if first is not record:
             raise RecordError(
-                f"{record.path} holds the same training log as {first.path.name} under another seed ({record.seed} "
-                f"vs {first.seed}): a copied record; allowed: one record per trained cell"
+                f"{record.path} holds the same training log as {first.path.name} (cell {record.name} vs "
+                f"{first.name}): a copied record, or two arms that are one experiment; allowed: one record per "
+                "trained cell"
             )
     return records
 

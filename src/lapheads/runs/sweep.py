@@ -24,6 +24,57 @@ class SweepError(LapheadsError, ValueError):
     """A bad sweep definition or directory; one-line message."""
 
 
+#: an arm is a head spec, optionally followed by training settings of its own after "+", each KEY=VALUE (a config
+#: field): "0+within_seq_penalty=0.5" is k = 0 trained with the geometry penalty, paired by seed like any arm
+ARM_SETTING = "+"
+
+
+def arm_parts(arm: str) -> tuple[str, dict[str, str]]:
+    """(head spec, settings) of an arm: "0+within_seq_penalty=0.5" -> ("0", {"within_seq_penalty": "0.5"})."""
+    spec, *items = arm.split(ARM_SETTING)
+    settings: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or not key or not value.strip() or key in settings or key in ("seed", "laplacian_heads"):
+            raise SweepError(
+                f"arm {arm!r}: setting {item!r}; allowed: a head spec, then +KEY=VALUE settings (config fields other "
+                "than seed and laplacian_heads, each once), e.g. 0+within_seq_penalty=0.5"
+            )
+        settings[key] = value.strip()
+    return spec.strip(), settings
+
+
+def arm_overrides(arm: str) -> list[str]:
+    """An arm's settings as command-line overrides: "0+within_seq_penalty=0.5" -> ["--within-seq-penalty", "0.5"]."""
+    return [word for key, value in arm_parts(arm)[1].items() for word in (f"--{key.replace('_', '-')}", value)]
+
+
+def arm_mismatch(arm: str, config: dict[str, Any]) -> str | None:
+    """What the config that trained a cell holds where ``arm`` says otherwise ("laplacian_heads '3'"), None where
+    the config is that arm's."""
+    spec, settings = arm_parts(arm)
+    if spec != str(config.get("laplacian_heads")):
+        return f"laplacian_heads {config.get('laplacian_heads')!r}"
+    for key, text in settings.items():
+        value = config.get(key, "<absent>")
+        if not _written_as(value, text):
+            return f"{key} {value!r}"
+    return None
+
+
+def _written_as(value: Any, text: str) -> bool:
+    """Whether a config value is what ``text`` wrote on the command line (0.5 and "5e-1" alike)."""
+    if isinstance(value, bool):
+        return text.lower() in (("1", "true", "yes", "on") if value else ("0", "false", "no", "off"))
+    if isinstance(value, (int, float)):
+        try:
+            return float(text) == float(value)
+        except ValueError:
+            return False
+    return str(value) == text
+
+
 def load_sweep(sweep_dir: str | os.PathLike) -> dict[str, Any]:
     """A sweep directory's sweep.json (its specs, seeds, overrides and cells with their status)."""
     file = Path(sweep_dir) / SWEEP_FILE

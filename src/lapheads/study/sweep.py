@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lapheads.core.heads import HeadSpecError, parse_spec_arms
+from lapheads.core.heads import HEAD_SPEC_PATTERN, HeadSpecError, parse_spec_arms
 from lapheads.io import json_loads, sole_owner
 from lapheads.runs import SWEEP_FILE, RunDir, SweepError, spec_dir_name
 from lapheads.runs.layout import PLAN_FILE, RECORDS_LOCK, SWEEP_LOCK
+from lapheads.runs.sweep import ARM_SETTING, arm_overrides, arm_parts
 from lapheads.study.records import RECORD_MAX_TOKENS, holds_analysis
 from lapheads.tasks import get_task
 
@@ -43,11 +44,23 @@ __all__ = ["SweepError", "cell_name", "parse_seeds", "parse_specs", "run_sweep",
 
 
 def parse_specs(text: str) -> list[str]:
-    """A sweep's arms (``--laplacian-heads``), split by the one head-spec parser (``core.heads.parse_spec_arms``)."""
-    try:
-        return parse_spec_arms(text)
-    except HeadSpecError as err:
-        raise SweepError(str(err)) from None
+    """A sweep's arms (``--laplacian-heads``), split by the one head-spec parser (``core.heads.parse_spec_arms``);
+    an arm may add training settings after its spec ("0;0+within_seq_penalty=0.5": ``runs.sweep.arm_parts``)."""
+    if ARM_SETTING not in text:
+        try:
+            return parse_spec_arms(text)
+        except HeadSpecError as err:
+            raise SweepError(str(err)) from None
+    arms = [item.strip() for item in text.split(";")]
+    for arm in arms:
+        spec, _ = arm_parts(arm)
+        if not HEAD_SPEC_PATTERN.fullmatch(spec):
+            raise SweepError(
+                f"arm {arm!r}: head spec {spec!r}; allowed: a spec like 3, 0,2,2,0 or sum:3, then settings"
+            )
+    if len(set(arms)) < len(arms):
+        raise SweepError(f"--laplacian-heads {text!r} repeats an arm")
+    return arms
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -82,13 +95,22 @@ def _task_of(preset: str, task: str | None) -> str:
 
 @dataclass
 class Cell:
-    spec: str
+    spec: str  # the arm: a head spec, and any settings of its own (runs.sweep.arm_parts)
     seed: int
     run_dir: Path
 
     @property
     def name(self) -> str:
         return cell_name(self.spec, self.seed)
+
+    @property
+    def head_spec(self) -> str:
+        return arm_parts(self.spec)[0]
+
+    def argv(self, overrides: list[str]) -> list[str]:
+        """The cell's config overrides: the sweep's (with {spec} and {seed} filled in), its arm's settings, its
+        seed."""
+        return [*_for_cell(overrides, self), *arm_overrides(self.spec), "--seed", str(self.seed)]
 
 
 def sweep_cells(sweep_dir: Path, specs: list[str], seeds: list[int]) -> list[Cell]:
@@ -197,7 +219,7 @@ def run_sweep(
             raise SweepError("--plan needs --records DIR: the plan is kept with the records it governs")
         _check_against_plan(load_plan(plan), preset, task, specs, seeds, sets or [], plan)
     for cell in sweep_cells(Path(out), specs, seeds[:1]):  # every cell's config and spec, before anything runs
-        get_task(task).check(resolve_config(task, preset, cell.spec, _for_cell(overrides, cell)))
+        get_task(task).check(resolve_config(task, preset, cell.head_spec, cell.argv(overrides)))
     sweep_dir = Path(out)
     definition = {"preset": preset, "task": task, "specs": specs, "seeds": seeds, "overrides": overrides}
     record_file = sweep_dir / SWEEP_FILE
@@ -322,8 +344,7 @@ class CellRecorder:
 
         from lapheads.tasks.presets import resolve_config
 
-        argv = [*_for_cell(self.overrides, cell), "--seed", str(cell.seed)]
-        return dataclasses.asdict(resolve_config(self.task, self.preset, cell.spec, argv))
+        return dataclasses.asdict(resolve_config(self.task, self.preset, cell.head_spec, cell.argv(self.overrides)))
 
     def has(self, cell: Cell) -> bool:
         from lapheads.study.records import check_record, record_or_none
@@ -508,8 +529,8 @@ def _analyse(cell: Cell, env: dict[str, str], logs: Path) -> tuple[subprocess.Po
 def _train_argv(task: str, preset: str, cell: Cell, overrides: list[str]) -> list[str]:
     """``lapheads train ...`` for one cell (after ``python -m`` or ``torchrun ... -m``)."""
     seed = ["--seed", str(cell.seed)]
-    return ["lapheads", "train", task, "--preset", preset, "--laplacian-heads", cell.spec, *seed,
-            "--out", str(cell.run_dir), *_for_cell(overrides, cell)]  # fmt: skip
+    return ["lapheads", "train", task, "--preset", preset, "--laplacian-heads", cell.head_spec, *seed,
+            "--out", str(cell.run_dir), *_for_cell(overrides, cell), *arm_overrides(cell.spec)]  # fmt: skip
 
 
 def _train(task: str):
@@ -521,5 +542,5 @@ def train_cell(task: str, preset: str, overrides: list[str], cell: Cell) -> None
     a SLURM job (lapheads.study.slurm) both train a cell this way."""
     from lapheads.tasks.presets import resolve_config
 
-    cfg = resolve_config(task, preset, cell.spec, [*_for_cell(overrides, cell), "--seed", str(cell.seed)])
+    cfg = resolve_config(task, preset, cell.head_spec, cell.argv(overrides))
     _train(task)(cfg, cell.run_dir, resume=RunDir(cell.run_dir).exists())

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from lapheads.runs import RunDir, SweepError
+from lapheads.runs.sweep import arm_mismatch
 from lapheads.study.verdicts import holm_steps, mde
 from lapheads.tasks import get_task
 from lapheads.tasks.metrics import Metric, claim, logged
@@ -133,12 +134,13 @@ def check_cells_are_their_arms(record: dict[str, Any]) -> None:
         if cell.get("source") is not None:
             continue
         config = RunDir(cell["run_dir"]).read_config().get("config", {})
-        ran = (str(config.get("laplacian_heads")), config.get("seed"))
-        if ran != (cell["spec"], cell["seed"]):
+        mismatch = arm_mismatch(cell["spec"], config) or (
+            None if config.get("seed") == cell["seed"] else f"seed {config.get('seed')!r}"
+        )
+        if mismatch:
             raise SweepError(
-                f"{cell['run_dir']}: its config.json trained --laplacian-heads {ran[0]!r} --seed {ran[1]!r}, but the "
-                f"sweep lists it as arm {cell['spec']!r} seed {cell['seed']}; allowed: the cell's own run (rerun it "
-                "or restore its config.json)"
+                f"{cell['run_dir']}: its config.json trained {mismatch}, but the sweep lists it as arm "
+                f"{cell['spec']!r} seed {cell['seed']}; allowed: the cell's own run (rerun it or restore config.json)"
             )
 
 
