@@ -86,7 +86,10 @@ def test_humaneval_scores_a_right_answer_with_exit_zero_and_a_right_one_one():
         "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
     }
     completions = [["    print(5)\n    return 0\nexit()\n", "    return a + b\n"]]
-    out = score_humaneval(None, None, [row], num_samples=2, ks=(1,), timeout=5, progress=False, completions=completions)
+    out = score_humaneval(
+        None, None, [row], num_samples=2, ks=(1,), timeout=5, progress=False, completions=completions,
+        unsafe_code_execution=True,
+    )  # fmt: skip
     assert out["samples"]["passed"] == 1 and out["samples"]["failed"] == 1
     assert out["sandbox"] == sandbox.containment()  # every result says what held the code
     assert sandbox.containment().startswith("bubblewrap" if sandbox.boundary_tool() else "guard only: not a boundary")
@@ -144,3 +147,25 @@ def test_an_interpreter_under_tmp_stays_visible_inside_the_boundary(monkeypatch)
     tmpfs = max(i for i, a in enumerate(args) if a == "--tmpfs" and args[i + 1] == "/tmp")
     bind = next(i for i, a in enumerate(args) if a == "--ro-bind" and args[i + 1] == "/tmp/checkout/.venv")
     assert bind > tmpfs
+
+
+def test_without_a_boundary_code_evaluation_refuses_unless_the_user_opts_in_knowingly(monkeypatch, capsys, tmp_path):
+    """Issue 60: the in-process guard is not a boundary, so it is never the only thing between a model's code and the
+    user's files unless the user says so with a flag whose name says what it is; the result records which."""
+    from lapheads.cli import main
+    from lapheads.errors import InputError
+    from lapheads.evals.lm import score_humaneval
+
+    monkeypatch.setattr(sandbox, "boundary_tool", lambda: None)
+    row = {"task_id": "t/0", "prompt": "def add(a, b):\n", "entry_point": "add",
+           "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"}  # fmt: skip
+    solved = [["    return a + b\n"]]
+    with pytest.raises(InputError, match="install bubblewrap .* or pass --unsafe-code-execution"):
+        score_humaneval(None, None, [row], progress=False, completions=solved)
+    out = score_humaneval(None, None, [row], progress=False, completions=solved, unsafe_code_execution=True)
+    assert out["pass@1"] == 1.0 and out["unsafe_code_execution"] is True and out["sandbox"].startswith("guard only")
+    # the command refuses before it reads a model or data: one line, exit 2
+    assert main(["eval", "lm", str(tmp_path / "no-run"), "--benchmarks", "humaneval"]) == 2
+    assert "--unsafe-code-execution" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert main(["eval", "chat", str(tmp_path / "no-run"), "--benchmarks", "humaneval"]) == 2
+    assert "--unsafe-code-execution" in capsys.readouterr().err.strip().splitlines()[-1]

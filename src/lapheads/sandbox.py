@@ -50,7 +50,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-__all__ = ["ExecutionResult", "boundary_tool", "containment", "run_program"]
+__all__ = ["UNSAFE_FLAG", "ExecutionResult", "boundary_tool", "containment", "require_boundary", "run_program"]
 
 # Installed in the child before the program; ROOT is the temporary working directory.
 _GUARD = r"""
@@ -260,6 +260,24 @@ def containment() -> str:
 
 
 _WARNED: set[str] = set()
+
+
+#: the opt-in that lets model-written code run where no boundary holds it: its name says what it is (OpenAI's
+#: human-eval likewise refuses to execute until its user uncomments the call, and says its guard is no sandbox)
+UNSAFE_FLAG = "--unsafe-code-execution"
+
+
+def require_boundary(unsafe_code_execution: bool, what: str) -> None:
+    """Refuse, before anything is generated, to score ``what`` (code a model wrote) where bubblewrap is not usable,
+    unless the user opted in knowingly: the in-process guard stops accidents, not code written to break it."""
+    if boundary_tool() is None and not unsafe_code_execution:
+        from lapheads.errors import InputError
+
+        raise InputError(
+            f"{what} runs code a model wrote, and bubblewrap (bwrap) is not usable here, so only lapheads' in-process "
+            f"guard would hold it; allowed: install bubblewrap (sudo apt-get install bubblewrap), or pass "
+            f"{UNSAFE_FLAG} to run it under the guard knowingly"
+        )
 
 
 def _warn_once_without_boundary() -> None:

@@ -115,7 +115,15 @@ def test_humaneval_runs_completions_and_computes_pass_at_k():
         ]
     ]
     out = score_humaneval(
-        None, None, [HUMANEVAL], num_samples=5, ks=(1, 2), timeout=1.5, progress=False, completions=completions
+        None,
+        None,
+        [HUMANEVAL],
+        num_samples=5,
+        ks=(1, 2),
+        timeout=1.5,
+        progress=False,
+        completions=completions,
+        unsafe_code_execution=True,  # where bubblewrap is missing: the guard, knowingly
     )
     assert out["samples"] == {"passed": 2, "failed": 2, "timeout": 1}
     assert out["pass@1"] == pytest.approx(pass_at_k(5, 2, 1)) and out["pass@2"] == pytest.approx(pass_at_k(5, 2, 2))

@@ -172,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--no-tools", action="store_true", help="chat: no calculator (the model's own outputs)")
     evaluate.add_argument(
+        "--unsafe-code-execution",
+        action="store_true",
+        help="lm/chat humaneval where bubblewrap is not usable: run the model's code under lapheads' in-process guard, "
+        "which stops accidents, not hostile code (without this flag such a run is refused; the result records it)",
+    )
+    evaluate.add_argument(
         "--harness",
         default=None,
         metavar="TASKS",

@@ -90,11 +90,14 @@ def score_generative(
     num_samples: int = 1,
     max_tokens: int = 256,
     progress: bool = True,
+    unsafe_code_execution: bool = False,
 ) -> dict[str, Any]:
-    """GSM8K / arith / letters: final-number accuracy of greedy replies; HumanEval: pass@k of the replies' code."""
-    from lapheads.sandbox import containment, run_program
+    """GSM8K / arith / letters: final-number accuracy of greedy replies; HumanEval: pass@k of the replies' code
+    (without bubblewrap only with ``unsafe_code_execution``: :func:`lapheads.sandbox.require_boundary`)."""
+    from lapheads.sandbox import containment, require_boundary, run_program
 
     if benchmark == "humaneval":
+        require_boundary(unsafe_code_execution, "HumanEval")
         ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
         results = {k: [] for k in ks}
         temperature = 0.0 if num_samples == 1 else 0.8
@@ -123,6 +126,7 @@ def score_generative(
             "n": len(rows),
             "chance": 0.0,
             "sandbox": containment(),  # every result says whether a boundary held the code
+            "unsafe_code_execution": unsafe_code_execution,
         }
     correct, examples = 0, []
     for row in tqdm(rows, desc=benchmark, disable=not progress, leave=False):
@@ -169,15 +173,19 @@ def run_chat_evals(
     device: str = "auto",
     progress: bool = True,
     tools: bool = True,
+    unsafe_code_execution: bool = False,
 ) -> dict[str, Any]:
     """Evaluate a chat run's latest checkpoint on ``benchmarks``; writes RUN_DIR/report/eval_chat.json."""
     from lapheads.runs import RunDir, load_gpt_run
+    from lapheads.sandbox import require_boundary
 
     unknown = [b for b in benchmarks if b not in CHAT_BENCHMARKS]
     if unknown or not benchmarks:
         raise InputError(
             f"unknown chat benchmark(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(CHAT_BENCHMARKS)}"
         )
+    if "humaneval" in benchmarks:  # before any data or model is read
+        require_boundary(unsafe_code_execution, "HumanEval")
     rows = {t: _rows(t, data_dir, max_examples) for t in benchmarks}  # fail early on data
     _, model, tokenizer = load_gpt_run(run_dir, device)
     engine = ChatEngine(model, tokenizer, tools=tools)
@@ -187,7 +195,12 @@ def run_chat_evals(
             results[benchmark] = score_categorical(engine, benchmark, rows[benchmark], progress)
         else:
             results[benchmark] = score_generative(
-                engine, benchmark, rows[benchmark], num_samples=num_samples, progress=progress
+                engine,
+                benchmark,
+                rows[benchmark],
+                num_samples=num_samples,
+                progress=progress,
+                unsafe_code_execution=unsafe_code_execution,
             )
     summary = {"tasks": results, "chatcore": chatcore(results), "max_examples": max_examples, "tools": tools}
     RunDir(run_dir).write_report("eval_chat.json", summary)
@@ -207,6 +220,7 @@ def cli_eval(args: Any) -> int:
         num_samples=args.num_samples,
         device=args.device,
         tools=not args.no_tools,
+        unsafe_code_execution=args.unsafe_code_execution,
     )
     for task, result in summary["tasks"].items():
         print(f"{task}: accuracy {result['accuracy']:.4f} (n={result['n']}, chance {result['chance']:.2f})")

@@ -40,7 +40,7 @@ from lapheads.errors import InputError
 from lapheads.models.gpt import GPT
 from lapheads.runs import RunDir
 from lapheads.runs.layout import external_report_dir
-from lapheads.sandbox import containment, run_program
+from lapheads.sandbox import containment, require_boundary, run_program
 
 __all__ = [
     "HUB_DATASETS",
@@ -250,11 +250,14 @@ def score_humaneval(
     timeout: float = 10.0,
     progress: bool = True,
     completions: list[list[str]] | None = None,
+    unsafe_code_execution: bool = False,
 ) -> dict[str, Any]:
     """pass@k over n = ``num_samples`` completions per problem (greedy when n = 1, else sampled at 0.8).
 
-    ``completions`` (one list per row) skips generation, for scoring given solutions.
+    ``completions`` (one list per row) skips generation, for scoring given solutions. Without bubblewrap the code
+    runs only with ``unsafe_code_execution`` (:func:`lapheads.sandbox.require_boundary`); the result says which.
     """
+    require_boundary(unsafe_code_execution, "HumanEval")
     temperature = (0.0 if num_samples == 1 else 0.8) if temperature is None else temperature
     results, statuses = {k: [] for k in ks}, {"passed": 0, "failed": 0, "timeout": 0}
     for i, row in enumerate(tqdm(rows, desc="humaneval", disable=not progress, leave=False)):
@@ -281,6 +284,7 @@ def score_humaneval(
         "n": len(rows),
         "samples": statuses,
         "sandbox": containment(),  # every result says whether a boundary held the code
+        "unsafe_code_execution": unsafe_code_execution,
     }
 
 
@@ -424,6 +428,7 @@ def run_evals(
     nanochat: str | Path | None = None,
     step: int | None = None,
     tokenizer_dir: str | Path | None = None,
+    unsafe_code_execution: bool = False,
 ) -> dict[str, Any]:
     """Evaluate an LM run's latest checkpoint (or a nanochat checkpoint: ``nanochat=``) on ``benchmarks``; writes
     eval_lm.json into the source's report directory (see :func:`load_lm`)."""
@@ -432,6 +437,8 @@ def run_evals(
     unknown = [b for b in benchmarks if b not in LM_BENCHMARKS]
     if unknown or not benchmarks:
         raise InputError(f"unknown benchmark(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(LM_BENCHMARKS)}")
+    if "humaneval" in benchmarks:  # before any data or model is read
+        require_boundary(unsafe_code_execution, "HumanEval")
     rows, unusable = {}, {}
     for benchmark in benchmarks:  # every benchmark's data before any scoring: fail early
         if benchmark != "val_bpb":
@@ -476,7 +483,13 @@ def run_evals(
         else:
             ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
             results[benchmark] = score_humaneval(
-                model, tokenizer, rows[benchmark], num_samples=num_samples, ks=ks, progress=progress
+                model,
+                tokenizer,
+                rows[benchmark],
+                num_samples=num_samples,
+                ks=ks,
+                progress=progress,
+                unsafe_code_execution=unsafe_code_execution,
             )
     for benchmark, left_out in unusable.items():
         results[benchmark]["unusable"] = len(left_out)
@@ -501,6 +514,7 @@ def cli_eval(args: Any) -> int:
         nanochat=args.nanochat,
         step=args.step,
         tokenizer_dir=args.nanochat_tokenizer,
+        unsafe_code_execution=args.unsafe_code_execution,
     )
     print(json.dumps({**source, **results}))
     return 0
