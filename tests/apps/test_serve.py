@@ -326,6 +326,12 @@ def test_the_openai_client_streams_and_completes_a_reply_equal_to_the_engines(op
         ({"top_p": 0.5}, 400, "top_p=0.5 is not supported"),
         ({"max_tokens": 10_000}, 400, "max_tokens 10000; allowed"),
         ({"messages": []}, 400, "'messages' must be a non-empty list"),
+        ({"logprobs": True}, 400, "logprobs=True is not supported"),
+        ({"logit_bias": {"5": 10}}, 400, "logit_bias={'5': 10} is not supported"),
+        ({"tool_choice": "auto"}, 400, "tool_choice='auto' is not supported"),
+        ({"extra_body": {"min_p": 0.1}}, 400, "unrecognized request argument 'min_p'"),
+        ({"extra_body": {"repetition_penalty": 1.2}}, 400, "unrecognized request argument 'repetition_penalty'"),
+        ({"seed": -1}, 400, "seed -1; allowed: an integer"),
     ],
 )
 def test_the_openai_client_gets_openais_error_objects(openai_server, options, status, says):
@@ -335,3 +341,36 @@ def test_the_openai_client_gets_openais_error_objects(openai_server, options, st
     with pytest.raises(openai.APIStatusError) as caught:
         client.chat.completions.create(**request)
     assert caught.value.status_code == status and says in caught.value.body["message"], caught.value.body
+
+
+def _openai_reply(client, seed=None, content=QUESTIONS[1]):
+    options = {} if seed is None else {"seed": seed}
+    reply = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": content}], temperature=1.0, max_tokens=24, **options
+    )
+    return reply.choices[0].message.content
+
+
+def test_a_requests_seed_reproduces_its_sample_and_no_seed_samples_afresh(openai_server):
+    """Issue 58: every request used to sample with seed 0, so repeated sampling returned one answer."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=openai_server, api_key="unused", max_retries=0)
+    assert _openai_reply(client, 7) == _openai_reply(client, 7)  # a given seed reproduces
+    seeded = {_openai_reply(client, seed) for seed in range(6)}
+    unseeded = {_openai_reply(client) for _ in range(6)}
+    assert len(seeded) > 1 and len(unseeded) > 1  # temperature 1 over 24 tokens: different seeds, different replies
+
+
+def test_a_refused_field_is_named_in_the_error_objects_param(openai_server):
+    import urllib.error
+    import urllib.request
+
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}
+    request = urllib.request.Request(
+        f"{openai_server}/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=30)
+    error = json.loads(caught.value.read())["error"]
+    assert caught.value.code == 400 and error["param"] == "top_logprobs" and error["code"] == "invalid_value"
+    assert error["type"] == "invalid_request_error" and "top_logprobs=3 is not supported" in error["message"]

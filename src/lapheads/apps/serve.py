@@ -22,6 +22,7 @@ Design choices:
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 import threading
 import time
@@ -54,34 +55,80 @@ class ServeLimits:
 MAX_JSON_DEPTH = 16
 
 
+class RequestError(LapheadsError):
+    """A refused request field: the message, and the field's name for OpenAI's error object (``param``)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+#: the request fields of OpenAI's chat completions this server takes, with what it does with each; any other field,
+#: and a value of one of these it cannot honour, is refused by name (OpenAI itself refuses unknown arguments)
+OPENAI_FIELDS = {
+    "model": "this server's one model (GET /v1/models)",
+    "messages": "system / user / assistant turns, the last the user's",
+    "temperature": "sampling temperature (0 = greedy)",
+    "max_tokens": "the reply's length limit",
+    "max_completion_tokens": "the reply's length limit",
+    "top_k": "top-k sampling (an extension vLLM and llama.cpp also take)",
+    "seed": "the sampler's seed: a given seed reproduces, none draws a fresh one",
+    "stream": "server-sent chunks",
+    "stream_options": "include_usage",
+    "user": "an end-user id: recorded nowhere, changes nothing",
+    "n": "1 only",
+    "stop": "none only",
+    "top_p": "1 only",
+    "frequency_penalty": "0 only",
+    "presence_penalty": "0 only",
+    "response_format": "text only",
+    "tools": "none only",
+    "tool_choice": "none only",
+    "logprobs": "false only",
+    "top_logprobs": "none only",
+    "logit_bias": "none only",
+}
+#: the value each field above must have where this server cannot honour any other
+_ONLY = {
+    "n": (None, 1),
+    "stop": (None, [], ""),
+    "top_p": (None, 1, 1.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "response_format": (None, {"type": "text"}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+}
+
+
 def _from_openai(body: Any) -> dict[str, Any]:
     """An OpenAI chat-completions request as this server's own (the same checks follow); what it cannot do (n > 1,
     stop sequences, nucleus sampling, tools, penalties) is refused by name, never silently ignored."""
     if not isinstance(body, dict):
         raise LapheadsError('the request is not a JSON object; allowed: {"model", "messages": [...]}')
+    unknown = sorted(set(body) - set(OPENAI_FIELDS))
+    if unknown:
+        raise RequestError(
+            f"unrecognized request argument {unknown[0]!r}; allowed: {', '.join(OPENAI_FIELDS)}", param=unknown[0]
+        )
+    for field, allowed in _ONLY.items():
+        if body.get(field, None) not in allowed:
+            raise RequestError(
+                f"{field}={body[field]!r} is not supported by this server; allowed: {OPENAI_FIELDS[field]}",
+                param=field,
+            )
     out = {"messages": body.get("messages")}
     if body.get("temperature") is not None:
         out["temperature"] = body["temperature"]
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     if limit is not None:
         out["max_tokens"] = limit
-    if body.get("top_k") is not None:  # an extension vLLM and llama.cpp also take
-        out["top_k"] = body["top_k"]
-    unsupported = {
-        "n": body.get("n") not in (None, 1),
-        "stop": body.get("stop") not in (None, [], ""),
-        "top_p": body.get("top_p") not in (None, 1, 1.0),
-        "tools": bool(body.get("tools")),
-        "frequency_penalty": body.get("frequency_penalty") not in (None, 0, 0.0),
-        "presence_penalty": body.get("presence_penalty") not in (None, 0, 0.0),
-        "response_format": body.get("response_format") not in (None, {"type": "text"}),
-    }
-    refused = [key for key, bad in unsupported.items() if bad]
-    if refused:
-        raise LapheadsError(
-            f"{refused[0]}={body[refused[0]]!r} is not supported; allowed: n 1, no stop sequences, top_p 1, no tools, "
-            "no penalties, text responses (top_k and temperature sample)"
-        )
+    for field in ("top_k", "seed"):
+        if body.get(field) is not None:
+            out[field] = body[field]
     stream = body.get("stream", False)
     options = body.get("stream_options") or {}
     if not isinstance(stream, bool) or not isinstance(options, dict):
@@ -114,14 +161,21 @@ def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: in
         "temperature": body.get("temperature", temperature),
         "top_k": body.get("top_k", top_k),
         "max_tokens": body.get("max_tokens", limits.max_tokens),
+        # no seed: a fresh one, so repeated requests sample afresh (as vLLM, llama.cpp and Ollama do)
+        "seed": body["seed"] if body.get("seed") is not None else secrets.randbelow(2**63),
     }
-    bounds = {"temperature": (0.0, 2.0), "top_k": (0, 200), "max_tokens": (1, limits.max_tokens)}
+    bounds = {
+        "temperature": (0.0, 2.0),
+        "top_k": (0, 200),
+        "max_tokens": (1, limits.max_tokens),
+        "seed": (0, 2**63 - 1),
+    }
     for name, value in options.items():
         low, high = bounds[name]
         kind = (int, float) if name == "temperature" else int
         if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
             words = "a number" if name == "temperature" else "an integer"
-            raise LapheadsError(f"{name} {value!r}; allowed: {words} in [{low}, {high}]")
+            raise RequestError(f"{name} {value!r}; allowed: {words} in [{low}, {high}]", param=name)
     return {"messages": messages, **options, "stream": body.get("stream"), "include_usage": body.get("include_usage")}
 
 
@@ -166,9 +220,11 @@ def create_app(
     def refuse(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
 
-    def refuse_openai(status: int, message: str) -> JSONResponse:  # OpenAI's error object, as its clients read it
+    def refuse_openai(status: int, message: str, param: str | None = None) -> JSONResponse:
+        """OpenAI's error object, as its clients read it: the refused field in ``param``."""
         kind = {404: "not_found_error", 413: "invalid_request_error", 500: "server_error"}.get(status)
-        error = {"message": message, "type": kind or "invalid_request_error", "param": None, "code": None}
+        code = {404: "model_not_found", 413: "request_too_large"}.get(status) or ("invalid_value" if param else None)
+        error = {"message": message, "type": kind or "invalid_request_error", "param": param, "code": code}
         return JSONResponse({"error": error}, status_code=status)
 
     async def read_request(request: Request, refuse, openai: bool = False):
@@ -207,6 +263,9 @@ def create_app(
                 )
         except RecursionError:
             return refuse(400, 'the request nests too deeply; allowed: {"messages": [{"role", "content"}]}')
+        except RequestError as err:
+            words = " ".join(str(err).split())
+            return refuse(400, words, err.param) if openai else refuse(400, words)
         except (LapheadsError, ValueError) as err:
             return refuse(400, " ".join(str(err).split()))
         return body, prompt
@@ -214,7 +273,7 @@ def create_app(
     def first_piece(body: dict[str, Any], prompt: list[int], outcome: dict[str, Any]):
         """The reply's generator and its first piece (an error here is still a JSON error, before any byte)."""
         pieces = engine.stream(
-            prompt, body["max_tokens"], body["temperature"], body["top_k"] or None, seed=0, outcome=outcome
+            prompt, body["max_tokens"], body["temperature"], body["top_k"] or None, seed=body["seed"], outcome=outcome
         )
         with model_lock:
             return pieces, next(pieces, None)

@@ -184,7 +184,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         device=args.device,
-        limits=ServeLimits(max_tokens=args.max_tokens),
+        limits=ServeLimits(max_tokens=args.max_tokens, max_request_bytes=args.max_request_bytes),
         tools=not args.no_tools,
         temperature=args.temperature,
         top_k=args.top_k,

@@ -256,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
     web.add_argument("--port", type=int, default=8000)
     web.add_argument("--max-tokens", type=int, default=512, help="the longest reply a request may ask for")
+    web.add_argument(
+        "--max-request-bytes", type=int, default=64_000, help="the largest request body taken (larger: HTTP 413)"
+    )
     web.add_argument("--temperature", type=float, default=0.6, help="for requests that do not set it (0 = greedy)")
     web.add_argument("--top-k", type=int, default=50, help="for requests that do not set it (0: all)")
     web.add_argument("--no-tools", action="store_true", help="do not run the calculator on tool calls")
