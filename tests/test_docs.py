@@ -5,11 +5,13 @@ Commands that need a GPU or data this machine does not have are checked the same
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
 
 import pytest
+import torch
 
 from lapheads.cli import build_parser, main
 from lapheads.cli.commands import _check_override_names
@@ -132,4 +134,9 @@ def test_the_readmes_python_runs_as_written(index, monkeypatch):
         return transformers.LlamaForCausalLM(config)
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", tiny_llama)
-    exec(compile(_python_blocks(ROOT / "README.md")[index], f"README.md python block {index}", "exec"), {})
+    monkeypatch.setattr(os, "environ", os.environ.copy())  # the block's thread policy writes here, not for good
+    threads = torch.get_num_threads()
+    try:
+        exec(compile(_python_blocks(ROOT / "README.md")[index], f"README.md python block {index}", "exec"), {})
+    finally:
+        torch.set_num_threads(threads)
