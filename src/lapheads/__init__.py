@@ -9,6 +9,7 @@ head-spec parser every model and the CLI share (:func:`parse_laplacian_heads`); 
 import os as _os
 import sys as _sys
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 _COMMAND = bool(_sys.argv) and _os.path.basename(_sys.argv[0]) in ("lapheads", "-m")
 # `lapheads`, `lapheads --help` and `lapheads --version` answer from the parser alone: no torch, no busy probe
@@ -20,6 +21,18 @@ if _COMMAND and not _ANSWERS_ALONE and "torch" not in _sys.modules:
     from lapheads.hardware import apply_cli_thread_policy
 
     apply_cli_thread_policy(_sys.argv[1:])
+
+if TYPE_CHECKING:  # the public names, for readers and type checkers; at run time __getattr__ imports them on use
+    from lapheads.core import (
+        HeadSpec,
+        HeadSpecError,
+        LaplacianAttention,
+        laplacian_attention,
+        laplacian_attention_reference,
+        laplacian_head_mask,
+        parse_laplacian_heads,
+    )
+    from lapheads.models import GPT, GPTConfig, create_vit, load_nanochat
 
 _PUBLIC = {
     "HeadSpec": "lapheads.core",
@@ -35,25 +48,66 @@ _PUBLIC = {
     "load_nanochat": "lapheads.models",
 }
 
-if not _ANSWERS_ALONE:
-    from lapheads.core import (  # noqa: E402
-        HeadSpec,
-        HeadSpecError,
-        LaplacianAttention,
-        laplacian_attention,
-        laplacian_attention_reference,
-        laplacian_head_mask,
-        parse_laplacian_heads,
+
+def __getattr__(name: str):
+    """The public names, imported when first used: ``import lapheads`` alone loads neither torch's model stack nor
+    timm and torchvision (issue 61: 5.2 s before); ``lapheads.GPT`` or ``from lapheads import create_vit`` loads
+    what that name needs."""
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'lapheads' has no attribute {name!r}")
+
+
+class _RegisterWithTimm:
+    """lapheads' timm names (``deit3_small_3L_patch16_224``, EVA-02, Swin) resolve in ``timm.create_model`` as soon as
+    timm is imported, whichever is imported first, without ``import lapheads`` importing timm: registered right
+    away where timm is loaded already, else as timm finishes loading (a one-shot finder on ``sys.meta_path``)."""
+
+    def find_spec(self, name, path=None, target=None):  # importlib.abc.MetaPathFinder
+        if name != "timm":
+            return None
+        import importlib.util
+
+        _sys.meta_path.remove(self)  # once: the real finders find timm
+        spec = importlib.util.find_spec("timm")
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            if _initializing("lapheads.models"):
+                return  # a lapheads.models import loaded timm: finishing, it registers every name itself
+            if _initializing("lapheads.core"):  # the timm drop-in's own import loaded timm: once core is whole
+                _sys.modules["lapheads.core"].WHEN_LOADED.append(_register_timm_names)
+                return
+            _register_timm_names()
+
+        loader.exec_module = exec_then_register
+        return spec
+
+
+def _initializing(package: str) -> bool:
+    """Whether ``package`` or a module of it is being imported now (partly executed)."""
+    return any(
+        (name == package or name.startswith(package + ".")) and getattr(module.__spec__, "_initializing", False)
+        for name, module in list(_sys.modules.items())
+        if getattr(module, "__spec__", None) is not None
     )
-    from lapheads.models import GPT, GPTConfig, create_vit, load_nanochat  # noqa: E402 also registers timm names
-else:
 
-    def __getattr__(name: str):  # the command's quick answers import nothing; a later use still finds the name
-        if name in _PUBLIC:
-            import importlib
 
-            return getattr(importlib.import_module(_PUBLIC[name]), name)
-        raise AttributeError(f"module 'lapheads' has no attribute {name!r}")
+def _register_timm_names() -> None:
+    import lapheads.models  # noqa: F401 - its modules register the names with timm's registry
+
+
+if not _ANSWERS_ALONE:
+    if "timm" in _sys.modules:
+        _register_timm_names()
+    elif not any(isinstance(f, _RegisterWithTimm) for f in _sys.meta_path):
+        _sys.meta_path.insert(0, _RegisterWithTimm())
 
 
 try:

@@ -1,0 +1,42 @@
+"""`import lapheads` is light (issue 61): it loads neither timm nor torchvision until a model is asked for, and
+lapheads' timm names still resolve in timm.create_model, whichever of the two is imported first."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+ORDERS = {
+    "lapheads, then timm": "import lapheads, timm",
+    "timm, then lapheads": "import timm, lapheads",
+    "the drop-in first": "from lapheads import LaplacianAttention; import timm",
+    "a model module first": "import lapheads.models.vit, timm",
+    "the op first": "import lapheads.core.attention, timm",
+}
+
+
+def _run(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_import_lapheads_loads_neither_timm_nor_torchvision():
+    assert _run("import sys, lapheads; print(sorted({'timm', 'torchvision'} & set(sys.modules)))") == "[]"
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
+def test_lapheads_timm_names_resolve_whichever_is_imported_first(order):
+    names = ["deit3_small_3L_patch16_224", "eva02_tiny_1L_patch14_224", "swin_tiny_1L_patch4_window7_224"]
+    code = f"{ORDERS[order]}\nprint(all(timm.is_model(n) for n in {names!r}))"
+    assert _run(code) == "True"
+
+
+def test_the_public_names_are_there_when_used():
+    code = (
+        "import lapheads\n"
+        "print(lapheads.GPT.__name__, lapheads.LaplacianAttention.__name__, callable(lapheads.laplacian_attention))"
+    )
+    assert _run(code) == "GPT LaplacianAttention True"
