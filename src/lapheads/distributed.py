@@ -174,7 +174,15 @@ def resolve_device(device: str | torch.device) -> torch.device:
     """ "auto" -> cuda when available, else cpu; anything else as torch reads it (a single-process reader's device)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"--device {device!r}; allowed: auto, cpu, cuda, cuda:N") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():  # a traceback deep in a reader before (issue 60)
+        raise InputError(f"--device {device!r} but no CUDA device is available here; allowed here: cpu or auto")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise InputError(f"--device {device!r}; allowed: cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return resolved
 
 
 def setup_distributed(device: str = "auto") -> Distributed:

@@ -389,6 +389,8 @@ def apply_thread_policy(threads: str | int = "auto", announce: bool = True) -> T
     if policy.passive_wait and "torch" not in sys.modules:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ["OMP_NUM_THREADS"] = str(policy.threads)
+    if threads != "auto" and "MKL_NUM_THREADS" in os.environ:  # an explicit --threads is not silently capped
+        os.environ["MKL_NUM_THREADS"] = str(policy.threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(policy.threads)
     if announce and policy.busy and os.environ.get(_BUSY_SAID) != "1":
@@ -410,7 +412,8 @@ def threads_from_argv(argv: list[str]) -> str:
             value = item.split("=", 1)[1]
         else:
             continue
-        return value if value == "auto" or (value.isdigit() and int(value) > 0) else "auto"
+        # a count this process cannot run is argparse's to refuse (lapheads.cli.parser), never applied before it
+        return value if value == "auto" or (value.isdigit() and 0 < int(value) <= available_cpus()) else "auto"
     return "auto"
 
 

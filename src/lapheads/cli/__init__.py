@@ -7,6 +7,7 @@ what is allowed, and a non-zero exit status; tracebacks are for bugs. The parser
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -34,8 +35,12 @@ def _without_threads(argv: list[str]) -> list[str]:
         else:
             kept.append(item)
             continue
-        if not (value == "auto" or (value.isdigit() and int(value) > 0)):
-            raise SystemExit(f"lapheads: error: --threads {value!r}; allowed: auto or a positive number of threads")
+        from lapheads.cli.parser import _threads
+
+        try:
+            _threads(value)  # auto, or 1 to the CPUs this process may use
+        except argparse.ArgumentTypeError as err:
+            raise SystemExit(f"lapheads: error: --threads {err}") from None
     return kept
 
 

@@ -328,12 +328,29 @@ def slurm_options(args: argparse.Namespace):
     """The SLURM job's request from --executor slurm and the --slurm-* options (None: --executor local)."""
     if args.executor != "slurm":
         given = [a for a in ("slurm_partition", "slurm_option") if getattr(args, a, None)]
+        # a request only a SLURM job can honour is refused, never dropped (issue 60: --nodes 4 trained on one)
+        given += [
+            a for a, default in (("nodes", 1), ("slurm_tasks_per_node", 1)) if getattr(args, a, default) != default
+        ]
+        given += [
+            a
+            for a, default in (("slurm_gpus_per_node", 0), ("slurm_cpus_per_task", 1))
+            if getattr(args, a, default) != default
+        ]
         if given or args.wait:
             flags = [f"--{a.replace('_', '-')}" for a in given] + (["--wait"] if args.wait else [])
             raise UserError(f"{' '.join(flags)} without --executor slurm; allowed: add --executor slurm")
         return None
     from lapheads.study.slurm import SlurmOptions
 
+    for option in args.slurm_option:  # lapheads' own job settings are not for --slurm-option to replace
+        key = option.partition("=")[0].strip().lstrip("-").replace("_", "-")
+        if key in ("signal", "requeue", "nodes", "ntasks-per-node", "cpus-per-task", "gpus-per-node", "time"):
+            raise UserError(
+                f"--slurm-option {option!r} would replace a setting lapheads makes itself ({key}: the pre-emption "
+                "signal and requeue it relies on, or a --slurm-*/--nodes option's); allowed: the --slurm-* options, "
+                "or any other sbatch option"
+            )
     return SlurmOptions(
         partition=args.slurm_partition,
         time_minutes=args.slurm_time,

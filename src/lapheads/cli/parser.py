@@ -338,7 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="cells trained at once, each its own process (CPU: 2 "
         "one-thread jobs do ~1.7x the work of one two-thread run)",
     )
-    sweep.add_argument("--threads", type=int, default=None, help="--jobs: threads shared by all jobs (default: CPUs)")
+    sweep.add_argument(
+        "--threads", type=_sweep_threads, default=None, help="--jobs: threads shared by all jobs (default: CPUs)"
+    )
     _add_executor_args(sweep, training=False)
     sweep.add_argument(
         "--cpu-kernels",
@@ -439,6 +441,20 @@ def _add_executor_args(parser: argparse.ArgumentParser, training: bool) -> None:
     group.add_argument("--wait", action="store_true", help="--executor slurm: wait until the job(s) end")
 
 
+def _threads(text: str) -> str:
+    """--threads: "auto" or a count this process can run (issue 60: 100,000 was taken and ran 45x slower)."""
+    from lapheads.hardware import available_cpus
+
+    cpus = available_cpus()
+    if text == "auto" or (text.isdigit() and 1 <= int(text) <= cpus):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}; allowed: auto, or 1 to {cpus} (the CPUs this process may use)")
+
+
+def _sweep_threads(text: str) -> int:
+    return int(_threads(text)) if text != "auto" else _threads("x")  # sweep's --threads is a count, never "auto"
+
+
 def _document_threads(parser: argparse.ArgumentParser) -> None:
     """Every command's help lists --threads (read before torch starts, by lapheads.hardware; the parser itself
     never sees it) except sweep's, which has its own meaning (threads shared by its jobs)."""
@@ -450,6 +466,7 @@ def _document_threads(parser: argparse.ArgumentParser) -> None:
                 sub.add_argument(
                     "--threads",
                     default="auto",
+                    type=_threads,
                     help="auto or N: torch's threads (auto: the CPUs this process may use, less those other processes "
                     "keep busy when it starts; OMP_NUM_THREADS, when set, wins)",
                 )
