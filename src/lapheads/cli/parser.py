@@ -452,7 +452,10 @@ def _threads(text: str) -> str:
 
 
 def _sweep_threads(text: str) -> int:
-    return int(_threads(text)) if text != "auto" else _threads("x")  # sweep's --threads is a count, never "auto"
+    """sweep's --threads: a count shared by its jobs (never "auto"), at most the CPUs this process may use."""
+    if text == "auto":
+        raise argparse.ArgumentTypeError("'auto'; allowed: a number of threads shared by the jobs (default: the CPUs)")
+    return int(_threads(text))
 
 
 def _document_threads(parser: argparse.ArgumentParser) -> None:
