@@ -233,7 +233,7 @@ def bench_gpt_step(
     in training) with 0, 2 and 4 Laplacian heads per layer, in the ``arch`` family (2026: sliding windows of 128
     in the S layers, value embeddings, smear, ...); each model ``torch.compile``-d when ``compile_model``."""
     from lapheads.models.gpt import GPT, GPTConfig
-    from lapheads.train.lm import LMConfig
+    from lapheads.train.configs.lm import LMConfig
     from lapheads.train.optimizers import build_optimizers
 
     steps = {}

@@ -116,7 +116,7 @@ def gpt_table(
     backend: str,
     head_dim: int = 128,
 ) -> list[str]:
-    from lapheads.train.lm import LMConfig
+    from lapheads.train.configs.lm import LMConfig
     from lapheads.train.optimizers import build_optimizers
 
     rows, peak = [], _peak_flops(device)

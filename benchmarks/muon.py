@@ -30,7 +30,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
     from lapheads.bench import time_interleaved
     from lapheads.distributed import Distributed
     from lapheads.models.gpt import GPT, GPTConfig
-    from lapheads.train.lm import LMConfig
+    from lapheads.train.configs.lm import LMConfig
     from lapheads.train.optimizers import build_optimizers
 
     setups = {}

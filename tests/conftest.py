@@ -169,7 +169,7 @@ TINY_VIT = {"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 7}
 
 def tiny_classify(root, **changes):
     """A classification config that trains a 2-layer ViT on the generated data in seconds, deterministically."""
-    from lapheads.train.classify import ClassifyConfig
+    from lapheads.train.configs.classify import ClassifyConfig
 
     base = ClassifyConfig(
         model="vit_fmnist_patch4",
@@ -202,7 +202,7 @@ def text_root(tmp_path_factory):
 
 def tiny_lm(root, **changes):
     """A 2-layer, 64-dim character GPT on the real Shakespeare corpus that trains in seconds."""
-    from lapheads.train.lm import LMConfig
+    from lapheads.train.configs.lm import LMConfig
 
     base = LMConfig(
         dataset="shakespeare",
@@ -230,7 +230,7 @@ def tiny_lm(root, **changes):
 @pytest.fixture
 def tiny_dino(fmnist_root):
     """A DINO config: 2-layer, 32-dim ViT, 2 local crops, 8 steps over 256 generated images, in seconds."""
-    from lapheads.train.dino import DINOConfig
+    from lapheads.train.configs.dino import DINOConfig
 
     return DINOConfig(
         model="vit_fmnist_patch4",
@@ -272,7 +272,7 @@ def base_run(text_root, tmp_path_factory):
 
 def tiny_sft(base, **changes):
     """SFT of ``base`` on generated arith conversations, 6 steps of 8."""
-    from lapheads.train.chat import SFTConfig
+    from lapheads.train.configs.chat import SFTConfig
 
     cfg = SFTConfig(
         base=str(base),

@@ -227,3 +227,132 @@ def test_only_the_task_table_asks_which_task_a_run_is():
             if asks_task and names & set(TASKS):
                 found.append(f"{relative}:{node.lineno}")
     assert not found, "ask the task table (lapheads.tasks.get_task) instead:\n" + "\n".join(found)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (modules in order, the first repeated at the end), or [] when there is none."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" once every path from it is explored
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            if target == module or target not in graph:
+                continue
+            if state.get(target) == "open":
+                return [*path[path.index(target) :], module, target] if target in path else [module, target]
+            if target not in state:
+                found = visit(target, [*path, module])
+                if found:
+                    return found
+        state[module] = "done"
+        return []
+
+    for module in sorted(graph):
+        if module not in state:
+            found = visit(module, [])
+            if found:
+                return found
+    return []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_module_imports_itself_through_others():
+    """No import cycle, counting imports inside functions (issue 59: study.sweep and study.slurm imported each
+    other; a cell's code now lives in study.cells, which both import)."""
+    assert _cycle(_imports()) == []
+
+
+def _design_table() -> list[tuple[list[str], list[str]]]:
+    """(folders, file names) of each row of docs/design.md's layer table, brace lists expanded
+    (``models/{vit,gpt}.py`` -> ``models/vit.py``, ``models/gpt.py``)."""
+    text = (PACKAGE.parents[1] / "docs" / "design.md").read_text()
+    rows = []
+    for line in text.splitlines():
+        cells = line.split(" | ")
+        if not re.match(r"^\| \d+ \|", line) or len(cells) < 4:
+            continue
+        folders = [f.rstrip("/") for f in re.findall(r"`([\w/.]+)`", cells[1])]
+        names = []
+        for token in re.findall(r"`([\w/{},.]+\.(?:py|cpp)|[\w/{},]+/)`", cells[2]):
+            head, brace, rest = token.partition("{")
+            if brace:
+                choices, _, tail = rest.partition("}")
+                names += [f"{head}{choice}{tail}" for choice in choices.split(",")]
+            else:
+                names.append(token)
+        rows.append((folders, names))
+    return rows
+
+
+def test_the_design_layer_table_names_exactly_the_files_there_are():
+    """docs/design.md's layer table is the map: every module of the package is named in its folder's row, and
+    every file or folder the table names exists (issue 59: the map named a deleted module and missed two)."""
+    named = set()
+    for folders, names in _design_table():
+        base = "" if folders in ([], ["lapheads/__init__.py"]) else folders[0]
+        for name in names:
+            inside = len(folders) > 1 or name.split("/")[0] in {f.split("/")[0] for f in folders}
+            named.add(name.rstrip("/") if inside or not base else f"{base}/{name.rstrip('/')}")
+    missing = sorted(n for n in named if not (PACKAGE / n).exists() and n != "lapheads/__init__.py")
+    assert not missing, f"docs/design.md names files that do not exist: {missing}"
+    modules = {
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py" and not any(str(p.relative_to(PACKAGE)).startswith(n + "/") for n in named)
+    }
+    unnamed = sorted(modules - named)
+    assert not unnamed, f"modules docs/design.md's layer table does not name: {unnamed}"
+
+
+def test_every_layer_folder_is_a_package():
+    """Each layer's folder has its ``__init__.py`` (issue 59: train/ had none and imported as a namespace)."""
+    folders = {p.parent for p in PACKAGE.rglob("*.py")} - {PACKAGE}
+    assert sorted(str(f.relative_to(PACKAGE)) for f in folders if not (f / "__init__.py").exists()) == []
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+#: the modules whose ``__all__`` is a front door re-exporting other modules' names (documented as such)
+FRONT_DOORS = {"lapheads", "lapheads.hf", "lapheads.integrations.hf"}
+
+
+def test_a_module_all_lists_only_what_it_defines():
+    """``__all__`` says where a name lives: a module lists the names it defines, never ones it imports (a package's
+    ``__init__`` and the documented front doors excepted)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        if path.name == "__init__.py" or module in FRONT_DOORS:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                found += [f"{module}: {name}" for name in ast.literal_eval(node.value) if name not in _defined(tree)]
+    assert not found, "\n".join(sorted(found))
+
+
+def test_no_section_header_stands_over_nothing():
+    """A ``# ----`` section header is followed by code of its section before the next header or the file's end."""
+    empty = []
+    for path in PACKAGE.rglob("*.py"):
+        lines = path.read_text().splitlines()
+        headers = [i for i, line in enumerate(lines) if re.fullmatch(r"# -{20,}", line)]
+        for i, start in enumerate(headers):
+            end = headers[i + 1] if i + 1 < len(headers) else len(lines)
+            body = [line for line in lines[start + 1 : end] if line.strip() and not line.startswith("#")]
+            if not body:
+                empty.append(f"{path.relative_to(PACKAGE)}:{start + 2}: {lines[start + 1] if start + 1 < end else ''}")
+    assert not empty, "\n".join(empty)

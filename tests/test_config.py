@@ -66,7 +66,7 @@ def test_bad_overrides(overrides, message):
 
 def test_list_fields_take_comma_lists_typed_by_their_elements():
     from lapheads.config import apply_overrides
-    from lapheads.train.dino import DINOConfig
+    from lapheads.train.configs.dino import DINOConfig
 
     cfg = apply_overrides(DINOConfig(), ["--local-scale", "0.2,0.5", "--global-scale=[0.5, 1]"])
     assert cfg.local_scale == [0.2, 0.5] and cfg.global_scale == [0.5, 1]

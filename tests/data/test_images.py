@@ -84,7 +84,8 @@ def test_cifar10_pickle_batches(tmp_path):
 def test_cifar_batch_with_code_is_refused_before_it_runs(tmp_path, victim):
     import os
 
-    from lapheads.train.classify import ClassifyConfig, train_classify
+    from lapheads.train.classify import train_classify
+    from lapheads.train.configs.classify import ClassifyConfig
 
     class Payload:
         def __reduce__(self):

@@ -8,14 +8,13 @@ import json
 import pytest
 import torch
 
+from lapheads.data.benchmarks import load_task, render_mc
 from lapheads.data.images import DataError
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.evals.lm import (
     extract_number,
     humaneval_program,
-    load_task,
     pass_at_k,
-    render_mc,
     score_gsm8k,
     score_humaneval,
     score_multiple_choice,

@@ -109,7 +109,8 @@ def test_create_vit_on_meta_equals_direct_build(spec):
 
 
 def test_dino_student_teacher_on_meta():
-    from lapheads.train.dino import DINOConfig, build_student_teacher
+    from lapheads.train.configs.dino import DINOConfig
+    from lapheads.train.dino import build_student_teacher
 
     cfg = DINOConfig(
         model="vit_fmnist_patch4",

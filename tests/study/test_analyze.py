@@ -13,7 +13,7 @@ from lapheads.train.classify import train_classify
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, fmnist_root):
-    from lapheads.train.classify import ClassifyConfig
+    from lapheads.train.configs.classify import ClassifyConfig
     from tests.conftest import TINY_VIT
 
     root = tmp_path_factory.mktemp("analyze")

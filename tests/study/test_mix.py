@@ -10,7 +10,7 @@ import torch
 
 import lapheads
 from lapheads.cli import main
-from lapheads.study.mix import NAMED_POINTS, decisiveness_penalty, nearest_kind
+from lapheads.core.kinds import NAMED_POINTS, decisiveness_penalty, nearest_kind
 from lapheads.train.classify import train_classify
 
 

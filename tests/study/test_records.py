@@ -11,7 +11,7 @@ import torch
 
 from lapheads.cli import main
 from lapheads.runs.records import RECORD_FORMAT, RecordError, load_records, read_record, write_record
-from lapheads.study import sweep as sweep_module
+from lapheads.study import cells as cells_module
 from lapheads.study.records import load_plan
 
 
@@ -100,7 +100,7 @@ def test_a_sweep_continues_from_its_records_and_reports_from_them_alone(tiny_pre
     assert "--seeds 7: not a seed of" in capsys.readouterr().err
 
     trained = []
-    monkeypatch.setattr(sweep_module, "_train", lambda task: lambda *a, **k: trained.append(a))
+    monkeypatch.setattr(cells_module, "_train", lambda task: lambda *a, **k: trained.append(a))
     capsys.readouterr()
     assert main(_sweep_args(tiny_preset, out, records, plan)) == 0  # the same command again: nothing to train
     assert trained == [] and capsys.readouterr().out.count("has its record") == 9

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from lapheads.cli import main
-from lapheads.study import sweep as sweep_module
+from lapheads.study import cells as cells_module
 from lapheads.study.report import (
     diffusion_against_zero,
     fit_against_test,
@@ -47,7 +47,7 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
         "--set",
         "fit_subset=64",
     ]
-    real_train = sweep_module._train("classify")
+    real_train = cells_module._train("classify")
     calls = []
 
     def killed_after_two(cfg, run_dir, resume=False):
@@ -57,7 +57,7 @@ def test_sweep_runs_every_cell_and_resumes_without_redoing_finished_ones(tiny_pr
             raise KeyboardInterrupt
         return real_train(cfg, run_dir, resume=resume)
 
-    monkeypatch.setattr(sweep_module, "_train", lambda task: killed_after_two)
+    monkeypatch.setattr(cells_module, "_train", lambda task: killed_after_two)
     with pytest.raises(KeyboardInterrupt):
         main(args)
     record = json.loads((out / "sweep.json").read_text())
@@ -150,7 +150,7 @@ def test_one_job_trains_in_this_process_with_the_threads_asked_for(tiny_preset, 
 
     seen = []
     monkeypatch.setattr(
-        sweep_module, "_train", lambda task: lambda cfg, run_dir, resume: seen.append(torch.get_num_threads())
+        cells_module, "_train", lambda task: lambda cfg, run_dir, resume: seen.append(torch.get_num_threads())
     )
     before = torch.get_num_threads()
     args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "0", "--seeds", "0,1"]
@@ -610,3 +610,17 @@ def test_changed_heads_are_compared_with_their_k0_twins_head_by_head_and_seed_by
     label = "within-sequence fraction drop, Laplacian heads minus their k = 0 twins"
     row = diffusion_against_zero({label: laplacian})[label]["1"]
     assert row["verdict"] == "not decided (2 seed pairs; a verdict needs 3)"
+
+
+def test_an_arm_in_an_override_is_spelled_as_its_cell_folder():
+    """``{arm}`` (and the older ``{spec}``) in ``--set`` is the arm as folders spell it (issue 59: "negated:3" gave
+    ``Lnegated:3-s0`` while the folder is ``Lnegated-3-s0``)."""
+    from lapheads.study.cells import SweepDefinition, cell_name
+
+    definition = SweepDefinition("chat-cpu", "sft", ("negated:3", "0,2"), (0,), ("--base", "runs/L{arm}-s{seed}"))
+    for arm in definition.arms:
+        assert definition.cell_overrides(arm, 0)[1] == f"runs/{cell_name(arm, 0)}"
+    spec_form = SweepDefinition("chat-cpu", "sft", ("negated:3",), (1,), ("--base", "runs/L{spec}-s{seed}"))
+    assert spec_form.cell_overrides("negated:3", 1) == ["--base", "runs/Lnegated-3-s1"]
+    assert SweepDefinition.from_json(definition.to_json()) == definition  # what sweep.json and a record keep
+    assert definition.to_json()["specs"] == ["negated:3", "0,2"]  # the on-disk key committed records carry

@@ -84,3 +84,30 @@ def test_a_metric_carries_its_claim_and_direction_and_one_label_names_one_metric
     assert (bpb.label, bpb.claim, bpb.better) == ("val_bpb", -1, -1)
     other = logged("fit_loss")
     assert (other.claim, other.better, other.path) == (None, +1, ("fit_loss",))
+
+
+TRAINERS = ("lapheads.train.classify", "lapheads.train.lm", "lapheads.train.dino", "lapheads.train.chat")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "classify", "--help"],
+        ["train", "lm", "--help"],
+        ["sweep", "fmnist-cpu", "--laplacian-heads", "0,1", "--seeds", "0", "--dry-run", "--out", "{tmp}/s"],
+        ["sweep", "shakespeare-cpu", "--laplacian-heads", "0", "--seeds", "0", "--dry-run", "--out", "{tmp}/l"],
+    ],
+)
+def test_reading_the_task_table_imports_no_trainer(argv, tmp_path):
+    """The task table's promise (issue 59): presets, ``--help`` and a sweep's dry run read configs
+    (lapheads.train.configs), never a trainer module."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom lapheads.cli import main\n"
+        f"try:\n    main({[a.replace('{tmp}', str(tmp_path)) for a in argv]!r})\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in sys.modules if m in {TRAINERS!r}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

@@ -14,8 +14,9 @@ import lapheads.train.chat as chat_module
 from lapheads.cli import main
 from lapheads.models.lora import LoraAdapters, apply_lora
 from lapheads.runs import load_gpt_run
-from lapheads.train.chat import MidConfig, train_mid, train_sft
-from lapheads.train.runtime import NonFiniteLossError
+from lapheads.runs.checkpoints import NonFiniteLossError
+from lapheads.train.chat import train_mid, train_sft
+from lapheads.train.configs.chat import MidConfig
 from tests.conftest import tiny_sft, torchrun
 
 

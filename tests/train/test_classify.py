@@ -22,8 +22,8 @@ from lapheads.errors import CheckpointError, InputError
 from lapheads.evals.classify import evaluate_classifier, evaluate_run
 from lapheads.io import load_safetensors
 from lapheads.runs import RunDir, load_model
+from lapheads.runs.checkpoints import NonFiniteLossError
 from lapheads.train.classify import train_classify
-from lapheads.train.runtime import NonFiniteLossError
 from tests.conftest import torchrun
 
 

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from lapheads.cli import main
+from lapheads.runs.checkpoints import NonFiniteLossError
 from lapheads.train import lm as lm_module
 from lapheads.train import optimizers as optim
 from lapheads.train.lm import train_lm
-from lapheads.train.runtime import NonFiniteLossError
 from tests.conftest import tiny_lm, torchrun
 
 
@@ -423,7 +423,7 @@ def test_analyze_takes_a_nanochat_checkpoint(tmp_path, capsys, monkeypatch, text
 
 
 def _prepare(root: str) -> int:
-    from lapheads.train.lm import text_source
+    from lapheads.train.configs.lm import text_source
 
     return len(text_source(tiny_lm(root)).prepare()[1].train)
 

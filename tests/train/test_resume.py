@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from lapheads import runs
 from lapheads.errors import CheckpointError
 from lapheads.runs import RunDir, checkpoints, latest_checkpoint
+from lapheads.runs.checkpoints import NonFiniteLossError
 from lapheads.train.classify import train_classify
-from lapheads.train.runtime import NonFiniteLossError
 from tests.conftest import torchrun
 
 LAPHEADS = str(Path(sys.executable).with_name("lapheads"))

@@ -35,10 +35,10 @@ def _without_threads(argv: list[str]) -> list[str]:
         else:
             kept.append(item)
             continue
-        from lapheads.cli.parser import _threads
+        from lapheads.cli.parser import thread_setting
 
         try:
-            _threads(value)  # auto, or 1 to the CPUs this process may use
+            thread_setting(value)  # auto, or 1 to the CPUs this process may use
         except argparse.ArgumentTypeError as err:
             raise SystemExit(f"lapheads: error: --threads {err}") from None
     return kept

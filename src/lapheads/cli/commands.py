@@ -245,7 +245,8 @@ def cmd_mechanism(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from lapheads.study.analyze import AnalyzeOptions, analyze_runs
+    from lapheads.evals.geometry import AnalyzeOptions
+    from lapheads.study.analyze import analyze_runs
 
     if args.max_tokens < 2:
         raise UserError(f"--max-tokens {args.max_tokens}: allowed: an integer >= 2")
@@ -289,7 +290,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from lapheads.study.records import load_plan
-    from lapheads.study.sweep import parse_seeds, parse_specs, run_sweep
+    from lapheads.study.sweep import SweepOptions, define_sweep, parse_seeds, parse_specs, run_sweep
 
     plan = load_plan(args.plan) if args.plan else None
     if (args.laplacian_heads is None or args.seeds is None) and plan is None:
@@ -299,23 +300,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.jobs < 1 or (args.threads is not None and args.threads < 1):
         raise UserError(f"--jobs {args.jobs} --threads {args.threads}: allowed: integers >= 1")
     out = args.out or str(Path("runs") / "sweeps" / Path(args.preset).stem)
-    record = run_sweep(
-        args.preset,
-        specs,
-        seeds,
-        out,
-        sets=args.set,
-        dry_run=args.dry_run,
-        task=args.task,
-        nproc=args.nproc_per_node,
+    definition = define_sweep(args.preset, args.task, specs, seeds, args.set, plan)
+    options = SweepOptions(
+        out=Path(out),
+        records=None if args.records is None else Path(args.records),
+        plan=plan,
         jobs=args.jobs,
         threads=args.threads,
-        records=args.records,
-        plan=args.plan,
         cpu_kernels=args.cpu_kernels,
         slurm=slurm_options(args),
         wait=args.wait,
+        dry_run=args.dry_run,
+        nproc=args.nproc_per_node,
     )
+    record = run_sweep(definition, options)
     finished = sum(c.get("status") in ("done", "recorded") for c in record["cells"].values())
     if not args.dry_run and finished == len(record["cells"]):
         print(f"sweep: {len(record['cells'])} cells done in {out}; next: lapheads report {out}")

@@ -441,7 +441,7 @@ def _add_executor_args(parser: argparse.ArgumentParser, training: bool) -> None:
     group.add_argument("--wait", action="store_true", help="--executor slurm: wait until the job(s) end")
 
 
-def _threads(text: str) -> str:
+def thread_setting(text: str) -> str:
     """--threads: "auto" or a count this process can run (issue 60: 100,000 was taken and ran 45x slower)."""
     from lapheads.hardware import available_cpus
 
@@ -455,7 +455,7 @@ def _sweep_threads(text: str) -> int:
     """sweep's --threads: a count shared by its jobs (never "auto"), at most the CPUs this process may use."""
     if text == "auto":
         raise argparse.ArgumentTypeError("'auto'; allowed: a number of threads shared by the jobs (default: the CPUs)")
-    return int(_threads(text))
+    return int(thread_setting(text))
 
 
 def _document_threads(parser: argparse.ArgumentParser) -> None:
@@ -469,7 +469,7 @@ def _document_threads(parser: argparse.ArgumentParser) -> None:
                 sub.add_argument(
                     "--threads",
                     default="auto",
-                    type=_threads,
+                    type=thread_setting,
                     help="auto or N: torch's threads (auto: the CPUs this process may use, less those other processes "
                     "keep busy when it starts; OMP_NUM_THREADS, when set, wins)",
                 )

@@ -24,12 +24,12 @@ import torch
 from tqdm.auto import tqdm
 
 from lapheads.apps.chat import ChatEngine
-from lapheads.data.benchmarks import usable_rows
+from lapheads.data.benchmarks import load_task, usable_rows
 from lapheads.data.conversations import render_for_completion
 from lapheads.data.images import DataError
 from lapheads.data.turns import gsm8k_conversation, mc_conversation
 from lapheads.errors import InputError
-from lapheads.evals.lm import LETTERS, extract_number, humaneval_program, load_task, multiple_choice_item, pass_at_k
+from lapheads.evals.lm import LETTERS, extract_number, humaneval_program, multiple_choice_item, pass_at_k
 
 __all__ = ["CHAT_BENCHMARKS", "chatcore", "run_chat_evals", "score_categorical", "score_generative"]
 

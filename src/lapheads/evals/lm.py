@@ -43,15 +43,12 @@ from lapheads.runs.layout import external_report_dir
 from lapheads.sandbox import containment, require_boundary, run_program
 
 __all__ = [
-    "HUB_DATASETS",
     "LM_BENCHMARKS",
     "LoadedLM",
     "load_lm",
     "stream_text",
     "extract_number",
-    "load_task",
     "pass_at_k",
-    "render_mc",
     "run_evals",
     "score_gsm8k",
     "score_humaneval",

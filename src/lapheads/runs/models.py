@@ -192,7 +192,7 @@ def load_nanochat_model(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The sweep directory (written by lapheads.study.sweep, read by lapheads.study.report)
+# Language-model runs (lm, mid, sft): the GPT and its tokenizer
 
 
 def load_gpt_run(run_dir: str | os.PathLike, device: str = "auto", step: int | None = None):

@@ -93,9 +93,3 @@ def load_sweep(sweep_dir: str | os.PathLike) -> dict[str, Any]:
         # relative (as lapheads writes them): there; an absolute path of an older sweep.json: there if it is there
         cell["run_dir"] = str(own if not written.is_absolute() or own.exists() else written)
     return record
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Language-model runs
-
-#: the tasks whose model is the nanochat GPT with a tokenizer in RUN_DIR/tokenizer

@@ -33,16 +33,7 @@ from lapheads.runs import RunDir, checkpoint_folder, checkpoint_steps
 from lapheads.runs.layout import ANALYSIS_FILE, analysis_file
 from lapheads.tasks import get_task
 
-__all__ = [
-    "AnalyzeOptions",
-    "analyze_nanochat",
-    "analyze_over_training",
-    "analyze_run",
-    "analyze_runs",
-    "lm_geometry",
-    "plot_analyses",
-    "write_summary",
-]
+__all__ = ["analyze_nanochat", "analyze_over_training", "analyze_run", "analyze_runs", "plot_analyses", "write_summary"]
 
 
 def analyze_nanochat(

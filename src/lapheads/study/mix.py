@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from lapheads.core.kinds import NAMED_POINTS, decisiveness_penalty, nearest_kind
+from lapheads.core.kinds import NAMED_POINTS, nearest_kind
 from lapheads.errors import InputError
 from lapheads.runs.layout import WEIGHTS
 
-__all__ = ["NAMED_POINTS", "decisiveness_penalty", "mix_report", "nearest_kind"]
+__all__ = ["mix_report"]
 
 
 def _mix_tensors(folder: Path) -> dict[int, tuple[list[float], list[float]]]:

@@ -18,6 +18,7 @@ Design choices:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import time
@@ -78,23 +79,28 @@ class Plan:
     stopping: str  # the stopping rule, in words
     notes: str = ""
     sha256: str = dataclasses.field(default="", compare=False)  # of the file read, not a field a plan writes
+    #: the file's bytes as read: hashed, parsed and (:func:`install_plan`) copied from one read, so a file changed
+    #: between two reads can never be hashed as one plan and installed as another
+    source: bytes = dataclasses.field(default=b"", compare=False, repr=False)
+    path: str = dataclasses.field(default="", compare=False)  # where it was read from, for messages
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read and check a plan file; a bad plan is one line naming the field and what is allowed."""
     path = Path(path)
     try:
-        data = json_loads(path.read_text())
+        source = path.read_bytes()
+        data = json_loads(source.decode())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RecordError(f"--plan {path}: cannot be read as JSON ({type(err).__name__}: {err})") from None
     if not isinstance(data, dict):
         raise RecordError(f"--plan {path}: allowed: a JSON object with the fields of a plan")
-    fields = {f.name: f for f in dataclasses.fields(Plan) if f.name != "sha256"}
+    fields = {f.name: f for f in dataclasses.fields(Plan) if f.name not in ("sha256", "source", "path")}
     missing = [name for name, f in fields.items() if f.default is dataclasses.MISSING and name not in data]
     unknown = sorted(set(data) - set(fields))
     if missing or unknown:
         raise RecordError(f"--plan {path}: missing {missing}, unknown {unknown}; allowed fields: {', '.join(fields)}")
-    plan = Plan(**data, sha256=file_sha256(path))
+    plan = Plan(**data, sha256=hashlib.sha256(source).hexdigest(), source=source, path=str(path))
     _check_plan_values(plan, f"--plan {path}")
     for contrast in plan.contrasts:
         if set(contrast) != {"arm", "baseline", "direction"} or contrast["direction"] not in DIRECTIONS:
@@ -158,9 +164,9 @@ def _check_plan_values(plan: Plan, where: str) -> None:
         raise RecordError(f"{where}: alpha {plan.alpha!r}; allowed: a number in (0, 1)")
 
 
-def install_plan(plan_path: str | Path, records_dir: str | Path) -> Plan:
-    """Copy the plan into the records folder (unchanged, so its hash is the file's) or check the one there."""
-    plan = load_plan(plan_path)
+def install_plan(plan: Plan, records_dir: str | Path) -> None:
+    """Copy the plan into the records folder (the bytes it was read from, so its hash is the file's) or check the
+    one there."""
     target = Path(records_dir) / PLAN_FILE
     if target.exists():
         if file_sha256(target) != plan.sha256:
@@ -175,12 +181,11 @@ def install_plan(plan_path: str | Path, records_dir: str | Path) -> Plan:
                 "cell; allowed: another --records"
             )
         Path(records_dir).mkdir(parents=True, exist_ok=True)
-        target.write_bytes(Path(plan_path).read_bytes())
-    return plan
+        target.write_bytes(plan.source)
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    from lapheads.train.runtime import RESUME_FREE
+    from lapheads.train.configs.run import RESUME_FREE
 
     normal = json.loads(json.dumps(config, default=str))
     return {key: value for key, value in normal.items() if key not in RESUME_FREE}
@@ -231,8 +236,9 @@ def build_record(
     max_tokens: int = RECORD_MAX_TOKENS,
 ) -> dict[str, Any]:
     """Everything a report reads from one finished cell's run directory (see the module docstring)."""
+    from lapheads.evals.geometry import AnalyzeOptions
     from lapheads.geometry.mechanism import ov_circuits
-    from lapheads.study.analyze import AnalyzeOptions, analyze_run
+    from lapheads.study.analyze import analyze_run
 
     run = RunDir(run_dir)
     config = run.read_config()

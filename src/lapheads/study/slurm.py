@@ -35,13 +35,22 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from lapheads.errors import InputError, LapheadsError
 
-__all__ = ["ACTIVE_STATES", "SlurmError", "SlurmOptions", "CellJob", "TrainJob", "submit_cells", "submit_training"]
+__all__ = [
+    "ACTIVE_STATES",
+    "SlurmError",
+    "SlurmOptions",
+    "CellJob",
+    "CellJobInput",
+    "TrainJob",
+    "submit_cells",
+    "submit_training",
+]
 
 #: rounds of wait_for a job may be unknown to both sacct and squeue before it counts as lost
 VANISHED_ROUNDS = 5
@@ -193,25 +202,29 @@ class _Requeueable:
         return DelayedSubmission(self, *args, **kwargs)
 
 
+@dataclass(frozen=True)
+class CellJobInput:
+    """What every cell job of a sweep receives (pickled by submitit): the sweep, the records folder (absolute: a
+    job's working directory is not the sweep's) and the plan as it was read once by ``lapheads sweep``."""
+
+    definition: Any  # lapheads.study.cells.SweepDefinition
+    records: Path | None
+    plan: Any = None  # lapheads.study.records.Plan
+
+
 class CellJob(_Requeueable):
     """One sweep cell as a SLURM job: train it (resuming its run directory), then write its record."""
 
-    def __call__(self, cell: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
-        from lapheads.study.sweep import Cell, CellRecorder, train_cell
+    def __call__(self, cell: Any, job: CellJobInput) -> dict[str, Any]:
+        from lapheads.study.cells import CellRecorder, train_cell
 
         threads = _threads_from_slurm()
-        one = Cell(cell["spec"], cell["seed"], Path(cell["run_dir"]))
-        task, preset, overrides = sweep["task"], sweep["preset"], sweep["overrides"]
         began = time.monotonic()
         with _requeue_when_stopped():
-            train_cell(task, preset, overrides, one)
-        if sweep.get("records"):
-            from lapheads.study.records import load_plan
-
-            plan = load_plan(sweep["plan"]) if sweep.get("plan") else None
-            recorder = CellRecorder(Path(sweep["records"]), sweep["definition"], plan, task, preset, overrides)
-            recorder.write(one, time.monotonic() - began, threads)
-        return {"cell": one.name, "run_dir": str(one.run_dir)}
+            train_cell(job.definition, cell)
+        if job.records is not None:
+            CellRecorder(job.records, job.definition, job.plan).write(cell, time.monotonic() - began, threads)
+        return {"cell": cell.name, "run_dir": str(cell.run_dir)}
 
 
 class TrainJob(_Requeueable):
@@ -294,7 +307,7 @@ def log_tail(folder: Path, job_id: str, lines: int = 5) -> str:
 
 
 def submit_cells(
-    cells: list[Any], ledger: dict[str, dict[str, Any]], folder: Path, options: SlurmOptions, sweep: dict[str, Any],
+    cells: list[Any], ledger: dict[str, dict[str, Any]], folder: Path, options: SlurmOptions, job: CellJobInput,
     pins: dict[str, str], log,
 ) -> list[tuple[Any, Any]]:  # fmt: skip
     """Submit ``cells`` that no job holds now as one job array; returns (cell, job) for every cell with a live job
@@ -314,18 +327,13 @@ def submit_cells(
             log(f"sweep: {cell.name}'s SLURM job {job_id} ended {state}: {log_tail(folder, job_id)}; resubmitting it")
         todo.append(cell)
     if todo:
-        executor = _executor(folder, options, f"lapheads-{Path(sweep['preset']).stem}", pins, 1, 1)
-        with _refusals(), executor.batch():
-            jobs = [
-                executor.submit(
-                    CellJob(), {"spec": c.spec, "seed": c.seed, "run_dir": str(Path(c.run_dir).resolve())}, sweep
-                )
-                for c in todo
-            ]
-        for cell, job in zip(todo, jobs):
-            ledger[cell.name].update(status="submitted", slurm_job=job.job_id)
-            log(f"sweep: {cell.name} submitted as SLURM job {job.job_id} (log {folder / job.job_id})")
-            live.append((cell, job))
+        executor = _executor(folder, options, f"lapheads-{Path(job.definition.preset).stem}", pins, 1, 1)
+        with _refusals(), executor.batch():  # each cell with its run directory absolute, its config resolved here
+            jobs = [executor.submit(CellJob(), replace(c, run_dir=Path(c.run_dir).resolve()), job) for c in todo]
+        for cell, submitted in zip(todo, jobs):
+            ledger[cell.name].update(status="submitted", slurm_job=submitted.job_id)
+            log(f"sweep: {cell.name} submitted as SLURM job {submitted.job_id} (log {folder / submitted.job_id})")
+            live.append((cell, submitted))
     return live
 
 

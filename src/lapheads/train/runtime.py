@@ -22,16 +22,14 @@ import random
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
-from lapheads.config import NON_NEGATIVE, POSITIVE, ConfigError, Domain, one_of, option
+from lapheads.config import ConfigError
 from lapheads.core import native
-from lapheads.core.heads import HEAD_SPEC
-from lapheads.distributed import Distributed, StoppedError, peer_failures, setup_distributed
+from lapheads.distributed import Distributed
 from lapheads.errors import CheckpointError, InputError
 from lapheads.hardware import BusyWatch, Precision, choose_precision, full_fp32
 from lapheads.runs import (
@@ -39,32 +37,24 @@ from lapheads.runs import (
     latest_checkpoint,
     notice,
 )
-from lapheads.runs.checkpoints import NonFiniteLossError, kept_checkpoint, load_checkpoint, save_checkpoint
+from lapheads.runs.checkpoints import NonFiniteLossError, kept_checkpoint, load_checkpoint
 from lapheads.runs.layout import (
     CHECKPOINTS,
     METRICS_FILE,
 )
+from lapheads.train.configs.run import RESUME_FREE, RunConfig
 
 __all__ = [
-    "CheckpointError",
     "training_progress",
     "StepClock",
     "grad_sync",
     "start_or_resume",
     "wrap_for_training",
-    "Distributed",
     "GlobalBatchSampler",
-    "NonFiniteLossError",
-    "StoppedError",
-    "peer_failures",
     "run_precision",
     "check_finite_loss",
     "RunConfig",
-    "RunDir",
-    "load_checkpoint",
-    "save_checkpoint",
     "seed_everything",
-    "setup_distributed",
 ]
 
 
@@ -184,41 +174,6 @@ def grad_sync(train_model: torch.nn.Module, dist_: Distributed, last: bool):
     """The context of one micro-batch's backward: DDP all-reduces the gradients on the ``last`` micro-batch of a
     step only (``no_sync`` on the others); one process needs neither."""
     return contextlib.nullcontext() if last or not dist_.enabled else train_model.no_sync()
-
-
-@dataclass
-class RunConfig:
-    """The options every training run has; ClassifyConfig, LMConfig and DINOConfig extend it."""
-
-    description: str = option("", "what this recipe is (free text, shown in reports)")
-    laplacian_heads: str = option(
-        "0", "Laplacian heads: k trailing heads per layer, one k per layer, or head kinds (not in HF models)", HEAD_SPEC
-    )
-    seed: int = option(
-        0,
-        "seed of the weights and the data order (arms with the same seed are paired)",
-        Domain("0 <= seed < 2^63", lambda v: 0 <= v < 2**63),  # torch.manual_seed's range
-    )
-    device: str = option("auto", "where to train (auto = cuda when available)", one_of("auto", "cpu", "cuda"))
-    amp: bool | Literal["auto"] = option(
-        "auto", "bf16 autocast: auto = where the hardware computes bf16 natively and faster (lapheads.hardware)"
-    )
-    compile: bool = option(False, "torch.compile the model")
-    log_every: int = option(10, "steps between metrics.jsonl records", POSITIVE)
-    checkpoint_every: int = option(0, "steps between extra checkpoints (0: only at evals and the end)", NON_NEGATIVE)
-    keep_checkpoints: int = option(2, "newest checkpoints kept (0: all, e.g. for geometry over training)", NON_NEGATIVE)
-    log: str = option(
-        "",
-        "mirror metrics.jsonl to trackers: tensorboard and/or wandb, comma list (empty: none)",
-        Domain(
-            "empty or a comma list of tensorboard, wandb",
-            lambda v: all(t.strip() in ("tensorboard", "wandb") for t in v.split(",") if t.strip()),
-        ),
-    )
-
-
-#: fields a --resume may change: they do not touch the trajectory (where metrics are mirrored; a preset's wording)
-RESUME_FREE = ("log", "description")
 
 
 def check_finite_loss(mean_loss: float, step: int, run: RunDir, hint: str, progress=None) -> None:
@@ -496,7 +451,3 @@ def wrap_for_training(
             model, device_ids=[dist_.local_rank] if dist_.device.type == "cuda" else None
         )
     return train_model, (torch.compile(train_model) if compile_model else train_model)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Checkpoints

@@ -325,7 +325,8 @@ Values = dict[str, dict[str, dict[int, float]]]  # row label -> spec -> seed -> 
 
 def geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, Values]:
     """(geometry rows, mechanism rows) from every finished cell's analysis (``lapheads analyze``, cached)."""
-    from lapheads.study.analyze import AnalyzeOptions, analyze_run
+    from lapheads.evals.geometry import AnalyzeOptions
+    from lapheads.study.analyze import analyze_run
 
     options = AnalyzeOptions(max_tokens=max_tokens)
     task = get_task(record["task"])

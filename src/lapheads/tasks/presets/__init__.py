@@ -12,7 +12,7 @@ from pathlib import Path
 
 from lapheads.config import ConfigError, apply_overrides, config_from_dict, load_preset_file, validate_config
 from lapheads.tasks import TASKS
-from lapheads.train.classify import ClassifyConfig
+from lapheads.train.configs.classify import ClassifyConfig
 
 __all__ = [
     "CLASSIFY_PRESETS",
@@ -86,7 +86,7 @@ def resume_config(
     given = apply_overrides(stored, overrides)
     if laplacian_heads is not None:
         given = config_from_dict(cls, {"laplacian_heads": laplacian_heads}, base=given)
-    from lapheads.train.runtime import RESUME_FREE
+    from lapheads.train.configs.run import RESUME_FREE
 
     changed = [
         f.name

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lapheads.train.chat import MidConfig, SFTConfig
+from lapheads.train.configs.chat import MidConfig, SFTConfig
 
 MID_PRESETS: dict[str, MidConfig] = {
     "nanochat-mid": MidConfig(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from lapheads.train.classify import ClassifyConfig
+from lapheads.train.configs.classify import ClassifyConfig
 
 _DEIT3_AUTHORS = ClassifyConfig(
     description=(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lapheads.train.dino import DINOConfig
+from lapheads.train.configs.dino import DINOConfig
 
 DINO_PRESETS: dict[str, DINOConfig] = {
     "dino-vits16-imagenet": DINOConfig(

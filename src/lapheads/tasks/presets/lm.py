@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from lapheads.train.lm import LMConfig
+from lapheads.train.configs.lm import LMConfig
 
 _NANOCHAT_D20 = LMConfig(
     description=(
