@@ -7,7 +7,7 @@ Each subclasses the built-in type it used to be (``ValueError`` for bad values, 
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "InputError", "LapheadsError"]
+__all__ = ["CheckpointError", "InputError", "LapheadsError", "SweepError"]
 
 
 class LapheadsError(Exception):
@@ -21,3 +21,7 @@ class InputError(LapheadsError, ValueError):
 
 class CheckpointError(LapheadsError, RuntimeError):
     """A checkpoint or run directory that is missing, corrupt, unsafe or does not match the model; one line."""
+
+
+class SweepError(LapheadsError, ValueError):
+    """A bad sweep definition, sweep folder or report request; one-line message."""

@@ -147,3 +147,13 @@ def test_the_git_revision_is_read_without_git_too(monkeypatch, tmp_path):
     )
     assert directory._revision_from_files(tmp_path / "repo" / "src") == "b" * 40
     assert directory._revision_from_files(tmp_path) is None
+    # a worktree (`git worktree add`, how a study's frozen tree is kept): a .git file naming its folder in the repo
+    worktree = git / "worktrees" / "frozen"
+    worktree.mkdir(parents=True)
+    (worktree / "commondir").write_text("../..\n")
+    (worktree / "HEAD").write_text(f"{'c' * 40}\n")  # detached at the frozen commit
+    (tmp_path / "frozen").mkdir()
+    (tmp_path / "frozen" / ".git").write_text(f"gitdir: {worktree}\n")
+    assert directory._revision_from_files(tmp_path / "frozen") == "c" * 40
+    (worktree / "HEAD").write_text("ref: refs/heads/main\n")  # on a branch: its ref is in the main repository
+    assert directory._revision_from_files(tmp_path / "frozen") == "b" * 40

@@ -202,16 +202,15 @@ def test_a_margin_must_be_a_positive_number(margin, tmp_path, capsys):
 
 
 def test_a_non_finite_metric_is_refused_by_name(tmp_path, capsys):
+    from lapheads.runs.records import CellRecord
     from lapheads.study.report import collect
     from lapheads.tasks.metrics import TEST_TOP1
 
-    for seed, value in ((0, 80.0), (1, float("nan"))):
-        run = tmp_path / f"L0-s{seed}"
-        run.mkdir()
-        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "eval_top1": value}) + "\n")
     cells = {
-        f"L0-s{s}": {"spec": "0", "seed": s, "run_dir": str(tmp_path / f"L0-s{s}"), "status": "done"} for s in (0, 1)
-    }
+        f"L0-s{seed}": {"spec": "0", "seed": seed, "status": "recorded",
+                        "source": CellRecord({"metrics": [{"step": 1, "eval_top1": value}]})}
+        for seed, value in ((0, 80.0), (1, float("nan")))
+    }  # fmt: skip
     with pytest.raises(Exception, match="cell 0 seed 1: test top-1 \\(%\\) is nan; allowed: a finite number"):
         collect({"specs": ["0"], "cells": cells}, TEST_TOP1)
 

@@ -142,7 +142,7 @@ def test_a_per_layer_schedule_sweep_reports_each_schedule_against_k_0(tiny_prese
     capsys.readouterr()
     assert main(["report", str(out)]) == 2 and main(["mechanism", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "L0-s1: its config.json trained laplacian_heads '2,0', but the sweep lists it as arm '0' seed 1" in err
+    assert "L0-s1: cell arm '0', trained with laplacian_heads '2,0'; allowed: the same arm" in err
 
 
 def test_one_job_trains_in_this_process_with_the_threads_asked_for(tiny_preset, tmp_path, monkeypatch):
@@ -389,7 +389,14 @@ def test_report_restates_a_stats_json_with_todays_statistics(tmp_path, capsys):
     assert main(["report", str(tmp_path / "bad.json")]) == 2
 
 
-def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step(tmp_path):
+def _recorded_cell(spec: str, seed: int, metrics: list[dict]) -> dict:
+    """A finished cell as the report's statistics read it: its record (here only its metrics.jsonl entries)."""
+    from lapheads.runs.records import CellRecord
+
+    return {"spec": spec, "seed": seed, "status": "recorded", "source": CellRecord({"metrics": metrics})}
+
+
+def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step():
     # val bpb at steps 100 and 200; seed 2 of spec 2 stopped before step 200 (a cell still running is not "done",
     # but a done cell may have skipped an evaluation); step 50 is logged by the baseline only
     values = {
@@ -402,12 +409,9 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step(t
     }
     cells = {}
     for (spec, seed), by_step in values.items():
-        run_dir = tmp_path / f"L{spec}-s{seed}"
-        run_dir.mkdir()
-        lines = [json.dumps({"step": step, "loss": 1.0}) for step in by_step]  # training records are skipped
-        lines += [json.dumps({"step": step, "val_bpb": v}) for step, v in by_step.items()]
-        (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-        cells[run_dir.name] = {"spec": spec, "seed": seed, "run_dir": str(run_dir), "status": "done"}
+        lines = [{"step": step, "loss": 1.0} for step in by_step]  # training records are skipped
+        lines += [{"step": step, "val_bpb": v} for step, v in by_step.items()]
+        cells[f"L{spec}-s{seed}"] = _recorded_cell(spec, seed, lines)
     record = {"specs": ["0", "2"], "cells": cells}
     gaps = gap_over_training(record, VAL_BPB)
     first, last = gaps["2"]
@@ -430,7 +434,7 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step(t
     assert late_change(one_seed, VAL_BPB)["0"]["still_improving"] is None
 
 
-def test_fit_against_test_pairs_each_cells_training_and_test_top1_and_the_losses_with_the_baseline(tmp_path):
+def test_fit_against_test_pairs_each_cells_training_and_test_top1_and_the_losses_with_the_baseline():
     # (fit top-1, test top-1, fit loss, test loss) at the last evaluation
     finals = {
         ("0", 0): (85.0, 83.0, 0.40, 0.50),
@@ -441,14 +445,11 @@ def test_fit_against_test_pairs_each_cells_training_and_test_top1_and_the_losses
     }
     cells = {}
     for (spec, seed), (fit, test, fit_loss, test_loss) in finals.items():
-        run_dir = tmp_path / f"L{spec}-s{seed}"
-        run_dir.mkdir()
         lines = [
             {"step": 10, "eval_top1": 50.0, "fit_top1": 40.0, "fit_loss": 2.0, "eval_loss": 2.0},
             {"step": 20, "eval_top1": test, "fit_top1": fit, "fit_loss": fit_loss, "eval_loss": test_loss},
         ]
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-        cells[run_dir.name] = {"spec": spec, "seed": seed, "run_dir": str(run_dir), "status": "done"}
+        cells[f"L{spec}-s{seed}"] = _recorded_cell(spec, seed, lines)
     record = {"specs": ["0", "3"], "cells": cells}
     rows = fit_against_test(record)
     diff = np.array([2.0, 2.5, 1.3])  # the last evaluation of each cell

@@ -10,9 +10,9 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -55,18 +55,24 @@ def git_revision() -> str | None:
 
 
 def _revision_from_files(start: Path) -> str | None:
-    """HEAD's commit read from the first .git folder above ``start`` (a loose ref, else packed-refs)."""
-    git = next((folder / ".git" for folder in (start, *start.parents) if (folder / ".git").is_dir()), None)
+    """HEAD's commit read from the first .git above ``start`` (a loose ref, else packed-refs). A .git file is a
+    worktree's (``gitdir: PATH``, as `git worktree add` writes it): its HEAD is there, its branches' refs in the
+    repository it names (``commondir``)."""
+    git = next((folder / ".git" for folder in (start, *start.parents) if (folder / ".git").exists()), None)
     if git is None:
         return None
     try:
+        if git.is_file():
+            git = (git.parent / git.read_text().strip().removeprefix("gitdir: ")).resolve()
+        common = (git / (git / "commondir").read_text().strip()).resolve() if (git / "commondir").is_file() else git
         head = (git / "HEAD").read_text().strip()
         if not head.startswith("ref: "):
             return head or None  # a detached HEAD holds the commit itself
         ref = head.removeprefix("ref: ")
-        if (git / ref).is_file():
-            return (git / ref).read_text().strip() or None
-        for line in (git / "packed-refs").read_text().splitlines():
+        for folder in (git, common):
+            if (folder / ref).is_file():
+                return (folder / ref).read_text().strip() or None
+        for line in (common / "packed-refs").read_text().splitlines():
             if line.endswith(" " + ref):
                 return line.split()[0]
     except OSError:

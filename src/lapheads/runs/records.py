@@ -41,6 +41,7 @@ __all__ = [
     "environment",
     "environment_key",
     "file_sha256",
+    "record_in_memory",
     "load_records",
     "read_record",
     "write_record",
@@ -230,6 +231,12 @@ def read_record(path: str | os.PathLike) -> CellRecord:
         raise RecordError(f"{path} holds the record of cell {record.name}; allowed: {record.name}.json (records keep "
                           "their names)")  # fmt: skip
     return record
+
+
+def record_in_memory(data: dict[str, Any], where: str) -> CellRecord:
+    """A record built in memory from a run directory (``lapheads report SWEEP_DIR``): checked as a record file is
+    (its cell against the config that trained it), never written."""
+    return CellRecord(_check({"format": RECORD_FORMAT, "version": RECORD_VERSION, **data}, where))
 
 
 def write_record(records_dir: str | os.PathLike, data: dict[str, Any]) -> Path:

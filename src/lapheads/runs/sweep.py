@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lapheads.errors import SweepError
 from lapheads.io import json_loads
-from lapheads.errors import LapheadsError
 from lapheads.runs.layout import (
     SWEEP_FILE,
 )
@@ -18,10 +18,6 @@ def spec_dir_name(spec: str) -> str:
     """A head spec as it names directories: cells L<spec>-s<seed>, reports report-vs-L<spec> ("3,0" -> "L3_0",
     "negated:3" -> "Lnegated-3", "ordinary/negated/laplacian" -> "Lordinary.negated.laplacian")."""
     return "L" + spec.replace(",", "_").replace(":", "-").replace("/", ".")
-
-
-class SweepError(LapheadsError, ValueError):
-    """A bad sweep definition or directory; one-line message."""
 
 
 #: an arm is a head spec, optionally followed by training settings of its own after "+", each KEY=VALUE (a config

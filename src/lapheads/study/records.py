@@ -36,6 +36,7 @@ from lapheads.runs.records import (
     environment_key,
     file_sha256,
     read_record,
+    record_in_memory,
 )
 from lapheads.tasks import get_task
 
@@ -51,6 +52,7 @@ __all__ = [
     "load_plan",
     "record_or_none",
     "records_sweep",
+    "sweep_with_records",
 ]
 
 #: the tokens per layer a record's analysis reads (a random subset of the evaluation set)
@@ -234,20 +236,26 @@ def build_record(
     threads: int | None = None,
     wall_seconds: float | None = None,
     max_tokens: int = RECORD_MAX_TOKENS,
+    analysed: bool = True,
 ) -> dict[str, Any]:
-    """Everything a report reads from one finished cell's run directory (see the module docstring)."""
+    """Everything a report reads from one finished cell's run directory (see the module docstring); with
+    ``analysed`` False, no geometry analysis and no checkpoint's heads (a report without geometry reads neither)."""
     from lapheads.evals.geometry import AnalyzeOptions
     from lapheads.geometry.mechanism import ov_circuits
     from lapheads.study.analyze import analyze_run
 
     run = RunDir(run_dir)
     config = run.read_config()
+    cell = {"name": name, "spec": spec, "seed": seed, "config": config["config"]}
+    recipe = {key: sweep[key] for key in ("preset", "task", "overrides")}
+    # the cell is the config that trained it (arm, seed, task), checked before anything is analysed
+    record_in_memory({"cell": cell, "sweep": recipe, "config": config, "metrics": [], "environment": {}}, str(run_dir))
     task = get_task(config["task"])
     analysis = None
-    if holds_analysis(config["task"]):
+    if analysed and holds_analysis(config["task"]):
         analysis = analyze_run(run.path, AnalyzeOptions(max_tokens=max_tokens))
     heads = {}
-    if task.analyzer is not None:
+    if analysed and task.analyzer is not None:
         for step in checkpoint_steps(run):
             heads[str(step)] = ov_circuits(load_model(run, task.analyzed_weights, step))
     reports = {}
@@ -258,8 +266,8 @@ def build_record(
     env = config.get("environment") or environment(threads if threads is not None else int(config.get("threads") or 0))
     env["precision"] = config.get("precision")
     return {
-        "cell": {"name": name, "spec": spec, "seed": seed, "config": config["config"]},
-        "sweep": {key: sweep[key] for key in ("preset", "task", "overrides")},
+        "cell": cell,
+        "sweep": recipe,
         "sweep_arms": {"specs": sweep["specs"], "seeds": sweep["seeds"]},
         "plan_sha256": plan_sha256,
         "config": config,
@@ -271,6 +279,30 @@ def build_record(
         "wall_seconds": wall_seconds,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def sweep_with_records(sweep: dict[str, Any], max_tokens: int, analysed: bool = True) -> dict[str, Any]:
+    """A sweep folder's record (sweep.json) as ``lapheads report`` reads it: each finished cell carries, as its
+    ``"source"``, the record the sweep's own builder (:func:`build_record`) makes of its run directory, in memory and
+    checked as a record file is, so the report reads records only, from either kind of folder. A cell trained
+    elsewhere (status "recorded", no run directory here) carries its committed record; a built one keeps the plan
+    stamp of its committed record, if the sweep's records folder holds one."""
+    definition = {key: sweep[key] for key in ("preset", "task", "specs", "seeds", "overrides")}
+    records = Path(sweep["records"]) if sweep.get("records") else None
+    cells = {}
+    for name, cell in sweep["cells"].items():
+        committed = None if records is None else records / record_file(name)
+        committed = committed if committed is not None and committed.exists() else None
+        if cell.get("status") not in ("done", "recorded"):
+            cells[name] = cell
+        elif not RunDir(cell["run_dir"]).finished() and committed is not None:
+            cells[name] = {**cell, "source": read_record(committed)}
+        else:
+            stamp = None if committed is None else read_record(committed).data.get("plan_sha256")
+            data = build_record(cell["run_dir"], name=name, spec=cell["spec"], seed=cell["seed"], sweep=definition,
+                                plan_sha256=stamp, max_tokens=max_tokens, analysed=analysed)  # fmt: skip
+            cells[name] = {**cell, "source": record_in_memory(data, str(cell["run_dir"]))}
+    return {**sweep, "cells": cells}
 
 
 def records_sweep(folder: str | Path) -> dict[str, Any]:
@@ -322,13 +354,7 @@ def declaration(records_folder: str | Path | None, cells: list[dict[str, Any]]) 
     if plan_file is None or not plan_file.exists() or not cells:
         return {"before_data": False, "plan_sha256": None, "why": "no plan in a records folder"}
     sha = file_sha256(plan_file)
-    stamped = []
-    for cell in cells:
-        source = cell.get("source")
-        if source is None:  # a cell read from its run directory: its record (if any) is where the stamp is
-            path = Path(records_folder) / record_file(Path(cell["run_dir"]).name)
-            source = read_record(path) if path.exists() else None
-        stamped.append(None if source is None else source.data.get("plan_sha256"))
+    stamped = [cell["source"].data.get("plan_sha256") for cell in cells]
     unstamped = sum(s != sha for s in stamped)
     why = "every record carries the plan's sha256" if not unstamped else f"{unstamped} cell(s) without the plan's hash"
     return {"before_data": not unstamped, "plan_sha256": sha, "why": why}

@@ -57,7 +57,7 @@ from lapheads.train.runtime import (
     wrap_for_training,
 )
 
-__all__ = ["MidConfig", "SFTConfig", "merge_lora", "train_mid", "train_sft"]
+__all__ = ["merge_lora", "train_mid", "train_sft"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from lapheads.train.runtime import (
     wrap_for_training,
 )
 
-__all__ = ["ClassifyConfig", "train_classify"]
+__all__ = ["train_classify"]
 
 
 def _micro_batch(cfg: ClassifyConfig, world_size: int) -> tuple[int, int]:

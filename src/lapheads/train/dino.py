@@ -57,7 +57,7 @@ from lapheads.train.runtime import (
     wrap_for_training,
 )
 
-__all__ = ["DINOConfig", "build_backbone", "train_dino"]
+__all__ = ["train_dino"]
 
 
 def build_student_teacher(

@@ -67,7 +67,7 @@ from lapheads.train.runtime import (
     wrap_for_training,
 )
 
-__all__ = ["LMConfig", "build_gpt", "text_source", "train_lm"]
+__all__ = ["train_lm"]
 
 
 def _check_training_fits(cfg: LMConfig, vocab_size: int, device: str) -> None:

@@ -53,7 +53,6 @@ __all__ = [
     "GlobalBatchSampler",
     "run_precision",
     "check_finite_loss",
-    "RunConfig",
     "seed_everything",
 ]
 

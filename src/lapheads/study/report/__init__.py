@@ -46,7 +46,6 @@ from lapheads.runs import SWEEP_FILE, SweepError, load_sweep, spec_dir_name
 from lapheads.runs.layout import writable_report_folder
 from lapheads.study.report.figures import plot_metric, plot_steps
 from lapheads.study.report.statistics import (
-    check_cells_are_their_arms,
     code_revisions,
     collect,
     diffusion_against_zero,
@@ -241,6 +240,8 @@ def mechanism_report(sweep_dir: str | Path, max_tokens: int = 1_000_000) -> Path
     """SWEEP_DIR/report/mechanism.md and mechanism.json: the mechanism section alone (every finished cell analysed,
     or its cached analysis reused), for a question asked of trained models after a study's plan was written: it
     states no headline or geometry verdict, so it reads nothing a pre-registered report has yet to read."""
+    from lapheads.study.records import sweep_with_records
+
     sweep_dir = Path(sweep_dir)
     record = load_sweep(sweep_dir)
     if not get_task(record["task"]).geometry:
@@ -248,8 +249,8 @@ def mechanism_report(sweep_dir: str | Path, max_tokens: int = 1_000_000) -> Path
     cells = done_cells(record)
     if not cells:
         raise SweepError(f"{sweep_dir}: no finished cell; run or resume the sweep first")
-    check_cells_are_their_arms(record)
-    _, mechanism_values = geometry_values(record, max_tokens)
+    record = sweep_with_records(record, max_tokens)
+    _, mechanism_values = geometry_values(record)
     stats = diffusion_against_zero(mechanism_values)
     seeds = sorted({c["seed"] for c in cells})
     lines = [
@@ -311,7 +312,7 @@ def write_report(
         seeds: report only these seeds (a plan's pre-registered stop: e.g. its first 6 pairs); None: every seed.
     """
 
-    from lapheads.study.records import declaration, records_sweep
+    from lapheads.study.records import declaration, records_sweep, sweep_with_records
 
     sweep_dir = Path(sweep_dir)
     from_records = not (sweep_dir / SWEEP_FILE).exists() and sweep_dir.is_dir() and any(sweep_dir.glob("*.json"))
@@ -322,16 +323,17 @@ def write_report(
     if baseline != "0" and baseline not in specs:  # a sweep without k = 0 still reports its arms, untested
         raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
     out = writable_report_folder(sweep_dir, None if baseline == "0" else spec_dir_name(baseline))
-    cells = done_cells(record)
-    check_cells_are_their_arms(record)
-    declared = declaration(record.get("records"), cells)
     pictures = (
-        get_task(task).pictures and metric is None and bool(cells) and not from_records
+        get_task(task).pictures and metric is None and bool(done_cells(record)) and not from_records
     )  # pictures need the weights
-    if pictures:
+    if pictures:  # before the records are built: the evaluation writes each run's report/eval_dino.json they read
         from lapheads.evals.dino import eval_dino
 
-        eval_dino([c["run_dir"] for c in cells], out, reuse=True)
+        eval_dino([c["run_dir"] for c in done_cells(record)], out, reuse=True)
+    if not from_records:  # each finished cell's record, built in memory: one way of reading a cell
+        record = sweep_with_records(record, max_tokens, analysed=geometry and bool(get_task(task).geometry))
+    cells = done_cells(record)
+    declared = declaration(record.get("records"), cells)
     metrics = [logged(metric)] if metric else list(get_task(task).headline)
     headline = {m.label: summarize(collect(record, m), baseline) for m in metrics}
     if not any(row["n"] for rows in headline.values() for row in rows.values()):
@@ -355,7 +357,7 @@ def write_report(
     geometry_stats: dict[str, Any] = {}
     mechanism_stats: dict[str, Any] = {}
     if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
-        by_row, mechanism_values = geometry_values(record, max_tokens)
+        by_row, mechanism_values = geometry_values(record)
         geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in by_row.items()}
         mechanism_stats = diffusion_against_zero(mechanism_values)
     plan = _plan_of(record)

@@ -4,19 +4,16 @@ quarter, the gap over training, geometry and diffusion scores read from every ce
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lapheads.runs import RunDir, SweepError
-from lapheads.runs.sweep import arm_mismatch
-from lapheads.study.verdicts import holm_steps, mde
+from lapheads.errors import SweepError
+from lapheads.study.verdicts import ALPHA, POWER, holm_steps, mde
 from lapheads.tasks import get_task
 from lapheads.tasks.metrics import Metric, claim, logged
 
 # the headline metrics, geometry rows and geometry layers of each task are in lapheads.tasks (Task.headline, ...)
-ALPHA, POWER = 0.05, 0.80
 
 
 def welch_t_test(a: list[float], b: list[float]) -> dict[str, float]:
@@ -89,9 +86,9 @@ def verdict(difference: float, p_holm: float, mde_: float, direction: int | None
 
 
 def reader(cell: dict[str, Any]) -> Any:
-    """What a cell's numbers are read from: its record (``"source"``, a ``lapheads.runs.records.CellRecord``) or its
-    run directory; both answer ``read_metrics``, ``last_metric`` and ``read_report``."""
-    return cell["source"] if cell.get("source") is not None else RunDir(cell["run_dir"])
+    """What a cell's numbers are read from: its record (``"source"``, a ``lapheads.runs.records.CellRecord``, read
+    from a records folder or built in memory from a run directory by ``study.records.sweep_with_records``)."""
+    return cell["source"]
 
 
 def _final(run: Any, metric: Metric) -> float | None:
@@ -115,33 +112,10 @@ def code_revisions(cells: list[dict[str, Any]]) -> dict[str, list[str]]:
     into config.json and a record copies), each with its cells' names; {} where no cell says."""
     by_revision: dict[str, list[str]] = {}
     for cell in cells:
-        source = cell.get("source")
-        if source is not None:
-            name, environment = source.name, source.data.get("environment") or {}
-        else:
-            name, environment = Path(cell["run_dir"]).name, RunDir(cell["run_dir"]).read_config().get("environment")
-        revision = (environment or {}).get("git_revision")
+        revision = (reader(cell).data.get("environment") or {}).get("git_revision")
         if revision:
-            by_revision.setdefault(str(revision), []).append(name)
+            by_revision.setdefault(str(revision), []).append(reader(cell).name)
     return by_revision
-
-
-def check_cells_are_their_arms(record: dict[str, Any]) -> None:
-    """Every finished cell read from a run directory trained its own arm and seed: a config.json edited (or a run
-    folder swapped) to another head spec or seed would be reported under the wrong arm, so it is one line instead.
-    (Cells read from records carry their arm in the record they were written with.)"""
-    for cell in done_cells(record):
-        if cell.get("source") is not None:
-            continue
-        config = RunDir(cell["run_dir"]).read_config().get("config", {})
-        mismatch = arm_mismatch(cell["spec"], config) or (
-            None if config.get("seed") == cell["seed"] else f"seed {config.get('seed')!r}"
-        )
-        if mismatch:
-            raise SweepError(
-                f"{cell['run_dir']}: its config.json trained {mismatch}, but the sweep lists it as arm "
-                f"{cell['spec']!r} seed {cell['seed']}; allowed: the cell's own run (rerun it or restore config.json)"
-            )
 
 
 def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float]]:
@@ -253,17 +227,9 @@ def mechanism_over_training(record: dict[str, Any]) -> dict[str, dict[str, list[
     seeds' mean score over blocks at one step, tested against 0 (``paired_test`` against a zero arm), with
     "step"], ...}} at every checkpoint the finished cells kept. Read from the weights alone (no data), so each
     kept step costs one model load."""
-    from lapheads.geometry.mechanism import ov_circuits
-    from lapheads.runs import checkpoint_steps, load_model
-
-    weights = get_task(record["task"]).analyzed_weights
     scores: dict[str, dict[str, dict[int, dict[int, float]]]] = {}
     for cell in done_cells(record):
-        if cell.get("source") is not None:  # a record keeps every kept checkpoint's scores
-            by_step = cell["source"].checkpoint_heads
-        else:
-            run = RunDir(cell["run_dir"])
-            by_step = {step: ov_circuits(load_model(run, weights, step)) for step in checkpoint_steps(run)}
+        by_step = reader(cell).checkpoint_heads  # a record keeps every kept checkpoint's scores
         for step, blocks in sorted(by_step.items()):
             heads = [head for block in blocks for head in block]
             for kind in ("Laplacian", "ordinary"):
@@ -323,19 +289,15 @@ def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[
 Values = dict[str, dict[str, dict[int, float]]]  # row label -> spec -> seed -> value
 
 
-def geometry_values(record: dict[str, Any], max_tokens: int) -> tuple[Values, Values]:
-    """(geometry rows, mechanism rows) from every finished cell's analysis (``lapheads analyze``, cached)."""
-    from lapheads.evals.geometry import AnalyzeOptions
-    from lapheads.study.analyze import analyze_run
-
-    options = AnalyzeOptions(max_tokens=max_tokens)
+def geometry_values(record: dict[str, Any]) -> tuple[Values, Values]:
+    """(geometry rows, mechanism rows) from every finished cell's analysis (its record's ``lapheads analyze``)."""
     task = get_task(record["task"])
     metrics, where = task.geometry, task.geometry_layers
     out: Values = {f"{m.label} ({w})": {s: {} for s in record["specs"]} for w in where for m in metrics}
     mechanism: Values = {}
     twins: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]] = {}
     for cell in done_cells(record):
-        analysis = cell["source"].analysis if cell.get("source") is not None else analyze_run(cell["run_dir"], options)
+        analysis = reader(cell).analysis
         if analysis is None:
             continue
         for label, value in _diffusion_scores(analysis).items():
