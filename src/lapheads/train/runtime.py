@@ -42,7 +42,7 @@ from lapheads.runs.layout import (
     CHECKPOINTS,
     METRICS_FILE,
 )
-from lapheads.train.configs.run import RESUME_FREE, RunConfig
+from lapheads.train.configs.run import RESUME_FREE
 
 __all__ = [
     "training_progress",
