@@ -356,3 +356,25 @@ def test_no_section_header_stands_over_nothing():
             if not body:
                 empty.append(f"{path.relative_to(PACKAGE)}:{start + 2}: {lines[start + 1] if start + 1 < end else ''}")
     assert not empty, "\n".join(empty)
+
+
+def test_the_science_layer_keeps_its_bars():
+    """Issue 59's bars: the report's statistics are pure functions of numbers (nothing from runs, models or
+    geometry), a sweep is run from a definition and its options (<= 4 parameters), and no function of study/ is
+    longer than a screen and a half (80 lines)."""
+    graph = _imports()
+    statistics = graph["lapheads.study.report.statistics"]
+    assert not [t for t in statistics if _folder(t) in ("runs", "models", "geometry")], sorted(statistics)
+    run_sweep = next(
+        node
+        for node in ast.walk(ast.parse((PACKAGE / "study" / "sweep.py").read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name == "run_sweep"
+    )
+    assert len(run_sweep.args.args) + len(run_sweep.args.kwonlyargs) <= 4
+    long = [
+        f"{path.relative_to(PACKAGE)}: {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in (PACKAGE / "study").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80
+    ]
+    assert not long, "\n".join(long)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,7 +47,6 @@ def _mix_tensors(folder: Path) -> dict[int, tuple[list[float], list[float]]]:
 
 def mix_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write RUN_DIR/report/mix/{mix.md, mix.json, kinds.png, trajectories.png} for a run with mix heads."""
-    from lapheads.plots import panel_grid
     from lapheads.runs import RunDir, checkpoint_folder, checkpoint_steps
 
     run = RunDir(run_dir)
@@ -78,46 +78,8 @@ def mix_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["direction"]] = counts.get(row["direction"], 0) + 1
-    names = list(NAMED_POINTS)
-    layers = sorted(final)
-    heads = max(len(final[layer][0]) for layer in layers)
-    with panel_grid(out / "kinds.png", 1, size=(1.2 + 0.9 * heads, 1.0 + 0.45 * len(layers))) as (ax,):
-        grid = torch.full((len(layers), heads), float("nan"))
-        for row in rows:
-            grid[layers.index(row["layer"]), row["head"]] = names.index(row["direction"])
-        image = ax.imshow(grid.numpy(), cmap="tab10", vmin=0, vmax=9, aspect="auto")
-        for row in rows:
-            ax.text(
-                row["head"],
-                layers.index(row["layer"]),
-                f"{row['a']:+.2f}\n{row['b']:+.2f}",
-                ha="center",
-                va="center",
-                fontsize=7,
-            )
-        ax.set_xticks(range(heads), [str(h) for h in range(heads)])
-        ax.set_yticks(range(len(layers)), [str(layer + 1) for layer in layers])
-        ax.set_xlabel("head")
-        ax.set_ylabel("block")
-        ax.set_title("nearest kind by direction of (a, b); text: a, b", fontsize=9)
-        handles = [
-            __import__("matplotlib.patches", fromlist=["Patch"]).Patch(color=image.cmap(image.norm(i)), label=n)
-            for i, n in enumerate(names)
-            if n in counts
-        ]
-        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    with panel_grid(out / "trajectories.png", 2, size=(5, 3.2)) as (ax_a, ax_b):
-        for layer in layers:
-            for head in range(len(final[layer][0])):
-                label = f"block {layer + 1} head {head}"
-                ax_a.plot(steps, [history[s][layer][0][head] for s in steps], marker=".", label=label)
-                ax_b.plot(steps, [history[s][layer][1][head] for s in steps], marker=".", label=label)
-        for ax, name in ((ax_a, "a (coefficient of V)"), (ax_b, "b (coefficient of P V)")):
-            ax.set_xlabel("step")
-            ax.set_ylabel(name)
-            ax.grid(alpha=0.3)
-        if len(layers) * heads <= 12:
-            ax_b.legend(fontsize=6)
+    _plot_kinds(out / "kinds.png", rows, final, counts)
+    _plot_trajectories(out / "trajectories.png", steps, history)
     summary = ", ".join(f"{n}: {c}" for n, c in sorted(counts.items(), key=lambda item: -item[1]))
     text = "\n".join(
         [
@@ -156,3 +118,50 @@ def mix_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         + "\n"
     )
     return out / "mix.md"
+
+
+def _plot_kinds(path: Path, rows: list[dict[str, Any]], final: dict[int, Any], counts: dict[str, int]) -> None:
+    """Each head's nearest kind by direction of (a, b), a grid of blocks x heads with a and b written in."""
+    from matplotlib.patches import Patch
+
+    from lapheads.plots import panel_grid
+
+    names = list(NAMED_POINTS)
+    layers = sorted(final)
+    heads = max(len(final[layer][0]) for layer in layers)
+    with panel_grid(path, 1, size=(1.2 + 0.9 * heads, 1.0 + 0.45 * len(layers))) as (ax,):
+        grid = torch.full((len(layers), heads), float("nan"))
+        for row in rows:
+            grid[layers.index(row["layer"]), row["head"]] = names.index(row["direction"])
+        image = ax.imshow(grid.numpy(), cmap="tab10", vmin=0, vmax=9, aspect="auto")
+        for row in rows:
+            text = f"{row['a']:+.2f}\n{row['b']:+.2f}"
+            ax.text(row["head"], layers.index(row["layer"]), text, ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(heads), [str(h) for h in range(heads)])
+        ax.set_yticks(range(len(layers)), [str(layer + 1) for layer in layers])
+        ax.set_xlabel("head")
+        ax.set_ylabel("block")
+        ax.set_title("nearest kind by direction of (a, b); text: a, b", fontsize=9)
+        handles = [Patch(color=image.cmap(image.norm(i)), label=n) for i, n in enumerate(names) if n in counts]
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _plot_trajectories(path: Path, steps: list[int], history: dict[int, Any]) -> None:
+    """a and b of every head against the checkpoint step."""
+    from lapheads.plots import panel_grid
+
+    final = history[steps[-1]]
+    layers = sorted(final)
+    heads = max(len(final[layer][0]) for layer in layers)
+    with panel_grid(path, 2, size=(5, 3.2)) as (ax_a, ax_b):
+        for layer in layers:
+            for head in range(len(final[layer][0])):
+                label = f"block {layer + 1} head {head}"
+                ax_a.plot(steps, [history[s][layer][0][head] for s in steps], marker=".", label=label)
+                ax_b.plot(steps, [history[s][layer][1][head] for s in steps], marker=".", label=label)
+        for ax, name in ((ax_a, "a (coefficient of V)"), (ax_b, "b (coefficient of P V)")):
+            ax.set_xlabel("step")
+            ax.set_ylabel(name)
+            ax.grid(alpha=0.3)
+        if len(layers) * heads <= 12:
+            ax_b.legend(fontsize=6)

@@ -216,115 +216,141 @@ def apply_rule(
         margins: margins by label fixed before the data (a plan's ``margins``); they outrank the paper's default.
         alpha: every family's familywise alpha, and each secondary row's (a plan's ``alpha``; default 0.05).
     """
+    rule = _Rule({**primary, **others}, claims, baseline, directions, planned, margins or {}, alpha)
+    record: dict[str, Any] = {"alpha": alpha, "power": POWER, "primary": list(primary), "declared": [], "margin": {}}
+    rule.primary_family(primary, margin, record)
     declared_labels = DECLARED_GEOMETRY if family is None else tuple(family)
-    tables = {**primary, **others}
-    fixed = margins or {}
+    rule.declared_family({label: rows for label, rows in others.items() if label in declared_labels}, record)
+    rule.secondary_rows(record)
+    return record
 
-    def margin_of(label: str, base_mean: float) -> float | None:
+
+class _Rule:
+    """The verdict rule over one report's rows: each compared row's role, alpha, tests and verdict (apply_rule)."""
+
+    def __init__(self, tables, claims, baseline, directions, planned, fixed, alpha) -> None:
+        self.tables, self.claims, self.baseline, self.directions = tables, claims, baseline, directions
+        self.planned, self.fixed, self.alpha = planned, fixed, alpha
+
+    def margin_of(self, label: str, base_mean: float) -> float | None:
         """A margin fixed before the data wins; the paper's effect on this baseline is the default."""
-        return fixed[label] if label in fixed else default_margin(label, base_mean)
+        return self.fixed[label] if label in self.fixed else default_margin(label, base_mean)
 
+    @staticmethod
     def arm_of(key: str, row: dict[str, Any]) -> str:
         return str(row.get("arm", key))
 
-    def values_of(label: str, spec: str) -> dict[int, float] | None:
-        for key, row in tables[label].items():
-            if arm_of(key, row) == spec:
+    def values_of(self, label: str, spec: str) -> dict[int, float] | None:
+        for key, row in self.tables[label].items():
+            if self.arm_of(key, row) == spec:
                 return {int(s): float(v) for s, v in row["values"].items()}
         return None
 
-    def direction_of(label: str, key: str, row: dict[str, Any]) -> int | None:
-        claim_ = claims.get(label)
+    def differences(self, label: str, row: dict[str, Any]) -> list[float]:
+        return _differences(row, self.values_of(label, row.get("baseline", self.baseline)))
+
+    def direction_of(self, label: str, key: str, row: dict[str, Any]) -> int | None:
+        claim_ = self.claims.get(label)
         if claim_ is None:
             return None
-        given = directions.get(key, _DEFAULT) if directions is not None else _DEFAULT
-        d = contrast_direction(arm_of(key, row), row.get("baseline", baseline)) if given is _DEFAULT else given
+        given = self.directions.get(key, _DEFAULT) if self.directions is not None else _DEFAULT
+        d = (
+            contrast_direction(self.arm_of(key, row), row.get("baseline", self.baseline))
+            if given is _DEFAULT
+            else given
+        )
         return None if d is None else claim_ * d
 
-    def compared(label: str) -> list[tuple[str, dict[str, Any]]]:
-        return [(k, row) for k, row in tables[label].items() if "test" in row and row.get("baseline") != arm_of(k, row)]
+    def compared(self, label: str) -> list[tuple[str, dict[str, Any]]]:
+        return [(k, row) for k, row in self.tables[label].items()
+                if "test" in row and row.get("baseline") != self.arm_of(k, row)]  # fmt: skip
 
-    def in_plan(key: str) -> bool:
-        return planned is None or key in planned
+    def in_plan(self, key: str) -> bool:
+        return self.planned is None or key in self.planned
 
-    def describe(label: str, key: str, row: dict[str, Any], role: str, alpha: float) -> list[float]:
+    def describe(self, label: str, key: str, row: dict[str, Any], role: str, alpha: float) -> list[float]:
         """Annotate ``row``; returns its paired differences."""
-        differences = _differences(row, values_of(label, row.get("baseline", baseline)))
+        differences = self.differences(label, row)
         n = len(differences)
         se = float(np.std(differences, ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
-        direction = direction_of(label, key, row)
+        direction = self.direction_of(label, key, row)
+        claim_ = self.claims.get(label)
         row.update(
             role=role,
             alpha=alpha,
             direction=direction,
             mde_at_alpha=mde(se, n - 1, alpha) if n >= 2 else math.nan,
             permutation_p=sign_flip_p(differences) if differences else math.nan,
-            signs=sign_count(differences, direction if direction is not None else claims.get(label)) if n else "",
+            signs=sign_count(differences, direction if direction is not None else claim_) if n else "",
             # the contrast's own claim: the effective direction over the metric's (both +-1), or none
             contrast_claim="no claim"
-            if claims.get(label) is None
-            else _CONTRAST_WORDS[None if direction is None else direction * claims[label]],
+            if claim_ is None
+            else _CONTRAST_WORDS[None if direction is None else direction * claim_],
         )
         return differences
 
+    @staticmethod
     def test_of(row: dict[str, Any]) -> tuple[float, float]:
         """(difference, p) of the row's test: paired, or Welch's where fewer than two seeds pair up."""
         if row["test"] == "paired":
             return row["paired"]["mean_difference"], row["paired"]["p"]
         return row["mean"] - row.get("baseline_mean", math.nan), row["welch"]["p"]
 
-    def holm_family(members: dict[Any, dict[str, Any]], role: str) -> int:
+    def holm_family(self, members: dict[Any, dict[str, Any]], role: str) -> int:
         """Holm over ``members`` ((label, key) -> row): design alpha / m, the realised step's alpha beside it."""
-        adjusted, faced = holm_steps({member: test_of(row)[1] for member, row in members.items()}, alpha)
+        adjusted, faced = holm_steps({member: self.test_of(row)[1] for member, row in members.items()}, self.alpha)
         m = max(len(members), 1)
         for (label, key), row in members.items():
-            describe(label, key, row, role, alpha / m)
+            self.describe(label, key, row, role, self.alpha / m)
             row["p_holm"] = adjusted[(label, key)]
             row["holm_alpha"] = faced[(label, key)]
         return len(members)
 
-    record: dict[str, Any] = {"alpha": alpha, "power": POWER, "primary": list(primary), "declared": [], "margin": {}}
-    primary_members = {(label, k): row for label in primary for k, row in compared(label) if in_plan(k)}
-    record["primary_family_size"] = holm_family(primary_members, "primary")
-    for label, rows in primary.items():
-        base_mean = rows[baseline]["mean"] if baseline in rows and "mean" in rows[baseline] else math.nan
-        m = margin if margin is not None else margin_of(label, base_mean)
-        record["margin"][label] = m
-        for key, row in compared(label):
-            if (label, key) not in primary_members:
-                differences = describe(label, key, row, "secondary", alpha)
+    def primary_family(self, primary, margin: float | None, record: dict[str, Any]) -> None:
+        """The primary metric's planned rows, Holm across them; its other rows secondary; its margin's TOST."""
+        members = {(label, k): row for label in primary for k, row in self.compared(label) if self.in_plan(k)}
+        record["primary_family_size"] = self.holm_family(members, "primary")
+        for label, rows in primary.items():
+            base = rows[self.baseline]["mean"] if self.baseline in rows and "mean" in rows[self.baseline] else math.nan
+            m = margin if margin is not None else self.margin_of(label, base)
+            record["margin"][label] = m
+            for key, row in self.compared(label):
+                if (label, key) not in members:
+                    differences = self.describe(label, key, row, "secondary", self.alpha)
+                    row["p_holm"] = math.nan
+                else:
+                    differences = self.differences(label, row)
+                _equivalence(row, differences, m)
+                p = row["p_holm"] if (label, key) in members else self.test_of(row)[1]
+                row["verdict"] = _verdict(self.test_of(row)[0], p, row, self.claims.get(label), self.alpha)
+
+    def declared_family(self, declared, record: dict[str, Any]) -> None:
+        """The declared geometry rows, Holm across the family; a plan's margin gives a row its TOST."""
+        record["declared"] = list(declared)
+        members = {(label, k): row for label in declared for k, row in self.compared(label) if self.in_plan(k)}
+        record["declared_family_size"] = self.holm_family(members, "declared")
+        for (label, key), row in members.items():
+            if label in self.fixed:  # a declared row with a plan's margin: both TOST halves, as the primary's
+                record["margin"][label] = self.fixed[label]
+                _equivalence(row, self.differences(label, row), self.fixed[label])
+            row["verdict"] = _verdict(self.test_of(row)[0], row["p_holm"], row, self.claims.get(label), self.alpha)
+
+    def secondary_rows(self, record: dict[str, Any]) -> None:
+        """Every row no family took: tested at alpha, uncorrected, and worded so."""
+        for label in self.tables:
+            for key, row in self.compared(label):
+                if "role" in row:
+                    continue
+                differences = self.describe(label, key, row, "secondary", self.alpha)
                 row["p_holm"] = math.nan
-            else:
-                differences = _differences(row, values_of(label, row.get("baseline", baseline)))
-            _equivalence(row, differences, m)
-            p = row["p_holm"] if (label, key) in primary_members else test_of(row)[1]
-            row["verdict"] = _verdict(test_of(row)[0], p, row, claims.get(label), alpha)
-
-    declared = {label: rows for label, rows in others.items() if label in declared_labels}
-    record["declared"] = list(declared)
-    members = {(label, k): row for label in declared for k, row in compared(label) if in_plan(k)}
-    record["declared_family_size"] = holm_family(members, "declared")
-    for (label, key), row in members.items():
-        if label in fixed:  # a declared row with a plan's margin: both TOST halves, as the primary's
-            record["margin"][label] = fixed[label]
-            _equivalence(row, _differences(row, values_of(label, row.get("baseline", baseline))), fixed[label])
-        row["verdict"] = _verdict(test_of(row)[0], row["p_holm"], row, claims.get(label), alpha)
-
-    for label in tables:
-        for key, row in compared(label):
-            if "role" in row:
-                continue
-            differences = describe(label, key, row, "secondary", alpha)
-            row["p_holm"] = math.nan
-            if row["direction"] is not None:  # a claimed secondary row (a plan's headline) keeps its margin's TOST
-                base = values_of(label, row.get("baseline", baseline)) or {}
-                m = margin_of(label, float(np.mean(list(base.values()))) if base else math.nan)
-                if m is not None:
-                    record["margin"].setdefault(label, m)
-                    _equivalence(row, differences, m)
-            words = _verdict(*test_of(row), row, claims.get(label), alpha)
-            row["verdict"] = words if words.startswith(("not", "no claim")) else f"{words} (uncorrected)"
-    return record
+                if row["direction"] is not None:  # a claimed secondary row (a plan's headline) keeps its margin's TOST
+                    base = self.values_of(label, row.get("baseline", self.baseline)) or {}
+                    m = self.margin_of(label, float(np.mean(list(base.values()))) if base else math.nan)
+                    if m is not None:
+                        record["margin"].setdefault(label, m)
+                        _equivalence(row, differences, m)
+                words = _verdict(*self.test_of(row), row, self.claims.get(label), self.alpha)
+                row["verdict"] = words if words.startswith(("not", "no claim")) else f"{words} (uncorrected)"
 
 
 _DEFAULT = object()

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ from lapheads.study.report.tables import (
 )
 from lapheads.study.verdicts import ALPHA, apply_rule
 from lapheads.tasks import get_task
-from lapheads.tasks.metrics import claim, logged
+from lapheads.tasks.metrics import Metric, claim, logged
 
 __all__ = [
     "collect",
@@ -95,6 +96,10 @@ __all__ = [
     "verdict",
     "welch_t_test",
     "write_report",
+    "ReportStats",
+    "compute_report",
+    "plot_report",
+    "render_report",
 ]
 
 
@@ -173,6 +178,13 @@ def _table_keys(stats: dict[str, Any], specs: list[str]) -> list[str]:
     return [s for s in specs if s in stats] + [key for key in stats if key not in specs]
 
 
+def rule_and_table(rule: dict[str, Any], table: dict[str, dict[str, Any]], baseline: str, keys) -> list[str]:
+    """The rule's words and the statistics table (``keys(rows)``: the keys of a label's rows, in table order): one
+    renderer for ``lapheads report`` and for a stats.json restated."""
+    rows = [table_row(label, key, by_key[key]) for label, by_key in table.items() for key in keys(by_key)]
+    return [*rule_lines(rule), *table_header(baseline), *rows]
+
+
 def restate(stats_file: str | Path, margin: float | None = None) -> str:
     """The statistics table of an existing stats.json (any version: it keeps every cell's per-seed value),
     recomputed with the current tests and verdict rule (:mod:`lapheads.study.verdicts`); no run directory needed."""
@@ -192,11 +204,7 @@ def restate(stats_file: str | Path, margin: float | None = None) -> str:
         raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None
     family, rule = _judge(family, primary_label, baseline, margin)
     rule["declaration"] = {"before_data": False, "plan_sha256": None, "why": "restated: no plan was declared"}
-    lines = [
-        *rule_lines(rule),
-        *table_header(baseline),
-        *[table_row(label, spec, stats[spec]) for label, stats in family.items() for spec in stats],
-    ]
+    lines = rule_and_table(rule, family, baseline, lambda rows: list(rows))
     if mechanism:
         lines += [
             "",
@@ -311,10 +319,24 @@ def write_report(
             the paper's effect on this baseline, where known).
         seeds: report only these seeds (a plan's pre-registered stop: e.g. its first 6 pairs); None: every seed.
     """
+    record, out, pictures = _read_for_report(Path(sweep_dir), metric, geometry, max_tokens, baseline, seeds)
+    stats = compute_report(record, metric, geometry, baseline, margin)
+    if not any(row["n"] for rows in stats.headline.values() for row in rows.values()):
+        names = ", ".join(stats.headline)
+        raise SweepError(f"{sweep_dir}: no finished cell has {names}; run or resume the sweep first")
+    out.mkdir(parents=True, exist_ok=True)
+    images = plot_report(stats, record["specs"], out)
+    (out / "stats.json").write_text(json.dumps(stats.to_json(), indent=1, default=str) + "\n")
+    path = out / "report.md"
+    path.write_text("\n".join(render_report(record, stats, images, pictures)) + "\n")
+    return path
 
-    from lapheads.study.records import declaration, records_sweep, sweep_with_records
 
-    sweep_dir = Path(sweep_dir)
+def _read_for_report(sweep_dir: Path, metric, geometry: bool, max_tokens: int, baseline: str, seeds):
+    """(the sweep record with every finished cell's record as its "source", the report folder, whether it shows
+    PCA pictures): a records folder's records, or a sweep folder's cells' records built in memory."""
+    from lapheads.study.records import records_sweep, sweep_with_records
+
     from_records = not (sweep_dir / SWEEP_FILE).exists() and sweep_dir.is_dir() and any(sweep_dir.glob("*.json"))
     record = records_sweep(sweep_dir) if from_records else load_sweep(sweep_dir)
     if seeds is not None:
@@ -332,16 +354,105 @@ def write_report(
         eval_dino([c["run_dir"] for c in done_cells(record)], out, reuse=True)
     if not from_records:  # each finished cell's record, built in memory: one way of reading a cell
         record = sweep_with_records(record, max_tokens, analysed=geometry and bool(get_task(task).geometry))
-    cells = done_cells(record)
-    declared = declaration(record.get("records"), cells)
+    return record, out, pictures
+
+
+@dataclass
+class ReportStats:
+    """Every number of one report, computed from the cells' records alone (stats.json is :meth:`to_json`)."""
+
+    baseline: str
+    metrics: list[Metric]  # the headline metrics (or the one ``--metric``), the primary first
+    rule: dict[str, Any]  # the verdict rule's record (alpha, families, margins, the declaration)
+    table: dict[str, dict[str, Any]]  # every compared row by label, judged
+    headline: dict[str, dict[str, Any]]
+    geometry: dict[str, Any]
+    mechanism: dict[str, Any]
+    over_training: dict[str, Any]
+    late_change: dict[str, Any]
+    fit: dict[str, Any]
+    dose: dict[str, Any]
+    mechanism_over_training: dict[str, Any]
+    code_revisions: dict[str, list[str]]
+    seeds_left_out: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "baseline": self.baseline,
+            "rule": self.rule,
+            "metrics": self.headline,
+            "geometry": self.geometry,
+            "mechanism": self.mechanism,
+            "over_training": self.over_training,
+            "late_change": self.late_change,
+            "fit": self.fit,
+            "dose": self.dose,
+            "mechanism_over_training": self.mechanism_over_training,
+            **({"seeds_left_out": self.seeds_left_out} if self.seeds_left_out else {}),
+            **({"code_revisions": self.code_revisions} if self.code_revisions else {}),
+        }
+
+
+def compute_report(record: dict[str, Any], metric: str | None, geometry: bool, baseline: str,
+                   margin: float | None) -> ReportStats:  # fmt: skip
+    """Every statistic of the report, from the records of the sweep's finished cells."""
+    from lapheads.study.records import declaration
+
+    task = record["task"]
     metrics = [logged(metric)] if metric else list(get_task(task).headline)
     headline = {m.label: summarize(collect(record, m), baseline) for m in metrics}
-    if not any(row["n"] for rows in headline.values() for row in rows.values()):
-        names = ", ".join(headline)
-        raise SweepError(f"{sweep_dir}: no finished cell has {names}; run or resume the sweep first")
-    out.mkdir(parents=True, exist_ok=True)
+    geometry_stats: dict[str, Any] = {}
+    mechanism_stats: dict[str, Any] = {}
+    if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
+        by_row, mechanism_values = geometry_values(record)
+        geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in by_row.items()}
+        mechanism_stats = diffusion_against_zero(mechanism_values)
+    claims = {m.label: m.claim for m in metrics}  # a --metric KEY row keeps its declared metric's claim
+    table, rule = _judge({**headline, **geometry_stats}, metrics[0].label, baseline, margin, _plan_of(record), claims)
+    rule["declaration"] = declaration(record.get("records"), done_cells(record))
+    fitted = list(dict.fromkeys([*rule["primary"], *headline, *rule["declared"]]))
+    return ReportStats(
+        baseline=baseline,
+        metrics=metrics,
+        rule=rule,
+        table=table,
+        headline=headline,
+        geometry=geometry_stats,
+        mechanism=mechanism_stats,
+        over_training={m.label: g for m in metrics if (g := gap_over_training(record, m, baseline))},
+        late_change={m.label: c for m in metrics if (c := late_change(record, m))},
+        fit=fit_against_test(record, baseline) if metric is None else {},
+        dose=dose_response(table, fitted, metrics[0].label, [g for g in fitted if g in geometry_stats]),
+        mechanism_over_training=mechanism_over_training(record) if mechanism_stats else {},
+        code_revisions=code_revisions(done_cells(record)),
+        seeds_left_out=record.get("left_out"),
+    )
+
+
+def plot_report(stats: ReportStats, specs: list[str], out: Path) -> set[str]:
+    """The report's figures in ``out``; returns the names of those drawn."""
+    plot_metric(stats.headline, specs, out / "metric.png")
+    drawn = {"metric.png"}
+    if stats.over_training:
+        titles = {f"{label}: gap over training": by_spec for label, by_spec in stats.over_training.items()}
+        baseline = stats.baseline
+        plot_steps(titles, out / "gap.png", "paired difference (95% CI)", lambda spec: f"{spec} - {baseline}")
+        drawn.add("gap.png")
+    if stats.geometry:
+        plot_metric(stats.geometry, specs, out / "geometry.png")
+        drawn.add("geometry.png")
+    if stats.mechanism:  # drawn, as the section is, wherever diffusion scores were measured
+        plot_steps(stats.mechanism_over_training, out / "mechanism.png", "mean diffusion score (95% CI)",
+                   lambda spec: f"k = {spec}")  # fmt: skip
+        drawn.add("mechanism.png")
+    return drawn
+
+
+def render_report(record: dict[str, Any], stats: ReportStats, images: set[str], pictures: bool) -> list[str]:
+    """report.md's lines: the sweep, the rule, the table, then each section the statistics hold."""
+    baseline, specs = stats.baseline, record["specs"]
     lines = [
-        f"# Sweep report: {record['preset']} ({task})",
+        f"# Sweep report: {record['preset']} ({record['task']})",
         "",
         f"Specs {', '.join(specs)}; seeds {', '.join(map(str, record['seeds']))}{_left_out(record)}; overrides "
         f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - {baseline}, paired by seed, with its "
@@ -351,78 +462,29 @@ def write_report(
     ]
     for seed, environments in (record.get("mixed_environments") or {}).items():
         lines += [f"Seed {seed} left out: its arms ran in different environments ({environments}).", ""]
-    revisions = code_revisions(cells)
-    if revisions:  # what trained each cell, as its record says: never a plan's intention
-        lines += [revisions_line(revisions), ""]
-    geometry_stats: dict[str, Any] = {}
-    mechanism_stats: dict[str, Any] = {}
-    if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
-        by_row, mechanism_values = geometry_values(record)
-        geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in by_row.items()}
-        mechanism_stats = diffusion_against_zero(mechanism_values)
-    plan = _plan_of(record)
-    claims = {m.label: m.claim for m in metrics}  # a --metric KEY row keeps its declared metric's claim
-    table, rule = _judge({**headline, **geometry_stats}, metrics[0].label, baseline, margin, plan, claims)
-    rule["declaration"] = declared
-    lines += [*rule_lines(rule), *table_header(baseline)]
-    lines += [table_row(label, key, stats[key]) for label, stats in table.items() for key in _table_keys(stats, specs)]
-    plot_metric(headline, specs, out / "metric.png")
-    lines += ["", "![metric](metric.png)"]
-    fitted = list(dict.fromkeys([*rule["primary"], *headline, *rule["declared"]]))
-    dose = dose_response(table, fitted, metrics[0].label, [g for g in fitted if g in geometry_stats])
-    lines += dose_lines(dose)
-    gaps = {m.label: g for m in metrics if (g := gap_over_training(record, m, baseline))}
-    changes = {m.label: c for m in metrics if (c := late_change(record, m))}
-    for label, by_spec in changes.items():
+    if stats.code_revisions:  # what trained each cell, as its record says: never a plan's intention
+        lines += [revisions_line(stats.code_revisions), ""]
+    lines += rule_and_table(stats.rule, stats.table, baseline, lambda rows: _table_keys(rows, specs))
+    lines += ["", "![metric](metric.png)", *dose_lines(stats.dose)]
+    for label, by_spec in stats.late_change.items():
         lines += late_change_lines(label, by_spec)
-    fit = fit_against_test(record, baseline) if metric is None else {}
-    if fit:
-        lines += fit_lines(fit, baseline)
-    for label, by_spec in gaps.items():
+    if stats.fit:
+        lines += fit_lines(stats.fit, baseline)
+    for label, by_spec in stats.over_training.items():
         lines += gap_lines(label, by_spec, baseline)
-    if gaps:
-        titles = {f"{label}: gap over training": by_spec for label, by_spec in gaps.items()}
-        plot_steps(titles, out / "gap.png", "paired difference (95% CI)", lambda spec: f"{spec} - {baseline}")
+    if "gap.png" in images:
         lines += ["", "![gap over training](gap.png)"]
-    if geometry_stats:
-        plot_metric(geometry_stats, specs, out / "geometry.png")
+    if "geometry.png" in images:
         lines += ["![geometry](geometry.png)"]
-    if mechanism_stats:
-        lines += _mechanism_lines(mechanism_stats)
-    emergence: dict[str, Any] = {}
-    if mechanism_stats:
-        emergence = mechanism_over_training(record)
-        for label, by_spec in emergence.items():
-            intro = (
-                f"{label} (mean over blocks) at every kept checkpoint, mean over seeds [95% CI] (seeds); "
-                + "; ".join(f"k = {spec}: {settled_text(rows)}" for spec, rows in by_spec.items())
-            )
-            lines += step_lines(intro, by_spec, lambda spec: f"k = {spec}")
-        plot_steps(emergence, out / "mechanism.png", "mean diffusion score (95% CI)", lambda spec: f"k = {spec}")
+    if stats.mechanism:
+        lines += _mechanism_lines(stats.mechanism)
+    for label, by_spec in stats.mechanism_over_training.items():
+        intro = f"{label} (mean over blocks) at every kept checkpoint, mean over seeds [95% CI] (seeds); " + "; ".join(
+            f"k = {spec}: {settled_text(rows)}" for spec, rows in by_spec.items()
+        )
+        lines += step_lines(intro, by_spec, lambda spec: f"k = {spec}")
+    if "mechanism.png" in images:
         lines += ["", "![diffusion scores over training](mechanism.png)"]
     if pictures:
         lines += ["", "PCA pictures of the teachers' patch tokens (columns: cells, seed-major):", "", "![pca](pca.png)"]
-    (out / "stats.json").write_text(
-        json.dumps(
-            {
-                "baseline": baseline,
-                "rule": rule,
-                "metrics": headline,
-                "geometry": geometry_stats,
-                "mechanism": mechanism_stats,
-                "over_training": gaps,
-                "late_change": changes,
-                "fit": fit,
-                "dose": dose,
-                "mechanism_over_training": emergence,
-                **({"seeds_left_out": record["left_out"]} if record.get("left_out") else {}),
-                **({"code_revisions": revisions} if revisions else {}),
-            },
-            indent=1,
-            default=str,
-        )
-        + "\n"
-    )
-    path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return lines
