@@ -18,9 +18,9 @@ from lapheads.study.report import (
     gap_over_training,
     holm,
     late_change,
+    mechanism_verdict,
     paired_test,
     summarize,
-    verdict,
     welch_t_test,
     write_report,
 )
@@ -323,9 +323,12 @@ def test_holm_and_the_verdict_rule():
     adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": float("nan")})
     assert adjusted["a"] == pytest.approx(0.03) and adjusted["c"] == pytest.approx(0.06)
     assert adjusted["b"] == pytest.approx(0.06) and np.isnan(adjusted["d"])  # monotone: max with the step before
-    assert verdict(+1.2, 0.01, 0.5, +1) == "held" and verdict(-1.2, 0.01, 0.5, +1) == "opposite"
-    assert verdict(+0.3, 0.30, 1.57, +1) == "not detected (MDE 1.57)" and verdict(1.0, 0.01, 0.5, None) == "no claim"
-    assert verdict(+0.3, math.nan, math.nan, +1) == "not tested (fewer than 2 seeds)"
+    assert mechanism_verdict(+1.2, 0.01, 0.5, +1) == "held" and mechanism_verdict(-1.2, 0.01, 0.5, +1) == "opposite"
+    assert (
+        mechanism_verdict(+0.3, 0.30, 1.57, +1) == "not detected (MDE 1.57)"
+        and mechanism_verdict(1.0, 0.01, 0.5, None) == "no claim"
+    )
+    assert mechanism_verdict(+0.3, math.nan, math.nan, +1) == "not tested (fewer than 2 seeds)"
 
 
 def test_a_sweep_with_one_pair_so_far_reports_it_untested_without_nan():

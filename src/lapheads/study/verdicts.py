@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "mechanism_verdict",
     "ALPHA",
     "DECLARED_GEOMETRY",
     "PAPER_RELATIVE_ERROR_REDUCTION",
@@ -184,6 +185,23 @@ def _differences(row: dict[str, Any], values: dict[int, float] | None) -> list[f
         return []
     own = {int(s): float(v) for s, v in row["values"].items()}
     return [own[s] - values[s] for s in sorted(set(own) & set(values))]
+
+
+def mechanism_verdict(
+    difference: float, p_holm: float, mde_: float, direction: int | None, pairs: int | None = None
+) -> str:
+    """The mechanism section's words, beside :func:`apply_rule`'s (this module holds every verdict's words): held /
+    opposite when significant after Holm, else not detected (with the MDE at the alpha of the row's Holm step);
+    ``pairs`` below 3 decide nothing, as in the headline rule."""
+    if direction is None:
+        return "no claim"
+    if pairs is not None and 0 < pairs < 3 and not math.isnan(p_holm):
+        return f"not decided ({pairs} seed pairs; a verdict needs 3)"
+    if not math.isnan(p_holm) and p_holm < ALPHA:
+        return "held" if difference * direction > 0 else "opposite"
+    if not math.isnan(mde_):
+        return f"not detected (MDE {mde_:.3g})"
+    return "not detected" if not math.isnan(p_holm) else "not tested (fewer than 2 seeds)"
 
 
 def apply_rule(

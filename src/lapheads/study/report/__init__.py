@@ -60,7 +60,6 @@ from lapheads.study.report.statistics import (
     mechanism_over_training,
     paired_test,
     summarize,
-    verdict,
     welch_t_test,
 )
 from lapheads.study.report.tables import (
@@ -77,7 +76,7 @@ from lapheads.study.report.tables import (
     table_header,
     table_row,
 )
-from lapheads.study.verdicts import ALPHA, apply_rule
+from lapheads.study.verdicts import ALPHA, apply_rule, mechanism_verdict
 from lapheads.tasks import get_task
 from lapheads.tasks.metrics import Metric, claim, logged
 
@@ -93,7 +92,7 @@ __all__ = [
     "paired_test",
     "restate",
     "summarize",
-    "verdict",
+    "mechanism_verdict",
     "welch_t_test",
     "write_report",
     "ReportStats",

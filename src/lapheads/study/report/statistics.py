@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from lapheads.errors import SweepError
-from lapheads.study.verdicts import ALPHA, POWER, holm_steps, mde
+from lapheads.study.verdicts import ALPHA, POWER, holm_steps, mde, mechanism_verdict
 from lapheads.tasks import get_task
 from lapheads.tasks.metrics import Metric, claim, logged
 
@@ -69,20 +69,6 @@ def holm(p_values: dict[str, float]) -> dict[str, float]:
     """Holm's step-down adjustment of a family of p-values (NaN entries stay NaN and do not count): the rule's
     own (:func:`lapheads.study.verdicts.holm_steps`), without the alphas."""
     return holm_steps(p_values)[0]
-
-
-def verdict(difference: float, p_holm: float, mde_: float, direction: int | None, pairs: int | None = None) -> str:
-    """The mechanism section's rule: held / opposite when significant after Holm, else not detected (with the MDE
-    at the alpha of the row's Holm step); ``pairs`` below 3 decide nothing, as in the headline rule."""
-    if direction is None:
-        return "no claim"
-    if pairs is not None and 0 < pairs < 3 and not math.isnan(p_holm):
-        return f"not decided ({pairs} seed pairs; a verdict needs 3)"
-    if not math.isnan(p_holm) and p_holm < ALPHA:
-        return "held" if difference * direction > 0 else "opposite"
-    if not math.isnan(mde_):
-        return f"not detected (MDE {mde_:.3g})"
-    return "not detected" if not math.isnan(p_holm) else "not tested (fewer than 2 seeds)"
 
 
 def reader(cell: dict[str, Any]) -> Any:
@@ -444,7 +430,7 @@ def diffusion_against_zero(mechanism: Values) -> dict[str, dict[str, dict[str, A
             se = float(values.std(ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else math.nan
             alpha = faced[label] if not math.isnan(faced[label]) else ALPHA
             row.update(p_holm=p_holm, alpha=alpha, mde_at_alpha=mde(se, len(values) - 1, alpha))
-            row["verdict"] = verdict(
+            row["verdict"] = mechanism_verdict(
                 row["paired"]["mean_difference"], p_holm, row["mde_at_alpha"], claim(label), len(values)
             )
     return family
