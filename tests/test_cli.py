@@ -52,3 +52,32 @@ def test_help_and_version_answer_without_torch_or_a_busy_probe(argv):
     assert done.returncode == 0 and "lapheads" in done.stdout, done.stderr[-500:]
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     assert "torch" not in imported and "lapheads.hardware" not in imported and "machine is busy" not in done.stderr
+
+
+def test_each_evaluation_is_a_sub_parser_with_only_its_own_options(capsys):
+    """``lapheads eval NAME``: every evaluation of the task table has its own parser (issue 59: one flat parser
+    with "lm:"/"dino:"-prefixed help took every option for every evaluation)."""
+    from lapheads.cli import main
+    from lapheads.cli.parser import EVALUATION_OPTIONS, build_parser
+    from lapheads.tasks import EVALUATIONS
+
+    assert list(EVALUATION_OPTIONS) == list(EVALUATIONS)
+    args = build_parser().parse_args(["eval", "lm", "runs/x", "--benchmarks", "arc_easy", "--harness", "mmlu"])
+    assert (args.task, args.run_dirs, args.benchmarks, args.harness) == ("lm", ["runs/x"], "arc_easy", "mmlu")
+    for argv in (["eval", "classify", "runs/x", "--harness", "mmlu"], ["eval", "dino", "runs/x", "--ema"]):
+        with pytest.raises(SystemExit) as stop:  # another evaluation's option
+            main(argv)
+        assert stop.value.code == 2 and argv[3] in capsys.readouterr().err
+
+
+def test_the_parser_is_one_short_function_per_command():
+    import ast
+    import inspect
+
+    from lapheads.cli import parser
+
+    source = inspect.getsource(parser)
+    functions = {n.name: n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)}
+    assert functions["build_parser"].end_lineno - functions["build_parser"].lineno < 40
+    long = [name for name, n in functions.items() if name.endswith("_command") and n.end_lineno - n.lineno > 60]
+    assert long == []

@@ -94,6 +94,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lapheads {lapheads.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for add_command in (
+        _demo_command,
+        _train_command,
+        _eval_command,
+        _generate_command,
+        _chat_command,
+        _serve_command,
+        _export_tb_command,
+        _upgrade_command,
+        _analyze_command,
+        _mix_command,
+        _mechanism_command,
+        _sweep_command,
+        _report_command,
+        _kernel_command,
+        _data_command,
+    ):
+        add_command(sub)
+    _document_threads(parser)
+    return parser
+
+
+def _demo_command(sub) -> None:
+    """``lapheads demo``."""
     demo = sub.add_parser(
         "demo",
         allow_abbrev=False,
@@ -106,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--data-root", default=None, help="where Fashion-MNIST is or goes")
     demo.set_defaults(func=commands.cmd_demo, takes_overrides=True)
 
+
+def _train_command(sub) -> None:
+    """``lapheads train``."""
     train = sub.add_parser(
         "train",
         allow_abbrev=False,
@@ -150,49 +177,77 @@ def build_parser() -> argparse.ArgumentParser:
                 help="a nanochat checkpoint folder to start from instead",
             )
 
-    evaluate = sub.add_parser("eval", allow_abbrev=False, help="evaluate a run directory's final checkpoint")
-    evaluate.add_argument("task", choices=list(EVALUATIONS))
-    evaluate.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="one run (dino: one or more, compared)")
-    evaluate.add_argument("--ema", action="store_true", help="classify: evaluate the EMA weights")
-    evaluate.add_argument(
+
+def _eval_command(sub) -> None:
+    """``lapheads eval NAME``: one sub-parser per evaluation (the task table's ``EVALUATIONS``), each with only the
+    options it reads (:data:`EVALUATION_OPTIONS`)."""
+    evaluate = sub.add_parser(
+        "eval",
+        allow_abbrev=False,
+        help="evaluate a run directory's final checkpoint",
+        description="lapheads eval NAME --help lists an evaluation's options.",
+    )
+    names = evaluate.add_subparsers(dest="task", metavar="NAME", required=True, parser_class=_Parser)
+    for name, (help_, add_options) in EVALUATION_OPTIONS.items():
+        parser = names.add_parser(name, allow_abbrev=False, help=help_)
+        many = EVALUATIONS[name].many_runs
+        parser.add_argument(
+            "run_dirs", nargs="*", metavar="RUN_DIR", help="one or more runs, compared" if many else "one run"
+        )
+        add_options(parser)
+        parser.set_defaults(func=commands.cmd_eval)
+
+
+def _code_execution_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--unsafe-code-execution",
+        action="store_true",
+        help="humaneval where bubblewrap is not usable: run the model's code under lapheads' in-process guard, "
+        "which stops accidents, not hostile code (without this flag such a run is refused; the result records it)",
+    )
+
+
+def _eval_classify_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
+    parser.add_argument(
         "--fit-subset",
         type=int,
         default=None,
         metavar="N",
-        help="classify: also score the first N training images without augmentation (fit_top1, fit_loss)",
+        help="also score the first N training images without augmentation (fit_top1, fit_loss)",
     )
-    evaluate.add_argument(
+
+
+def _eval_lm_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--benchmarks",
         "--tasks",  # the 0.1 name, kept as an alias for this release only (docs/language-models.md)
         dest="benchmarks",
         default=None,
-        help="lm: comma list of val_bpb (default), arc_easy, "
-        "arc_challenge, mmlu, gsm8k, humaneval; chat: of arc_easy, arc_challenge, mmlu, gsm8k, "
-        "humaneval, arith, letters (default: arith,letters); --tasks is its old name, an alias for 0.1 only",
+        help="comma list of val_bpb (default), arc_easy, arc_challenge, mmlu, gsm8k, humaneval; --tasks is its old "
+        "name, an alias for 0.1 only",
     )
-    evaluate.add_argument("--no-tools", action="store_true", help="chat: no calculator (the model's own outputs)")
-    evaluate.add_argument(
-        "--unsafe-code-execution",
-        action="store_true",
-        help="lm/chat humaneval where bubblewrap is not usable: run the model's code under lapheads' in-process guard, "
-        "which stops accidents, not hostile code (without this flag such a run is refused; the result records it)",
-    )
-    evaluate.add_argument(
+    _code_execution_option(parser)
+    parser.add_argument("--data-dir", default=None, help="local <task>.jsonl/.parquet files in the hub's schema")
+    parser.add_argument("--max-examples", type=int, default=None, help="the first N items per task")
+    parser.add_argument("--num-samples", type=int, default=1, help="HumanEval samples per problem (pass@k)")
+    parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat tokens (SFT models)")
+    parser.add_argument("--device", default="auto")
+    _nanochat_options(parser)
+    parser.add_argument(
         "--harness",
         default=None,
         metavar="TASKS",
-        help="lm: lm-evaluation-harness tasks (comma "
-        "list); with --data-dir the shipped lapheads_{arc_easy,arc_challenge,mmlu,gsm8k,hellaswag} "
-        "read <task>.jsonl there",
+        help="lm-evaluation-harness tasks (comma list); with --data-dir the shipped "
+        "lapheads_{arc_easy,arc_challenge,mmlu,gsm8k,hellaswag} read <task>.jsonl there",
     )
-    evaluate.add_argument(
+    parser.add_argument(
         "--include-path",
         default=None,
-        help="lm --harness: a folder of your own task YAMLs. These are code: lm-eval imports the Python files they "
+        help="--harness: a folder of your own task YAMLs. These are code: lm-eval imports the Python files they "
         "name (!function) and renders their prompts with an unsandboxed Jinja; use only folders you trust",
     )
-    evaluate.add_argument("--data-dir", default=None, help="lm: local <task>.jsonl/.parquet files in the hub's schema")
-    harness = evaluate.add_argument_group("lm --harness (lm-evaluation-harness's options of the same names)")
+    harness = parser.add_argument_group("--harness (lm-evaluation-harness's options of the same names)")
     harness.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples per item (task default)")
     harness.add_argument("--batch-size", type=int, default=8, help="sequences scored at once")
     harness.add_argument("--limit", type=float, default=None, help="items per task: a count, or a fraction < 1")
@@ -212,22 +267,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     harness.add_argument("--fewshot-as-multiturn", action="store_true", help="few-shot examples as chat turns")
     harness.add_argument("--system-instruction", default=None, help="a system prompt (leads the first user turn)")
-    evaluate.add_argument(
-        "--max-examples", type=int, default=None, help="lm: the first N items per task; dino: the first N test images"
-    )
-    evaluate.add_argument(
-        "--max-train", type=int, default=None, help="dino: the first N training images (k-NN, linear)"
-    )
-    evaluate.add_argument(
-        "--ade20k", default=None, help="dino: ADE20K root for the segmentation probe (non-FMNIST runs)"
-    )
-    evaluate.add_argument("--out", default=None, help="dino: where pca.png goes (default: the first run's report/)")
-    evaluate.add_argument("--num-samples", type=int, default=1, help="lm: HumanEval samples per problem (pass@k)")
-    evaluate.add_argument("--chat", action="store_true", help="lm: wrap prompts in the chat tokens (SFT models)")
-    evaluate.add_argument("--device", default="auto")
-    _nanochat_options(evaluate)
-    evaluate.set_defaults(func=commands.cmd_eval)
 
+
+def _eval_chat_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--benchmarks",
+        "--tasks",  # the 0.1 name, kept as an alias for this release only (docs/language-models.md)
+        dest="benchmarks",
+        default=None,
+        help="comma list of arc_easy, arc_challenge, mmlu, gsm8k, humaneval, arith, letters (default: arith,letters)",
+    )
+    parser.add_argument("--no-tools", action="store_true", help="no calculator (the model's own outputs)")
+    _code_execution_option(parser)
+    parser.add_argument("--data-dir", default=None, help="local <task>.jsonl/.parquet files in the hub's schema")
+    parser.add_argument("--max-examples", type=int, default=None, help="the first N items per task")
+    parser.add_argument("--num-samples", type=int, default=1, help="HumanEval samples per problem (pass@k)")
+    parser.add_argument("--device", default="auto")
+
+
+def _eval_dino_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-examples", type=int, default=None, help="the first N test images")
+    parser.add_argument("--max-train", type=int, default=None, help="the first N training images (k-NN, linear)")
+    parser.add_argument("--ade20k", default=None, help="ADE20K root for the segmentation probe (non-FMNIST runs)")
+    parser.add_argument("--out", default=None, help="where pca.png goes (default: the first run's report/)")
+    parser.add_argument("--device", default="auto")
+
+
+#: each evaluation's help line and the options it reads (tests/test_cli.py: one entry per ``EVALUATIONS`` name)
+EVALUATION_OPTIONS = {
+    "classify": ("a classifier's test top-1 (and, with --fit-subset, on training images)", _eval_classify_options),
+    "lm": ("a language model's bits per byte and benchmarks (or lm-evaluation-harness)", _eval_lm_options),
+    "dino": ("DINO backbones: k-NN, linear probe, segmentation, PCA pictures", _eval_dino_options),
+    "chat": ("a chat model's benchmarks, with or without its calculator", _eval_chat_options),
+}
+
+
+def _generate_command(sub) -> None:
+    """``lapheads generate``."""
     generate = sub.add_parser("generate", allow_abbrev=False, help="continue a prompt with an LM (streams tokens)")
     generate.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="an LM run directory (or --nanochat DIR)")
     generate.add_argument("--prompt", default="", help="the text to continue (after BOS)")
@@ -239,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     _nanochat_options(generate)
     generate.set_defaults(func=commands.cmd_generate)
 
+
+def _chat_command(sub) -> None:
+    """``lapheads chat``."""
     chat = sub.add_parser("chat", allow_abbrev=False, help="talk with a mid/SFT model (streams tokens, calculator)")
     chat.add_argument("run_dir", metavar="RUN_DIR", help="a mid or sft run directory")
     chat.add_argument("--prompt", default=None, help="one question, answered once (for scripts); else interactive")
@@ -251,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--device", default="auto")
     chat.set_defaults(func=commands.cmd_chat)
 
+
+def _serve_command(sub) -> None:
+    """``lapheads serve``."""
     web = sub.add_parser("serve", allow_abbrev=False, help="a local web chat with a mid/SFT model (FastAPI)")
     web.add_argument("run_dir", metavar="RUN_DIR", help="a mid or sft run directory")
     web.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
@@ -265,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--device", default="auto")
     web.set_defaults(func=commands.cmd_serve)
 
+
+def _export_tb_command(sub) -> None:
+    """``lapheads export-tb``."""
     export = sub.add_parser(
         "export-tb", allow_abbrev=False, help="replay metrics.jsonl of a run or sweep into TensorBoard event files"
     )
@@ -272,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", default=None, help="default: PATH/tensorboard-export (one folder per run)")
     export.set_defaults(func=commands.cmd_export_tb)
 
+
+def _upgrade_command(sub) -> None:
+    """``lapheads upgrade``."""
     upgrade = sub.add_parser(
         "upgrade",
         allow_abbrev=False,
@@ -281,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     upgrade.add_argument("paths", nargs="+", metavar="RUN_DIR|SWEEP_DIR")
     upgrade.set_defaults(func=commands.cmd_upgrade)
 
+
+def _analyze_command(sub) -> None:
+    """``lapheads analyze``."""
     analyze = sub.add_parser("analyze", allow_abbrev=False, help="token-geometry metrics of runs, side by side")
     analyze.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")
     analyze.add_argument("--layers", default="all", help='"all" or a comma list such as embed,3,6,norm')
@@ -301,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     _nanochat_options(analyze)
     analyze.set_defaults(func=commands.cmd_analyze)
 
+
+def _mix_command(sub) -> None:
+    """``lapheads mix``."""
     mix = sub.add_parser(
         "mix", allow_abbrev=False, help="what each mix head (a V + b PV, learned) became, over the kept checkpoints"
     )
@@ -308,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     mix.add_argument("--out", default=None, help="default: RUN_DIR/report/mix")
     mix.set_defaults(func=commands.cmd_mix)
 
+
+def _mechanism_command(sub) -> None:
+    """``lapheads mechanism``."""
     mechanism = sub.add_parser(
         "mechanism", allow_abbrev=False, help="the heads' mechanism scores of a sweep's finished cells, nothing else"
     )
@@ -315,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     mechanism.add_argument("--max-tokens", type=int, default=1_000_000, help="analyze's token budget per cell")
     mechanism.set_defaults(func=commands.cmd_mechanism)
 
+
+def _sweep_command(sub) -> None:
+    """``lapheads sweep``."""
     sweep = sub.add_parser("sweep", allow_abbrev=False, help="a preset over Laplacian specs x seeds, resumable")
     sweep.add_argument("preset", help="a preset name, or a .json preset file (then --task)")
     sweep.add_argument(
@@ -360,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.set_defaults(func=commands.cmd_sweep)
 
+
+def _report_command(sub) -> None:
+    """``lapheads report``."""
     report = sub.add_parser("report", allow_abbrev=False, help="statistics and plots of a sweep")
     report.add_argument(
         "sweep_dir",
@@ -388,6 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(func=commands.cmd_report)
 
+
+def _kernel_command(sub) -> None:
+    """``lapheads kernel``."""
     kernel = sub.add_parser(
         "kernel", allow_abbrev=False, help="build the op's compiled CPU training node once (~30 s), or say its state"
     )
@@ -396,6 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
     kernel.add_argument("--verbose", action="store_true", help="build: show the compiler's output")
     kernel.set_defaults(func=commands.cmd_kernel)
 
+
+def _data_command(sub) -> None:
+    """``lapheads data``."""
     data = sub.add_parser("data", allow_abbrev=False, help="list, fetch or tokenise datasets")
     data.add_argument("action", choices=["list", "fetch", "prepare"])
     data.add_argument("name", nargs="?", default="fashion-mnist")
@@ -404,8 +513,6 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--tokenizer", default="char", help="prepare: char, bpe or gpt2")
     data.add_argument("--tokenizer-vocab", type=int, default=4096, help="prepare: BPE vocabulary size")
     data.set_defaults(func=commands.cmd_data)
-    _document_threads(parser)
-    return parser
 
 
 def _add_executor_args(parser: argparse.ArgumentParser, training: bool) -> None:
