@@ -397,3 +397,18 @@ def test_torch_export_saves_and_reloads_a_laplacian_hugging_face_model_with_its_
         out = loaded(*args, **kwargs)
     key = "last_hidden_state" if name == "vit" else "logits"
     torch.testing.assert_close(out[key], eager[key], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("written", ["false", 0, None, "true"])
+def test_a_config_whose_heads_are_not_booleans_is_refused(tmp_path, written):
+    """Issue 60: ``"laplacian_heads": [["false", ...]]`` read as True (``bool("false")``); every entry must be a JSON
+    boolean, or loading is one line naming it."""
+    import json
+
+    model = lhf.enable(_llama(), "0,2")
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["laplacian_heads"][1][0] = written
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match=f"config.laplacian_heads layer 1 holds {written!r}; allowed: true / false"):
+        lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path)

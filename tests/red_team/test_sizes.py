@@ -141,3 +141,23 @@ def test_the_deep_probes_count_is_the_built_models():
         built = classify.build_model(deep, 10, 1)
     _, depth, params = classify._meta_probe(deep, 10, 1)
     assert (depth, params) == (len(built.blocks), sum(p.numel() for p in built.parameters()))
+
+
+def test_a_nanochat_meta_file_claiming_a_million_layers_is_refused_at_once(tmp_path):
+    """Issue 60: a nanochat meta file with n_layer 1,000,000 built blocks for minutes, then ran out of memory; the
+    weights say how many blocks there are, so it is one line before anything is built."""
+    import json
+    import time
+
+    from lapheads.errors import CheckpointError
+    from lapheads.models.nanochat import load_nanochat
+    from tests.train.test_lm import _nanochat_base
+
+    folder, _ = _nanochat_base(tmp_path)
+    meta = json.loads((folder / "meta_000050.json").read_text())
+    meta["model_config"] |= {"n_layer": 1_000_000, "laplacian_heads": 0}
+    (folder / "meta_000050.json").write_text(json.dumps(meta))
+    began = time.monotonic()
+    with pytest.raises(CheckpointError, match="says n_layer 1,000,000 but the weights hold 2 blocks"):
+        load_nanochat(folder)
+    assert time.monotonic() - began < 10

@@ -60,7 +60,7 @@ def _layer_heads(module: nn.Module, num_heads: int, device: torch.device) -> int
     model without Laplacian heads."""
     mask = getattr(module, "laplacian_mask", None)
     if mask is None:  # loaded with plain from_pretrained after import lapheads.integrations.hf: read the config
-        spec, layer = getattr(module.config, "laplacian_heads", None), getattr(module, "layer_idx", None)
+        spec, layer = config_masks(module.config), getattr(module, "layer_idx", None)
         if spec is None:
             return None
         if layer is None:
@@ -209,8 +209,25 @@ def register() -> None:
         PreTrainedModel._check_and_adjust_attn_implementation = _keep_laplacian_heads(check)
 
 
+def config_masks(config) -> list[list[bool]] | None:
+    """``config.laplacian_heads`` as per-layer bool lists (None: the config has none), refused in one line unless
+    every entry is a JSON boolean: ``"false"`` is a string, and ``bool("false")`` would make that head Laplacian."""
+    layers = getattr(config, "laplacian_heads", None)
+    if layers is None:
+        return None
+    if not isinstance(layers, list) or not all(isinstance(layer, list) for layer in layers):
+        raise InputError(f"config.laplacian_heads {layers!r:.80}; allowed: a list per layer of true/false per head")
+    for index, layer in enumerate(layers):
+        bad = [value for value in layer if not isinstance(value, bool)]
+        if bad:
+            raise InputError(
+                f"config.laplacian_heads layer {index} holds {bad[0]!r}; allowed: true / false (JSON booleans) per head"
+            )
+    return layers
+
+
 def _has_laplacian_heads(config) -> bool:
-    layers = getattr(config, "laplacian_heads", None) or []
+    layers = config_masks(config) or []
     kinds = getattr(config, "laplacian_head_kinds", None) or []
     return any(any(layer) for layer in layers) or any(k != "ordinary" for layer in kinds for k in layer)
 
@@ -333,7 +350,7 @@ def from_pretrained(model_class, path, *args, **kwargs):
 
     register()
     config = kwargs.pop("config", None) or AutoConfig.from_pretrained(path)
-    spec = getattr(config, "laplacian_heads", None)
+    spec = config_masks(config)
     wanted = kwargs.pop("attn_implementation", None)
     if spec is None:
         return model_class.from_pretrained(path, *args, config=config, attn_implementation=wanted, **kwargs)
@@ -350,7 +367,7 @@ def from_pretrained(model_class, path, *args, **kwargs):
         _load_mix_weights(model, path)
         return model
     blend = getattr(config, "laplacian_blend", None)  # a model saved mid-schedule keeps its lambda
-    model = enable(model, [list(map(bool, layer)) for layer in spec], init="switch" if blend is None else "blend")
+    model = enable(model, spec, init="switch" if blend is None else "blend")
     if blend is not None:
         set_blend(model, float(blend))
     return model

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from lapheads.errors import CheckpointError, InputError
+from lapheads.hardware import check_fits
 from lapheads.io import json_loads, load_tensor_file, state_dict_mismatch
 from lapheads.models.gpt import GPT, SMEAR_GATE_CHANNELS, GPTConfig
 
@@ -89,6 +90,19 @@ def _missing_scalars(config: GPTConfig) -> list[tuple[str, bool, tuple[int, ...]
     ]
 
 
+def _check_size(config: GPTConfig, state: dict[str, torch.Tensor], meta_file: Path, device) -> None:
+    """Before a block is built: the model_config's depth is the weights' (a meta file saying 1,000,000 layers would
+    otherwise build for minutes and then run out of memory), and the model fits the device."""
+    blocks = {key.split(".")[2] for key in state if key.startswith("transformer.h.") and key.count(".") >= 3}
+    if len(blocks) != config.depth:
+        raise CheckpointError(
+            f"{meta_file} says n_layer {config.depth:,} but the weights hold {len(blocks):,} blocks; allowed: the "
+            "model_config the checkpoint was saved with"
+        )
+    check_fits(f"nanochat GPT (depth {config.depth}, width {config.n_embd})", config.estimated_bytes(),
+               torch.device(device).type)  # fmt: skip
+
+
 def load_nanochat(
     folder: str | Path, step: int | None = None, device: str | torch.device = "cpu", laplacian_heads: Any = None
 ) -> tuple[GPT, dict[str, Any]]:
@@ -121,6 +135,7 @@ def load_nanochat(
     if laplacian_heads is not None:
         model_config["laplacian_heads"] = laplacian_heads
     config = nanochat_gpt_config(model_config, state_keys=set(state))
+    _check_size(config, state, meta_file, device)
     for key, enabled, shape, fill in _missing_scalars(config):
         if enabled and key not in state:
             state[key] = torch.full(shape, fill)
