@@ -14,21 +14,28 @@ from lapheads.data.conversations import (
     render_for_completion,
 )
 from lapheads.data.synthetic import generated_items
-from lapheads.data.turns import gsm8k_conversation
 from lapheads.data.tokenizers import Tokenizer
+from lapheads.data.turns import gsm8k_conversation
 from lapheads.errors import InputError
 
 TOKENIZER = Tokenizer.char("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ?+=.#\n'()")
-CONVERSATION = {"messages": [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Hi"},
-    {"role": "assistant", "content": "Yo"},
-    {"role": "user", "content": "2+3?"},
-    {"role": "assistant", "content": [{"type": "text", "text": "So "},
-                                      {"type": "python", "text": "2+3"},
-                                      {"type": "python_output", "text": "5"},
-                                      {"type": "text", "text": "5"}]},
-]}
+CONVERSATION = {
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Yo"},
+        {"role": "user", "content": "2+3?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "So "},
+                {"type": "python", "text": "2+3"},
+                {"type": "python_output", "text": "5"},
+                {"type": "text", "text": "5"},
+            ],
+        },
+    ]
+}
 
 
 def _special(name: str) -> int:
@@ -60,19 +67,26 @@ def test_the_completion_prompt_is_the_conversation_up_to_the_assistants_turn():
     prompt = render_for_completion(TOKENIZER, CONVERSATION)
     full, _ = render_conversation(TOKENIZER, CONVERSATION)
     assert prompt[-1] == _special("assistant_start")
-    assert full[:len(prompt)] == prompt and full[len(prompt)] == TOKENIZER.encode("So ")[0]
+    assert full[: len(prompt)] == prompt and full[len(prompt)] == TOKENIZER.encode("So ")[0]
 
 
-@pytest.mark.parametrize("conversation, message", [
-    ({}, "a conversation needs a non-empty 'messages' list"),
-    ({"messages": [{"role": "bot", "content": "x"}]}, "message 0 has role 'bot'; allowed: system, user, assistant"),
-    ({"messages": [{"role": "assistant", "content": "x"}]}, "message 0 is 'assistant' where 'user' is due"),
-    ({"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]},
-     "message 1 is a system message; allowed: only the first message"),
-    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [{"type": "image"}]}]},
-     "an assistant part"),
-    ({"messages": [{"role": "user", "content": ["a"]}]}, "a user message's content is a list"),
-])
+@pytest.mark.parametrize(
+    "conversation, message",
+    [
+        ({}, "a conversation needs a non-empty 'messages' list"),
+        ({"messages": [{"role": "bot", "content": "x"}]}, "message 0 has role 'bot'; allowed: system, user, assistant"),
+        ({"messages": [{"role": "assistant", "content": "x"}]}, "message 0 is 'assistant' where 'user' is due"),
+        (
+            {"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]},
+            "message 1 is a system message; allowed: only the first message",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [{"type": "image"}]}]},
+            "an assistant part",
+        ),
+        ({"messages": [{"role": "user", "content": ["a"]}]}, "a user message's content is a list"),
+    ],
+)
 def test_malformed_conversations_are_one_line_errors(conversation, message):
     with pytest.raises(InputError, match=re.escape(message)):
         render_conversation(TOKENIZER, conversation)
@@ -81,15 +95,30 @@ def test_malformed_conversations_are_one_line_errors(conversation, message):
 def test_gsm8k_calculator_annotations_become_tool_calls():
     conversation = gsm8k_conversation("Q?", "Half is 48/2 = <<48/2=24>>24 eggs.\n#### 24")
     assert conversation["messages"][1]["content"] == [
-        {"type": "text", "text": "Half is 48/2 = "}, {"type": "python", "text": "48/2"},
-        {"type": "python_output", "text": "24"}, {"type": "text", "text": "24 eggs.\n#### 24"}]
+        {"type": "text", "text": "Half is 48/2 = "},
+        {"type": "python", "text": "48/2"},
+        {"type": "python_output", "text": "24"},
+        {"type": "text", "text": "24 eggs.\n#### 24"},
+    ]
 
 
 def test_sources_read_local_files_in_the_hubs_schema_and_mix_by_epochs(tmp_path):
-    (tmp_path / "smoltalk.jsonl").write_text(json.dumps({"messages": [
-        {"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]}) + "\n")
-    (tmp_path / "mmlu_aux.jsonl").write_text(json.dumps({"train": {  # the hub nests auxiliary rows under "train"
-        "question": "Sky?", "choices": ["red", "blue"], "answer": 1, "subject": ""}}) + "\n")
+    (tmp_path / "smoltalk.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]}) + "\n"
+    )
+    (tmp_path / "mmlu_aux.jsonl").write_text(
+        json.dumps(
+            {
+                "train": {  # the hub nests auxiliary rows under "train"
+                    "question": "Sky?",
+                    "choices": ["red", "blue"],
+                    "answer": 1,
+                    "subject": "",
+                }
+            }
+        )
+        + "\n"
+    )
     (tmp_path / "gsm8k_train.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "<<1+1=2>>2\n#### 2"}) + "\n")
     mixture = conversation_mixture("smoltalk,mmlu_aux*3,gsm8k", tmp_path, seed=0)
     assert len(mixture) == 5
@@ -100,11 +129,14 @@ def test_sources_read_local_files_in_the_hubs_schema_and_mix_by_epochs(tmp_path)
     assert len(orders) > 1  # the seed shuffles
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("wiki", "conversation source 'wiki'; allowed: NAME or NAME*EPOCHS"),
-    ("arith*0", "conversation source 'arith*0'"),
-    (",", "an empty conversation mixture"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("wiki", "conversation source 'wiki'; allowed: NAME or NAME*EPOCHS"),
+        ("arith*0", "conversation source 'arith*0'"),
+        (",", "an empty conversation mixture"),
+    ],
+)
 def test_bad_mixtures_are_one_line_errors(spec, message):
     with pytest.raises(InputError, match=re.escape(message)):
         parse_mixture(spec)
@@ -143,19 +175,31 @@ def test_generated_tasks_are_fixed_correct_and_held_out(task):
 @pytest.mark.parametrize(
     "source, rows, message",
     [
-        ("smoltalk", [{"messages": [{"role": "user", "content": "hi"}]}, {"text": "x"}],
-         r"conversation source smoltalk: row 2 lacks messages"),
-        ("smoltalk", [{"messages": [{"role": "user", "content": "hi"}]}, {"messages": [{"role": "bot", "content": ""}]}],
-         r"conversation source smoltalk: row 2 has messages .*allowed: a non-empty list of \{role"),
+        (
+            "smoltalk",
+            [{"messages": [{"role": "user", "content": "hi"}]}, {"text": "x"}],
+            r"conversation source smoltalk: row 2 lacks messages",
+        ),
+        (
+            "smoltalk",
+            [{"messages": [{"role": "user", "content": "hi"}]}, {"messages": [{"role": "bot", "content": ""}]}],
+            r"conversation source smoltalk: row 2 has messages .*allowed: a non-empty list of \{role",
+        ),
         ("smoltalk", [{"messages": []}], r"row 1 has messages '\[\]'"),
-        ("mmlu_aux", [{"question": "q", "choices": ["a", "b"], "answer": 1}, {"question": "q", "choices": ["a"], "answer": 3}],
-         r"conversation source mmlu_aux: row 2 is unusable \(answer 3 is not an index among 1 choices\)"),
+        (
+            "mmlu_aux",
+            [{"question": "q", "choices": ["a", "b"], "answer": 1}, {"question": "q", "choices": ["a"], "answer": 3}],
+            r"conversation source mmlu_aux: row 2 is unusable \(answer 3 is not an index among 1 choices\)",
+        ),
         # a bool or a float is not index 1, a string of letters is not a list of choices
         ("mmlu_aux", [{"question": "q", "choices": ["a", "b"], "answer": True}], r"row 1 is unusable \(answer True "),
         ("mmlu_aux", [{"question": "q", "choices": ["a", "b"], "answer": 1.7}], r"row 1 is unusable \(answer 1.7 "),
         ("mmlu_aux", [{"question": "q", "choices": "ab", "answer": 1}], r"row 1 is unusable \(choices 'ab' are not"),
-        ("gsm8k_train", [{"question": "q", "answer": "#### 1"}, {"question": "q"}],
-         r"conversation source gsm8k_train: row 2 lacks answer"),
+        (
+            "gsm8k_train",
+            [{"question": "q", "answer": "#### 1"}, {"question": "q"}],
+            r"conversation source gsm8k_train: row 2 lacks answer",
+        ),
     ],
 )
 def test_every_row_of_a_conversation_source_is_checked(tmp_path, source, rows, message):

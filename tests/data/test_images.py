@@ -23,7 +23,9 @@ def test_fashion_mnist_idx_gz(fmnist_root):
     labels = read_idx(fmnist_root / "t10k-labels-idx1-ubyte.gz")
     assert label == labels[0]
     # Normalised with Fashion-MNIST's mean/std: undoing it gives back the stored bytes.
-    torch.testing.assert_close(image[0] * 0.3530 + 0.2860, torch.from_numpy(np.array(raw[0])).float() / 255, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        image[0] * 0.3530 + 0.2860, torch.from_numpy(np.array(raw[0])).float() / 255, atol=1e-5, rtol=0
+    )
 
 
 def test_fashion_mnist_torchvision_layout_and_plain_idx(tmp_path):
@@ -130,7 +132,9 @@ def test_imagefolder_tree(tmp_path):
         for cls in ("cat", "dog", "fox"):
             (tmp_path / split / cls).mkdir(parents=True)
             for i in range(2):
-                Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(tmp_path / split / cls / f"{i}.png")
+                Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(
+                    tmp_path / split / cls / f"{i}.png"
+                )
     data = build_image_data("imagefolder", str(tmp_path), 32, three_augment=True, color_jitter=0.3)
     assert data.num_classes == 3 and len(data.train) == 6
     assert data.train[0][0].shape == (3, 32, 32) and data.eval[0][0].shape == (3, 32, 32)

@@ -40,7 +40,9 @@ def _ade_tree(root, n=3):
         for i in range(n):
             name = f"ADE_{split[:5]}_{i:08d}"
             rng = np.random.default_rng(i)
-            Image.fromarray(rng.integers(0, 255, (40, 60, 3), dtype=np.uint8)).save(base / "images" / split / f"{name}.jpg")
+            Image.fromarray(rng.integers(0, 255, (40, 60, 3), dtype=np.uint8)).save(
+                base / "images" / split / f"{name}.jpg"
+            )
             mask = np.zeros((40, 60), dtype=np.uint8)
             mask[:, 30:] = 151 - 1  # class 150 on the right half, "other" (0) on the left
             mask[:20, 20:30] = 1  # inside the centre crop

@@ -64,12 +64,20 @@ def _fineweb_shard(path, docs):
     import pyarrow.parquet as pq
 
     n = len(docs)
-    table = pa.table({
-        "text": docs, "id": [f"<urn:uuid:{i}>" for i in range(n)], "dump": ["CC-MAIN-2024-10"] * n,
-        "url": [f"https://example.org/{i}" for i in range(n)], "file_path": ["s3://x.warc.gz"] * n,
-        "language": ["en"] * n, "language_score": [0.95] * n, "token_count": [len(d.split()) for d in docs],
-        "score": [3.1] * n, "int_score": [3] * n,
-    })
+    table = pa.table(
+        {
+            "text": docs,
+            "id": [f"<urn:uuid:{i}>" for i in range(n)],
+            "dump": ["CC-MAIN-2024-10"] * n,
+            "url": [f"https://example.org/{i}" for i in range(n)],
+            "file_path": ["s3://x.warc.gz"] * n,
+            "language": ["en"] * n,
+            "language_score": [0.95] * n,
+            "token_count": [len(d.split()) for d in docs],
+            "score": [3.1] * n,
+            "int_score": [3] * n,
+        }
+    )
     pq.write_table(table, path, row_group_size=2)
 
 
@@ -121,7 +129,9 @@ def test_truncated_token_shard_is_detected(tmp_path):
 def test_batches_are_the_same_for_any_world_size_and_resumable():
     tokens = np.arange(5000, dtype=np.uint16)
     one = TokenBatches(tokens, seq_len=16, micro_batch=4, accum_steps=2, seed=7)
-    ranks = [TokenBatches(tokens, seq_len=16, micro_batch=2, accum_steps=2, rank=r, world_size=2, seed=7) for r in (0, 1)]
+    ranks = [
+        TokenBatches(tokens, seq_len=16, micro_batch=2, accum_steps=2, rank=r, world_size=2, seed=7) for r in (0, 1)
+    ]
     for step in (0, 5):
         single = torch.cat([x for x, _ in one.step(step)])
         split = torch.cat([x for r in ranks for x, _ in r.step(step)])

@@ -8,8 +8,10 @@ from hypothesis import strategies as st
 
 from lapheads.data.tokenizers import SPECIAL_TOKENS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
 
-CORPUS = ["First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 20,
-          "Numbers 12345 and 2026; unicode: café, naïve, 東京, emoji 🌍.\n" * 10]
+CORPUS = [
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 20,
+    "Numbers 12345 and 2026; unicode: café, naïve, 東京, emoji 🌍.\n" * 10,
+]
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +77,9 @@ def _nanochat_encoding():
     for merge in (b"th", b"the", b"he", b" t"):
         ranks[merge] = len(ranks)
     specials = {token: len(ranks) + i for i, token in enumerate(SPECIAL_TOKENS)}
-    return tiktoken.Encoding(name="nanochat-test", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks,
-                             special_tokens=specials)
+    return tiktoken.Encoding(
+        name="nanochat-test", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+    )
 
 
 def test_nanochats_pickled_tokenizer_loads_without_running_code_and_saves_as_json(tmp_path):

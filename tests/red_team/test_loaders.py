@@ -193,3 +193,31 @@ def test_loaders(name, tmp_path):
     assert says in message and "\n" not in message, (name, message)
     assert not marker.exists()
     assert {p: p.read_bytes() for p in work.rglob("*") if p.is_file()} == before  # nothing rewritten or removed
+
+
+def test_a_gzip_bomb_idx_file_is_refused_without_being_decompressed_whole(tmp_path):
+    """Issue 60: an idx.gz was decompressed whole before its header was read. 512 MiB of zeros compress to ~0.5 MB; the
+    header says 8 values, so the reader stops one byte past them."""
+    import gzip
+    import time
+
+    import resource
+
+    from lapheads.data.images import DataError, read_idx
+
+    path = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    chunk = b"\0" * 2**24
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(bytes([0, 0, 8, 1]) + (8).to_bytes(4, "big"))
+        for _ in range(32):  # 512 MiB
+            f.write(chunk)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    began = time.monotonic()
+    with pytest.raises(DataError, match=r"header says \[8\] \(8 values\), file holds more than 8"):
+        read_idx(path)
+    assert time.monotonic() - began < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB: nothing near 512 MiB
+    huge = tmp_path / "huge-idx3-ubyte"  # a header naming more data than any machine here holds
+    huge.write_bytes(bytes([0, 0, 8, 3]) + b"".join(d.to_bytes(4, "big") for d in (2**31, 2**20, 2**20)))
+    with pytest.raises(Exception, match="needs at least"):
+        read_idx(huge)

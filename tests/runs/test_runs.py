@@ -12,8 +12,8 @@ from lapheads.errors import CheckpointError, InputError
 from lapheads.runs import RunDir, SweepError, load_gpt_run, load_model, load_sweep
 from lapheads.train.classify import train_classify
 from lapheads.train.configs.classify import build_model
-from lapheads.train.dino import train_dino
 from lapheads.train.configs.dino import build_backbone
+from lapheads.train.dino import train_dino
 from lapheads.train.lm import train_lm
 from tests.conftest import tiny_classify, tiny_lm
 

@@ -8,7 +8,6 @@ file that is not readable, or rows without the task's fields, are a one-line err
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -52,8 +51,9 @@ _REQUIRED = {
 }
 
 
-def read_task_rows(name: str, data_dir: str | Path | None, hub: tuple[str, str | None, str] | None,
-                   label: str | None = None) -> list[dict[str, Any]]:
+def read_task_rows(
+    name: str, data_dir: str | Path | None, hub: tuple[str, str | None, str] | None, label: str | None = None
+) -> list[dict[str, Any]]:
     """Rows named ``name``: ``data_dir/<name>.jsonl`` / ``.parquet`` or a ``data_dir/<name>/`` folder of them, else
     the hub dataset ``hub`` = (path, config, split) when online (``hub`` None: local files only)."""
     if data_dir is not None:
@@ -73,8 +73,10 @@ def read_task_rows(name: str, data_dir: str | Path | None, hub: tuple[str, str |
 
         return list(load_dataset(path, config, split=split))
     except Exception as err:  # ImportError, offline, hub errors
-        raise DataError(f"{label}: {where}, and the hub dataset {path} could not be loaded ({type(err).__name__}); "
-                        "allowed: local files in the hub's schema") from None
+        raise DataError(
+            f"{label}: {where}, and the hub dataset {path} could not be loaded ({type(err).__name__}); "
+            "allowed: local files in the hub's schema"
+        ) from None
 
 
 def load_task(benchmark: str, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
@@ -87,8 +89,10 @@ def load_task(benchmark: str, data_dir: str | Path | None = None) -> list[dict[s
     for number, row in enumerate(rows, 1):  # every row, not the first: a bad row 900 is as bad as a bad row 1
         missing = [k for k in _REQUIRED[benchmark] if not isinstance(row, dict) or k not in row]
         if missing:
-            raise DataError(f"task {benchmark}: row {number} lacks {', '.join(missing)}; allowed: the schema of "
-                            f"{HUB_DATASETS[benchmark][0]} ({', '.join(_REQUIRED[benchmark])})")
+            raise DataError(
+                f"task {benchmark}: row {number} lacks {', '.join(missing)}; allowed: the schema of "
+                f"{HUB_DATASETS[benchmark][0]} ({', '.join(_REQUIRED[benchmark])})"
+            )
     return rows
 
 

@@ -49,8 +49,10 @@ ROLES = ("system", "user", "assistant")
 def _check_messages(conversation: Conversation) -> list[dict[str, Any]]:
     messages = conversation.get("messages") if isinstance(conversation, dict) else None
     if not isinstance(messages, list) or not messages:
-        raise InputError("a conversation needs a non-empty 'messages' list; allowed: {'messages': [{'role': 'user', "
-                         "'content': ...}, ...]}")
+        raise InputError(
+            "a conversation needs a non-empty 'messages' list; allowed: {'messages': [{'role': 'user', "
+            "'content': ...}, ...]}"
+        )
     for i, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
         if role not in ROLES:
@@ -61,15 +63,20 @@ def _check_messages(conversation: Conversation) -> list[dict[str, Any]]:
     for i, message in enumerate(body):
         expected = "user" if i % 2 == 0 else "assistant"
         if message["role"] != expected:
-            raise InputError(f"message {i + len(messages) - len(body)} is {message['role']!r} where {expected!r} is "
-                             "due; allowed: user and assistant turns alternating, the user first")
+            raise InputError(
+                f"message {i + len(messages) - len(body)} is {message['role']!r} where {expected!r} is "
+                "due; allowed: user and assistant turns alternating, the user first"
+            )
     if not body:
         raise InputError("a conversation with only a system message; allowed: at least one user turn")
     return messages
 
 
-def render_conversation(tokenizer: Tokenizer, conversation: Conversation, max_tokens: int | None = None,
-                        ) -> tuple[list[int], list[int]]:
+def render_conversation(
+    tokenizer: Tokenizer,
+    conversation: Conversation,
+    max_tokens: int | None = None,
+) -> tuple[list[int], list[int]]:
     """Token ids and loss mask (1 = trained on) of ``conversation``, cut to ``max_tokens``.
 
     Args:
@@ -78,9 +85,19 @@ def render_conversation(tokenizer: Tokenizer, conversation: Conversation, max_to
         max_tokens: keep at most this many tokens (None: all).
     """
     messages = _check_messages(conversation)
-    special = {name: tokenizer.special_id(f"<|{name}|>") for name in (
-        "user_start", "user_end", "assistant_start", "assistant_end", "python_start", "python_end", "output_start",
-        "output_end")}
+    special = {
+        name: tokenizer.special_id(f"<|{name}|>")
+        for name in (
+            "user_start",
+            "user_end",
+            "assistant_start",
+            "assistant_end",
+            "python_start",
+            "python_end",
+            "output_start",
+            "output_end",
+        )
+    }
     ids, mask = [tokenizer.bos_id], [0]
 
     def add(tokens: Sequence[int], trained: int) -> None:
@@ -99,11 +116,13 @@ def render_conversation(tokenizer: Tokenizer, conversation: Conversation, max_to
             add([special["user_start"], *tokenizer.encode(content), special["user_end"]], 0)
             continue
         add([special["assistant_start"]], 0)
-        for part in ([{"type": "text", "text": content}] if isinstance(content, str) else content):
+        for part in [{"type": "text", "text": content}] if isinstance(content, str) else content:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind not in PART_TYPES or not isinstance(part.get("text"), str):
-                raise InputError(f"an assistant part {str(part)[:60]!r}; allowed: {{'type': one of "
-                                 f"{', '.join(PART_TYPES)}, 'text': str}}")
+                raise InputError(
+                    f"an assistant part {str(part)[:60]!r}; allowed: {{'type': one of "
+                    f"{', '.join(PART_TYPES)}, 'text': str}}"
+                )
             if kind == "text":
                 add(tokenizer.encode(part["text"]), 1)
             elif kind == "python":
@@ -143,8 +162,10 @@ def _rows(
     for number, row in enumerate(rows, 1):
         missing = [k for k in keys if not isinstance(row, dict) or k not in row]
         if missing:
-            raise DataError(f"conversation source {name}: row {number} lacks {', '.join(missing)}; allowed: rows "
-                            f"with {', '.join(keys)} (the hub's schema)")
+            raise DataError(
+                f"conversation source {name}: row {number} lacks {', '.join(missing)}; allowed: rows "
+                f"with {', '.join(keys)} (the hub's schema)"
+            )
     return rows
 
 
@@ -152,18 +173,25 @@ def _messages(name: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows whose "messages" are a list of {"role", "content"}; anything else is a one-line error naming the row."""
     for number, row in enumerate(rows, 1):
         messages = row["messages"]
-        if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and "content" in m
-            for m in messages
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(
+                isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and "content" in m
+                for m in messages
+            )
         ):
-            raise DataError(f"conversation source {name}: row {number} has messages {str(messages)[:60]!r}; allowed: "
-                            "a non-empty list of {role: system|user|assistant, content}")
+            raise DataError(
+                f"conversation source {name}: row {number} has messages {str(messages)[:60]!r}; allowed: "
+                "a non-empty list of {role: system|user|assistant, content}"
+            )
     return [{"messages": row["messages"]} for row in rows]
 
 
 def _smoltalk(data_dir):
-    return _messages("smoltalk", _rows("smoltalk", data_dir, ("HuggingFaceTB/smol-smoltalk", None, "train"),
-                                       ("messages",)))
+    return _messages(
+        "smoltalk", _rows("smoltalk", data_dir, ("HuggingFaceTB/smol-smoltalk", None, "train"), ("messages",))
+    )
 
 
 def _mmlu_aux(data_dir):
@@ -176,8 +204,10 @@ def _mmlu_aux(data_dir):
             answer = choice_index(r["answer"], list(choices) if isinstance(choices, tuple) else choices)
             conversations.append(mc_conversation(r["question"], list(choices), answer))
         except (KeyError, TypeError, ValueError) as err:
-            raise DataError(f"conversation source mmlu_aux: row {number} is unusable ({str(err)[:60]}); allowed: "
-                            "question, choices and an answer index among them") from None
+            raise DataError(
+                f"conversation source mmlu_aux: row {number} is unusable ({str(err)[:60]}); allowed: "
+                "question, choices and an answer index among them"
+            ) from None
     return conversations
 
 
@@ -193,6 +223,7 @@ def _identity(data_dir):
 def _generated(task: str, split: str):
     def load(data_dir):
         return generated_conversations(task, split)
+
     return load
 
 
@@ -215,8 +246,10 @@ def parse_mixture(spec: str) -> list[tuple[str, int]]:
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
         match = re.fullmatch(r"([a-z0-9_]+)(?:\*(\d+))?", item)
         if not match or match.group(1) not in CONVERSATION_SOURCES or match.group(2) == "0":
-            raise InputError(f"conversation source {item!r}; allowed: NAME or NAME*EPOCHS with NAME one of "
-                             f"{', '.join(CONVERSATION_SOURCES)}")
+            raise InputError(
+                f"conversation source {item!r}; allowed: NAME or NAME*EPOCHS with NAME one of "
+                f"{', '.join(CONVERSATION_SOURCES)}"
+            )
         out.append((match.group(1), int(match.group(2) or 1)))
     if not out:
         raise InputError("an empty conversation mixture; allowed: e.g. smoltalk,mmlu_aux*3,gsm8k*4")

@@ -49,7 +49,16 @@ FASHION_MNIST_FILES = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 FASHION_MNIST_CLASSES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 )
 #: name -> (channels, native image size, number of classes, mean, std)
 DATASETS = {
@@ -71,22 +80,30 @@ _IDX_DTYPES = {0x08: np.uint8}
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """Read an idx file (``.gz`` or plain): magic 0x0000 <dtype> <ndim>, big-endian dims, then the data."""
+    """Read an idx file (``.gz`` or plain): magic 0x0000 <dtype> <ndim>, big-endian dims, then the data.
+
+    The header is read first and the data read to exactly its size: a file (a gzip bomb, say) holding more than its
+    header says is refused after one byte more, never decompressed whole, and a header naming more data than the
+    machine holds is refused before any is read."""
+    from lapheads.hardware import check_fits
+
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError) as err:
+            head = f.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] not in _IDX_DTYPES:
+                raise DataError(f"{path} is not an idx file (bad magic {head.hex()}); expected an MNIST-style idx file")
+            shape = f.read(4 * head[3])
+            dims = [int.from_bytes(shape[4 * i : 4 + 4 * i], "big") for i in range(len(shape) // 4)]
+            expected = math.prod(dims) if dims else 0  # Python ints: dims whose product overflows int64 stay wrong
+            check_fits(f"the idx file {path} (header: {dims})", expected)
+            raw = f.read(expected + 1)  # one byte past the header's size tells a longer file
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise DataError(f"cannot read {path}: {err}") from None
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
-        raise DataError(f"{path} is not an idx file (bad magic {raw[:4].hex()}); expected an MNIST-style idx file")
-    ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    offset = 4 + 4 * ndim
-    expected = math.prod(dims) if dims else 0  # Python ints: header dims whose product overflows int64 stay wrong
-    if len(raw) - offset != expected:
-        raise DataError(f"{path} is truncated or corrupt: header says {dims} ({expected} values), file holds {len(raw) - offset}")
-    return np.frombuffer(raw, dtype=_IDX_DTYPES[raw[2]], offset=offset).reshape(dims)
+    if len(dims) != head[3] or len(raw) != expected:
+        held = f"more than {expected}" if len(raw) > expected else str(len(raw))
+        raise DataError(f"{path} is truncated or corrupt: header says {dims} ({expected} values), file holds {held}")
+    return np.frombuffer(raw, dtype=_IDX_DTYPES[head[2]]).reshape(dims)
 
 
 def _idx_file(folder: Path, stem: str) -> Path | None:
@@ -123,13 +140,17 @@ def fetch_fashion_mnist(root: str | os.PathLike) -> tuple[Path, str]:
     if shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
         done = subprocess.run(
             ["apt-get", "install", "-y", "-q", "dataset-fashion-mnist"],
-            capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            capture_output=True,
+            text=True,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
         )
         if done.returncode != 0:  # the package lists may be stale on a fresh machine
             subprocess.run(["apt-get", "update", "-q"], capture_output=True)
             done = subprocess.run(
                 ["apt-get", "install", "-y", "-q", "dataset-fashion-mnist"],
-                capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+                capture_output=True,
+                text=True,
+                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
             )
         found = find_fashion_mnist(root)
         if found is not None:
@@ -245,7 +266,11 @@ class CIFAR(Dataset):
             raise DataError(f"{folder}: {len(self.data)} images but {len(labels)} labels")
         num_classes = 10 if name == "cifar10" else 100
         bad = next(
-            (i for i, c in enumerate(labels) if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < num_classes),
+            (
+                i
+                for i, c in enumerate(labels)
+                if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < num_classes
+            ),
             None,
         )
         if bad is not None:
@@ -295,8 +320,10 @@ def check_data_root(data_root: str | None, download: bool) -> None:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--data-root {data_root!r} is a file; allowed: a directory")
     if not path.exists() and not download:
-        raise ConfigError(f"--data-root {data_root!r} does not exist; allowed: an existing directory (or add "
-                          "--download to fetch the data into it)")
+        raise ConfigError(
+            f"--data-root {data_root!r} does not exist; allowed: an existing directory (or add "
+            "--download to fetch the data into it)"
+        )
 
 
 @dataclass
@@ -342,21 +369,35 @@ def build_image_data(
     if dataset == "fashion-mnist":
         if download and find_fashion_mnist(root) is None:
             fetch_fashion_mnist(root or "data")
-        train = load_fashion_mnist(root, "train", train_transform or small_image_transforms(img_size, native, mean, std, augment, False))
+        train = load_fashion_mnist(
+            root, "train", train_transform or small_image_transforms(img_size, native, mean, std, augment, False)
+        )
         test = load_fashion_mnist(root, "test", small_image_transforms(img_size, native, mean, std, False, False))
         return ImageData(train, test, num_classes, chans, img_size)
     if dataset in ("cifar10", "cifar100"):
         if root is None:
             raise DataError(f"{dataset} needs a data root (--data-root); add --download to fetch it when online")
         try:
-            train = CIFAR(root, dataset, train=True, download=download,
-                          transform=train_transform or small_image_transforms(img_size, native, mean, std, augment, hflip))
-            test = CIFAR(root, dataset, train=False, download=download,
-                         transform=small_image_transforms(img_size, native, mean, std, False, hflip))
+            train = CIFAR(
+                root,
+                dataset,
+                train=True,
+                download=download,
+                transform=train_transform or small_image_transforms(img_size, native, mean, std, augment, hflip),
+            )
+            test = CIFAR(
+                root,
+                dataset,
+                train=False,
+                download=download,
+                transform=small_image_transforms(img_size, native, mean, std, False, hflip),
+            )
         except DataError:
             raise  # already names the file, the item and what is allowed
         except Exception as err:  # noqa: BLE001 - unpickling, a refused global, a download: all mean "no usable data"
-            folder = (torchvision.datasets.CIFAR10 if dataset == "cifar10" else torchvision.datasets.CIFAR100).base_folder
+            folder = (
+                torchvision.datasets.CIFAR10 if dataset == "cifar10" else torchvision.datasets.CIFAR100
+            ).base_folder
             raise DataError(
                 f"{dataset} not found or corrupt in {root} ({type(err).__name__}: {str(err).splitlines()[0][:100]}); "
                 f"expected the official python batches in {root}/{folder}/ (add --download when online)"
@@ -368,8 +409,13 @@ def build_image_data(
     if root is None or not (Path(root) / "train").is_dir() or not (Path(root) / "val").is_dir():
         raise DataError(f"imagefolder needs {root}/train/<class>/* and {root}/val/<class>/*; not found")
     train_tf = create_transform(
-        img_size, is_training=augment, color_jitter=color_jitter or None, hflip=0.5 if hflip else 0.0,
-        auto_augment="3a" if three_augment else auto_augment, mean=mean, std=std,
+        img_size,
+        is_training=augment,
+        color_jitter=color_jitter or None,
+        hflip=0.5 if hflip else 0.0,
+        auto_augment="3a" if three_augment else auto_augment,
+        mean=mean,
+        std=std,
     )
     eval_tf = create_transform(img_size, is_training=False, mean=mean, std=std)
     try:

@@ -31,30 +31,59 @@ class _Clamp01:
 
 class MultiCropAugmentation:
     """Args:
-        global_size, local_size: output sizes of the global and local crops.
-        local_crops: number of local crops.
-        global_scale, local_scale: area ranges of RandomResizedCrop.
-        mean, std: normalisation.
+    global_size, local_size: output sizes of the global and local crops.
+    local_crops: number of local crops.
+    global_scale, local_scale: area ranges of RandomResizedCrop.
+    mean, std: normalisation.
     """
 
-    def __init__(self, global_size: int, local_size: int, local_crops: int, mean, std,
-                 global_scale: tuple[float, float] = (0.4, 1.0), local_scale: tuple[float, float] = (0.05, 0.4)) -> None:
-        flip_and_color = T.Compose([
-            T.RandomHorizontalFlip(p=0.5),
-            T.RandomApply([T.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)], p=0.8),
-            T.RandomGrayscale(p=0.2),
-        ])
+    def __init__(
+        self,
+        global_size: int,
+        local_size: int,
+        local_crops: int,
+        mean,
+        std,
+        global_scale: tuple[float, float] = (0.4, 1.0),
+        local_scale: tuple[float, float] = (0.05, 0.4),
+    ) -> None:
+        flip_and_color = T.Compose(
+            [
+                T.RandomHorizontalFlip(p=0.5),
+                T.RandomApply([T.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)], p=0.8),
+                T.RandomGrayscale(p=0.2),
+            ]
+        )
         normalize = T.Normalize(mean, std)
         bicubic = T.InterpolationMode.BICUBIC
-        self.global_1 = T.Compose([T.RandomResizedCrop(global_size, scale=tuple(global_scale), interpolation=bicubic,
-                                                       antialias=True), _Clamp01(), flip_and_color,
-                                   _blur(global_size, 1.0), normalize])
-        self.global_2 = T.Compose([T.RandomResizedCrop(global_size, scale=tuple(global_scale), interpolation=bicubic,
-                                                       antialias=True), _Clamp01(), flip_and_color, _blur(global_size, 0.1),
-                                   T.RandomSolarize(0.5, p=0.2), normalize])
-        self.local = T.Compose([T.RandomResizedCrop(local_size, scale=tuple(local_scale), interpolation=bicubic,
-                                                    antialias=True), _Clamp01(), flip_and_color, _blur(local_size, 0.5),
-                                normalize])
+        self.global_1 = T.Compose(
+            [
+                T.RandomResizedCrop(global_size, scale=tuple(global_scale), interpolation=bicubic, antialias=True),
+                _Clamp01(),
+                flip_and_color,
+                _blur(global_size, 1.0),
+                normalize,
+            ]
+        )
+        self.global_2 = T.Compose(
+            [
+                T.RandomResizedCrop(global_size, scale=tuple(global_scale), interpolation=bicubic, antialias=True),
+                _Clamp01(),
+                flip_and_color,
+                _blur(global_size, 0.1),
+                T.RandomSolarize(0.5, p=0.2),
+                normalize,
+            ]
+        )
+        self.local = T.Compose(
+            [
+                T.RandomResizedCrop(local_size, scale=tuple(local_scale), interpolation=bicubic, antialias=True),
+                _Clamp01(),
+                flip_and_color,
+                _blur(local_size, 0.5),
+                normalize,
+            ]
+        )
         self.local_crops = local_crops
 
     def __call__(self, image) -> list[torch.Tensor]:

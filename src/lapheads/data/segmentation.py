@@ -40,8 +40,17 @@ class CompositeScenes(Dataset):
 
     num_classes = 11  # background + 10 Fashion-MNIST classes
 
-    def __init__(self, images: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, num_scenes: int,
-                 canvas: int = 56, seed: int = 0, mean: float = 0.2860, std: float = 0.3530, threshold: int = 40) -> None:
+    def __init__(
+        self,
+        images: np.ndarray | torch.Tensor,
+        labels: np.ndarray | torch.Tensor,
+        num_scenes: int,
+        canvas: int = 56,
+        seed: int = 0,
+        mean: float = 0.2860,
+        std: float = 0.3530,
+        threshold: int = 40,
+    ) -> None:
         if canvas < 28:
             raise DataError(f"canvas={canvas} is smaller than a 28 px item; allowed: >= 28 (56 or 64 recommended)")
         self.images = torch.as_tensor(np.asarray(images), dtype=torch.uint8)
@@ -60,12 +69,18 @@ class CompositeScenes(Dataset):
         for _ in range(int(rng.integers(2, 5))):
             item = int(rng.integers(len(self.images)))
             size = int(rng.integers(20, 29))  # items at 20-28 px
-            patch = F.interpolate(self.images[item][None, None].float(), size=(size, size), mode="bilinear",
-                                  align_corners=False)[0, 0].round().clamp(0, 255).to(torch.uint8)
+            patch = (
+                F.interpolate(
+                    self.images[item][None, None].float(), size=(size, size), mode="bilinear", align_corners=False
+                )[0, 0]
+                .round()
+                .clamp(0, 255)
+                .to(torch.uint8)
+            )
             top, left = (int(v) for v in rng.integers(0, self.canvas - size + 1, size=2))
             region = patch > self.threshold
-            image[top:top + size, left:left + size][region] = patch[region]
-            mask[top:top + size, left:left + size][region] = 1 + int(self.labels[item])
+            image[top : top + size, left : left + size][region] = patch[region]
+            mask[top : top + size, left : left + size][region] = 1 + int(self.labels[item])
         return image, mask
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,16 +100,24 @@ class ADE20K(Dataset):
 
     num_classes = 150
 
-    def __init__(self, root: str | Path, split: str = "validation", size: int = 224,
-                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        split: str = "validation",
+        size: int = 224,
+        mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225),
+    ) -> None:
         if split not in ("training", "validation"):
             raise DataError(f"ADE20K split {split!r}; allowed: training, validation")
         base = Path(root) / "ADEChallengeData2016"
         base = base if base.is_dir() else Path(root)
         images = sorted((base / "images" / split).glob("*.jpg"))
         if not images:
-            raise DataError(f"no ADE20K images in {base / 'images' / split}; expected ADEChallengeData2016/images/"
-                            f"{split}/ADE_*.jpg and annotations/{split}/ADE_*.png")
+            raise DataError(
+                f"no ADE20K images in {base / 'images' / split}; expected ADEChallengeData2016/images/"
+                f"{split}/ADE_*.jpg and annotations/{split}/ADE_*.png"
+            )
         self.pairs = []
         for image in images:
             mask = base / "annotations" / split / (image.stem + ".png")
@@ -111,9 +134,11 @@ class ADE20K(Dataset):
         h, w = x.shape[-2:]
         scale = self.size / min(h, w)
         new = (max(self.size, round(h * scale)), max(self.size, round(w * scale)))
-        x = F.interpolate(x[None].float(), size=new, mode=mode, **({"align_corners": False} if mode == "bilinear" else {}))[0]
+        x = F.interpolate(
+            x[None].float(), size=new, mode=mode, **({"align_corners": False} if mode == "bilinear" else {})
+        )[0]
         top, left = (new[0] - self.size) // 2, (new[1] - self.size) // 2
-        return x[:, top:top + self.size, left:left + self.size]
+        return x[:, top : top + self.size, left : left + self.size]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         from PIL import Image

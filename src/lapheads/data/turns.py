@@ -18,8 +18,12 @@ Conversation = dict[str, Any]
 
 def mc_conversation(question: str, choices: list[str], answer: int) -> Conversation:
     """A multiple-choice item as nanochat trains and evaluates it: the lettered prompt, the letter as the reply."""
-    return {"messages": [{"role": "user", "content": render_mc(question, choices)},
-                         {"role": "assistant", "content": LETTERS[answer]}]}
+    return {
+        "messages": [
+            {"role": "user", "content": render_mc(question, choices)},
+            {"role": "assistant", "content": LETTERS[answer]},
+        ]
+    }
 
 
 _CALCULATOR = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
@@ -30,7 +34,7 @@ def gsm8k_conversation(question: str, answer: str) -> Conversation:
     parts, last = [], 0
     for match in _CALCULATOR.finditer(answer):
         if match.start() > last:
-            parts.append({"type": "text", "text": answer[last:match.start()]})
+            parts.append({"type": "text", "text": answer[last : match.start()]})
         parts.append({"type": "python", "text": match.group(1)})
         parts.append({"type": "python_output", "text": match.group(2)})
         last = match.end()

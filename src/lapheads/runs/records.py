@@ -207,7 +207,9 @@ def _check_cell_against_its_config(data: dict[str, Any], where: str) -> None:
         raise RecordError(f"{where}: its cell or config is not an object; allowed: a record lapheads sweep wrote")
     seed, spec = cell.get("seed"), cell.get("spec")
     if type(seed) is not int or seed != config.get("seed"):
-        raise RecordError(f"{where}: cell seed {seed!r}, trained with seed {config.get('seed')!r}; allowed: the same int")
+        raise RecordError(
+            f"{where}: cell seed {seed!r}, trained with seed {config.get('seed')!r}; allowed: the same int"
+        )
     mismatch = arm_mismatch(spec, config) if isinstance(spec, str) else "no arm"
     if mismatch:
         raise RecordError(f"{where}: cell arm {spec!r}, trained with {mismatch}; allowed: the same arm")
@@ -216,7 +218,8 @@ def _check_cell_against_its_config(data: dict[str, Any], where: str) -> None:
                           f"seed {seed}); allowed: a record lapheads sweep wrote")  # fmt: skip
     if data["sweep"].get("task") != trained.get("task"):
         raise RecordError(
-            f"{where}: a {data['sweep'].get('task')!r} sweep's record of a {trained.get('task')!r} run; allowed: one task"
+            f"{where}: a {data['sweep'].get('task')!r} sweep's record of a {trained.get('task')!r} run; allowed: "
+            "one task"
         )
 
 
