@@ -199,9 +199,8 @@ def test_a_gzip_bomb_idx_file_is_refused_without_being_decompressed_whole(tmp_pa
     """Issue 60: an idx.gz was decompressed whole before its header was read. 512 MiB of zeros compress to ~0.5 MB; the
     header says 8 values, so the reader stops one byte past them."""
     import gzip
-    import time
-
     import resource
+    import time
 
     from lapheads.data.images import DataError, read_idx
 

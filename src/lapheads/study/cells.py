@@ -48,6 +48,7 @@ class CellStatus(str, enum.Enum):
     DONE = "done"  # trained to its last step
     RECORDED = "recorded"  # its record was already in the records folder: not trained again
     FAILED = "failed"  # its process or job ended before its last step
+    INTERRUPTED = "interrupted"  # the sweep was stopped (Ctrl-C, SIGTERM) while it trained: a rerun resumes it
 
 
 def cell_name(arm: str, seed: int) -> str:

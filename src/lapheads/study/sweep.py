@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from lapheads.core.heads import HEAD_SPEC_PATTERN, HeadSpecError, parse_spec_arms
+from lapheads.distributed import Interrupted, StoppedError
 from lapheads.io import json_loads, sole_owner
 from lapheads.runs import SWEEP_FILE, SweepError
 from lapheads.runs.layout import RECORDS_LOCK, SWEEP_LOCK
@@ -144,7 +145,16 @@ def run_sweep(definition: SweepDefinition, options: SweepOptions, log=print) -> 
         todo = run.todo(cells)
         run.save()
         executor = _on_slurm if options.slurm is not None else _in_processes if options.jobs > 1 or pins else _here
-        executor(run, todo)
+        try:
+            executor(run, todo)
+        except (KeyboardInterrupt, StoppedError, SystemExit) as err:  # its cells stopped at their last checkpoint
+            stopped = run.interrupted()
+            if isinstance(err, SystemExit):  # SIGTERM (exit 143): the status is saved; the exit stays the signal's
+                raise
+            raise Interrupted(
+                f"interrupted; {', '.join(stopped) or 'no cell'} stopped at its last checkpoint; rerun the same "
+                "command to resume"
+            ) from None
         return run.ledger
 
 
@@ -215,6 +225,14 @@ class _SweepRun:
     def mark(self, cell: Cell, status: CellStatus) -> None:
         self.ledger["cells"][cell.name]["status"] = status.value
         self.save()
+
+    def interrupted(self) -> list[str]:
+        """Mark the cells that were training as interrupted (a rerun resumes them); returns their names."""
+        stopped = [name for name, c in self.ledger["cells"].items() if c.get("status") == CellStatus.RUNNING.value]
+        for name in stopped:
+            self.ledger["cells"][name]["status"] = CellStatus.INTERRUPTED.value
+        self.save()
+        return stopped
 
     def analysed_here(self) -> bool:
         """Cells' analyses for their records run as processes of their own, side by side (:func:`_schedule`)."""
