@@ -308,8 +308,8 @@ def test_the_openai_client_streams_and_completes_a_reply_equal_to_the_engines(op
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == expected and len(chunks) > 3
-    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason in ("stop", "length")
-    assert chunks[-1].usage.completion_tokens > 0 and chunks[-1].usage.prompt_tokens > 0
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-2].choices[0].finish_reason in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0 and chunks[-1].usage.prompt_tokens > 0
     whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=24)
     assert whole.object == "chat.completion" and whole.choices[0].message.content == expected
     assert whole.choices[0].finish_reason in ("stop", "length") and whole.usage.total_tokens > whole.usage.prompt_tokens
@@ -321,9 +321,14 @@ def test_the_openai_client_streams_and_completes_a_reply_equal_to_the_engines(op
     ("options", "status", "says"),
     [
         ({"model": "gpt-4o"}, 404, "model 'gpt-4o'; allowed: 'tiny'"),
-        ({"n": 2}, 400, "n=2 is not supported"),
-        ({"stop": ["\n"]}, 400, "stop=['\\n'] is not supported"),
-        ({"top_p": 0.5}, 400, "top_p=0.5 is not supported"),
+        ({"n": 9}, 400, "n 9; allowed: an integer in [1, 8]"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, 400, "allowed: a string or a list of up to 4 non-empty strings"),
+        ({"top_p": 0}, 400, "top_p 0; allowed: a number in (0, 1]"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            400,
+            "content part of type 'image_url'; allowed: text parts",
+        ),
         ({"max_tokens": 10_000}, 400, "max_tokens 10000; allowed"),
         ({"messages": []}, 400, "'messages' must be a non-empty list"),
         ({"logprobs": True}, 400, "logprobs=True is not supported"),
@@ -374,3 +379,60 @@ def test_a_refused_field_is_named_in_the_error_objects_param(openai_server):
     error = json.loads(caught.value.read())["error"]
     assert caught.value.code == 400 and error["param"] == "top_logprobs" and error["code"] == "invalid_value"
     assert error["type"] == "invalid_request_error" and "top_logprobs=3 is not supported" in error["message"]
+
+
+def test_the_openai_client_gets_n_choices_stop_strings_top_p_text_parts_and_the_developer_role(openai_server, engine):
+    """Issue 58: what client libraries send by default (content parts, the developer role) and what sampling needs
+    (n, stop, top_p) are honoured as vLLM, llama.cpp's server and Ollama honour them."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=openai_server, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": QUESTIONS[1]}]
+    three = client.chat.completions.create(model="tiny", messages=messages, temperature=1.0, max_tokens=24, n=3, seed=5)
+    assert [c.index for c in three.choices] == [0, 1, 2] and len({c.message.content for c in three.choices}) > 1
+    assert three.choices[1].message.content == _openai_reply(client, 6)  # choice i samples with seed + i
+    streamed = client.chat.completions.create(
+        model="tiny", messages=messages, temperature=1.0, max_tokens=24, n=3, seed=5, stream=True
+    )
+    by_index = {}
+    for chunk in streamed:
+        for choice in chunk.choices:
+            by_index[choice.index] = by_index.get(choice.index, "") + (choice.delta.content or "")
+    assert [by_index[i] for i in range(3)] == [c.message.content for c in three.choices]
+    # stop: the reply ends before the first stop string, which is not shown
+    greedy = _expected(engine, messages)
+    cut = greedy[3:5]
+    stopped = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=24, stop=[cut])
+    assert stopped.choices[0].message.content == greedy[: greedy.index(cut)]
+    assert stopped.choices[0].finish_reason == "stop"
+    pieces = client.chat.completions.create(
+        model="tiny", messages=messages, temperature=0, max_tokens=24, stop=cut, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in pieces if c.choices) == greedy[: greedy.index(cut)]
+    # top_p: a nucleus this small holds the likeliest token alone, so sampling at temperature 1 is greedy
+    nucleus = client.chat.completions.create(
+        model="tiny", messages=messages, temperature=1.0, top_p=1e-6, max_tokens=24, seed=3
+    )
+    assert nucleus.choices[0].message.content == greedy
+    # text parts and the developer role read as a string and the system role
+    parts = [{"type": "text", "text": QUESTIONS[1][:10]}, {"type": "text", "text": QUESTIONS[1][10:]}]
+    as_parts = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": parts}], temperature=0, max_tokens=24
+    )
+    assert as_parts.choices[0].message.content == greedy
+    system = [{"role": "system", "content": "Be brief."}, *messages]
+    developer = [{"role": "developer", "content": "Be brief."}, *messages]
+    replies = [
+        client.chat.completions.create(model="tiny", messages=m, temperature=0, max_tokens=24).choices[0].message
+        for m in (system, developer)
+    ]
+    assert replies[0].content == replies[1].content
+
+
+def test_stop_strings_hold_back_only_what_may_begin_one():
+    from lapheads.apps.serve import until_stop
+
+    outcome = {}
+    assert list(until_stop(iter(["ab", "c<", "|e", "nd|>x"]), ["<|end|>"], outcome)) == ["ab", "c"]  # "<|e" held
+    assert outcome == {"finish_reason": "stop"}
+    assert "".join(until_stop(iter(["a<", "b"]), ["<|"], {})) == "a<b"
+    assert "".join(until_stop(iter(["x", "STOP", "y"]), ["ST"], {})) == "x"

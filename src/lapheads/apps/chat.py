@@ -97,6 +97,7 @@ class ChatEngine:
         top_k: int | None = None,
         seed: int = 0,
         outcome: dict[str, Any] | None = None,
+        top_p: float | None = None,
     ) -> Iterator[str]:
         """Yield the reply's text piece by piece; ``prompt_ids`` end with ``<|assistant_start|>``. ``outcome``, when
         given, is filled once the reply ends: ``finish_reason`` ("stop": the model ended its turn; "length":
@@ -117,7 +118,7 @@ class ChatEngine:
         stops = {self.ids["assistant_end"], self.tokenizer.bos_id}
         finish = "length"
         while len(reply) < max_tokens and cache.pos < limit:
-            token = int(sample_token(logits, temperature, top_k or None, generator))
+            token = int(sample_token(logits, temperature, top_k or None, generator, top_p))
             if token in stops:
                 finish = "stop"
                 break

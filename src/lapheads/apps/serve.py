@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ class ServeLimits:
 
 #: the deepest JSON nesting a request may have (a chat request needs 3: object, messages list, message object)
 MAX_JSON_DEPTH = 16
+#: the most choices (``n``) and stop strings one request may ask for (OpenAI's own limit on stop strings is 4)
+MAX_CHOICES, MAX_STOPS = 8, 4
 
 
 class RequestError(LapheadsError):
@@ -67,7 +70,7 @@ class RequestError(LapheadsError):
 #: and a value of one of these it cannot honour, is refused by name (OpenAI itself refuses unknown arguments)
 OPENAI_FIELDS = {
     "model": "this server's one model (GET /v1/models)",
-    "messages": "system / user / assistant turns, the last the user's",
+    "messages": "system (or developer) / user / assistant turns, the last the user's; content a string or text parts",
     "temperature": "sampling temperature (0 = greedy)",
     "max_tokens": "the reply's length limit",
     "max_completion_tokens": "the reply's length limit",
@@ -76,9 +79,9 @@ OPENAI_FIELDS = {
     "stream": "server-sent chunks",
     "stream_options": "include_usage",
     "user": "an end-user id: recorded nowhere, changes nothing",
-    "n": "1 only",
-    "stop": "none only",
-    "top_p": "1 only",
+    "n": f"1 to {MAX_CHOICES} choices, choice i sampled with seed + i",
+    "stop": f"up to {MAX_STOPS} strings: the reply ends before the first that appears (finish_reason stop)",
+    "top_p": "nucleus sampling: the likeliest tokens holding this probability, in (0, 1]",
     "frequency_penalty": "0 only",
     "presence_penalty": "0 only",
     "response_format": "text only",
@@ -90,9 +93,6 @@ OPENAI_FIELDS = {
 }
 #: the value each field above must have where this server cannot honour any other
 _ONLY = {
-    "n": (None, 1),
-    "stop": (None, [], ""),
-    "top_p": (None, 1, 1.0),
     "frequency_penalty": (None, 0, 0.0),
     "presence_penalty": (None, 0, 0.0),
     "response_format": (None, {"type": "text"}),
@@ -120,20 +120,75 @@ def _from_openai(body: Any) -> dict[str, Any]:
                 f"{field}={body[field]!r} is not supported by this server; allowed: {OPENAI_FIELDS[field]}",
                 param=field,
             )
-    out = {"messages": body.get("messages")}
+    out = {"messages": _openai_messages(body.get("messages"))}
     if body.get("temperature") is not None:
         out["temperature"] = body["temperature"]
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     if limit is not None:
         out["max_tokens"] = limit
-    for field in ("top_k", "seed"):
+    for field in ("top_k", "seed", "top_p", "n"):
         if body.get(field) is not None:
             out[field] = body[field]
+    out["stop"] = _stop_strings(body.get("stop"))
     stream = body.get("stream", False)
     options = body.get("stream_options") or {}
     if not isinstance(stream, bool) or not isinstance(options, dict):
         raise LapheadsError(f"stream {stream!r}, stream_options {options!r}; allowed: true/false and an object")
     return {**out, "stream": stream, "include_usage": bool(options.get("include_usage"))}
+
+
+def _openai_messages(messages: Any) -> Any:
+    """OpenAI's message forms as this server's: ``developer`` is the newer name of ``system``, and ``content`` may be
+    a list of parts, whose text parts are joined (an image or audio part is refused by name)."""
+    if not isinstance(messages, list):
+        return messages
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return messages  # _check_request says what a message is
+        content = message.get("content")
+        if isinstance(content, list):
+            kinds = [part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content]
+            if any(kind != "text" or not isinstance(part.get("text"), str) for kind, part in zip(kinds, content)):
+                other = next(kind for kind, part in zip(kinds, content) if kind != "text" or "text" not in part)
+                raise RequestError(
+                    f"message {i} has a content part of type {other!r}; allowed: text parts", param="messages"
+                )
+            content = "".join(part["text"] for part in content)
+        role = "system" if message.get("role") == "developer" else message.get("role")
+        out.append({**message, "role": role, "content": content})
+    return out
+
+
+def _stop_strings(stop: Any) -> list[str]:
+    """``stop``: none, a string, or a list of up to :data:`MAX_STOPS` non-empty strings."""
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(x, str) and x for x in stops):
+        raise RequestError(f"stop {stop!r}; allowed: a string or a list of up to {MAX_STOPS} non-empty strings", "stop")
+    return stops
+
+
+def until_stop(pieces: Iterator[str], stops: list[str], outcome: dict[str, Any]) -> Iterator[str]:
+    """``pieces`` up to the first stop string (never shown; ``outcome["finish_reason"]`` becomes "stop"). A piece
+    that may begin a stop string is held back until the text after it decides."""
+    if not stops:
+        yield from pieces
+        return
+    held = ""
+    for piece in pieces:
+        held += piece
+        found = [held.index(stop) for stop in stops if stop in held]
+        if found:
+            if held[: min(found)]:
+                yield held[: min(found)]
+            outcome["finish_reason"] = "stop"
+            return
+        keep = max((k for stop in stops for k in range(1, len(stop)) if held.endswith(stop[:k])), default=0)
+        if len(held) > keep:
+            yield held[: len(held) - keep]
+            held = held[len(held) - keep :]
+    if held:
+        yield held
 
 
 def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: int) -> dict[str, Any]:
@@ -163,20 +218,28 @@ def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: in
         "max_tokens": body.get("max_tokens", limits.max_tokens),
         # no seed: a fresh one, so repeated requests sample afresh (as vLLM, llama.cpp and Ollama do)
         "seed": body["seed"] if body.get("seed") is not None else secrets.randbelow(2**63),
+        "top_p": body.get("top_p", 1.0),
+        "n": body.get("n", 1),
     }
     bounds = {
         "temperature": (0.0, 2.0),
         "top_k": (0, 200),
         "max_tokens": (1, limits.max_tokens),
         "seed": (0, 2**63 - 1),
+        "top_p": (0.0, 1.0),  # 0 itself excluded below: no token would be left
+        "n": (1, MAX_CHOICES),
     }
     for name, value in options.items():
         low, high = bounds[name]
-        kind = (int, float) if name == "temperature" else int
+        kind = (int, float) if name in ("temperature", "top_p") else int
         if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
-            words = "a number" if name == "temperature" else "an integer"
-            raise RequestError(f"{name} {value!r}; allowed: {words} in [{low}, {high}]", param=name)
-    return {"messages": messages, **options, "stream": body.get("stream"), "include_usage": body.get("include_usage")}
+            words = "an integer" if kind is int else "a number"
+            span = "(0, 1]" if name == "top_p" else f"[{low}, {high}]"
+            raise RequestError(f"{name} {value!r}; allowed: {words} in {span}", param=name)
+    if options["top_p"] == 0:
+        raise RequestError("top_p 0; allowed: a number in (0, 1]", param="top_p")
+    extra = {key: body.get(key) for key in ("stream", "include_usage")}
+    return {"messages": messages, **options, "stop": body.get("stop") or [], **extra}
 
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -270,11 +333,11 @@ def create_app(
             return refuse(400, " ".join(str(err).split()))
         return body, prompt
 
-    def first_piece(body: dict[str, Any], prompt: list[int], outcome: dict[str, Any]):
-        """The reply's generator and its first piece (an error here is still a JSON error, before any byte)."""
-        pieces = engine.stream(
-            prompt, body["max_tokens"], body["temperature"], body["top_k"] or None, seed=body["seed"], outcome=outcome
-        )
+    def first_piece(body: dict[str, Any], prompt: list[int], outcome: dict[str, Any], choice: int = 0):
+        """The reply's generator and its first piece (an error here is still a JSON error, before any byte); choice
+        i of ``n`` samples with seed + i."""
+        pieces = engine.stream(prompt, body["max_tokens"], body["temperature"], body["top_k"] or None,
+                               seed=(body["seed"] + choice) % 2**63, outcome=outcome, top_p=body["top_p"])  # fmt: skip
         with model_lock:
             return pieces, next(pieces, None)
 
@@ -320,41 +383,48 @@ def create_app(
         if isinstance(checked, JSONResponse):
             return checked
         body, prompt = checked
-        outcome: dict[str, Any] = {}
+        outcomes: list[dict[str, Any]] = [{} for _ in range(body["n"])]
         try:
-            pieces, first = first_piece(body, prompt, outcome)
+            started = [first_piece(body, prompt, outcome, i) for i, outcome in enumerate(outcomes)]
         except Exception as err:  # noqa: BLE001
             return refuse_openai(500, f"generation failed: {' '.join(str(err).split())[:200]}")
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
+        texts = [until_stop(rest(*begun), body["stop"], outcome) for begun, outcome in zip(started, outcomes)]
 
         def usage() -> dict[str, int]:
-            done = outcome.get("completion_tokens", 0)
+            done = sum(outcome.get("completion_tokens", 0) for outcome in outcomes)
             return {"prompt_tokens": len(prompt), "completion_tokens": done, "total_tokens": len(prompt) + done}
 
         if not body["stream"]:
             try:
-                text = "".join(rest(pieces, first))
+                replies = ["".join(text) for text in texts]
             except Exception as err:  # noqa: BLE001
                 return refuse_openai(500, f"generation failed: {' '.join(str(err).split())[:200]}")
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
-            choice["finish_reason"] = outcome.get("finish_reason", "stop")
-            return {**head, "object": "chat.completion", "choices": [choice], "usage": usage()}
+            choices = [
+                {"index": i, "message": {"role": "assistant", "content": reply}, "logprobs": None,
+                 "finish_reason": outcome.get("finish_reason", "stop")}
+                for i, (reply, outcome) in enumerate(zip(replies, outcomes))
+            ]  # fmt: skip
+            return {**head, "object": "chat.completion", "choices": choices, "usage": usage()}
 
-        def chunk(delta: dict[str, str], finish: str | None = None, **extra: Any) -> str:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        def chunk(index: int, delta: dict[str, str], finish: str | None = None, **extra: Any) -> str:
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
             return f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': [choice], **extra})}\n\n"
 
         def events():
-            yield chunk({"role": "assistant", "content": ""})
-            try:
-                for piece in rest(pieces, first):
-                    yield chunk({"content": piece})
-            except Exception as err:  # noqa: BLE001 - mid-stream: OpenAI's error object as the last event
-                message = "generation failed: " + " ".join(str(err).split())[:200]
-                yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
-                return
-            extra = {"usage": usage()} if body["include_usage"] else {}
-            yield chunk({}, outcome.get("finish_reason", "stop"), **extra)
+            for index, (text, outcome) in enumerate(zip(texts, outcomes)):  # choice after choice, each by its index
+                yield chunk(index, {"role": "assistant", "content": ""})
+                try:
+                    for piece in text:
+                        yield chunk(index, {"content": piece})
+                except Exception as err:  # noqa: BLE001 - mid-stream: OpenAI's error object as the last event
+                    message = "generation failed: " + " ".join(str(err).split())[:200]
+                    yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
+                    return
+                yield chunk(index, {}, outcome.get("finish_reason", "stop"))
+            if body["include_usage"]:  # OpenAI's usage chunk: no choices, after the last choice's
+                last = {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage()}
+                yield f"data: {json.dumps(last)}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")

@@ -399,16 +399,26 @@ GREEDY_BELOW = 1e-5
 
 
 def sample_token(
-    logits: torch.Tensor, temperature: float, top_k: int | None = None, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    top_p: float | None = None,
 ) -> torch.Tensor:
     """One next token (B, 1) from logits (B, V): greedy at temperature 0 (and below ``GREEDY_BELOW``), else
-    sampled from the top-k (None/0: all)."""
+    sampled from the top-k (None/0: all), then from the smallest set of likeliest tokens whose probability reaches
+    ``top_p`` (nucleus sampling; None or 1: all), as vLLM and transformers apply them."""
     if temperature < GREEDY_BELOW:
         return logits.argmax(-1, keepdim=True)
     scaled = logits / temperature
     if top_k:
         kth = scaled.topk(min(top_k, scaled.size(-1))).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        ordered, order = scaled.sort(-1, descending=True)
+        probs = ordered.softmax(-1)
+        beyond = probs.cumsum(-1) - probs >= top_p  # the likelier tokens already hold top_p (never the likeliest)
+        scaled = scaled.masked_fill(torch.zeros_like(beyond).scatter(-1, order, beyond), float("-inf"))
     return torch.multinomial(scaled.softmax(-1), 1, generator=generator)
 
 
