@@ -331,7 +331,8 @@ def test_the_openai_client_streams_and_completes_a_reply_equal_to_the_engines(op
         ),
         ({"max_tokens": 10_000}, 400, "max_tokens 10000; allowed"),
         ({"messages": []}, 400, "'messages' must be a non-empty list"),
-        ({"logprobs": True}, 400, "logprobs=True is not supported"),
+        ({"top_logprobs": 3}, 400, "top_logprobs only with logprobs true"),
+        ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs 21; allowed: an integer in [0, 20]"),
         ({"logit_bias": {"5": 10}}, 400, "logit_bias={'5': 10} is not supported"),
         ({"tool_choice": "auto"}, 400, "tool_choice='auto' is not supported"),
         ({"extra_body": {"min_p": 0.1}}, 400, "unrecognized request argument 'min_p'"),
@@ -370,15 +371,15 @@ def test_a_refused_field_is_named_in_the_error_objects_param(openai_server):
     import urllib.error
     import urllib.request
 
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"}
     request = urllib.request.Request(
         f"{openai_server}/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(request, timeout=30)
     error = json.loads(caught.value.read())["error"]
-    assert caught.value.code == 400 and error["param"] == "top_logprobs" and error["code"] == "invalid_value"
-    assert error["type"] == "invalid_request_error" and "top_logprobs=3 is not supported" in error["message"]
+    assert caught.value.code == 400 and error["param"] == "tool_choice" and error["code"] == "invalid_value"
+    assert error["type"] == "invalid_request_error" and "tool_choice='auto' is not supported" in error["message"]
 
 
 def test_the_openai_client_gets_n_choices_stop_strings_top_p_text_parts_and_the_developer_role(openai_server, engine):
@@ -436,3 +437,42 @@ def test_stop_strings_hold_back_only_what_may_begin_one():
     assert outcome == {"finish_reason": "stop"}
     assert "".join(until_stop(iter(["a<", "b"]), ["<|"], {})) == "a<b"
     assert "".join(until_stop(iter(["x", "STOP", "y"]), ["ST"], {})) == "x"
+
+
+def test_logprobs_are_the_models_log_softmax_at_the_sampled_tokens(openai_server, engine):
+    """Issue 58: logprobs were accepted and dropped (HTTP 200, logprobs null). Each sampled token's log-probability
+    is the model's log-softmax at its position, with the top_logprobs likeliest beside it, in OpenAI's shape."""
+    import torch
+
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=openai_server, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": QUESTIONS[2]}]
+    reply = client.chat.completions.create(
+        model="tiny", messages=messages, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3
+    )
+    content = reply.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == reply.choices[0].message.content and len(content) == 8
+    ids = render_for_completion(engine.tokenizer, {"messages": messages})
+    model = engine.model
+    with torch.no_grad():
+        for position, token in enumerate(content):
+            logp = model(torch.tensor([ids]))[0, -1].float().log_softmax(-1)
+            chosen = int(logp.argmax())  # greedy: the sampled token is the likeliest
+            assert token.token == engine.tokenizer.decode([chosen]) and token.bytes == list(token.token.encode())
+            assert token.logprob == pytest.approx(float(logp[chosen]), abs=1e-4)
+            best = logp.topk(3)
+            assert [t.logprob for t in token.top_logprobs] == pytest.approx(best.values.tolist(), abs=1e-4)
+            assert token.top_logprobs[0].token == token.token
+            ids.append(chosen)
+    streamed = client.chat.completions.create(
+        model="tiny", messages=messages, temperature=0, max_tokens=8, logprobs=True, stream=True
+    )
+    tokens = [
+        t
+        for chunk in streamed
+        if chunk.choices and chunk.choices[0].logprobs
+        for t in chunk.choices[0].logprobs.content
+    ]
+    assert [t.logprob for t in tokens] == [t.logprob for t in content] and all(t.top_logprobs == [] for t in tokens)
+    plain = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8)
+    assert plain.choices[0].logprobs is None

@@ -98,10 +98,15 @@ class ChatEngine:
         seed: int = 0,
         outcome: dict[str, Any] | None = None,
         top_p: float | None = None,
+        logprobs: list[dict[str, Any]] | None = None,
+        top_logprobs: int = 0,
     ) -> Iterator[str]:
         """Yield the reply's text piece by piece; ``prompt_ids`` end with ``<|assistant_start|>``. ``outcome``, when
         given, is filled once the reply ends: ``finish_reason`` ("stop": the model ended its turn; "length":
-        ``max_tokens`` or the context ran out) and ``completion_tokens`` (the model's and the tool's tokens)."""
+        ``max_tokens`` or the context ran out) and ``completion_tokens`` (the model's and the tool's tokens).
+        ``logprobs``, when given, gains one entry per sampled token before its text is yielded: ``{"id", "logprob",
+        "top": [(id, logprob), ...]}``, the model's log-softmax at that position (untempered, as OpenAI reports it),
+        with its ``top_logprobs`` likeliest tokens."""
         model, limit = self.model, self.model.config.sequence_len
         if not prompt_ids:
             raise InputError("an empty prompt; allowed: a rendered conversation")
@@ -122,6 +127,8 @@ class ChatEngine:
             if token in stops:
                 finish = "stop"
                 break
+            if logprobs is not None:
+                logprobs.append(_logprob_entry(logits[0], token, top_logprobs))
             new = [token]
             if token == self.ids["python_start"]:
                 call = []
@@ -150,6 +157,14 @@ class ChatEngine:
     def reply(self, conversation: Conversation, **kwargs) -> str:
         """The assistant's whole next turn in ``conversation`` (a final assistant message is ignored)."""
         return "".join(self.stream(render_for_completion(self.tokenizer, conversation), **kwargs))
+
+
+def _logprob_entry(logits: torch.Tensor, token: int, top: int) -> dict[str, Any]:
+    """One sampled token's log-probability and the ``top`` likeliest tokens' (the model's log-softmax)."""
+    logp = logits.float().log_softmax(-1)
+    best = logp.topk(top) if top else None
+    pairs = [] if best is None else [(int(i), float(v)) for v, i in zip(best.values, best.indices)]
+    return {"id": token, "logprob": float(logp[token]), "top": pairs}
 
 
 def _answer(engine: ChatEngine, messages: list[dict[str, str]], text: str, options: dict[str, Any], seed: int) -> None:

@@ -56,6 +56,8 @@ class ServeLimits:
 MAX_JSON_DEPTH = 16
 #: the most choices (``n``) and stop strings one request may ask for (OpenAI's own limit on stop strings is 4)
 MAX_CHOICES, MAX_STOPS = 8, 4
+#: the most alternatives per token ``top_logprobs`` may ask for (OpenAI's own limit)
+MAX_TOP_LOGPROBS = 20
 
 
 class RequestError(LapheadsError):
@@ -87,8 +89,8 @@ OPENAI_FIELDS = {
     "response_format": "text only",
     "tools": "none only",
     "tool_choice": "none only",
-    "logprobs": "false only",
-    "top_logprobs": "none only",
+    "logprobs": "the sampled tokens' log-probabilities, the model's log-softmax (choice.logprobs.content)",
+    "top_logprobs": f"0 to {MAX_TOP_LOGPROBS} likeliest tokens beside each sampled one (with logprobs true)",
     "logit_bias": "none only",
 }
 #: the value each field above must have where this server cannot honour any other
@@ -98,8 +100,6 @@ _ONLY = {
     "response_format": (None, {"type": "text"}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "logit_bias": (None, {}),
 }
 
@@ -126,7 +126,7 @@ def _from_openai(body: Any) -> dict[str, Any]:
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     if limit is not None:
         out["max_tokens"] = limit
-    for field in ("top_k", "seed", "top_p", "n"):
+    for field in ("top_k", "seed", "top_p", "n", "logprobs", "top_logprobs"):
         if body.get(field) is not None:
             out[field] = body[field]
     out["stop"] = _stop_strings(body.get("stop"))
@@ -220,6 +220,7 @@ def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: in
         "seed": body["seed"] if body.get("seed") is not None else secrets.randbelow(2**63),
         "top_p": body.get("top_p", 1.0),
         "n": body.get("n", 1),
+        "top_logprobs": body.get("top_logprobs", 0),
     }
     bounds = {
         "temperature": (0.0, 2.0),
@@ -228,6 +229,7 @@ def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: in
         "seed": (0, 2**63 - 1),
         "top_p": (0.0, 1.0),  # 0 itself excluded below: no token would be left
         "n": (1, MAX_CHOICES),
+        "top_logprobs": (0, MAX_TOP_LOGPROBS),
     }
     for name, value in options.items():
         low, high = bounds[name]
@@ -238,6 +240,12 @@ def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: in
             raise RequestError(f"{name} {value!r}; allowed: {words} in {span}", param=name)
     if options["top_p"] == 0:
         raise RequestError("top_p 0; allowed: a number in (0, 1]", param="top_p")
+    logprobs = body.get("logprobs", False)
+    if not isinstance(logprobs, bool) or (options["top_logprobs"] and not logprobs):
+        param = "logprobs" if not isinstance(logprobs, bool) else "top_logprobs"
+        raise RequestError(f"logprobs {logprobs!r} with top_logprobs {options['top_logprobs']}; allowed: logprobs true "
+                           "or false, top_logprobs only with logprobs true", param=param)  # fmt: skip
+    options["logprobs"] = logprobs
     extra = {key: body.get(key) for key in ("stream", "include_usage")}
     return {"messages": messages, **options, "stop": body.get("stop") or [], **extra}
 
@@ -335,9 +343,11 @@ def create_app(
 
     def first_piece(body: dict[str, Any], prompt: list[int], outcome: dict[str, Any], choice: int = 0):
         """The reply's generator and its first piece (an error here is still a JSON error, before any byte); choice
-        i of ``n`` samples with seed + i."""
+        i of ``n`` samples with seed + i; with logprobs, ``outcome["logprobs"]`` gains each sampled token's."""
+        tokens = outcome.setdefault("logprobs", []) if body.get("logprobs") else None
         pieces = engine.stream(prompt, body["max_tokens"], body["temperature"], body["top_k"] or None,
-                               seed=(body["seed"] + choice) % 2**63, outcome=outcome, top_p=body["top_p"])  # fmt: skip
+                               seed=(body["seed"] + choice) % 2**63, outcome=outcome, top_p=body["top_p"],
+                               logprobs=tokens, top_logprobs=body.get("top_logprobs", 0))  # fmt: skip
         with model_lock:
             return pieces, next(pieces, None)
 
@@ -375,6 +385,24 @@ def create_app(
     def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "lapheads"}]}
 
+    def token_logprobs(outcome: dict[str, Any], start: int, chars: int) -> dict[str, Any] | None:
+        """OpenAI's ``logprobs`` of the sampled tokens from the ``start``-th on whose text lies within the reply's
+        first ``chars`` characters (a stop string's tokens are not reported); None without logprobs."""
+        if "logprobs" not in outcome:
+            return None
+
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            text = engine.tokenizer.decode([token])
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        content, length = [], 0
+        for item in outcome["logprobs"]:
+            length += len(engine.tokenizer.decode([item["id"]]))
+            if length > chars:
+                break
+            content.append({**entry(item["id"], item["logprob"]), "top_logprobs": [entry(*t) for t in item["top"]]})
+        return {"content": content[start:]}
+
     @app.post("/v1/chat/completions")
     async def openai_complete(request: Request):
         """OpenAI's chat completions (as vLLM, llama.cpp's server and Ollama offer): a chat.completion object, or
@@ -401,22 +429,30 @@ def create_app(
             except Exception as err:  # noqa: BLE001
                 return refuse_openai(500, f"generation failed: {' '.join(str(err).split())[:200]}")
             choices = [
-                {"index": i, "message": {"role": "assistant", "content": reply}, "logprobs": None,
-                 "finish_reason": outcome.get("finish_reason", "stop")}
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": reply},
+                    "logprobs": token_logprobs(outcome, 0, len(reply)),
+                    "finish_reason": outcome.get("finish_reason", "stop"),
+                }
                 for i, (reply, outcome) in enumerate(zip(replies, outcomes))
-            ]  # fmt: skip
+            ]
             return {**head, "object": "chat.completion", "choices": choices, "usage": usage()}
 
-        def chunk(index: int, delta: dict[str, str], finish: str | None = None, **extra: Any) -> str:
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': [choice], **extra})}\n\n"
+        def chunk(index: int, delta: dict[str, str], finish: str | None = None, logprobs=None) -> str:
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            return f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': [choice]})}\n\n"
 
         def events():
             for index, (text, outcome) in enumerate(zip(texts, outcomes)):  # choice after choice, each by its index
                 yield chunk(index, {"role": "assistant", "content": ""})
                 try:
+                    shown, reported = 0, 0  # characters sent; tokens whose log-probabilities were sent
                     for piece in text:
-                        yield chunk(index, {"content": piece})
+                        shown += len(piece)
+                        logprobs = token_logprobs(outcome, reported, shown)
+                        reported += len(logprobs["content"]) if logprobs else 0
+                        yield chunk(index, {"content": piece}, logprobs=logprobs)
                 except Exception as err:  # noqa: BLE001 - mid-stream: OpenAI's error object as the last event
                     message = "generation failed: " + " ".join(str(err).split())[:200]
                     yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
