@@ -412,3 +412,41 @@ def test_a_config_whose_heads_are_not_booleans_is_refused(tmp_path, written):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(InputError, match=f"config.laplacian_heads layer 1 holds {written!r}; allowed: true / false"):
         lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path)
+
+
+def test_gpt_oss_attention_sinks_are_refused_not_dropped():
+    """Issue 60/58: enable on GPT-OSS silently dropped its learned sinks (logits 0.28 off at k = 0). Refused in one
+    line, before the model changes, and at call time for a model whose config was edited by hand."""
+    config = transformers.GptOssConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.GptOssForCausalLM(config).eval()
+    before = model.config.to_dict()
+    with pytest.raises(InputError, match="GptOssAttention has learned attention sinks \\(GPT-OSS\\); allowed"):
+        lhf.enable(model, 0)
+    assert model.config.to_dict() == before  # nothing was changed
+    model.set_attn_implementation(lhf.NAME)
+    with pytest.raises(InputError, match="learned attention sinks"):
+        model(torch.tensor([[1, 2, 3]]))
+
+
+def test_a_saved_laplacian_model_names_an_architecture_no_engine_serves_as_plain_attention(tmp_path):
+    """Issue 58: a saved Laplacian Llama said architectures ["LlamaForCausalLM"], so an engine that reads only that
+    (vLLM, llama.cpp's converter) would serve it with the heads dropped. Its saved name is one no engine knows;
+    lapheads loads it back as before, and a model without Laplacian heads keeps its own name."""
+    import json
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model = lhf.enable(_llama(), "0,2")
+    model.save_pretrained(tmp_path / "laplacian")
+    saved = json.loads((tmp_path / "laplacian" / "config.json").read_text())
+    assert saved["architectures"] == ["LaplacianLlamaForCausalLM"] and saved["model_type"] == "llama"
+    assert "LaplacianLlamaForCausalLM" not in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    loaded = lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path / "laplacian").eval()
+    assert [m.laplacian_mask.tolist() for m in lhf.attention_modules(loaded)] == model.config.laplacian_heads
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(loaded(ids).logits, model.eval()(ids).logits)
+    _llama().save_pretrained(tmp_path / "plain")
+    assert json.loads((tmp_path / "plain" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]

@@ -36,6 +36,8 @@ Design choices:
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -130,6 +132,13 @@ def _maps_wanted(kwargs: dict) -> bool:
     return collected is not None and "attentions" in collected
 
 
+#: GPT-OSS's learned attention sinks (an extra softmax column per head) are not in the op: refused, never dropped
+_SINKS_REFUSED = (
+    "{} has learned attention sinks (GPT-OSS); allowed: attention without them (lapheads' op has no sink column, "
+    "and dropping the sinks would change the model's output even with no Laplacian head)"
+)
+
+
 def lapheads_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -149,6 +158,8 @@ def lapheads_attention(
         )
     if kwargs.get("position_bias") is not None:
         raise InputError(f"{type(module).__name__} adds a position bias (T5-style); allowed: models without one")
+    if kwargs.get("s_aux") is not None:
+        raise InputError(_SINKS_REFUSED.format(type(module).__name__))
     t = query.shape[2]
     causal_module = getattr(module, "is_causal", True)
     causal = bool((causal_module if is_causal is None else is_causal) and attention_mask is None and t > 1)
@@ -207,6 +218,8 @@ def register() -> None:
         )
     elif not getattr(check, "_lapheads", False):  # once, however often register() is called
         PreTrainedModel._check_and_adjust_attn_implementation = _keep_laplacian_heads(check)
+    if not getattr(PreTrainedModel.save_pretrained, "_lapheads", False):
+        PreTrainedModel.save_pretrained = _save_as_laplacian(PreTrainedModel.save_pretrained)
 
 
 def config_masks(config) -> list[list[bool]] | None:
@@ -230,6 +243,33 @@ def _has_laplacian_heads(config) -> bool:
     layers = config_masks(config) or []
     kinds = getattr(config, "laplacian_head_kinds", None) or []
     return any(any(layer) for layer in layers) or any(k != "ordinary" for layer in kinds for k in layer)
+
+
+#: what a saved Laplacian model's ``architectures`` entries start with: engines that pick the model class by this
+#: name alone (vLLM, llama.cpp's converter) find no such class and refuse, instead of serving it as plain attention
+ARCHITECTURE_PREFIX = "Laplacian"
+
+
+def _save_as_laplacian(save):
+    """transformers' ``save_pretrained`` (which writes ``architectures`` from the class name on every save), then,
+    for a model with Laplacian heads, its saved architectures renamed ``Laplacian<name>``; transformers itself
+    picks the class by ``model_type``, so lapheads and :func:`from_pretrained` load it as before."""
+
+    @functools.wraps(save)
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        result = save(self, save_directory, *args, **kwargs)
+        path = Path(save_directory) / "config.json"
+        if _has_laplacian_heads(getattr(self, "config", None)) and path.is_file():
+            config = json.loads(path.read_text())
+            names = config.get("architectures") or [type(self).__name__]
+            config["architectures"] = [
+                n if n.startswith(ARCHITECTURE_PREFIX) else ARCHITECTURE_PREFIX + n for n in names
+            ]
+            path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        return result
+
+    save_pretrained._lapheads = True
+    return save_pretrained
 
 
 def _keep_laplacian_heads(check):
@@ -300,6 +340,9 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
             f"no attention modules found in {type(model).__name__}; allowed: transformers models "
             "whose attention classes end in 'Attention'"
         )
+    with_sinks = [m for m in modules if isinstance(getattr(m, "sinks", None), torch.Tensor)]
+    if with_sinks:  # refused before anything changes: dropping them would change even k = 0's output
+        raise InputError(_SINKS_REFUSED.format(type(with_sinks[0]).__name__))
     num_heads = _num_heads(model)
     layers = parse_head_kinds(laplacian_heads, num_heads, len(modules))
     masks = [torch.tensor([kind == "laplacian" for kind in kinds]) for kinds in layers]

@@ -17,7 +17,9 @@ class RunConfig:
 
     description: str = option("", "what this recipe is (free text, shown in reports)")
     laplacian_heads: str = option(
-        "0", "Laplacian heads: k trailing heads per layer, one k per layer, or head kinds (not in HF models)", HEAD_SPEC
+        "0",
+        "Laplacian heads: k trailing heads per layer, one k per layer, or head kinds (HF models: all but local, untied)",
+        HEAD_SPEC,
     )
     seed: int = option(
         0,
