@@ -476,3 +476,21 @@ def test_logprobs_are_the_models_log_softmax_at_the_sampled_tokens(openai_server
     assert [t.logprob for t in tokens] == [t.logprob for t in content] and all(t.top_logprobs == [] for t in tokens)
     plain = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8)
     assert plain.choices[0].logprobs is None
+
+
+def test_unknown_routes_and_methods_answer_openais_error_object(openai_server):
+    """Issue 58: unknown routes answered FastAPI's {"detail": ...}, so client.models.retrieve(id) got a 404
+    without OpenAI's shape."""
+    import urllib.error
+    import urllib.request
+
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=openai_server, api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("tiny")
+    error = caught.value.body
+    assert error["type"] == "not_found_error" and error["code"] == "unknown_url"
+    assert error["message"] == "GET /v1/models/tiny: Not Found"
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(f"{openai_server}/chat/completions", timeout=30)  # GET on a POST route
+    assert caught.value.code == 405 and json.loads(caught.value.read())["error"]["code"] == "method_not_allowed"

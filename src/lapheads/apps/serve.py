@@ -34,6 +34,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request  # the optional extra 'serve'; lapheads imports this module only to serve
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lapheads.apps.chat import ChatEngine
 from lapheads.errors import LapheadsError
@@ -297,6 +298,21 @@ def create_app(
         code = {404: "model_not_found", 413: "request_too_large"}.get(status) or ("invalid_value" if param else None)
         error = {"message": message, "type": kind or "invalid_request_error", "param": param, "code": code}
         return JSONResponse({"error": error}, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def unknown_route(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        """An unknown route or method: OpenAI's error object under /v1 (its clients read no other), one line
+        elsewhere, as every other refusal of this server."""
+        message = f"{request.method} {request.url.path}: {err.detail}"  # "Not Found", "Method Not Allowed"
+        allow = {k.lower(): v for k, v in (err.headers or {}).items()}.get("allow")
+        if allow:
+            message += f"; allowed: {allow}"
+        if request.url.path.startswith("/v1/"):
+            code = {404: "unknown_url", 405: "method_not_allowed"}.get(err.status_code)
+            kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+            body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+            return JSONResponse(body, status_code=err.status_code, headers=err.headers)
+        return JSONResponse({"error": message}, status_code=err.status_code, headers=err.headers)
 
     async def read_request(request: Request, refuse, openai: bool = False):
         """(the checked request, the rendered prompt) or the refusal: Host, Origin, type, size, nesting, schema."""
