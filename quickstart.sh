@@ -77,8 +77,12 @@ fi
 # The op's compiled CPU training node (about 30 s once, cached per torch): without a C++ compiler the op keeps its
 # Python node, with the same numbers, about 2% slower per attention call at small training shapes.
 if [ "$job" != lint ]; then
-  "$venv/bin/lapheads" kernel build >/dev/null 2>&1 || \
+  # said before it starts (a first build is ~30 s of compiler with nothing else to show), and its one result line
+  "$venv/bin/lapheads" kernel status 2>/dev/null | grep -q "^kernel: built" ||
+    echo "quickstart: building the op's compiled CPU node (once per torch, about 30 s on an idle machine)"
+  if ! "$venv/bin/lapheads" kernel build 2>/dev/null | grep "^kernel:"; then
     echo "quickstart: the compiled CPU node was not built (lapheads kernel build says why); the op uses its Python node" >&2
+  fi
 fi
 
 # The web-chat test drives a real headless browser: Debian's chromium + chromium-driver, installed when we may

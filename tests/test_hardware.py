@@ -193,3 +193,15 @@ def test_cpu_kernels_are_pinned_in_a_given_environment_and_a_bad_pin_is_one_line
         "onednn": "AVX512",
     }
     assert hardware.cpu_kernels(["avx2", "avx512f"], "AVX2", environ)["onednn"] == "AVX2"
+
+
+def test_help_says_nothing_about_a_busy_machine(monkeypatch, capsys):
+    """Issue 61: ``lapheads train lm --help`` printed the busy-machine line above its usage."""
+    from lapheads import hardware
+
+    monkeypatch.delenv(hardware._BUSY_SAID, raising=False)
+    said = []
+    monkeypatch.setattr(hardware, "apply_thread_policy", lambda threads, announce=True: said.append(announce))
+    hardware.apply_cli_thread_policy(["train", "lm", "--help"])
+    hardware.apply_cli_thread_policy(["train", "lm", "--preset", "shakespeare-cpu"])
+    assert said == [False, True]

@@ -420,7 +420,9 @@ def threads_from_argv(argv: list[str]) -> str:
 def apply_cli_thread_policy(argv: list[str]) -> None:
     """The ``lapheads`` command's first act (from ``lapheads/__init__``, before torch loads OpenMP)."""
     try:
-        apply_thread_policy(threads_from_argv(argv))
+        # a help or version request computes nothing: the threads are still set, the busy line is not said
+        quiet = bool({"-h", "--help", "--version"} & set(argv))
+        apply_thread_policy(threads_from_argv(argv), announce=not quiet)
     except Exception:  # noqa: BLE001 - choosing threads must never stop a command; OpenMP's default stays
         pass
 
