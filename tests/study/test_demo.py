@@ -28,6 +28,8 @@ def test_demo_trains_both_runs_and_writes_the_report(fmnist_root, tmp_path, caps
             tiny,
             "--amp",
             "false",
+            "--checkpoint-every",
+            "1",  # 4 steps here: a checkpoint each (the demo's own cadence is an eighth of fmnist-cpu's epoch)
         ]
     )
     assert code == 0
@@ -69,6 +71,15 @@ def test_demo_trains_both_runs_and_writes_the_report(fmnist_root, tmp_path, caps
     assert "nan" not in report.lower().replace("fashion-mnist", "")
     assert "of 3 heads Laplacian in every block" in report and "precision: " in report
     assert "wall time (s, machine-dependent)" in report
+    assert f"threads: {config['threads']} (the CPUs left free" in report  # the same command elsewhere differs
+    # the geometry over training: both runs at every kept checkpoint, and where the converged answer is
+    assert "![geometry over training](over_training.png)" in report and "docs/reproduction.md" in report
+    assert (tmp_path / "report" / "over_training.png").stat().st_size > 5000
+    over = json.loads((tmp_path / "report" / "over_training.json").read_text())
+    assert list(over) == ["baseline (no Laplacian head)", "2 of 3 heads Laplacian in every block"]
+    for run in over.values():
+        assert len(run["epoch"]) >= 3 and run["epoch"] == sorted(run["epoch"]) and run["epoch"][-1] == 0.5
+        assert all(0 <= v <= 1 for v in run["within-sequence fraction"] + run["between-class fraction"])
     assert f"report: {tmp_path / 'report' / 'report.md'}" in capsys.readouterr().out
 
 
