@@ -549,7 +549,7 @@ def _add_executor_args(parser: argparse.ArgumentParser, training: bool) -> None:
 
 
 def thread_setting(text: str) -> str:
-    """--threads: "auto" or a count this process can run (issue 60: 100,000 was taken and ran 45x slower)."""
+    """--threads: "auto" or a count this process can run (issue 60: 100,000 was taken, and ran far slower)."""
     from lapheads.hardware import available_cpus
 
     cpus = available_cpus()

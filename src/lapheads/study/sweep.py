@@ -87,7 +87,8 @@ class SweepOptions:
             record there are skipped.
         plan: the plan (``lapheads.study.records.Plan``, read once) the sweep must match; needs ``records``.
         jobs: cells trained at once, each in its own process with ``threads // jobs`` threads (on a small CPU, two
-            one-thread runs do ~1.7x the work of one two-thread run); 1 trains the cells in this process.
+            one-thread runs do more work than one two-thread run: docs/sweeps.md); 1 trains the cells in this
+            process.
         threads: the threads all jobs share (default: the CPU count).
         cpu_kernels: "native", or the instruction set ("avx2", "avx512") every CPU kernel library of the cells is
             capped at (:func:`lapheads.hardware.pin_cpu_kernels`), so cells trained on different CPUs agree bit for
