@@ -14,6 +14,11 @@ ORDERS = {
     "the drop-in first": "from lapheads import LaplacianAttention; import timm",
     "a model module first": "import lapheads.models.vit, timm",
     "the op first": "import lapheads.core.attention, timm",
+    # transformers asks importlib.util.find_spec("timm") on import (is_timm_available) without importing it: the
+    # README's second block did exactly this, and its names were then unknown to timm
+    "lapheads, a probe for timm, then timm": "import importlib.util, lapheads\n"
+    "importlib.util.find_spec('timm')\nimport timm",
+    "lapheads, transformers, then timm": "import lapheads, transformers, timm",
 }
 
 

@@ -65,19 +65,28 @@ class _RegisterWithTimm:
     timm is imported, whichever is imported first, without ``import lapheads`` importing timm: registered right
     away where timm is loaded already, else as timm finishes loading (a one-shot finder on ``sys.meta_path``)."""
 
+    looking = False  # while the real finders are asked for timm: this one answers nothing
+
     def find_spec(self, name, path=None, target=None):  # importlib.abc.MetaPathFinder
-        if name != "timm":
+        if name != "timm" or self.looking:
             return None
         import importlib.util
 
-        _sys.meta_path.remove(self)  # once: the real finders find timm
-        spec = importlib.util.find_spec("timm")
+        self.looking = True
+        try:
+            spec = importlib.util.find_spec("timm")  # the real finders' spec
+        finally:
+            self.looking = False
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
         exec_module = loader.exec_module
 
         def exec_then_register(module):
+            # only an import executes a module: a probe (transformers' is_timm_available asks find_spec("timm")
+            # and imports nothing) leaves this finder in place for the real import
+            if self in _sys.meta_path:
+                _sys.meta_path.remove(self)
             exec_module(module)
             if _initializing("lapheads.models"):
                 return  # a lapheads.models import loaded timm: finishing, it registers every name itself
