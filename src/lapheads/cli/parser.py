@@ -198,6 +198,22 @@ def _eval_command(sub) -> None:
         parser.set_defaults(func=commands.cmd_eval)
 
 
+def _benchmark_options(parser: argparse.ArgumentParser, benchmarks: str) -> None:
+    """The options of the evaluations that score benchmarks (lm, chat): which, where their files are, how many."""
+    parser.add_argument(
+        "--benchmarks",
+        "--tasks",  # the 0.1 name, kept as an alias for this release only (docs/language-models.md)
+        dest="benchmarks",
+        default=None,
+        help=f"comma list of {benchmarks}; --tasks is its old name, an alias for 0.1 only",
+    )
+    _code_execution_option(parser)
+    parser.add_argument("--data-dir", default=None, help="local <task>.jsonl/.parquet files in the hub's schema")
+    parser.add_argument("--max-examples", type=int, default=None, help="the first N items per task")
+    parser.add_argument("--num-samples", type=int, default=1, help="HumanEval samples per problem (pass@k)")
+    parser.add_argument("--device", default="auto")
+
+
 def _code_execution_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--unsafe-code-execution",
@@ -219,20 +235,8 @@ def _eval_classify_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _eval_lm_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--benchmarks",
-        "--tasks",  # the 0.1 name, kept as an alias for this release only (docs/language-models.md)
-        dest="benchmarks",
-        default=None,
-        help="comma list of val_bpb (default), arc_easy, arc_challenge, mmlu, gsm8k, humaneval; --tasks is its old "
-        "name, an alias for 0.1 only",
-    )
-    _code_execution_option(parser)
-    parser.add_argument("--data-dir", default=None, help="local <task>.jsonl/.parquet files in the hub's schema")
-    parser.add_argument("--max-examples", type=int, default=None, help="the first N items per task")
-    parser.add_argument("--num-samples", type=int, default=1, help="HumanEval samples per problem (pass@k)")
+    _benchmark_options(parser, "val_bpb (default), arc_easy, arc_challenge, mmlu, gsm8k, humaneval")
     parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat tokens (SFT models)")
-    parser.add_argument("--device", default="auto")
     _nanochat_options(parser)
     parser.add_argument(
         "--harness",
@@ -270,19 +274,10 @@ def _eval_lm_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _eval_chat_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--benchmarks",
-        "--tasks",  # the 0.1 name, kept as an alias for this release only (docs/language-models.md)
-        dest="benchmarks",
-        default=None,
-        help="comma list of arc_easy, arc_challenge, mmlu, gsm8k, humaneval, arith, letters (default: arith,letters)",
+    _benchmark_options(
+        parser, "arc_easy, arc_challenge, mmlu, gsm8k, humaneval, arith, letters (default: arith,letters)"
     )
     parser.add_argument("--no-tools", action="store_true", help="no calculator (the model's own outputs)")
-    _code_execution_option(parser)
-    parser.add_argument("--data-dir", default=None, help="local <task>.jsonl/.parquet files in the hub's schema")
-    parser.add_argument("--max-examples", type=int, default=None, help="the first N items per task")
-    parser.add_argument("--num-samples", type=int, default=1, help="HumanEval samples per problem (pass@k)")
-    parser.add_argument("--device", default="auto")
 
 
 def _eval_dino_options(parser: argparse.ArgumentParser) -> None:
