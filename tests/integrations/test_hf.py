@@ -450,3 +450,66 @@ def test_a_saved_laplacian_model_names_an_architecture_no_engine_serves_as_plain
     torch.testing.assert_close(loaded(ids).logits, model.eval()(ids).logits)
     _llama().save_pretrained(tmp_path / "plain")
     assert json.loads((tmp_path / "plain" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+
+
+#: causal-LM families transformers ships, each as a tiny config: at k = 0 the one op must give the family's own
+#: output (SDPA, or eager where the family has no SDPA path), or the family is refused in one line before any change
+_COMMON = dict(SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+FAMILIES = {
+    "Llama": ("LlamaConfig", "LlamaForCausalLM", {}, None),
+    "Mistral (sliding window)": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 4}, None),
+    "Qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}, None),
+    "Qwen3 (q/k norm)": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}, None),
+    "Gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}, None),
+    "Gemma-3 (local and global layers)": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16}, None),
+    "Phi-3": ("Phi3Config", "Phi3ForCausalLM", {}, None),
+    "OLMo-2": ("Olmo2Config", "Olmo2ForCausalLM", {}, None),
+    "Granite (attention multiplier)": ("GraniteConfig", "GraniteForCausalLM", {}, None),
+    "Cohere": ("CohereConfig", "CohereForCausalLM", {}, None),
+    "Starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {}, None),
+    "Falcon": ("FalconConfig", "FalconForCausalLM", {}, None),
+    "Gemma-2 (logit soft cap)": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}, "uses a logit soft cap"),
+    "GPT-OSS (attention sinks)": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        {"head_dim": 16, "num_local_experts": 2, "num_experts_per_tok": 1, "intermediate_size": 64},
+        "has learned attention sinks",
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_family_is_its_own_model_at_k_0_or_refused_before_any_change(family):
+    """Issue 58: every attention feature of the families transformers ships, checked the same way (the table in
+    docs/integrations.md): k = 0 through the one op equals the family's own attention, or enable refuses."""
+    config_name, model_name, extra, refused = FAMILIES[family]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**{**_COMMON, **extra})).eval()
+    try:
+        model.set_attn_implementation("sdpa")
+    except ValueError:  # no SDPA path in this family: its eager attention is the reference
+        model.set_attn_implementation("eager")
+    ids = torch.tensor([[1, 5, 7, 9, 3, 8, 4, 6]])
+    with torch.no_grad():
+        reference = model(ids).logits
+    if refused:
+        before = copy.deepcopy(model.config.to_dict())
+        with pytest.raises(InputError, match=refused):
+            lhf.enable(model, 0)
+        assert model.config.to_dict() == before
+        return
+    lhf.enable(model, 0)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_a_position_bias_model_is_refused_at_its_first_call():
+    """T5 adds a position bias the op does not take: its first forward after enable is a one-line error (the row of
+    docs/integrations.md's family table), never attention without the bias."""
+    config = transformers.T5Config(
+        vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, decoder_start_token_id=0
+    )
+    model = lhf.enable(transformers.T5ForConditionalGeneration(config).eval(), 2)
+    ids = torch.tensor([[1, 5, 7, 9]])
+    with pytest.raises(InputError, match="T5Attention adds a position bias"):
+        model(input_ids=ids, decoder_input_ids=ids)

@@ -343,6 +343,11 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
     with_sinks = [m for m in modules if isinstance(getattr(m, "sinks", None), torch.Tensor)]
     if with_sinks:  # refused before anything changes: dropping them would change even k = 0's output
         raise InputError(_SINKS_REFUSED.format(type(with_sinks[0]).__name__))
+    if getattr(model.config, "attn_logit_softcapping", None) is not None:  # Gemma-2: the same, at call time too
+        raise InputError(
+            f"{type(modules[0]).__name__} uses a logit soft cap; allowed: attention without one (Gemma-2's soft cap "
+            "is not supported by lapheads)"
+        )
     num_heads = _num_heads(model)
     layers = parse_head_kinds(laplacian_heads, num_heads, len(modules))
     masks = [torch.tensor([kind == "laplacian" for kind in kinds]) for kinds in layers]
