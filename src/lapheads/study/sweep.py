@@ -149,6 +149,9 @@ def run_sweep(definition: SweepDefinition, options: SweepOptions, log=print) -> 
         try:
             executor(run, todo)
         except (KeyboardInterrupt, StoppedError, SystemExit) as err:  # its cells stopped at their last checkpoint
+            if options.slurm is not None and not isinstance(err, SystemExit):  # only the waiting stopped
+                raise Interrupted("interrupted while waiting; the SLURM jobs go on; rerun the same command to see "
+                                  "their states") from None  # fmt: skip
             stopped = run.interrupted()
             if isinstance(err, SystemExit):  # SIGTERM (exit 143): the status is saved; the exit stays the signal's
                 raise
@@ -228,8 +231,10 @@ class _SweepRun:
         self.save()
 
     def interrupted(self) -> list[str]:
-        """Mark the cells that were training as interrupted (a rerun resumes them); returns their names."""
-        stopped = [name for name, c in self.ledger["cells"].items() if c.get("status") == CellStatus.RUNNING.value]
+        """Mark the cells that were training here as interrupted (a rerun resumes them; a SLURM job goes on);
+        returns their names."""
+        cells = self.ledger["cells"].items()
+        stopped = [n for n, c in cells if c.get("status") == CellStatus.RUNNING.value and not c.get("slurm_job")]
         for name in stopped:
             self.ledger["cells"][name]["status"] = CellStatus.INTERRUPTED.value
         self.save()
