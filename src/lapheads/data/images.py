@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 from torchvision import transforms as T
 
 from lapheads.config import ConfigError
-from lapheads.errors import LapheadsError
+from lapheads.errors import InputError, LapheadsError
 
 __all__ = [
     "DATASETS",
@@ -96,7 +96,13 @@ def read_idx(path: Path) -> np.ndarray:
             shape = f.read(4 * head[3])
             dims = [int.from_bytes(shape[4 * i : 4 + 4 * i], "big") for i in range(len(shape) // 4)]
             expected = math.prod(dims) if dims else 0  # Python ints: dims whose product overflows int64 stay wrong
-            check_fits(f"the idx file {path} (header: {dims})", expected)
+            try:
+                check_fits(f"the idx file {path} (header: {dims})", expected)
+            except InputError:
+                raise DataError(
+                    f"{path} is truncated or corrupt: header says {dims} ({expected:,} values), more than this "
+                    "machine's memory holds; expected an MNIST-style idx file"
+                ) from None
             raw = f.read(expected + 1)  # one byte past the header's size tells a longer file
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise DataError(f"cannot read {path}: {err}") from None

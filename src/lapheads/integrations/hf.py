@@ -254,11 +254,12 @@ def _save_as_laplacian(save):
     """transformers' ``save_pretrained`` (which writes ``architectures`` from the class name on every save), then,
     for a model with Laplacian heads, its saved architectures renamed ``Laplacian<name>``; transformers itself
     picks the class by ``model_type``, so lapheads and :func:`from_pretrained` load it as before."""
+    from transformers.utils import CONFIG_NAME
 
     @functools.wraps(save)
     def save_pretrained(self, save_directory, *args, **kwargs):
         result = save(self, save_directory, *args, **kwargs)
-        path = Path(save_directory) / "config.json"
+        path = Path(save_directory) / CONFIG_NAME  # transformers' own config file, not a lapheads run's
         if _has_laplacian_heads(getattr(self, "config", None)) and path.is_file():
             config = json.loads(path.read_text())
             names = config.get("architectures") or [type(self).__name__]

@@ -155,11 +155,15 @@ def run_sweep(definition: SweepDefinition, options: SweepOptions, log=print) -> 
             stopped = run.interrupted()
             if isinstance(err, SystemExit):  # SIGTERM (exit 143): the status is saved; the exit stays the signal's
                 raise
-            raise Interrupted(
-                f"interrupted; {', '.join(stopped) or 'no cell'} stopped at its last checkpoint; rerun the same "
-                "command to resume"
-            ) from None
+            raise _interrupted(stopped) from None
         return run.ledger
+
+
+def _interrupted(stopped: list[str]) -> Interrupted:
+    return Interrupted(
+        f"interrupted; {', '.join(stopped) or 'no cell'} stopped at its last checkpoint; rerun the same command to "
+        "resume"
+    )
 
 
 def _check_sweep_folder(definition: SweepDefinition, sweep_dir: Path, log) -> dict[str, str]:
@@ -232,13 +236,13 @@ class _SweepRun:
 
     def interrupted(self) -> list[str]:
         """Mark the cells that were training here as interrupted (a rerun resumes them; a SLURM job goes on);
-        returns their names."""
+        returns the names of every interrupted cell."""
         cells = self.ledger["cells"].items()
-        stopped = [n for n, c in cells if c.get("status") == CellStatus.RUNNING.value and not c.get("slurm_job")]
-        for name in stopped:
-            self.ledger["cells"][name]["status"] = CellStatus.INTERRUPTED.value
+        for _, cell in cells:
+            if cell.get("status") == CellStatus.RUNNING.value and not cell.get("slurm_job"):
+                cell["status"] = CellStatus.INTERRUPTED.value
         self.save()
-        return stopped
+        return [name for name, cell in cells if cell.get("status") == CellStatus.INTERRUPTED.value]
 
     def analysed_here(self) -> bool:
         """Cells' analyses for their records run as processes of their own, side by side (:func:`_schedule`)."""
@@ -319,6 +323,9 @@ def _in_processes(run: _SweepRun, todo: list[Cell]) -> None:
     queue, running, failed = list(todo), {}, []
     with _children_end_with_the_sweep(running):
         _schedule(run, queue, running, failed, per_job, env)
+    stopped = [name for name, cell in run.ledger["cells"].items() if cell["status"] == CellStatus.INTERRUPTED.value]
+    if stopped:  # the terminal's Ctrl-C reached the cells (this process may ignore SIGINT: a background job)
+        raise _interrupted(stopped)
     if failed:
         raise SweepError(f"{len(failed)} cell(s) failed: {'; '.join(failed)}; rerun the same command to retry them")
 
@@ -412,6 +419,11 @@ def _schedule(run: _SweepRun, queue: list[Cell], running: dict[str, Any], failed
                 done = cell.finished()
             if done and run.recorder is not None:
                 _record_beside_the_others(run, cell, None if began is None else time.monotonic() - began, per_job)
+            if not done and proc.returncode == Interrupted.exit_code:  # stopped at its checkpoint, not failed
+                run.mark(cell, CellStatus.INTERRUPTED)
+                run.log(f"sweep: {name} interrupted")
+                queue.clear()  # a Ctrl-C stops the sweep: no new cell starts
+                continue
             run.mark(cell, CellStatus.DONE if done else CellStatus.FAILED)
             if not done:
                 failed.append(f"{name} (exit {proc.returncode}, see {logs / (name + '.log')})")
