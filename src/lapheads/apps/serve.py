@@ -412,12 +412,14 @@ def create_app(
             return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
         content, length = [], 0
-        for item in outcome["logprobs"]:
+        for index, item in enumerate(outcome["logprobs"]):
             length += len(engine.tokenizer.decode([item["id"]]))
             if length > chars:
                 break
-            content.append({**entry(item["id"], item["logprob"]), "top_logprobs": [entry(*t) for t in item["top"]]})
-        return {"content": content[start:]}
+            if index >= start:  # a stream's earlier chunks carried the tokens before: counted, not built again
+                top = [entry(*t) for t in item["top"]]
+                content.append({**entry(item["id"], item["logprob"]), "top_logprobs": top})
+        return {"content": content}
 
     @app.post("/v1/chat/completions")
     async def openai_complete(request: Request):
