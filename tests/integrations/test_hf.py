@@ -478,13 +478,24 @@ FAMILIES = {
 }
 
 
+def _tiny_config(name: str, **fields):
+    """The family's config, or a skip where this transformers cannot build its own defaults (transformers 5.4, the
+    floor, refuses OLMo-2's and T5's: "tie_word_embeddings expected int, got bool")."""
+    try:
+        return getattr(transformers, name)(**fields)
+    except Exception as err:  # noqa: BLE001 - huggingface_hub's StrictDataclassFieldValidationError, version-bound
+        if "StrictDataclass" not in type(err).__name__:
+            raise
+        pytest.skip(f"transformers {transformers.__version__} refuses its own {name}: {str(err).splitlines()[0]}")
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_each_family_is_its_own_model_at_k_0_or_refused_before_any_change(family):
     """Issue 58: every attention feature of the families transformers ships, checked the same way (the table in
     docs/integrations.md): k = 0 through the one op equals the family's own attention, or enable refuses."""
     config_name, model_name, extra, refused = FAMILIES[family]
     torch.manual_seed(0)
-    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**{**_COMMON, **extra})).eval()
+    model = getattr(transformers, model_name)(_tiny_config(config_name, **{**_COMMON, **extra})).eval()
     try:
         model.set_attn_implementation("sdpa")
     except ValueError:  # no SDPA path in this family: its eager attention is the reference
@@ -503,11 +514,17 @@ def test_each_family_is_its_own_model_at_k_0_or_refused_before_any_change(family
         torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.xfail(
+    tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 25),
+    reason="open (issue 58): at the transformers floor (5.4) T5's attention never reaches lapheads' function, so "
+    "enable is not refused there",
+    strict=True,
+)
 def test_a_position_bias_model_is_refused_at_its_first_call():
     """T5 adds a position bias the op does not take: its first forward after enable is a one-line error (the row of
     docs/integrations.md's family table), never attention without the bias."""
-    config = transformers.T5Config(
-        vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, decoder_start_token_id=0
+    config = _tiny_config(
+        "T5Config", vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, decoder_start_token_id=0
     )
     model = lhf.enable(transformers.T5ForConditionalGeneration(config).eval(), 2)
     ids = torch.tensor([[1, 5, 7, 9]])
