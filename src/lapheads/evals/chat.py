@@ -29,7 +29,14 @@ from lapheads.data.conversations import render_for_completion
 from lapheads.data.images import DataError
 from lapheads.data.turns import gsm8k_conversation, mc_conversation
 from lapheads.errors import InputError
-from lapheads.evals.lm import LETTERS, extract_number, humaneval_program, multiple_choice_item, pass_at_k
+from lapheads.evals.lm import (
+    LETTERS,
+    extract_number,
+    humaneval_solution,
+    multiple_choice_item,
+    pass_at_k,
+    score_humaneval_solution,
+)
 
 __all__ = ["CHAT_BENCHMARKS", "chatcore", "run_chat_evals", "score_categorical", "score_generative"]
 
@@ -94,7 +101,7 @@ def score_generative(
 ) -> dict[str, Any]:
     """GSM8K / arith / letters: final-number accuracy of greedy replies; HumanEval: pass@k of the replies' code
     (without bubblewrap only with ``unsafe_code_execution``: :func:`lapheads.sandbox.require_boundary`)."""
-    from lapheads.sandbox import containment, require_boundary, run_program
+    from lapheads.sandbox import containment, require_boundary
 
     if benchmark == "humaneval":
         require_boundary(unsafe_code_execution, "HumanEval")
@@ -112,12 +119,9 @@ def score_generative(
             passed = 0
             for reply in replies:
                 code = _code_of(reply)
-                program = (
-                    humaneval_program({**row, "prompt": ""}, code)
-                    if f"def {row['entry_point']}" in code
-                    else humaneval_program(row, code)
-                )
-                passed += run_program(program, timeout=10.0).passed
+                # a reply that writes the whole function is the solution; a body alone continues the prompt
+                solution = code if f"def {row['entry_point']}" in code else humaneval_solution(row, code)
+                passed += score_humaneval_solution(row, solution).passed
             for k in ks:
                 results[k].append(pass_at_k(num_samples, passed, k))
         return {

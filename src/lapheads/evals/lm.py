@@ -40,7 +40,7 @@ from lapheads.errors import InputError
 from lapheads.models.gpt import GPT
 from lapheads.runs import RunDir
 from lapheads.runs.layout import external_report_dir
-from lapheads.sandbox import containment, require_boundary, run_program
+from lapheads.sandbox import ExecutionResult, containment, require_boundary, score_solution
 
 __all__ = [
     "LM_BENCHMARKS",
@@ -229,10 +229,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def humaneval_program(row: dict[str, Any], completion: str) -> str:
-    """The program HumanEval runs: prompt + completion (cut at the stop sequences) + tests + check(entry_point)."""
+def humaneval_solution(row: dict[str, Any], completion: str) -> str:
+    """The solution HumanEval scores: prompt + completion, cut at the first stop sequence (as the paper's harness)."""
     cut = min([completion.find(s) for s in HUMANEVAL_STOPS if s in completion] or [len(completion)])
-    return f"{row['prompt']}{completion[:cut]}\n\n{row['test']}\n\ncheck({row['entry_point']})\n"
+    return f"{row['prompt']}{completion[:cut]}\n"
+
+
+def score_humaneval_solution(row: dict[str, Any], solution: str, timeout: float = 10.0) -> ExecutionResult:
+    """``solution`` against the row's tests, the verdict computed outside the solution's process
+    (:func:`lapheads.sandbox.score_solution`; the prompt is the tests' context: its helpers and imports)."""
+    return score_solution(solution, row["test"], row["entry_point"], context=row["prompt"], timeout=timeout)
 
 
 def score_humaneval(
@@ -270,7 +276,7 @@ def score_humaneval(
                 temperature=temperature,
                 seed=i,
             )
-        outcomes = [run_program(humaneval_program(row, s), timeout=timeout) for s in samples]
+        outcomes = [score_humaneval_solution(row, humaneval_solution(row, s), timeout) for s in samples]
         for outcome in outcomes:
             statuses[outcome.status] += 1
         passed = sum(o.passed for o in outcomes)
