@@ -21,10 +21,12 @@ Two layers:
    environment, processes and network are out of reach.
 2. **The guard** (always; the only layer without bubblewrap, said once per process on stderr): in the child,
    before the program runs, it refuses writes, deletions, renames, links and directory changes outside the work
-   folder (``open``, ``io.FileIO``, ``os``/``posix`` functions, ``dir_fd`` forms, ``shutil``), and disables process
-   spawning and signalling (``subprocess``, ``os.system``/``fork``/``exec*``/``spawn*``/``posix_spawn``/``kill``,
-   ``setsid``, ``pidfd_send_signal``); it refuses the import of ``_posixsubprocess``, ``ctypes``, ``socket``,
-   ``readline`` and ``gc`` however often they are re-imported (a finder first on ``sys.meta_path``), and the
+   folder (``open``, ``io.FileIO``, ``os``/``posix`` functions, ``dir_fd`` forms, ``shutil``; every argument by
+   position or keyword, read once as a plain value, so a ``__fspath__`` or a ``str``/``int`` subclass cannot answer
+   the check and the call differently), and disables process spawning and signalling (``subprocess``,
+   ``os.system``/``fork``/``exec*``/``spawn*``/``posix_spawn``/``kill``, ``setsid``, ``pidfd_send_signal``,
+   ``resource.prlimit``); it refuses the import of ``_posixsubprocess``, ``ctypes``, ``socket``, ``readline``,
+   ``_posixshmem`` and ``gc`` however often they are re-imported (a finder first on ``sys.meta_path``), and the
    program's own reach into closures, function globals and frames (``__globals__``, ``__closure__``,
    ``cell_contents``, ``f_back``, ...: checked in its source and in its ``getattr`` calls), where the guard keeps
    its originals. It stops the accidents a language model's code makes; it is not a boundary against code
@@ -74,24 +76,52 @@ def _install():
     # open.__globals__ would hand the program); the program's own access to closures and frames is refused below
     ROOT = os.path.realpath(os.getcwd())
 
+    _realpath, _join, _readlink, _fsdecode = os.path.realpath, os.path.join, os.readlink, os.fsdecode
+
+    def _plain(value):
+        # one reading of each argument, passed on as read: an object whose __fspath__, __str__ or __and__ answers
+        # the check one way and the call another (a str or int subclass, a PathLike) is read once, as a plain value
+        if isinstance(value, os.PathLike) and not isinstance(value, (str, bytes)):
+            value = type(value).__fspath__(value)
+        if isinstance(value, str):
+            return str.__str__(value)
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(memoryview(value))
+        if isinstance(value, int) and not isinstance(value, bool):
+            return int.__int__(value)
+        return value
+
     def _inside(path, dir_fd=None):
         if isinstance(path, int):
             return True  # an already-open descriptor
-        base = ROOT if dir_fd is None else os.readlink(f"/proc/self/fd/{dir_fd}")
-        full = os.path.realpath(os.path.join(base, os.fsdecode(os.fspath(path))))
+        base = ROOT if dir_fd is None else _readlink(f"/proc/self/fd/{dir_fd}")
+        full = _realpath(_join(base, _fsdecode(path)))
         return full == ROOT or full.startswith(ROOT + os.sep)
 
     def _refuse(what, path=None):
         raise PermissionError(f"sandbox: {what} {path!r} is outside the temporary directory" if path is not None
                               else f"sandbox: {what} is disabled")
 
+    def _checked(name, args, kwargs):
+        # every path, by position or by keyword, inside under every folder descriptor the call names
+        args, kwargs = [_plain(a) for a in args], {k: _plain(v) for k, v in kwargs.items()}
+        fds = [fd for fd in (kwargs.get(k) for k in ("dir_fd", "src_dir_fd", "dst_dir_fd")) if fd is not None]
+        for path in [*args, *kwargs.values()]:
+            if isinstance(path, (str, bytes)) and not all(_inside(path, fd) for fd in fds or [None]):
+                _refuse(name, path)
+        return args, kwargs
+
     _open, _FileIO = _io.open, _io.FileIO
+    def _writes(mode):
+        return any(c in mode for c in "wax+") if isinstance(mode, str) else True  # an odd mode is the call's to refuse
     def _guarded_open(file, mode="r", *args, **kwargs):
-        if any(c in str(mode) for c in "wax+") and not _inside(file):
+        file, mode = _plain(file), _plain(mode)
+        if _writes(mode) and not _inside(file):
             _refuse("writing", file)
         return _open(file, mode, *args, **kwargs)
     def _guarded_fileio(file, mode="r", *args, **kwargs):
-        if any(c in str(mode) for c in "wax+") and not _inside(file):
+        file, mode = _plain(file), _plain(mode)
+        if _writes(mode) and not _inside(file):
             _refuse("writing", file)
         return _FileIO(file, mode, *args, **kwargs)
     builtins.open = io.open = _io.open = _guarded_open
@@ -100,6 +130,7 @@ def _install():
     _os_open = posix.open
     _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
     def _guarded_os_open(path, flags, *args, dir_fd=None, **kwargs):
+        path, flags, dir_fd = _plain(path), _plain(flags), _plain(dir_fd)
         if flags & _WRITE_FLAGS and not _inside(path, dir_fd):
             _refuse("writing", path)
         return _os_open(path, flags, *args, dir_fd=dir_fd, **kwargs)
@@ -108,10 +139,7 @@ def _install():
     def _paths_inside(module, name):
         original = getattr(module, name)
         def guarded(*args, **kwargs):
-            fds = [kwargs.get("dir_fd"), kwargs.get("src_dir_fd"), kwargs.get("dst_dir_fd")]
-            for i, arg in enumerate(args[:2]):
-                if isinstance(arg, (str, bytes, os.PathLike)) and not _inside(arg, fds[0] if i == 0 else fds[-1]):
-                    _refuse(name, arg)
+            args, kwargs = _checked(name, args, kwargs)
             return original(*args, **kwargs)
         setattr(module, name, guarded)
 
@@ -136,6 +164,8 @@ def _install():
                      "pidfd_open", "setsid", "setpgid", "setpgrp"):
             if hasattr(module, name):
                 setattr(module, name, _disabled("os." + name))
+    import resource
+    resource.prlimit = _disabled("resource.prlimit")  # it lowers another process's limits (the caller's)
     subprocess.Popen = _disabled("subprocess")
     subprocess.run = subprocess.call = subprocess.check_call = subprocess.check_output = _disabled("subprocess")
     import signal
@@ -144,9 +174,10 @@ def _install():
             setattr(signal, name, _disabled("signal." + name))
 
     # modules a HumanEval solution never needs and an escape does: process spawning (_posixsubprocess.fork_exec),
-    # foreign calls (ctypes), sockets (an AF_UNIX bind writes a file anywhere), readline's history file, the
-    # collector's referents (which reach any closure); refused by name however often they are re-imported
-    denied = ("_posixsubprocess", "ctypes", "_ctypes", "socket", "_socket", "readline", "gc")
+    # foreign calls (ctypes), sockets (an AF_UNIX bind writes a file anywhere), readline's history file, shared
+    # memory (_posixshmem.shm_open writes /dev/shm), the collector's referents (which reach any closure); refused
+    # by name however often they are re-imported
+    denied = ("_posixsubprocess", "ctypes", "_ctypes", "socket", "_socket", "readline", "gc", "_posixshmem")
     class _Refuse(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[0] in denied:

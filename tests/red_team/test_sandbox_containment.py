@@ -77,6 +77,23 @@ GUARDED = {
     "readline's history file": "import readline; readline.write_history_file({new!r})",
     "_posixsubprocess re-imported": "import sys; sys.modules.pop('_posixsubprocess', None); import _posixsubprocess",
     "the collector's referents": "import gc",
+    # issue 60: arguments by keyword, look-alike paths and modes, a second folder descriptor, the parent's limits
+    "os.remove(path=)": "import os; os.remove(path={victim!r})",
+    "os.unlink(path=)": "import os; os.unlink(path={victim!r})",
+    "os.rename(src=, dst=)": "import os; os.rename(src={victim!r}, dst='mine')",
+    "os.truncate(path=)": "import os; os.truncate(path={victim!r}, length=0)",
+    "os.open(path=, flags=)": "import os; os.close(os.open(path={new!r}, flags=os.O_CREAT | os.O_WRONLY))",
+    "shutil.rmtree(path=)": "import shutil; shutil.rmtree(path={outside!r})",
+    "a str subclass that prints inside": "import os\nclass S(str):\n    def __str__(self):\n        return 'inside'\n"
+    "    def __fspath__(self):\n        return 'inside'\nos.remove(S({victim!r}))",
+    "a mode whose __str__ reads 'r'": "class M(str):\n    def __str__(self):\n        return 'r'\n"
+    "    def __contains__(self, c):\n        return False\nopen({victim!r}, M('w')).write('x')",
+    "flags whose __and__ is 0": "import os\nclass F(int):\n    def __and__(self, other):\n        return 0\n"
+    "os.close(os.open({new!r}, F(os.O_CREAT | os.O_WRONLY)))",
+    "rename with src_dir_fd": "import os; fd = os.open({outside!r}, os.O_RDONLY); "
+    "os.rename('victim', 'mine', src_dir_fd=fd)",
+    "resource.prlimit on the parent": "import os, resource; resource.prlimit(os.getppid(), resource.RLIMIT_CORE)",
+    "_posixshmem": "import _posixshmem, os; fd = _posixshmem.shm_open('/' + {name!r}, os.O_CREAT | os.O_RDWR, 0o600)",
 }
 
 #: reaches only bubblewrap stops (code that undoes the guard, reads, the network): contained with the boundary
@@ -177,6 +194,20 @@ def test_the_guard_alone_refuses(name, tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "boundary_tool", lambda: None)
     result, _, _ = _run_escape(GUARDED[name], tmp_path, monkeypatch)
     assert result.status == "failed" and "sandbox:" in result.output, (name, result)
+
+
+def test_the_guard_reads_a_path_once(tmp_path, monkeypatch):
+    """A path whose ``__fspath__`` answers the check with a file inside and the call with the caller's file (issue
+    60): the guard reads it once and passes on what it read, so the inside file goes and the caller's stays."""
+    monkeypatch.setattr(sandbox, "boundary_tool", lambda: None)
+    template = (
+        "import os\nopen('inside', 'w').close()\nclass P:\n    calls = 0\n    def __fspath__(self):\n"
+        "        P.calls += 1\n        return 'inside' if P.calls == 1 else {victim!r}\n"
+        "os.remove(P())\nassert not os.path.exists('inside') and P.calls == 1\n"
+    )
+    result, _, outside = _run_escape(template, tmp_path, monkeypatch)
+    assert result.status == "passed", result
+    assert (outside / "victim").read_text() == "caller's data"
 
 
 #: hangs, floods and bombs: each call returns within its deadline + 2 s with the status stated, the caller's memory
