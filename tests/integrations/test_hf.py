@@ -11,6 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 import lapheads.integrations.hf as lhf  # noqa: E402
+from lapheads.core.convert import attention_modules  # noqa: E402
 from lapheads.core.heads import HeadSpecError  # noqa: E402
 from lapheads.errors import InputError  # noqa: E402
 
@@ -455,6 +456,7 @@ def test_a_saved_laplacian_model_names_an_architecture_no_engine_serves_as_plain
 #: causal-LM families transformers ships, each as a tiny config: at k = 0 the one op must give the family's own
 #: output (SDPA, or eager where the family has no SDPA path), or the family is refused in one line before any change
 _COMMON = dict(SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_VERSION = tuple(int(x) for x in transformers.__version__.split(".")[:2])
 FAMILIES = {
     "Llama": ("LlamaConfig", "LlamaForCausalLM", {}, None),
     "Mistral (sliding window)": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 4}, None),
@@ -467,7 +469,8 @@ FAMILIES = {
     "Granite (attention multiplier)": ("GraniteConfig", "GraniteForCausalLM", {}, None),
     "Cohere": ("CohereConfig", "CohereForCausalLM", {}, None),
     "Starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {}, None),
-    "Falcon": ("FalconConfig", "FalconForCausalLM", {}, None),
+    # Falcon computed attention inline (outside the interface) before 5.25: refused at its first call there
+    "Falcon": ("FalconConfig", "FalconForCausalLM", {}, None if _VERSION >= (5, 25) else "computed its attention"),
     "Gemma-2 (logit soft cap)": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}, "uses a logit soft cap"),
     "GPT-OSS (attention sinks)": (
         "GptOssConfig",
@@ -492,7 +495,8 @@ def _tiny_config(name: str, **fields):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_each_family_is_its_own_model_at_k_0_or_refused_before_any_change(family):
     """Issue 58: every attention feature of the families transformers ships, checked the same way (the table in
-    docs/integrations.md): k = 0 through the one op equals the family's own attention, or enable refuses."""
+    docs/integrations.md): k = 0 through the one op equals the family's own attention (and reached lapheads'
+    function), or enable refuses, or (attention outside the interface) the first call does."""
     config_name, model_name, extra, refused = FAMILIES[family]
     torch.manual_seed(0)
     model = getattr(transformers, model_name)(_tiny_config(config_name, **{**_COMMON, **extra})).eval()
@@ -503,6 +507,11 @@ def test_each_family_is_its_own_model_at_k_0_or_refused_before_any_change(family
     ids = torch.tensor([[1, 5, 7, 9, 3, 8, 4, 6]])
     with torch.no_grad():
         reference = model(ids).logits
+    if refused == "computed its attention":  # attention outside the interface: refused at the first call
+        with pytest.raises(InputError, match="Attention computed its attention without transformers' attention"):
+            model = lhf.enable(model, 0)
+            model(ids)
+        return
     if refused:
         before = copy.deepcopy(model.config.to_dict())
         with pytest.raises(InputError, match=refused):
@@ -510,23 +519,34 @@ def test_each_family_is_its_own_model_at_k_0_or_refused_before_any_change(family
         assert model.config.to_dict() == before
         return
     lhf.enable(model, 0)
-    with torch.no_grad():
+    with torch.no_grad():  # the first call also checks every attention module called lapheads' function
         torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.xfail(
-    tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 25),
-    reason="open (issue 58): at the transformers floor (5.4) T5's attention never reaches lapheads' function, so "
-    "enable is not refused there",
-    strict=True,
-)
 def test_a_position_bias_model_is_refused_at_its_first_call():
     """T5 adds a position bias the op does not take: its first forward after enable is a one-line error (the row of
-    docs/integrations.md's family table), never attention without the bias."""
+    docs/integrations.md's family table), never attention without the bias. At the transformers floor (5.4) T5
+    computes its attention inline, never through the interface: refused as such (issue 58)."""
     config = _tiny_config(
         "T5Config", vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, decoder_start_token_id=0
     )
     model = lhf.enable(transformers.T5ForConditionalGeneration(config).eval(), 2)
     ids = torch.tensor([[1, 5, 7, 9]])
-    with pytest.raises(InputError, match="T5Attention adds a position bias"):
+    refused = "T5Attention (adds a position bias|computed its attention without transformers' attention interface)"
+    with pytest.raises(InputError, match=refused):
         model(input_ids=ids, decoder_input_ids=ids)
+
+
+def test_attention_that_bypasses_the_interface_is_refused_at_its_first_call():
+    """A model whose attention never calls lapheads' function (here: its config's implementation set behind
+    enable's back, as T5 at transformers 5.4 computes attention inline) is a one-line error at its first forward,
+    never output with ordinary heads; a model that does call it pays the check once."""
+    model = lhf.enable(_llama().eval(), 1)
+    ids = torch.tensor([[1, 5, 7, 9]])
+    model.config._attn_implementation = "sdpa"
+    with pytest.raises(InputError, match="LlamaAttention computed its attention without transformers' attention"):
+        model(ids)
+    model = lhf.enable(_llama().eval(), 1)
+    with torch.no_grad():
+        model(ids)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in attention_modules(model))

@@ -151,6 +151,7 @@ def lapheads_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' attention interface: query (B, H, T, D), key/value (B, Hkv, S, D) -> ((B, T, H, D), P or None)."""
+    module.laplacian_reached = True  # the first call's check (_check_the_interface_is_used) reads it
     if kwargs.get("softcap") is not None:
         raise InputError(
             f"{type(module).__name__} uses a logit soft cap; allowed: attention without one (Gemma-2's "
@@ -386,7 +387,32 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
         del model.config.laplacian_blend
     model.config.attn_implementation = NAME  # saved: plain transformers then refuses to load it as SDPA
     model.set_attn_implementation(NAME)
+    for module in modules:
+        _check_the_interface_is_used(module)
     return model
+
+
+def _check_the_interface_is_used(module: nn.Module) -> None:
+    """Refuse, at a module's first forward, attention that never called transformers' attention interface: its
+    Laplacian heads would silently be ordinary ones (T5 at transformers 5.4 computes its attention inline). The
+    error is raised before the module's output reaches the rest of the model; both hooks go after the first call
+    that did reach lapheads' function, so later calls pay nothing."""
+    import transformers
+
+    def before(mod: nn.Module, args) -> None:
+        mod.laplacian_reached = False
+
+    def after(mod: nn.Module, args, output) -> None:
+        if not mod.laplacian_reached:
+            raise InputError(
+                f"{type(mod).__name__} computed its attention without transformers' attention interface "
+                f"(transformers {transformers.__version__}), so its Laplacian heads would be ordinary ones; "
+                "allowed: models whose attention goes through the interface (docs/integrations.md's family table)"
+            )
+        for handle in handles:
+            handle.remove()
+
+    handles = [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
 
 
 def from_pretrained(model_class, path, *args, **kwargs):
