@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import os
@@ -299,3 +300,29 @@ def sft_run(base_run, tmp_path_factory):
     run = tmp_path_factory.mktemp("sft") / "run"
     train_sft(tiny_sft(base_run, data="arith,letters", num_iterations=4, eval_every=4), run)
     return run
+
+
+@contextlib.contextmanager
+def served(app):
+    """A real uvicorn server of ``app`` on a free loopback port, in a thread; yields its base URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(300):
+        if server.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -21,6 +21,7 @@ from lapheads.apps.chat import ChatEngine  # noqa: E402
 from lapheads.apps.serve import ServeLimits, create_app  # noqa: E402
 from lapheads.data.conversations import render_for_completion  # noqa: E402
 from lapheads.runs import load_gpt_run  # noqa: E402
+from tests.conftest import served  # noqa: E402
 
 QUESTIONS = [
     "Ada has 23 coins and gets 45 more. How many coins does Ada have now?",
@@ -276,24 +277,9 @@ def test_an_error_during_generation_ends_the_stream_with_an_error_event(engine, 
 @pytest.fixture(scope="module")
 def openai_server(engine):
     """A real uvicorn server on a free loopback port, in a thread: what the openai client talks to."""
-    import threading
-
-    import uvicorn
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     app = create_app(engine, "tiny", ServeLimits(max_request_bytes=4000, max_tokens=24), temperature=0.0)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(300):
-        if server.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served(app) as url:
+        yield f"{url}/v1"
 
 
 def test_the_openai_client_streams_and_completes_a_reply_equal_to_the_engines(openai_server, engine):

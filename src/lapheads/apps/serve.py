@@ -1,4 +1,6 @@
-"""A local web chat with a mid/SFT run (``lapheads serve RUN_DIR``), after nanochat's ``chat_web``.
+"""A local web chat with a mid/SFT run (``lapheads serve RUN_DIR``), after nanochat's ``chat_web``, and OpenAI's
+chat completions; OpenAI's legacy completions and vLLM's tokenizer routes for any run, base runs included
+(lapheads.apps.completions).
 
 Design choices:
 
@@ -34,9 +36,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request  # the optional extra 'serve'; lapheads imports this module only to serve
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lapheads.apps.chat import ChatEngine
+from lapheads.apps.completions import CompletionEngine, CompletionError, completion_request, tokenize
 from lapheads.errors import LapheadsError
 from lapheads.io import json_depth
 
@@ -263,7 +267,7 @@ def _hostname(value: str) -> str:
 
 
 def create_app(
-    engine: ChatEngine,
+    engine: ChatEngine | CompletionEngine,
     name: str = "lapheads",
     limits: ServeLimits | None = None,
     temperature: float = 0.6,
@@ -273,11 +277,15 @@ def create_app(
     """The FastAPI app serving ``engine``; ``temperature`` and ``top_k`` apply where a request leaves them out.
 
     Args:
+        engine: a chat run's ChatEngine (every route), or a base run's CompletionEngine (``/v1/completions`` and
+            the tokenizer routes; the chat routes refuse in one line).
         allowed_hosts: host names the Host header may carry (None: any, for a server bound to every address).
     """
     from lapheads.data.conversations import render_for_completion
 
     limits = limits or ServeLimits()
+    chat = engine if isinstance(engine, ChatEngine) else None
+    completer = CompletionEngine(engine.model, engine.tokenizer)
     app = FastAPI(title=f"lapheads chat: {name}", docs_url=None, redoc_url=None)
     model_lock = threading.Lock()
 
@@ -314,8 +322,8 @@ def create_app(
             return JSONResponse(body, status_code=err.status_code, headers=err.headers)
         return JSONResponse({"error": message}, status_code=err.status_code, headers=err.headers)
 
-    async def read_request(request: Request, refuse, openai: bool = False):
-        """(the checked request, the rendered prompt) or the refusal: Host, Origin, type, size, nesting, schema."""
+    async def read_json(request: Request, refuse):
+        """The request's JSON body, or the refusal: Host, Origin, type, size, nesting, syntax."""
         host = _hostname(request.headers.get("host", ""))
         if allowed_hosts is not None and host not in allowed_hosts:
             return refuse(403, f"Host {host!r}; allowed: {', '.join(allowed_hosts)} (this server's own names)")
@@ -334,9 +342,20 @@ def create_app(
             if len(raw) > limits.max_request_bytes:
                 return refuse(413, f"request of over {limits.max_request_bytes} bytes; allowed: at most that")
         if json_depth(bytes(raw)) > MAX_JSON_DEPTH:
-            return refuse(400, 'the request nests too deeply; allowed: {"messages": [{"role", "content"}]}')
+            return refuse(400, "the request nests too deeply; allowed: the endpoint's JSON object")
         try:
-            body = json.loads(bytes(raw) or b"null")
+            return json.loads(bytes(raw) or b"null")
+        except (RecursionError, ValueError) as err:
+            return refuse(400, f"the request is not JSON: {' '.join(str(err).split())[:200]}")
+
+    async def read_request(request: Request, refuse, openai: bool = False):
+        """(the checked request, the rendered prompt) or the refusal: read_json's checks, then the chat schema."""
+        if chat is None:
+            return refuse(400, f"{name} was never trained on conversations; allowed: POST /v1/completions")
+        body = await read_json(request, refuse)
+        if isinstance(body, JSONResponse):
+            return body
+        try:
             if openai:
                 if isinstance(body, dict) and body.get("model") not in (None, name):
                     return refuse(404, f"model {body.get('model')!r}; allowed: {name!r} (GET /v1/models)")
@@ -361,7 +380,7 @@ def create_app(
         """The reply's generator and its first piece (an error here is still a JSON error, before any byte); choice
         i of ``n`` samples with seed + i; with logprobs, ``outcome["logprobs"]`` gains each sampled token's."""
         tokens = outcome.setdefault("logprobs", []) if body.get("logprobs") else None
-        pieces = engine.stream(prompt, body["max_tokens"], body["temperature"], body["top_k"] or None,
+        pieces = chat.stream(prompt, body["max_tokens"], body["temperature"], body["top_k"] or None,
                                seed=(body["seed"] + choice) % 2**63, outcome=outcome, top_p=body["top_p"],
                                logprobs=tokens, top_logprobs=body.get("top_logprobs", 0))  # fmt: skip
         with model_lock:
@@ -396,6 +415,76 @@ def create_app(
             yield f"data: {json.dumps({'done': True})}\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def openai_completions(request: Request):
+        """OpenAI's legacy completions (lapheads.apps.completions): any run, text or token prompts, echo and
+        log-probabilities in the legacy shape; what lm-eval's ``local-completions`` model calls."""
+        body = await read_json(request, refuse_openai)
+        if isinstance(body, JSONResponse):
+            return body
+        if isinstance(body, dict) and body.get("model") not in (None, name):
+            return refuse_openai(404, f"model {body.get('model')!r}; allowed: {name!r} (GET /v1/models)")
+        try:
+            checked = completion_request(
+                body, engine.tokenizer, max_tokens=limits.max_tokens, temperature=temperature, top_k=top_k
+            )
+            # off the event loop, one completion at a time on the model (other requests interleave between them)
+            outs = await run_in_threadpool(complete_all, checked)
+        except CompletionError as err:
+            return refuse_openai(400, " ".join(str(err).split()), err.param)
+        except Exception as err:  # noqa: BLE001 - the client gets one line; the server keeps running
+            return refuse_openai(500, f"generation failed: {' '.join(str(err).split())[:200]}")
+        done = sum(out.pop("completion_tokens") for out in outs)
+        asked = sum(len(prompt) for prompt in checked.prompts) * checked.n
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": name,
+            "choices": [{"index": i, **out} for i, out in enumerate(outs)],
+            "usage": {"prompt_tokens": asked, "completion_tokens": done, "total_tokens": asked + done},
+        }
+
+    def complete_all(checked) -> list[dict[str, Any]]:
+        """Each prompt's ``n`` choices, prompt after prompt (OpenAI's order)."""
+        outs = []
+        for prompt in checked.prompts:
+            for choice in range(checked.n):
+                with model_lock:
+                    outs.append(completer.complete(prompt, checked, choice))
+        return outs
+
+    @app.get("/tokenizer_info")
+    def tokenizer_info() -> dict[str, Any]:
+        """vLLM's tokenizer description (lm-eval's remote tokenizer reads it): BOS ends documents, as EOS does."""
+        bos = engine.tokenizer.bos
+        return {"eos_token": bos, "bos_token": bos, "pad_token": None,
+                "model_max_length": engine.model.config.sequence_len}  # fmt: skip
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request):
+        """vLLM's ``/tokenize``: {"prompt", "add_special_tokens"} -> {"tokens", "count", "max_model_len"}."""
+        body = await read_json(request, refuse_openai)
+        if isinstance(body, JSONResponse):
+            return body
+        special = body.get("add_special_tokens", True) if isinstance(body, dict) else None
+        if not isinstance(body, dict) or not isinstance(body.get("prompt"), str) or not isinstance(special, bool):
+            return refuse_openai(400, 'allowed: {"prompt": text, "add_special_tokens": true or false}', "prompt")
+        tokens = tokenize(engine.tokenizer, body["prompt"], special)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.model.config.sequence_len}
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request):
+        """vLLM's ``/detokenize``: {"tokens"} -> {"prompt"}."""
+        body = await read_json(request, refuse_openai)
+        if isinstance(body, JSONResponse):
+            return body
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        size = engine.tokenizer.vocab_size
+        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < size for t in tokens):
+            return refuse_openai(400, f'allowed: {{"tokens": [ids in [0, {size - 1}]]}}', "tokens")
+        return {"prompt": engine.tokenizer.decode(tokens)}
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
@@ -496,16 +585,15 @@ def serve(
     temperature: float = 0.6,
     top_k: int = 50,
 ) -> None:
-    """Load ``run_dir`` (a mid or sft run) and serve it until interrupted."""
+    """Load ``run_dir`` and serve it until interrupted: a mid or sft run with every route, a base run with
+    ``/v1/completions`` and the tokenizer routes."""
     import uvicorn
 
     from lapheads.runs import load_gpt_run, trained_on_conversations
 
     record, model, tokenizer = load_gpt_run(run_dir, device)
-    if not trained_on_conversations(record):
-        raise LapheadsError(
-            f"{run_dir} is a {record.get('task')!r} run, never trained on conversations; allowed: a mid or sft run"
-        )
+    chat = trained_on_conversations(record)  # a base run: completions and the tokenizer routes only
+    engine = ChatEngine(model, tokenizer, tools=tools) if chat else CompletionEngine(model, tokenizer)
     loopback = host in LOOPBACK_NAMES
     if not loopback:
         print(
@@ -516,8 +604,9 @@ def serve(
         )
     # Bound to one address: requests must name it (or loopback); bound to all: any name (DNS-rebinding checks off).
     allowed = LOOPBACK_NAMES if loopback else (None if host in ("0.0.0.0", "::") else (*LOOPBACK_NAMES, host.lower()))
-    app = create_app(ChatEngine(model, tokenizer, tools=tools), Path(run_dir).name, limits, temperature, top_k, allowed)
-    print(f"lapheads serve: {run_dir} on http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+    app = create_app(engine, Path(run_dir).name, limits, temperature, top_k, allowed)
+    routes = "the web chat, /v1/chat/completions, /v1/completions" if chat else "/v1/completions (a base run)"
+    print(f"lapheads serve: {run_dir} on http://{host}:{port}/: {routes} (Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 

@@ -328,8 +328,10 @@ def _chat_command(sub) -> None:
 
 def _serve_command(sub) -> None:
     """``lapheads serve``."""
-    web = sub.add_parser("serve", allow_abbrev=False, help="a local web chat with a mid/SFT model (FastAPI)")
-    web.add_argument("run_dir", metavar="RUN_DIR", help="a mid or sft run directory")
+    web = sub.add_parser(
+        "serve", allow_abbrev=False, help="a web chat and OpenAI's APIs for a run (FastAPI; base runs: completions)"
+    )
+    web.add_argument("run_dir", metavar="RUN_DIR", help="a run directory: mid or sft (every route), lm (completions)")
     web.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
     web.add_argument("--port", type=int, default=8000)
     web.add_argument("--max-tokens", type=int, default=512, help="the longest reply a request may ask for")

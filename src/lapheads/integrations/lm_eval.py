@@ -24,6 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# lm-eval fills its model registry on first use only while it is empty: "lapheads" registered first would hide
+# "local-completions", "hf", ... from everyone in the process, so the registry is filled before registering
+import lm_eval.models  # noqa: F401
 import torch
 import torch.nn.functional as F
 from lm_eval import utils

@@ -1,0 +1,166 @@
+"""lapheads serve's /v1/completions on a base run: the official openai client gets the model's own greedy text and
+log-probabilities, seeds reproduce, unsupported fields are refused by name, and lm-evaluation-harness's
+``local-completions`` model (with the server's tokenizer routes) scores the served run as lapheads' own lm-eval
+model scores the run on disk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+from lapheads.apps.completions import CompletionEngine  # noqa: E402
+from lapheads.apps.serve import ServeLimits, create_app  # noqa: E402
+from lapheads.runs import load_gpt_run  # noqa: E402
+from lapheads.train.lm import train_lm  # noqa: E402
+from tests.conftest import served, tiny_lm  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def base_run(text_root, tmp_path_factory):
+    run = tmp_path_factory.mktemp("completions") / "base"
+    train_lm(tiny_lm(text_root, num_iterations=4, eval_every=4), run)  # sequence_len 64
+    return run
+
+
+@pytest.fixture(scope="module")
+def engine(base_run):
+    _, model, tokenizer = load_gpt_run(base_run, "cpu")
+    return CompletionEngine(model.eval(), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    app = create_app(engine, "base", ServeLimits(max_tokens=32), temperature=0.0)
+    with served(app) as url:
+        yield url
+
+
+def _direct_logprobs(engine, ids: list[int]) -> torch.Tensor:
+    """log p(ids[i] | BOS, ids[:i]) for every i, from one plain forward pass."""
+    whole = [engine.tokenizer.bos_id, *ids]
+    with torch.no_grad():
+        logp = engine.model(torch.tensor([whole[:-1]])).float().log_softmax(-1)[0]
+    return logp[torch.arange(len(ids)), torch.tensor(ids)]
+
+
+def test_the_openai_client_gets_the_models_greedy_text_and_log_probabilities(server, engine):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="none")
+    prompt = "ROMEO:\nWhat light"
+    out = client.completions.create(model="base", prompt=prompt, max_tokens=8, echo=True, logprobs=2, temperature=0)
+    (choice,) = out.choices
+    assert choice.text.startswith(prompt) and out.usage.completion_tokens == 8
+    ids = engine.tokenizer.encode(choice.text)
+    assert len(choice.logprobs.token_logprobs) == len(ids)  # echo: every prompt token, then the completion's
+    torch.testing.assert_close(
+        torch.tensor(choice.logprobs.token_logprobs), _direct_logprobs(engine, ids), atol=1e-4, rtol=0
+    )
+    for logprob, top in zip(choice.logprobs.token_logprobs[len(prompt) :], choice.logprobs.top_logprobs[len(prompt) :]):
+        assert len(top) <= 2 and logprob == pytest.approx(max(top.values()))  # greedy: the likeliest token
+    assert choice.logprobs.text_offset[:3] == [0, 1, 2]
+
+
+def test_seeds_reproduce_n_choices_differ_and_stop_strings_stop(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="none")
+
+    def texts(**options):
+        out = client.completions.create(model="base", prompt="KING:", max_tokens=16, temperature=1.0, **options)
+        return [choice.text for choice in out.choices]
+
+    assert texts(seed=5) == texts(seed=5)
+    three = texts(seed=5, n=3)
+    assert len(three) == 3 and len(set(three)) > 1 and three[0] == texts(seed=5)[0]
+    (first,) = texts(seed=1)
+    stop = first[4:6]
+    (cut,) = texts(seed=1, stop=[stop])
+    assert cut == first[: first.index(stop)]
+    batch = client.completions.create(model="base", prompt=["A", "B"], max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "options, param, says",
+    [
+        ({"stream": True}, "stream", "stream=True is not supported on /v1/completions"),
+        ({"suffix": "x"}, "suffix", "suffix='x' is not supported"),
+        ({"logprobs": 21}, "logprobs", "logprobs 21; allowed: an integer in [0, 20]"),
+        ({"prompt": [10**9]}, "prompt", "prompt token 1000000000; allowed: token ids in"),
+        ({"max_tokens": 0}, "max_tokens", "max_tokens 0; allowed: an integer in [1, 32]"),
+        ({"best_of": 3}, "best_of", "best_of=3 is not supported"),
+        ({"frobnicate": 1}, "frobnicate", "unrecognized request argument 'frobnicate'"),
+    ],
+)
+def test_what_completions_cannot_honour_is_refused_by_name(server, options, param, says):
+    import httpx
+
+    body = {"model": "base", "prompt": "A", **options}
+    response = httpx.post(f"{server}/v1/completions", json=body)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == param and says in error["message"], error
+
+
+def test_a_base_run_refuses_the_chat_routes_in_one_line(server):
+    import httpx
+
+    body = {"model": "base", "messages": [{"role": "user", "content": "hi"}]}
+    response = httpx.post(f"{server}/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    assert (
+        "base was never trained on conversations; allowed: POST /v1/completions" in response.json()["error"]["message"]
+    )
+
+
+def test_the_tokenizer_routes_speak_vllms_protocol(server, engine):
+    import httpx
+
+    info = httpx.get(f"{server}/tokenizer_info").json()
+    assert info["eos_token"] == engine.tokenizer.bos and info["model_max_length"] == 64
+    ids = httpx.post(f"{server}/tokenize", json={"prompt": "to be", "add_special_tokens": False}).json()["tokens"]
+    assert ids == engine.tokenizer.encode("to be")
+    eos = httpx.post(f"{server}/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}).json()
+    assert eos["tokens"] == [engine.tokenizer.bos_id]  # exactly one special token's string is that token
+    assert httpx.post(f"{server}/detokenize", json={"tokens": ids}).json() == {"prompt": "to be"}
+
+
+@pytest.mark.slow
+def test_lm_evals_local_completions_scores_the_served_run_as_lapheads_lm_eval_model_does(server, base_run, tmp_path):
+    """Issue 58's bar: lm-eval's API model (``local-completions``, tokenised by the server's own routes) and
+    lapheads' lm-eval model give the same accuracy and, per item, log-likelihoods within 1e-4 (one sequence at a
+    time through the KV cache vs padded batches) on the shipped ARC-Easy task."""
+    pytest.importorskip("lm_eval")
+    import json
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from lapheads.integrations.lm_eval import LapheadsLM, task_dir
+
+    arc = [
+        {
+            "id": f"q{i}",
+            "question": f"Which word is number {i}?",
+            "choices": {"text": ["one", "two", "three"], "label": ["A", "B", "C"]},
+            "answerKey": "ABC"[i % 3],
+        }
+        for i in range(6)
+    ]
+    (tmp_path / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arc))
+    manager = TaskManager(include_path=[str(task_dir(tmp_path, tmp_path / "tasks"))])
+
+    def evaluate(model, model_args=None):
+        results = simple_evaluate(model=model, model_args=model_args, tasks=["lapheads_arc_easy"], task_manager=manager,
+                                  log_samples=True, bootstrap_iters=0)  # fmt: skip
+        samples = results["samples"]["lapheads_arc_easy"]
+        scores = [[float(r[0]) for r in s["filtered_resps"]] for s in sorted(samples, key=lambda s: s["doc_id"])]
+        return results["results"]["lapheads_arc_easy"], scores
+
+    local, served_scores = evaluate(
+        "local-completions",
+        f"model=base,base_url={server}/v1/completions,tokenizer_backend=remote,tokenized_requests=True,"
+        "num_concurrent=1,max_retries=1,max_length=60",
+    )
+    own, own_scores = evaluate(LapheadsLM(str(base_run), device="cpu", batch_size=3))
+    assert local["acc,none"] == own["acc,none"] and local["acc_norm,none"] == own["acc_norm,none"]
+    torch.testing.assert_close(torch.tensor(served_scores), torch.tensor(own_scores), atol=1e-4, rtol=0)
