@@ -83,7 +83,7 @@ def test_seeds_reproduce_n_choices_differ_and_stop_strings_stop(server):
 @pytest.mark.parametrize(
     "options, param, says",
     [
-        ({"stream": True}, "stream", "stream=True is not supported on /v1/completions"),
+        ({"stream": True}, "stream", "stream=True is not supported by this server; allowed: false only"),
         ({"suffix": "x"}, "suffix", "suffix='x' is not supported"),
         ({"logprobs": 21}, "logprobs", "logprobs 21; allowed: an integer in [0, 20]"),
         ({"prompt": [10**9]}, "prompt", "prompt token 1000000000; allowed: token ids in"),
@@ -164,3 +164,25 @@ def test_lm_evals_local_completions_scores_the_served_run_as_lapheads_lm_eval_mo
     own, own_scores = evaluate(LapheadsLM(str(base_run), device="cpu", batch_size=3))
     assert local["acc,none"] == own["acc,none"] and local["acc_norm,none"] == own["acc_norm,none"]
     torch.testing.assert_close(torch.tensor(served_scores), torch.tensor(own_scores), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "schema, header",
+    [
+        ("ChatCompletionBody", "| field | lapheads serve |"),
+        ("CompletionBody", "| field | lapheads serve, `/v1/completions` |"),
+    ],
+)
+def test_the_docs_field_tables_name_exactly_the_request_models_fields(schema, header):
+    """docs/language-models.md's tables say what each field does; the typed request models are what is checked:
+    a field added to one and not the other fails here."""
+    import re
+    from pathlib import Path
+
+    from lapheads.apps import schema as schemas
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "language-models.md").read_text()
+    rows = text.split(header, 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    rows = [row for row in rows if not row.split("|")[1].strip().startswith("anything else")]  # refused examples
+    named = {name.split(".")[0] for row in rows for name in re.findall(r"`([a-z_.]+)`", row.split("|")[1])}
+    assert named == set(getattr(schemas, schema).model_fields)

@@ -26,52 +26,12 @@ from typing import Any
 
 import torch
 
+from lapheads.apps.schema import CompletionBody, RequestError, validated
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.errors import LapheadsError
 from lapheads.models.gpt import GPT, sample_token
 
-__all__ = ["COMPLETION_FIELDS", "CompletionEngine", "CompletionRequest", "completion_request", "tokenize"]
-
-#: the most alternatives per token the legacy ``logprobs`` may ask for (vLLM's limit; OpenAI's own is 5)
-MAX_LOGPROBS = 20
-
-#: the request fields of OpenAI's completions this server takes, with what it does with each
-COMPLETION_FIELDS = {
-    "model": "this server's one model (GET /v1/models)",
-    "prompt": "a string, a list of strings, a list of token ids, or a list of token-id lists; BOS is put in front",
-    "max_tokens": "the completion's length limit (default 16; 0 with echo scores the prompt alone)",
-    "temperature": "sampling temperature (0 = greedy)",
-    "top_k": "top-k sampling (an extension vLLM and llama.cpp also take)",
-    "top_p": "nucleus sampling, in (0, 1]",
-    "n": "1 to 8 completions per prompt, completion i sampled with seed + i",
-    "seed": "the sampler's seed: a given seed reproduces, none draws a fresh one",
-    "stop": "up to 4 strings: the completion ends before the first that appears (finish_reason stop)",
-    "echo": "the prompt's text (and its tokens' log-probabilities) in front of the completion",
-    "logprobs": f"0 to {MAX_LOGPROBS}: each token's log-probability and that many likeliest alternatives",
-    "user": "an end-user id: recorded nowhere, changes nothing",
-    "stream": "false only",
-    "suffix": "none only",
-    "best_of": "1 only",
-    "frequency_penalty": "0 only",
-    "presence_penalty": "0 only",
-    "logit_bias": "none only",
-}
-_ONLY = {
-    "stream": (None, False),
-    "suffix": (None, ""),
-    "best_of": (None, 1),
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
-}
-
-
-class CompletionError(LapheadsError):
-    """A refused completions field: the message, and the field's name for OpenAI's error object (``param``)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+__all__ = ["CompletionEngine", "CompletionRequest", "completion_request", "tokenize"]
 
 
 @dataclass(frozen=True)
@@ -90,17 +50,6 @@ class CompletionRequest:
     logprobs: int | None
 
 
-def _number(body: dict, name: str, default, low, high, kind=int, open_low: bool = False):
-    value = body.get(name)
-    value = default if value is None else value
-    inside = (low < value if open_low else low <= value) and value <= high
-    if isinstance(value, bool) or not isinstance(value, kind) or not inside:
-        words = "an integer" if kind is int else "a number"
-        span = f"{'(' if open_low else '['}{low}, {high}]"
-        raise CompletionError(f"{name} {value!r}; allowed: {words} in {span}", param=name)
-    return value
-
-
 def _prompts(prompt: Any, tokenizer: Tokenizer) -> list[list[int]]:
     """The prompt field as token lists, each non-empty and of valid ids."""
     if isinstance(prompt, str):
@@ -108,17 +57,15 @@ def _prompts(prompt: Any, tokenizer: Tokenizer) -> list[list[int]]:
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         prompt = [prompt]
     if not isinstance(prompt, list) or not prompt:
-        raise CompletionError(
-            f"prompt {str(prompt)[:60]!r}; allowed: a string or token ids, or a list of them", "prompt"
-        )
+        raise RequestError(f"prompt {str(prompt)[:60]!r}; allowed: a string or token ids, or a list of them", "prompt")
     out = []
     for item in prompt:
         ids = tokenizer.encode(item) if isinstance(item, str) else item
         if not isinstance(ids, list) or not ids:
-            raise CompletionError("an empty prompt; allowed: text or at least one token id", "prompt")
+            raise RequestError("an empty prompt; allowed: text or at least one token id", "prompt")
         bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < tokenizer.vocab_size]
         if bad:
-            raise CompletionError(
+            raise RequestError(
                 f"prompt token {bad[0]!r}; allowed: token ids in [0, {tokenizer.vocab_size - 1}]", "prompt"
             )
         out.append(ids)
@@ -128,41 +75,31 @@ def _prompts(prompt: Any, tokenizer: Tokenizer) -> list[list[int]]:
 def completion_request(
     body: Any, tokenizer: Tokenizer, *, max_tokens: int, temperature: float, top_k: int, max_prompts: int = 64
 ) -> CompletionRequest:
-    """The checked request, or a CompletionError naming the field (unknown fields are refused, as OpenAI does)."""
-    if not isinstance(body, dict):
-        raise CompletionError('the request is not a JSON object; allowed: {"model", "prompt": ...}')
-    unknown = sorted(set(body) - set(COMPLETION_FIELDS))
-    if unknown:
-        raise CompletionError(
-            f"unrecognized request argument {unknown[0]!r}; allowed: {', '.join(COMPLETION_FIELDS)}", unknown[0]
-        )
-    for field, allowed in _ONLY.items():
-        if body.get(field) not in allowed:
-            raise CompletionError(f"{field}={body[field]!r} is not supported on /v1/completions; allowed: "
-                                  f"{COMPLETION_FIELDS[field]}", field)  # fmt: skip
-    prompts = _prompts(body.get("prompt"), tokenizer)
+    """The checked request (:class:`lapheads.apps.schema.CompletionBody`, then the bounds this server sets), or a
+    RequestError naming the field."""
+    request = validated(CompletionBody, body)
+    prompts = _prompts(request.prompt, tokenizer)
     if len(prompts) > max_prompts:
-        raise CompletionError(f"{len(prompts)} prompts; allowed: at most {max_prompts}", "prompt")
-    stop = body.get("stop")
-    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
-        raise CompletionError(f"stop {stop!r}; allowed: a string or a list of up to 4 non-empty strings", "stop")
-    echo = body.get("echo", False)
-    if not isinstance(echo, bool):
-        raise CompletionError(f"echo {echo!r}; allowed: true or false", "echo")
-    logprobs = None if body.get("logprobs") is None else _number(body, "logprobs", 0, 0, MAX_LOGPROBS)
+        raise RequestError(f"{len(prompts)} prompts; allowed: at most {max_prompts}", "prompt")
+    echo = bool(request.echo)
+    limit = 16 if request.max_tokens is None else request.max_tokens
+    if not (0 if echo else 1) <= limit <= max_tokens:
+        raise RequestError(
+            f"max_tokens {limit}; allowed: an integer in [{0 if echo else 1}, {max_tokens}]", "max_tokens"
+        )
+    stop = request.stop or []
     return CompletionRequest(
         prompts=prompts,
-        max_tokens=_number(body, "max_tokens", 16, 0 if echo else 1, max_tokens),
-        temperature=_number(body, "temperature", temperature, 0.0, 2.0, (int, float)),
-        top_k=_number(body, "top_k", top_k, 0, 200),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, (int, float), open_low=True),
-        n=_number(body, "n", 1, 1, 8),
+        max_tokens=limit,
+        temperature=temperature if request.temperature is None else request.temperature,
+        top_k=top_k if request.top_k is None else request.top_k,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        n=request.n or 1,
         # no seed: a fresh one, so repeated requests sample afresh (as vLLM, llama.cpp and Ollama do)
-        seed=_number(body, "seed", secrets.randbelow(2**63), 0, 2**63 - 1),
-        stop=stops,
+        seed=secrets.randbelow(2**63) if request.seed is None else request.seed,
+        stop=[stop] if isinstance(stop, str) else stop,
         echo=echo,
-        logprobs=logprobs,
+        logprobs=request.logprobs,
     )
 
 
@@ -194,7 +131,7 @@ class CompletionEngine:
         model, tok, limit = self.model, self.tokenizer, self.model.config.sequence_len
         ids = prompt if prompt[0] == tok.bos_id else [tok.bos_id, *prompt]
         if len(ids) + (request.max_tokens > 0) > limit:
-            raise CompletionError(
+            raise RequestError(
                 f"the prompt has {len(ids)} tokens with BOS; allowed: at most {limit - 1} with room for one more "
                 f"(the model's sequence_len {limit})",
                 "prompt",

@@ -40,7 +40,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lapheads.apps.chat import ChatEngine
-from lapheads.apps.completions import CompletionEngine, CompletionError, completion_request, tokenize
+from lapheads.apps.completions import CompletionEngine, completion_request, tokenize
+from lapheads.apps.schema import MAX_CHOICES, MAX_TOP_LOGPROBS, ChatCompletionBody, RequestError, validated
 from lapheads.errors import LapheadsError
 from lapheads.io import json_depth
 
@@ -59,87 +60,24 @@ class ServeLimits:
 
 #: the deepest JSON nesting a request may have (a chat request needs 3: object, messages list, message object)
 MAX_JSON_DEPTH = 16
-#: the most choices (``n``) and stop strings one request may ask for (OpenAI's own limit on stop strings is 4)
-MAX_CHOICES, MAX_STOPS = 8, 4
-#: the most alternatives per token ``top_logprobs`` may ask for (OpenAI's own limit)
-MAX_TOP_LOGPROBS = 20
-
-
-class RequestError(LapheadsError):
-    """A refused request field: the message, and the field's name for OpenAI's error object (``param``)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-#: the request fields of OpenAI's chat completions this server takes, with what it does with each; any other field,
-#: and a value of one of these it cannot honour, is refused by name (OpenAI itself refuses unknown arguments)
-OPENAI_FIELDS = {
-    "model": "this server's one model (GET /v1/models)",
-    "messages": "system (or developer) / user / assistant turns, the last the user's; content a string or text parts",
-    "temperature": "sampling temperature (0 = greedy)",
-    "max_tokens": "the reply's length limit",
-    "max_completion_tokens": "the reply's length limit",
-    "top_k": "top-k sampling (an extension vLLM and llama.cpp also take)",
-    "seed": "the sampler's seed: a given seed reproduces, none draws a fresh one",
-    "stream": "server-sent chunks",
-    "stream_options": "include_usage",
-    "user": "an end-user id: recorded nowhere, changes nothing",
-    "n": f"1 to {MAX_CHOICES} choices, choice i sampled with seed + i",
-    "stop": f"up to {MAX_STOPS} strings: the reply ends before the first that appears (finish_reason stop)",
-    "top_p": "nucleus sampling: the likeliest tokens holding this probability, in (0, 1]",
-    "frequency_penalty": "0 only",
-    "presence_penalty": "0 only",
-    "response_format": "text only",
-    "tools": "none only",
-    "tool_choice": "none only",
-    "logprobs": "the sampled tokens' log-probabilities, the model's log-softmax (choice.logprobs.content)",
-    "top_logprobs": f"0 to {MAX_TOP_LOGPROBS} likeliest tokens beside each sampled one (with logprobs true)",
-    "logit_bias": "none only",
-}
-#: the value each field above must have where this server cannot honour any other
-_ONLY = {
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "response_format": (None, {"type": "text"}),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "logit_bias": (None, {}),
-}
 
 
 def _from_openai(body: Any) -> dict[str, Any]:
-    """An OpenAI chat-completions request as this server's own (the same checks follow); what it cannot do (n > 1,
-    stop sequences, nucleus sampling, tools, penalties) is refused by name, never silently ignored."""
-    if not isinstance(body, dict):
-        raise LapheadsError('the request is not a JSON object; allowed: {"model", "messages": [...]}')
-    unknown = sorted(set(body) - set(OPENAI_FIELDS))
-    if unknown:
-        raise RequestError(
-            f"unrecognized request argument {unknown[0]!r}; allowed: {', '.join(OPENAI_FIELDS)}", param=unknown[0]
-        )
-    for field, allowed in _ONLY.items():
-        if body.get(field, None) not in allowed:
-            raise RequestError(
-                f"{field}={body[field]!r} is not supported by this server; allowed: {OPENAI_FIELDS[field]}",
-                param=field,
-            )
-    out = {"messages": _openai_messages(body.get("messages"))}
-    if body.get("temperature") is not None:
-        out["temperature"] = body["temperature"]
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    """An OpenAI chat-completions request (:class:`lapheads.apps.schema.ChatCompletionBody`) as this server's own
+    (the same checks follow); what it cannot do is refused by name, never silently ignored."""
+    request = validated(ChatCompletionBody, body)
+    given = request.model_dump(exclude_none=True)
+    out = {"messages": _openai_messages(body["messages"])}
+    limit = given.get("max_completion_tokens", given.get("max_tokens"))
     if limit is not None:
         out["max_tokens"] = limit
-    for field in ("top_k", "seed", "top_p", "n", "logprobs", "top_logprobs"):
-        if body.get(field) is not None:
-            out[field] = body[field]
-    out["stop"] = _stop_strings(body.get("stop"))
-    stream = body.get("stream", False)
-    options = body.get("stream_options") or {}
-    if not isinstance(stream, bool) or not isinstance(options, dict):
-        raise LapheadsError(f"stream {stream!r}, stream_options {options!r}; allowed: true/false and an object")
-    return {**out, "stream": stream, "include_usage": bool(options.get("include_usage"))}
+    for field in ("temperature", "top_k", "seed", "top_p", "n", "logprobs", "top_logprobs"):
+        if field in given:
+            out[field] = given[field]
+    stop = given.get("stop", [])
+    out["stop"] = [stop] if isinstance(stop, str) else stop
+    options = given.get("stream_options", {})
+    return {**out, "stream": given.get("stream", False), "include_usage": bool(options.get("include_usage"))}
 
 
 def _openai_messages(messages: Any) -> Any:
@@ -163,14 +101,6 @@ def _openai_messages(messages: Any) -> Any:
         role = "system" if message.get("role") == "developer" else message.get("role")
         out.append({**message, "role": role, "content": content})
     return out
-
-
-def _stop_strings(stop: Any) -> list[str]:
-    """``stop``: none, a string, or a list of up to :data:`MAX_STOPS` non-empty strings."""
-    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(x, str) and x for x in stops):
-        raise RequestError(f"stop {stop!r}; allowed: a string or a list of up to {MAX_STOPS} non-empty strings", "stop")
-    return stops
 
 
 def until_stop(pieces: Iterator[str], stops: list[str], outcome: dict[str, Any]) -> Iterator[str]:
@@ -431,7 +361,7 @@ def create_app(
             )
             # off the event loop, one completion at a time on the model (other requests interleave between them)
             outs = await run_in_threadpool(complete_all, checked)
-        except CompletionError as err:
+        except RequestError as err:
             return refuse_openai(400, " ".join(str(err).split()), err.param)
         except Exception as err:  # noqa: BLE001 - the client gets one line; the server keeps running
             return refuse_openai(500, f"generation failed: {' '.join(str(err).split())[:200]}")

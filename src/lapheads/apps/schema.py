@@ -1,0 +1,156 @@
+"""The request bodies of ``lapheads serve``'s OpenAI endpoints as typed pydantic models, one source for what a
+field may hold, what it does, the one-line refusal and the docs' field tables.
+
+Design choices:
+
+* **Strict and closed**: ``extra="forbid"`` refuses any field these models do not name (OpenAI itself refuses
+  unknown arguments), and strict types take ``true`` for no integer and ``"2"`` for no number.
+* **A field's description starts with what it allows**, then says what it does after ": "; a refusal is
+  ``"<field> <value>; allowed: <description>"`` (``"<field>=<value> is not supported by this server; ..."`` for a
+  feature it does not have: "0 only", "none only") with the field in OpenAI's ``param``, so the allowed values a
+  client reads are the ones the model checks.
+* **Bounds a server sets** (``--max-tokens``, the model's vocabulary and context) are checked after validation,
+  in the same words, by the endpoints' own code.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lapheads.errors import LapheadsError
+
+__all__ = ["ChatCompletionBody", "CompletionBody", "RequestError", "validated"]
+
+#: the most choices (``n``) and stop strings one request may ask for (OpenAI's own limit on stop strings is 4)
+MAX_CHOICES, MAX_STOPS = 8, 4
+#: the most alternatives per token ``top_logprobs`` / ``logprobs`` may ask for (OpenAI's chat limit; vLLM's)
+MAX_TOP_LOGPROBS = 20
+
+
+class RequestError(LapheadsError):
+    """A refused request field: the message, and the field's name for OpenAI's error object (``param``)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _field(description: str) -> Any:
+    return Field(None, description=description)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _TextFormat(_Body):
+    type: Literal["text"]
+
+
+class _StreamOptions(_Body):
+    include_usage: bool | None = None
+
+
+Stop = Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)]
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
+class _Sampling(_Body):
+    """The fields both endpoints share."""
+
+    model: str | None = _field("this server's one model (GET /v1/models)")
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = _field(
+        "a number in [0, 2]: sampling temperature (0 = greedy)"
+    )
+    top_k: Annotated[int, Field(ge=0, le=200)] | None = _field(
+        "an integer in [0, 200]: top-k sampling (0: all; an extension vLLM and llama.cpp also take)"
+    )
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = _field(
+        "a number in (0, 1]: nucleus sampling, the likeliest tokens holding this probability"
+    )
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = _field(
+        f"an integer in [1, {MAX_CHOICES}]: that many choices, choice i sampled with seed + i"
+    )
+    seed: Seed | None = _field(
+        "an integer in [0, 2**63 - 1]: the sampler's seed; a given seed reproduces, none draws a fresh one"
+    )
+    stop: Stop | None = _field(
+        f"a string or a list of up to {MAX_STOPS} non-empty strings: the text ends before the first that appears "
+        "(finish_reason stop)"
+    )
+    user: str | None = _field("a string: an end-user id, recorded nowhere, changes nothing")
+    frequency_penalty: Annotated[float, Field(ge=0, le=0)] | None = _field("0 only: no penalties here")
+    presence_penalty: Annotated[float, Field(ge=0, le=0)] | None = _field("0 only: no penalties here")
+    logit_bias: Annotated[dict, Field(max_length=0)] | None = _field("none only: no biases here")
+
+
+class ChatCompletionBody(_Sampling):
+    """``POST /v1/chat/completions``: OpenAI's chat completions request."""
+
+    messages: list[Any] = Field(
+        description="a non-empty list of system (or developer) / user / assistant turns, the last the user's; "
+        "content a string or a list of text parts"
+    )
+    max_tokens: Annotated[int, Field(ge=1)] | None = _field(
+        "an integer from 1 to the server's --max-tokens: the reply's length limit"
+    )
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = _field(
+        "an integer from 1 to the server's --max-tokens: the reply's length limit"
+    )
+    stream: bool | None = _field("true or false: server-sent chunks")
+    stream_options: _StreamOptions | None = _field('{"include_usage": true or false}: usage in a last chunk')
+    logprobs: bool | None = _field("true or false: the sampled tokens' log-probabilities, the model's log-softmax")
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = _field(
+        f"an integer in [0, {MAX_TOP_LOGPROBS}], with logprobs true: that many likeliest tokens beside each one"
+    )
+    response_format: _TextFormat | None = _field('{"type": "text"} only')
+    tools: Annotated[list, Field(max_length=0)] | None = _field("none only: no tools here")
+    tool_choice: Literal["none"] | None = _field("'none' only: no tools here")
+
+
+class CompletionBody(_Sampling):
+    """``POST /v1/completions``: OpenAI's legacy completions request."""
+
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a string, a list of strings, a list of token ids, or a list of token-id lists: each a "
+        "document, BOS put in front"
+    )
+    max_tokens: Annotated[int, Field(ge=0)] | None = _field(
+        "an integer from 1 (0 with echo) to the server's --max-tokens, default 16: the completion's length limit"
+    )
+    echo: bool | None = _field("true or false: the prompt (and its tokens' log-probabilities) before the completion")
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = _field(
+        f"an integer in [0, {MAX_TOP_LOGPROBS}]: each token's log-probability and that many likeliest alternatives"
+    )
+    stream: Literal[False] | None = _field("false only: no streaming on /v1/completions")
+    suffix: Literal[""] | None = _field("none only")
+    best_of: Literal[1] | None = _field("1 only")
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def validated(schema: type[Body], body: Any) -> Body:
+    """``body`` as ``schema``, or a RequestError naming the first refused field and what it allows."""
+    if not isinstance(body, dict):
+        fields = ", ".join(map(repr, schema.model_fields))
+        raise RequestError(f"the request is not a JSON object; allowed: {{{fields}}}")
+    try:
+        return schema.model_validate(body)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first["loc"] else None
+        if first["type"] == "extra_forbidden":
+            raise RequestError(
+                f"unrecognized request argument {field!r}; allowed: {', '.join(schema.model_fields)}", field
+            ) from None
+        if field not in schema.model_fields:  # pragma: no cover - every location starts with a field of the body
+            raise RequestError(" ".join(str(err).split())[:300]) from None
+        value, allowed = body.get(field), schema.model_fields[field].description
+        if allowed.split(":")[0].endswith(" only"):  # a feature this server does not have, asked for
+            message = f"{field}={value!r} is not supported by this server; allowed: {allowed}"
+        else:
+            message = f"{field} {value!r}; allowed: {allowed}"
+        raise RequestError(message, field) from None
