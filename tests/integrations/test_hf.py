@@ -523,6 +523,103 @@ def test_each_family_is_its_own_model_at_k_0_or_refused_before_any_change(family
         torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
 
 
+#: encoder and vision families: at k = 0 the one op gives the family's own hidden states (checked as the causal-LM
+#: families are), and at k = 1 the Laplacian heads run (the hidden states change); a last entry (major, minor) is
+#: the transformers version from which the family's attention goes through the interface (before: refused)
+_ENCODER = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+ENCODER_FAMILIES = {
+    "BERT": ("BertConfig", "BertModel", {"vocab_size": 100}, "text"),
+    "RoBERTa": ("RobertaConfig", "RobertaModel", {"vocab_size": 100}, "text"),
+    "ELECTRA": ("ElectraConfig", "ElectraModel", {"vocab_size": 100, "embedding_size": 64}, "text"),
+    "DistilBERT": (
+        "DistilBertConfig",
+        "DistilBertModel",
+        {"vocab_size": 100, "dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 128},
+        "text",
+    ),
+    "ModernBERT (local and global layers)": (
+        "ModernBertConfig",
+        "ModernBertModel",
+        {
+            "vocab_size": 100,
+            "global_attn_every_n_layers": 2,
+            "local_attention": 4,
+            "cls_token_id": 1,
+            "sep_token_id": 2,
+            **_IDS,
+        },
+        "text",
+        (5, 5),
+    ),
+    "ViT": ("ViTConfig", "ViTModel", {"image_size": 32, "patch_size": 8}, "image"),
+    "DeiT": ("DeiTConfig", "DeiTModel", {"image_size": 32, "patch_size": 8}, "image"),
+    "DINOv2": ("Dinov2Config", "Dinov2Model", {"image_size": 32, "patch_size": 8}, "image"),
+    "CLIP vision": ("CLIPVisionConfig", "CLIPVisionModel", {"image_size": 32, "patch_size": 8}, "image"),
+    "SigLIP vision (a torch MultiheadAttention pooling head)": (
+        "SiglipVisionConfig",
+        "SiglipVisionModel",
+        {"image_size": 32, "patch_size": 8},
+        "image",
+    ),
+    "BEiT (relative position bias as the mask)": (
+        "BeitConfig",
+        "BeitModel",
+        {"image_size": 32, "patch_size": 8, "use_relative_position_bias": True},
+        "image",
+        (5, 9),
+    ),
+}
+
+
+def _encoder_inputs(kind: str) -> dict[str, torch.Tensor]:
+    if kind == "text":
+        return {"input_ids": torch.tensor([[1, 5, 7, 9, 3, 8]])}
+    return {"pixel_values": torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+
+
+@pytest.mark.parametrize("family", sorted(ENCODER_FAMILIES))
+def test_each_encoder_family_is_its_own_model_at_k_0_and_runs_laplacian_heads_at_k_1(family):
+    """Issue 58's table beyond causal LMs: bidirectional text encoders, ViT-style vision encoders, BEiT's relative
+    position bias (handed to the op as an additive mask); SigLIP's pooling head is torch's own attention, not one of
+    the model's layers, and keeps ordinary attention."""
+    config_name, model_name, extra, kind, *since = ENCODER_FAMILIES[family]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(_tiny_config(config_name, **{**_ENCODER, **extra})).eval()
+    try:
+        model.set_attn_implementation("sdpa")
+    except ValueError:
+        model.set_attn_implementation("eager")
+    inputs = _encoder_inputs(kind)
+    if since and _VERSION < since[0]:  # its attention was computed inline before: refused at the first call
+        with pytest.raises(InputError, match="Attention computed its attention without transformers' attention"):
+            lhf.enable(model, 0)(**inputs)
+        return
+    with torch.no_grad():
+        reference = model(**inputs).last_hidden_state
+        laplacian = copy.deepcopy(model)
+        torch.testing.assert_close(lhf.enable(model, 0)(**inputs).last_hidden_state, reference, rtol=1e-5, atol=1e-5)
+        assert len(lhf.attention_modules(laplacian)) == 2  # the layers, never a pooling head
+        changed = lhf.enable(laplacian, 1)(**inputs).last_hidden_state
+    assert (changed - reference).abs().max() > 1e-3
+
+
+def test_cross_attention_takes_no_laplacian_heads():
+    """Whisper's decoder attends to the encoder's states: I - P needs queries and keys from the same tokens, so a
+    Laplacian head there is a one-line error at its call; self-attention layers take them (a per-layer spec)."""
+    fields = dict(vocab_size=100, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8,
+                  max_source_positions=16, decoder_start_token_id=1, **_IDS)  # fmt: skip
+    model = transformers.WhisperModel(_tiny_config("WhisperConfig", **fields)).eval()
+    inputs = {"input_features": torch.randn(1, 8, 32), "decoder_input_ids": torch.tensor([[1, 2]])}
+    names = [type(m).__name__ for m in lhf.attention_modules(model)]
+    assert names == ["WhisperAttention"] * 3  # encoder self, decoder self, decoder cross
+    with torch.no_grad():
+        with pytest.raises(InputError, match="WhisperAttention is cross-attention here"):
+            lhf.enable(copy.deepcopy(model), 1)(**inputs)
+        lhf.enable(model, [1, 1, 0])(**inputs)  # self-attention only: runs
+
+
 def test_a_position_bias_model_is_refused_at_its_first_call():
     """T5 adds a position bias the op does not take: its first forward after enable is a one-line error (the row of
     docs/integrations.md's family table), never attention without the bias. At the transformers floor (5.4) T5
@@ -549,4 +646,5 @@ def test_attention_that_bypasses_the_interface_is_refused_at_its_first_call():
     model = lhf.enable(_llama().eval(), 1)
     with torch.no_grad():
         model(ids)
-    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in attention_modules(model))
+    # the first call's check is gone; the one pre-hook left notes whether a call is cross-attention
+    assert all(not m._forward_hooks and len(m._forward_pre_hooks) == 1 for m in attention_modules(model))

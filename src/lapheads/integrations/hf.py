@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from lapheads.core.attention import laplacian_attention, laplacian_attention_reference
-from lapheads.core.convert import INITS, BlendSchedule, attention_modules, init_heads, set_blend
+from lapheads.core.convert import INITS, BlendSchedule, init_heads, set_blend
+from lapheads.core.convert import attention_modules as _named_attention_modules
 from lapheads.core.heads import HeadSpecError, parse_head_kinds, trailing_count
 from lapheads.core.kinds import is_plain_laplacian
 from lapheads.errors import InputError
@@ -54,6 +55,21 @@ NAME = "lapheads"
 #: what "eager" means on a config with Laplacian heads: the textbook path (P materialised, attention maps returned),
 #: the same heads; transformers' own eager would silently run ordinary ones
 EAGER_NAME = "lapheads_eager"
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The model's attention layers, in order: the innermost modules whose class name ends in "Attention", less
+    torch's own ``nn.MultiheadAttention`` (SigLIP's pooling head), which transformers' attention interface never
+    reaches."""
+    return [m for m in _named_attention_modules(model) if not isinstance(m, nn.MultiheadAttention)]
+
+
+#: a module's forward arguments that make a call cross-attention (queries from one sequence, keys from another)
+_CROSS_INPUTS = ("key_value_states", "encoder_hidden_states")
+
+
+def _note_cross_attention(module: nn.Module, args, kwargs) -> None:
+    module.laplacian_cross = any(kwargs.get(name) is not None for name in _CROSS_INPUTS)
 
 
 def _layer_heads(module: nn.Module, num_heads: int, device: torch.device) -> int | torch.Tensor | None:
@@ -168,6 +184,12 @@ def lapheads_attention(
         key, value = key[:, :, :t], value[:, :, :t]
     heads = _layer_heads(module, query.shape[1], query.device)
     kinds = _layer_kinds(module)
+    if getattr(module, "laplacian_cross", False) and (kinds is not None or _has_laplacian(heads)):
+        raise InputError(
+            f"{type(module).__name__} is cross-attention here (queries and keys from different sequences), where "
+            "I - P has no meaning; allowed: Laplacian heads in self-attention only (a per-layer laplacian_heads "
+            "with 0 at the cross-attention layers)"
+        )
     mix = None
     if kinds is not None:  # other head kinds than ordinary / Laplacian: the op takes the kinds themselves
         heads, mix = list(kinds), (module.mix_a, module.mix_b) if "mix" in kinds else None
@@ -389,7 +411,14 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
     model.set_attn_implementation(NAME)
     for module in modules:
         _check_the_interface_is_used(module)
+        if not hasattr(module, "laplacian_cross"):  # once per module, however often enable is called
+            module.register_forward_pre_hook(_note_cross_attention, with_kwargs=True)
+            module.laplacian_cross = False
     return model
+
+
+def _has_laplacian(heads: int | torch.Tensor | None) -> bool:
+    return bool(heads.any()) if isinstance(heads, torch.Tensor) else bool(heads)
 
 
 def _check_the_interface_is_used(module: nn.Module) -> None:
