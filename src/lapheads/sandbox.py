@@ -319,7 +319,7 @@ def _receive(fd, read):
     return None if body is None else body.decode()
 """
 
-# score_solution's trusted side, run from memory (python -c: no file the program could rewrite first): the
+# score_solution's trusted side, read from its stdin (no file the program could rewrite first): the
 # benchmark's own text (the prompt's helpers, the tests) calls ``candidate``, a proxy whose answers are decoded
 # plain values; only this process holds the verdict channel, and it writes the secret after check() returned
 _TESTER = r"""
@@ -564,7 +564,11 @@ class _Session:
         if self.tool is None:
             _warn_once_without_boundary()
 
-    def start(self, workdir: str, python_args: list[str], fds: tuple[int, ...]) -> subprocess.Popen:
+    def start(
+        self, workdir: str, python_args: list[str], fds: tuple[int, ...], source: bytes | None = None
+    ) -> subprocess.Popen:
+        """One process of the run; ``source`` (with ``python_args`` starting "-") is its program, written to its stdin:
+        no file another process of the run could rewrite first, and no argument-length limit (128 KiB on Linux)."""
         python = [sys.executable, "-I", *python_args]
         bwrap = [self.tool, *_bwrap_args(workdir, self.limits.max_disk_mb)] if self.tool else []
         command = [*bwrap, "--setenv", "LAPHEADS_SANDBOX", self.marker, *python] if bwrap else python
@@ -573,13 +577,20 @@ class _Session:
             command,
             cwd=workdir,
             env={**env, "LAPHEADS_SANDBOX": self.marker},
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if source is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=fds,
             preexec_fn=self.limits.apply,
         )
         self.procs.append(proc)
+        if source is not None:
+            try:  # the interpreter reads its whole program before it runs any of it
+                proc.stdin.write(source)
+            except BrokenPipeError:  # it could not start: its exit status and stderr say why
+                pass
+            finally:
+                proc.stdin.close()
         return proc
 
     def finish(self, decisive: subprocess.Popen) -> tuple[dict[int, tuple[bytes, bytes]], bool]:
@@ -715,8 +726,9 @@ def score_solution(
         try:
             tester = session.start(
                 tester_dir,
-                ["-c", tester_source, str(verdict.fileno()), str(calls_tester.fileno())],
+                ["-", str(verdict.fileno()), str(calls_tester.fileno())],
                 (verdict.fileno(), calls_tester.fileno()),
+                source=tester_source.encode(),
             )
             solution = session.start(
                 solution_dir,

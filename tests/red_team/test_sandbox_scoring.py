@@ -168,3 +168,13 @@ def test_the_tester_compares_plain_values_it_decoded_itself(layers):
     liar = "class Int(int):\n    def __eq__(self, other):\n        return True\ndef f(x):\n    return Int(0)\n"
     result = score_solution(liar, tests, "f")
     assert result.status == "failed" and "'Int' is not a plain value" in result.output
+
+
+def test_a_benchmark_text_longer_than_an_argument_may_be_is_scored(layers):
+    """The tester's program reaches it on its stdin, not as an argument (Linux caps one argument at 128 KiB): a
+    benchmark whose context holds 300 KB of helpers still scores."""
+    context = "".join(f"def helper_{i}(x):\n    return x + {i}\n" for i in range(10_000))
+    tests = "def check(candidate):\n    assert candidate(2, 3) == helper_5(0)\n"
+    assert len(context) > 300_000
+    assert score_solution("def add(a, b):\n    return a + b\n", tests, "add", context=context).status == "passed"
+    assert score_solution("def add(a, b):\n    return a - b\n", tests, "add", context=context).status == "failed"
