@@ -53,7 +53,8 @@ class _StreamOptions(_Body):
     include_usage: bool | None = None
 
 
-Stop = Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)]
+Text = Annotated[str, Field(min_length=1)]
+Stop = Text | Annotated[list[Text], Field(max_length=MAX_STOPS)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
