@@ -50,25 +50,22 @@ class CompletionRequest:
     logprobs: int | None
 
 
-def _prompts(prompt: Any, tokenizer: Tokenizer) -> list[list[int]]:
-    """The prompt field as token lists, each non-empty and of valid ids."""
-    if isinstance(prompt, str):
+def _prompts(prompt: str | list, tokenizer: Tokenizer) -> list[list[int]]:
+    """The prompt field (typed by :class:`lapheads.apps.schema.CompletionBody`) as token lists, each non-empty and of
+    ids the model has."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):  # one text, or one list of ids
         prompt = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        prompt = [prompt]
-    if not isinstance(prompt, list) or not prompt:
-        raise RequestError(f"prompt {str(prompt)[:60]!r}; allowed: a string or token ids, or a list of them", "prompt")
-    out = []
-    for item in prompt:
-        ids = tokenizer.encode(item) if isinstance(item, str) else item
-        if not isinstance(ids, list) or not ids:
+    if not prompt:
+        raise RequestError("prompt []; allowed: a string or token ids, or a non-empty list of them", "prompt")
+    out = [tokenizer.encode(item) if isinstance(item, str) else item for item in prompt]
+    for ids in out:
+        if not ids:
             raise RequestError("an empty prompt; allowed: text or at least one token id", "prompt")
-        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < tokenizer.vocab_size]
+        bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
         if bad:
             raise RequestError(
-                f"prompt token {bad[0]!r}; allowed: token ids in [0, {tokenizer.vocab_size - 1}]", "prompt"
+                f"prompt token {bad[0]}; allowed: token ids in [0, {tokenizer.vocab_size - 1}]", "prompt"
             )
-        out.append(ids)
     return out
 
 
