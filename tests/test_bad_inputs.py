@@ -283,10 +283,15 @@ def _api_cases():
     """The package's constructors and parsers (the op's own table, on both its paths, is
     tests/red_team/test_op_api.py)."""
     return [
-        ("spec-string", lambda: lapheads.parse_laplacian_heads("a,b", 4, 2), "a,b"),
-        ("spec-layers", lambda: lapheads.parse_laplacian_heads([1, 1, 1], 4, 2), "3 entries"),
-        ("spec-kind-unknown", lambda: lapheads.parse_laplacian_heads("sharpen:1", 4, 2), "sharpen"),
-        ("spec-kind-gpt", lambda: lapheads.parse_laplacian_heads("negated:1", 4, 2), "negated"),
+        ("spec-string", lambda: lapheads.parse_heads("a,b", [4, 4]), "a,b"),
+        ("spec-layers", lambda: lapheads.parse_heads([1, 1, 1], [4, 4]), "3 entries"),
+        ("spec-kind-unknown", lambda: lapheads.parse_heads("sharpen:1", [4, 4]), "sharpen"),
+        ("spec-value", lambda: lapheads.LayerHeads(("laplacian", "sharpen")), "sharpen"),
+        (
+            "spec-kind-gpt",
+            lambda: lapheads.GPT(lapheads.GPTConfig(depth=2, vocab_size=10, laplacian_heads="untied:1")),
+            "untied",
+        ),
         ("vit-unknown", lambda: lapheads.create_vit("vit_nope"), "vit_nope"),
         ("gpt-depth", lambda: lapheads.GPT(lapheads.GPTConfig(depth=0, vocab_size=10)), "depth"),
         (

@@ -2,8 +2,8 @@
 
 A Laplacian head outputs (I - P) V = V - P V instead of P V. This package provides the op
 (:func:`laplacian_attention`), a drop-in for ``timm.layers.Attention`` (:class:`LaplacianAttention`) and the one
-head-spec parser every model and the CLI share (:func:`parse_laplacian_heads`); models are timm ViTs
-(:func:`create_vit`) and a nanochat-style GPT (:class:`GPT`).
+head-spec parser every model and the CLI share (:func:`parse_heads`, one :class:`LayerHeads` per layer); models are
+timm ViTs (:func:`create_vit`) and a nanochat-style GPT (:class:`GPT`).
 """
 
 import os as _os
@@ -27,10 +27,10 @@ if TYPE_CHECKING:  # the public names, for readers and type checkers; at run tim
         HeadSpec,
         HeadSpecError,
         LaplacianAttention,
+        LayerHeads,
         laplacian_attention,
         laplacian_attention_reference,
-        laplacian_head_mask,
-        parse_laplacian_heads,
+        parse_heads,
     )
     from lapheads.models import GPT, GPTConfig, create_vit, load_nanochat
 
@@ -40,8 +40,8 @@ _PUBLIC = {
     "LaplacianAttention": "lapheads.core",
     "laplacian_attention": "lapheads.core",
     "laplacian_attention_reference": "lapheads.core",
-    "laplacian_head_mask": "lapheads.core",
-    "parse_laplacian_heads": "lapheads.core",
+    "LayerHeads": "lapheads.core",
+    "parse_heads": "lapheads.core",
     "GPT": "lapheads.models",
     "GPTConfig": "lapheads.models",
     "create_vit": "lapheads.models",
@@ -130,11 +130,11 @@ __all__ = [
     "HeadSpec",
     "HeadSpecError",
     "LaplacianAttention",
+    "LayerHeads",
     "__version__",
     "create_vit",
     "laplacian_attention",
     "laplacian_attention_reference",
-    "laplacian_head_mask",
     "load_nanochat",
-    "parse_laplacian_heads",
+    "parse_heads",
 ]

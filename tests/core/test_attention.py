@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from timm.layers import Attention
 
 from lapheads import LaplacianAttention, laplacian_attention, laplacian_attention_reference
-from lapheads.core.heads import HeadSpecError, laplacian_head_mask
+from lapheads.core.heads import HeadSpecError
 from tests.conftest import node_name
 
 B, H, T, D = 2, 4, 7, 8
@@ -418,7 +418,7 @@ def test_module_returns_attention_maps_and_repr_names_heads():
     torch.testing.assert_close(out, lap(x))
     assert attn.shape == (2, HEADS, 9, 9)
     assert "laplacian_heads=2/4 Laplacian: [2, 3]" in repr(lap)
-    assert lap.num_laplacian_heads == 2
+    assert lap.heads.num_laplacian == 2 and lap.heads.trailing == 2
 
 
 def test_module_rejects_bad_spec():
@@ -558,7 +558,7 @@ def test_fully_masked_rows_give_the_same_documented_value_on_both_paths(k, kind)
     reference, attn = laplacian_attention_reference(q, key, v, k, attn_mask=mask, return_attn=True)
     assert torch.isfinite(reference).all() and torch.allclose(fused, reference, atol=1e-10)
     assert (attn[0, :, 2] == 0).all()  # P = 0: ordinary heads output 0, Laplacian heads their own value
-    lap = laplacian_head_mask(k, 2)
+    lap = torch.arange(2) >= 2 - k
     assert torch.equal(fused[0, lap, 2], v[0, lap, 2]) and (fused[0, ~lap, 2] == 0).all()
 
 

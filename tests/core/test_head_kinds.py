@@ -13,8 +13,7 @@ from lapheads.core import (
     HeadSpecError,
     laplacian_attention,
     laplacian_attention_reference,
-    parse_head_kinds,
-    parse_laplacian_heads,
+    parse_heads,
 )
 from lapheads.models.vit import vit_head_kinds
 
@@ -117,14 +116,9 @@ def test_compiled_kinds_have_no_graph_break():
     ],
 )
 def test_the_one_parser_reads_kinds_and_counts(spec, expected):
-    assert parse_head_kinds(spec, 3, 2) == expected
-    plain = all(kind in ("ordinary", "laplacian") for layer in expected for kind in layer)
-    if plain:  # the masks parser reads the same spec
-        masks = parse_laplacian_heads(spec, 3, 2)
-        assert [m.tolist() for m in masks] == [[k == "laplacian" for k in layer] for layer in expected]
-    elif isinstance(spec, str):  # and where only masks can run (Hugging Face), other kinds are refused, not dropped
-        with pytest.raises(HeadSpecError, match="names head kinds .* this model cannot run"):
-            parse_laplacian_heads(spec, 3, 2)
+    layers = parse_heads(spec, [3, 3])
+    assert [heads.kinds for heads in layers] == expected
+    assert [heads.plain for heads in layers] == [all(k in ("ordinary", "laplacian") for k in e) for e in expected]
 
 
 @pytest.mark.parametrize(
@@ -139,7 +133,7 @@ def test_the_one_parser_reads_kinds_and_counts(spec, expected):
 )
 def test_bad_kind_specs_are_one_line_errors(spec, message):
     with pytest.raises(HeadSpecError, match=message):
-        parse_head_kinds(spec, 3, 2)
+        parse_heads(spec, [3, 3])
 
 
 def test_a_vit_with_three_kinds_trains_scripts_and_reports_its_kinds():

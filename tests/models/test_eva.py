@@ -28,7 +28,7 @@ def test_zero_heads_are_timms_eva_exactly_and_the_state_dict_is_unchanged():
 def test_laplacian_heads_output_v_minus_pv_with_rotary_q_and_k():
     _, model = _pair(2)
     attn = model.blocks[0].attn
-    assert attn.laplacian_head_list == [False, True, True]
+    assert list(attn.heads.flags) == [False, True, True]
     torch.manual_seed(1)
     x = torch.randn(2, 17, attn.proj.in_features)
     q, k, v = attn._qkv(x)  # no rope: the textbook below sees the same q, k
@@ -46,7 +46,7 @@ def test_laplacian_heads_output_v_minus_pv_with_rotary_q_and_k():
 
 def test_head_kinds_and_their_limits():
     _, model = _pair("ordinary/negated/mix")
-    assert model.blocks[0].attn.head_kinds == ("ordinary", "negated", "mix")
+    assert model.blocks[0].attn.heads.kinds == ("ordinary", "negated", "mix")
     model(torch.randn(1, 3, 28, 28)).sum().backward()
     assert model.blocks[0].attn.mix_a.grad is not None  # the mix scalars train
     with pytest.raises(HeadSpecError, match="has no local term"):

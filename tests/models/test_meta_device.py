@@ -83,7 +83,7 @@ def test_laplacian_attention_on_meta():
         layer = LaplacianAttention(48, num_heads=3, laplacian_heads=[True, False, True])
     layer.to_empty(device="cpu")
     assert layer.laplacian_mask.tolist() == [True, False, True]
-    assert layer.laplacian_head_list == [True, False, True]
+    assert list(layer.heads.flags) == [True, False, True]
     assert "2/3 Laplacian: [0, 2]" in repr(layer)
 
 

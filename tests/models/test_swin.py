@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from lapheads.core.heads import HeadSpecError, parse_head_kinds_per_layer
 from lapheads.models.swin import LaplacianWindowAttention
 from tests.conftest import timm_and_lapheads
 
@@ -29,7 +27,7 @@ def test_a_shifted_window_block_outputs_v_minus_pv_with_its_bias_and_mask():
     _, model = _pair(1)
     block = model.layers[1].blocks[1]  # the shifted block of the 4-head stage
     attn = block.attn
-    assert attn.laplacian_head_list == [False, False, False, True]
+    assert list(attn.heads.flags) == [False, False, False, True]
     windows, n, c = 8, 16, attn.proj.in_features
     torch.manual_seed(1)
     x = torch.randn(windows, n, c)
@@ -46,10 +44,8 @@ def test_a_shifted_window_block_outputs_v_minus_pv_with_its_bias_and_mask():
 
 
 def test_a_spec_is_read_against_each_stages_own_head_count():
-    assert parse_head_kinds_per_layer(2, [2, 4]) == [("laplacian",) * 2, ("ordinary",) * 2 + ("laplacian",) * 2]
-    assert parse_head_kinds_per_layer("0,negated:1", [2, 4])[1] == ("ordinary",) * 3 + ("negated",)
-    with pytest.raises(HeadSpecError, match=r"laplacian_heads\[layer 0\]=3 is out of range; allowed: 0 to 2"):
-        parse_head_kinds_per_layer(3, [2, 4])
+    """(the parser's side: tests/core/test_head_specs.py)"""
     _, model = _pair("0,0,mix,mix")
+    assert [block.attn.heads.num_heads for stage in model.layers for block in stage.blocks][::2] == [2, 4]
     model(torch.randn(1, 3, 32, 32)).sum().backward()
     assert model.layers[1].blocks[0].attn.mix_a.grad is not None

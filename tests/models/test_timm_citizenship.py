@@ -106,8 +106,7 @@ def test_registered_eva_and_swin_names_are_timms_architecture_with_their_heads(n
         torch.testing.assert_close(zero(x), plain(x), rtol=0, atol=1e-6)  # k = 0: timm's function (as test_swin)
     two = timm.create_model(name.format(k=2), **kwargs)
     layers = [m for m in two.modules() if isinstance(m, LaplacianHeadsMixin)]
-    assert layers and all(m.laplacian_head_list[-2:] == [True, True] and not any(m.laplacian_head_list[:-2])
-                          for m in layers)  # fmt: skip
+    assert layers and all(m.heads.flags == (False,) * (m.num_heads - 2) + (True, True) for m in layers)
     assert not two.pretrained_cfg.get("hf_hub_id") and two.pretrained_cfg["architecture"] == name.format(k=2)
     assert timm.data.resolve_data_config(model=two)["mean"] == timm.data.resolve_data_config(model=plain)["mean"]
     features = timm.create_model(name.format(k=2), features_only=True, out_indices=(1,), **kwargs).eval()

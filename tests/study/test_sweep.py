@@ -581,6 +581,23 @@ def test_head_kinds_are_arms_of_a_sweep_with_directory_safe_names():
         parse_specs("0;neg ated")
 
 
+def test_an_arm_of_combined_kinds_keeps_its_plus_and_may_add_settings():
+    """A spec's own "+" (laplacian:1+local:1) is not a setting: the settings start at the first KEY=VALUE."""
+    from lapheads.runs import SweepError
+    from lapheads.runs.sweep import arm_parts
+    from lapheads.study.sweep import parse_specs
+
+    assert parse_specs("0;laplacian:1+local:1") == ["0", "laplacian:1+local:1"]
+    assert arm_parts("laplacian:1+local:1") == ("laplacian:1+local:1", {})
+    arm = "laplacian:1+local:1+within_seq_penalty=0.5"
+    assert parse_specs(f"0;{arm}") == ["0", arm]
+    assert arm_parts(arm) == ("laplacian:1+local:1", {"within_seq_penalty": "0.5"})
+    with pytest.raises(SweepError, match="setting 'local:1'"):  # after a setting, only settings
+        arm_parts("0+within_seq_penalty=0.5+local:1")
+    with pytest.raises(SweepError, match="malformed"):
+        parse_specs("0;0+within_seq_penalty")
+
+
 def test_a_dry_run_of_a_cpu_preset_prints_one_process_per_cell(capsys, tmp_path):
     args = ["sweep", "fmnist-cpu", "--laplacian-heads", "0,3", "--seeds", "0", "--dry-run", "--out", str(tmp_path)]
     assert main(args) == 0

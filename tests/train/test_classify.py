@@ -317,7 +317,7 @@ def test_a_model_of_several_head_kinds_trains_resumes_identically_and_reloads(ti
     assert record["head_kinds"] == [["negated", "centring"], ["mix", "mix"]]
     assert record["laplacian_masks"] == [[False, False], [False, False]]
     model = load_model(RunDir(tmp_path / "full"))
-    assert [list(block.attn.head_kinds) for block in model.blocks] == record["head_kinds"]
+    assert [list(block.attn.heads.kinds) for block in model.blocks] == record["head_kinds"]
     assert torch.equal(model.blocks[1].attn.mix_b.detach(), a["blocks.1.attn.mix_b"])
 
 

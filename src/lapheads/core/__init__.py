@@ -12,11 +12,8 @@ from lapheads.core.heads import (
     HEAD_SPEC_PATTERN,
     HeadSpec,
     HeadSpecError,
-    format_head_mask,
-    laplacian_head_mask,
-    parse_head_kinds,
-    parse_laplacian_heads,
-    parse_spec_arms,
+    LayerHeads,
+    parse_heads,
 )
 from lapheads.core.kinds import HEAD_KINDS, KIND_COEFFICIENTS, is_plain_laplacian
 from lapheads.core.modules import LaplacianAttention, LaplacianHeadsMixin
@@ -35,12 +32,9 @@ __all__ = [
     "HeadSpecError",
     "LaplacianAttention",
     "LaplacianHeadsMixin",
-    "format_head_mask",
+    "LayerHeads",
     "is_plain_laplacian",
     "laplacian_attention",
     "laplacian_attention_reference",
-    "laplacian_head_mask",
-    "parse_head_kinds",
-    "parse_laplacian_heads",
-    "parse_spec_arms",
+    "parse_heads",
 ]

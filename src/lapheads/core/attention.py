@@ -58,8 +58,9 @@ from lapheads.core._autograd import (
     sdpa,
     training_node,
 )
-from lapheads.core.heads import HeadSpec, check_count, check_mask_tensor, kind_tuple, laplacian_head_mask
+from lapheads.core.heads import HeadSpec, HeadSpecError, check_count, check_mask_tensor
 from lapheads.core.kinds import (
+    HEAD_KINDS,
     PROJECTING_KINDS,
     exclude_own_value,
     is_kinds,
@@ -154,7 +155,7 @@ def laplacian_attention_reference(
     kinds = _check_kinds(laplacian_heads, h, mix, blend) if is_kinds(laplacian_heads) else None
     if kinds is not None:
         laplacian_heads = [kind == "laplacian" for kind in kinds]
-    mask = laplacian_head_mask(laplacian_heads, h).to(q.device)
+    mask = _host_mask(laplacian_heads, h).to(q.device)
     t, s = q.shape[-2], k.shape[-2]
     identity_matrix = None  # before the causal mask below could be folded in
     if identity != "aligned" and attn_mask is not None:
@@ -435,7 +436,9 @@ def _check_kinds(
     kinds: Sequence[str], num_heads: int, mix: tuple[Tensor, Tensor] | None, blend: float | Tensor | None
 ) -> tuple[str, ...]:
     """The op's view of given kinds: known names, (a, b) for mix heads, no blend unless all are Laplacian/ordinary."""
-    kinds = kind_tuple(kinds, num_heads)
+    kinds = tuple(kinds)
+    if len(kinds) != num_heads or any(kind not in HEAD_KINDS for kind in kinds):
+        raise HeadSpecError(f"head kinds {list(kinds)!r}; allowed: {num_heads} of {', '.join(HEAD_KINDS)}")
     if blend is not None and not is_plain_laplacian(kinds):
         raise InputError("blend applies to Laplacian heads only; allowed: blend=None with other head kinds")
     if "mix" in kinds:
@@ -443,6 +446,30 @@ def _check_kinds(
             shapes = None if mix is None else [tuple(t.shape) for t in mix]
             raise InputError(f"mix heads need mix=(a, b) of shape ({num_heads},) each; got {shapes}")
     return kinds
+
+
+def _check_flags(flags: Sequence[bool], num_heads: int) -> list[bool]:
+    """One layer's Laplacian heads given to the op as Python bools: num_heads of them."""
+    if not isinstance(flags, Sequence) or isinstance(flags, str):
+        check_count(flags, num_heads)  # neither k, a mask nor bools (True, "3", 2.0): refused with what is allowed
+    values = list(flags)
+    if len(values) != num_heads or not all(isinstance(flag, bool) for flag in values):
+        raise HeadSpecError(
+            f"laplacian_heads mask {values!r} is not {num_heads} bools; "
+            f"allowed: a bool sequence of length {num_heads} or an int from 0 to {num_heads}"
+        )
+    return values
+
+
+def _host_mask(laplacian_heads: HeadSpec, num_heads: int) -> Tensor:
+    """The op's spec for one layer (k, a bool tensor or bools) as a bool mask of shape (num_heads,)."""
+    if isinstance(laplacian_heads, Tensor):
+        check_mask_tensor(laplacian_heads, num_heads)
+        return laplacian_heads
+    if not isinstance(laplacian_heads, int) or isinstance(laplacian_heads, bool):
+        return torch.tensor(_check_flags(laplacian_heads, num_heads), dtype=torch.bool)
+    k = check_count(laplacian_heads, num_heads)
+    return torch.arange(num_heads, device="cpu") >= num_heads - k
 
 
 def _resolve_heads(
@@ -469,8 +496,7 @@ def _resolve_heads(
             return laplacian_heads.to(device), None
         mask = laplacian_heads
     else:  # a sequence of Python bools: decided on the host, compiled or not
-        laplacian_head_mask(laplacian_heads, num_heads)  # validates the length and that each item is a bool
-        flags = list(laplacian_heads)
+        flags = _check_flags(laplacian_heads, num_heads)
         if not any(flags):
             return None, None
         return torch.tensor(flags, dtype=torch.bool, device=device), head_runs_of(flags)

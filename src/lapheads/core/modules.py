@@ -16,15 +16,8 @@ from timm.layers import Attention
 from torch import Tensor
 
 from lapheads.core.attention import laplacian_attention, laplacian_attention_reference, scripted_attention
-from lapheads.core.heads import (
-    HeadSpec,
-    HeadSpecError,
-    format_head_mask,
-    kind_tuple,
-    laplacian_head_mask,
-    trailing_count,
-)
-from lapheads.core.kinds import KIND_COEFFICIENTS, PROJECTING_KINDS, is_kinds, is_plain_laplacian
+from lapheads.core.heads import HeadSpec, HeadSpecError, LayerHeads, parse_heads
+from lapheads.core.kinds import KIND_COEFFICIENTS, PROJECTING_KINDS
 
 __all__ = ["LaplacianAttention", "LaplacianHeadsMixin", "convert_attention"]
 
@@ -39,9 +32,9 @@ class LaplacianHeadsMixin:
     """
 
     # (no class-level annotation of the buffer: TorchScript would read it as an unresolvable string)
-    __jit_unused_properties__ = ["laplacian_heads_for_op", "laplacian_head_list", "num_laplacian_heads", "head_kinds"]
+    __jit_unused_properties__ = ["laplacian_heads_for_op", "heads"]
 
-    def _init_laplacian_heads(self, num_heads: int, laplacian_heads: HeadSpec, device=None) -> None:
+    def _init_laplacian_heads(self, num_heads: int, laplacian_heads: LayerHeads | HeadSpec, device=None) -> None:
         # on the factory device (timm's create_model(device="meta") puts every tensor there)
         self.register_buffer(
             "laplacian_mask", torch.zeros(num_heads, dtype=torch.bool, device=device), persistent=False
@@ -54,46 +47,42 @@ class LaplacianHeadsMixin:
         self.register_buffer("head_is_mix", torch.zeros(num_heads, dtype=torch.bool, device=device), persistent=False)
         self.set_laplacian_heads(laplacian_heads)
 
-    def set_laplacian_heads(self, laplacian_heads: HeadSpec | Sequence[str]) -> None:
+    def set_laplacian_heads(self, laplacian_heads: LayerHeads | HeadSpec | Sequence[str]) -> None:
         """Choose which heads are Laplacian (no parameters change), or give every head a kind
         (:data:`HEAD_KINDS`): "mix" heads gain their learnable (a, b) (``mix_a`` = 0, ``mix_b`` = 1: ordinary at
-        the start), "local" and "untied" heads the module's untied local term (:meth:`_make_local`)."""
+        the start), "local" and "untied" heads the module's untied local term (:meth:`_make_local`).
+
+        Args:
+            laplacian_heads: this layer's :class:`LayerHeads`, or any one-layer spec :func:`parse_heads` reads (k,
+                a bool mask, kind names, "negated:2").
+        """
         num_heads = len(self.laplacian_mask)
-        kinds = None
-        if is_kinds(laplacian_heads):
-            kinds = kind_tuple(laplacian_heads, num_heads)
-            laplacian_heads = [kind == "laplacian" for kind in kinds]
-        self._kinds = None if kinds is None or is_plain_laplacian(kinds) else kinds
+        if isinstance(laplacian_heads, Tensor) and laplacian_heads.device.type == "meta":
+            raise HeadSpecError("laplacian_heads is a meta-device tensor, which holds no values; allowed: k or a mask")
+        heads = parse_heads([laplacian_heads], [num_heads])[0]
+        self._heads = heads
+        # what forward hands the op: TorchScript-readable attributes, set once here (no per-call work):
+        # the kinds where there are others than ordinary and Laplacian heads, else an int k when the Laplacian heads
+        # are the trailing k (no device work to build a mask), else None (the on-device buffer)
+        self._kinds: tuple[str, ...] | None = None if heads.plain else heads.kinds
+        self._op_heads: int | None = heads.trailing
         device = self.laplacian_mask.device
-        if self._kinds is not None and "mix" in self._kinds:
+        if "mix" in heads.kinds:
             dtype = self._weights_dtype()  # a half-precision model's new parameters are half too
             self.mix_a = torch.nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))  # 1-D: no decay
             self.mix_b = torch.nn.Parameter(torch.ones(num_heads, device=device, dtype=dtype))
         else:
             self.mix_a = self.mix_b = None
-        kinds_of_heads = self._kinds or ()
-        self._make_local(
-            sum(kind == "local" for kind in kinds_of_heads),
-            [h for h, kind in enumerate(kinds_of_heads) if kind == "untied"],
-        )
-        mask = laplacian_head_mask(laplacian_heads, num_heads)
-        if mask.device.type != "cpu":  # a spec given as a device tensor, or built under a device context
-            mask = mask.to("cpu") if mask.device.type != "meta" else torch.zeros(len(mask), dtype=torch.bool)
-        self._laplacian_host = mask
+        self._make_local(heads.kinds.count("local"), [h for h, kind in enumerate(heads.kinds) if kind == "untied"])
         self._sync_laplacian_mask()
-        # What forward hands the op: an int k when the mask is "the trailing k heads" (no device work to build it),
-        # else the on-device buffer; either way no host-device sync per step.
-        self._op_heads: HeadSpec | None = trailing_count(mask)
 
     def _sync_laplacian_mask(self) -> None:
         device = self.laplacian_mask.device
         # A new tensor, not an in-place copy: on the meta device there is nothing to copy into.
-        self._buffers["laplacian_mask"] = (
-            self._laplacian_host.to(device, copy=True) if device.type != "meta" else self.laplacian_mask
-        )
+        self._buffers["laplacian_mask"] = self._heads.mask.to(device) if device.type != "meta" else self.laplacian_mask
         if device.type == "meta":
             return
-        kinds = self.head_kinds
+        kinds = self._heads.kinds
         self._buffers["head_coefficients"] = torch.tensor(
             [KIND_COEFFICIENTS[kind] for kind in kinds], dtype=torch.float32, device=device
         ).T.contiguous()
@@ -179,25 +168,14 @@ class LaplacianHeadsMixin:
         return out, attn
 
     @property
-    def head_kinds(self) -> tuple[str, ...]:
-        """Every head's kind (ordinary / laplacian unless other kinds were given)."""
-        if getattr(self, "_kinds", None) is not None:
-            return self._kinds
-        return tuple("laplacian" if m else "ordinary" for m in self._laplacian_host.tolist())
+    def heads(self) -> LayerHeads:
+        """This layer's heads (works on any device, meta included: the value is host truth)."""
+        return self._heads
 
     @property
     def laplacian_heads_for_op(self) -> HeadSpec:
         """The spec to hand ``laplacian_attention``: an int k for trailing heads, else the device mask."""
         return self.laplacian_mask if self._op_heads is None else self._op_heads
-
-    @property
-    def laplacian_head_list(self) -> list[bool]:
-        """The mask as Python bools (works on any device, meta included)."""
-        return self._laplacian_host.tolist()
-
-    @property
-    def num_laplacian_heads(self) -> int:
-        return int(self._laplacian_host.sum())
 
 
 class LaplacianAttention(LaplacianHeadsMixin, Attention):
@@ -321,23 +299,24 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         return self.proj_drop(out), attn
 
     def extra_repr(self) -> str:
-        if getattr(self, "_kinds", None) is not None:
-            return f"head_kinds={list(self._kinds)}"
-        return f"laplacian_heads={format_head_mask(self._laplacian_host)}"
+        if not self._heads.plain:
+            return f"head_kinds={list(self._heads.kinds)}"
+        return f"laplacian_heads={self._heads}"
 
 
 def convert_attention(
-    modules: Sequence[torch.nn.Module], laplacian_class: type, kinds_per_layer: Sequence[Sequence[str]]
+    modules: Sequence[torch.nn.Module], laplacian_class: type, heads_per_layer: Sequence[LayerHeads]
 ) -> None:
     """Turn timm attention modules of a family without ``attn_layer`` (EVA, Swin) into ``laplacian_class`` in
     place: the class gains only behaviour (the mixin's heads and the op), so parameters and state dict stay the
-    family's own; each module then gets its layer's kinds."""
-    for module, kinds in zip(modules, kinds_per_layer):
+    family's own; each module then gets its layer's heads."""
+    for module, heads in zip(modules, heads_per_layer):
         if not isinstance(module, laplacian_class):
             module.__class__ = laplacian_class
             device = next(module.parameters()).device
-            module._init_laplacian_heads(module.num_heads, [kind == "laplacian" for kind in kinds], device)
-        module.set_laplacian_heads(list(kinds))
+            module._init_laplacian_heads(module.num_heads, heads, device)
+        else:
+            module.set_laplacian_heads(heads)
 
 
 @torch.jit.ignore

@@ -307,7 +307,7 @@ def eval_dino(
         else:
             test = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False).eval
             images = torch.stack([test[i][0] for i in range(min(num_pictures, len(test)))])
-        laplacian = backbone.blocks[-1].attn.laplacian_head_list
+        laplacian = list(backbone.blocks[-1].attn.heads.flags)
         label = f"k={cfg.laplacian_heads}"
         _plot_attention(
             attention_maps(backbone, images),

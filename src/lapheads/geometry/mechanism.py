@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 
+from lapheads.core.heads import LayerHeads
 from lapheads.core.kinds import KIND_COEFFICIENTS, LOCAL_TERM_KINDS, PROJECTING_KINDS, kind_coefficients
 from lapheads.errors import InputError
 from lapheads.geometry.anova import AnovaAccumulator
@@ -152,10 +153,10 @@ def head_circuits(model: torch.nn.Module) -> list[HeadCircuits]:
             attn = block.attn
             w_v = attn.c_v.weight.view(attn.n_kv_head, attn.head_dim, -1)
             group = attn.n_head // attn.n_kv_head
-            flags = attn.laplacian_head_list
+            flags = list(attn.heads.flags)
             out.append(
                 HeadCircuits(
-                    w_v, attn.c_proj.weight, None, None, flags, list(attn.head_kinds), group, block, attn, attn.c_proj
+                    w_v, attn.c_proj.weight, None, None, flags, list(attn.heads.kinds), group, block, attn, attn.c_proj
                 )
             )
         return out
@@ -164,9 +165,9 @@ def head_circuits(model: torch.nn.Module) -> list[HeadCircuits]:
             attn = block.attn
             width = attn.qkv.weight.shape[0] // 3
             w_v = attn.qkv.weight[2 * width :].view(attn.num_heads, attn.head_dim, -1)
-            flags = list(getattr(attn, "laplacian_head_list", [False] * attn.num_heads))
+            heads = getattr(attn, "heads", LayerHeads(("ordinary",) * attn.num_heads))  # timm's own: ordinary
+            flags, kinds = list(heads.flags), list(heads.kinds)
             gamma = getattr(block.norm1, "weight", None)
-            kinds = list(getattr(attn, "head_kinds", ["laplacian" if f else "ordinary" for f in flags]))
             out.append(
                 HeadCircuits(w_v, attn.proj.weight, gamma, _layer_scale(block), flags, kinds, 1, block, attn, attn.proj)
             )

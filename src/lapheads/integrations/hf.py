@@ -45,8 +45,7 @@ from torch import nn
 from lapheads.core.attention import laplacian_attention, laplacian_attention_reference
 from lapheads.core.convert import INITS, BlendSchedule, init_heads, set_blend
 from lapheads.core.convert import attention_modules as _named_attention_modules
-from lapheads.core.heads import HeadSpecError, parse_head_kinds, trailing_count
-from lapheads.core.kinds import is_plain_laplacian
+from lapheads.core.heads import HeadSpecError, LayerHeads, parse_heads
 from lapheads.errors import InputError
 
 __all__ = ["BlendSchedule", "NAME", "attention_modules", "enable", "from_pretrained", "register", "set_blend"]
@@ -72,59 +71,46 @@ def _note_cross_attention(module: nn.Module, args, kwargs) -> None:
     module.laplacian_cross = any(kwargs.get(name) is not None for name in _CROSS_INPUTS)
 
 
-def _layer_heads(module: nn.Module, num_heads: int, device: torch.device) -> int | torch.Tensor | None:
-    """The spec the op gets for this layer, as the timm module hands it: k when the Laplacian heads are the trailing
-    k (no device work per call, and the op's one-node path on every device), else the device mask; None for a
-    model without Laplacian heads."""
-    mask = getattr(module, "laplacian_mask", None)
-    if mask is None:  # loaded with plain from_pretrained after import lapheads.integrations.hf: read the config
-        spec, layer = config_masks(module.config), getattr(module, "layer_idx", None)
-        if spec is None:
+def _layer_heads(module: nn.Module, num_heads: int) -> LayerHeads | None:
+    """The layer's heads: those ``enable`` gave it, else (a model loaded with plain from_pretrained after import
+    lapheads.integrations.hf) read once from its config; None for a model without Laplacian heads."""
+    heads = getattr(module, "laplacian_heads", None)
+    if heads is None:
+        config = getattr(module, "config", None)
+        masks, kinds = config_masks(config), getattr(config, "laplacian_head_kinds", None)
+        if masks is None and kinds is None:
             return None
+        layer = getattr(module, "layer_idx", None)
         if layer is None:
             raise InputError(
                 f"{type(module).__name__} has no layer_idx to find its Laplacian heads; allowed: load "
                 "with lapheads.integrations.hf.from_pretrained (or call lapheads.integrations.hf.enable)"
             )
-        mask = torch.tensor(spec[layer], dtype=torch.bool)
-        _set_layer_mask(module, mask, mask.device)
-        blend = getattr(module.config, "laplacian_blend", None)
+        heads = LayerHeads(tuple(kinds[layer])) if kinds is not None else LayerHeads.of_flags(masks[layer])
+        if "mix" in heads.kinds and getattr(module, "mix_a", None) is None:
+            raise InputError(
+                f"{type(module).__name__} has mix heads whose (a, b) are weights a plain from_pretrained does "
+                "not load; allowed: lapheads.hf.from_pretrained(model_class, path)"
+            )
+        _set_layer_heads(module, heads, next(module.parameters()).device)
+        blend = getattr(config, "laplacian_blend", None)
         if blend is not None and getattr(module, "laplacian_blend", None) is None:  # saved mid-schedule
             module.register_buffer("laplacian_blend", torch.tensor(float(blend)), persistent=False)
-    if mask.shape != (num_heads,):
-        raise InputError(
-            f"{type(module).__name__} has {num_heads} query heads but a Laplacian mask of {tuple(mask.shape)}"
-        )
-    trailing = getattr(module, "laplacian_trailing", None)
-    return trailing if trailing is not None else mask.to(device)
+    if heads.num_heads != num_heads:
+        raise InputError(f"{type(module).__name__} has {num_heads} query heads but {heads.num_heads} head kinds")
+    return heads
 
 
-def _set_layer_mask(module: nn.Module, mask: torch.Tensor, device: torch.device) -> None:
-    """Give a layer its host mask as a non-persistent buffer on ``device`` and, read once on the host, its k."""
-    module.register_buffer("laplacian_mask", mask.to(device), persistent=False)
-    module.laplacian_trailing = trailing_count(mask)
+def _set_layer_heads(module: nn.Module, heads: LayerHeads, device: torch.device) -> None:
+    """Give a layer its heads (host truth) and their Laplacian mask as a non-persistent buffer on ``device`` (what
+    the op gets where the Laplacian heads are not the trailing k)."""
+    module.laplacian_heads = heads
+    module.register_buffer("laplacian_mask", heads.mask.to(device), persistent=False)
 
 
 #: the head kinds a Hugging Face model can run: "local" and "untied" need the layer's input tokens (W_O' W_V' x),
 #: which transformers' attention interface does not pass
 HF_KINDS = ("ordinary", "laplacian", "negated", "sum", "centring", "exclusive", "mix")
-
-
-def _layer_kinds(module: nn.Module) -> tuple[str, ...] | None:
-    """The layer's head kinds when they are more than ordinary and Laplacian heads (None otherwise)."""
-    kinds = getattr(module, "laplacian_kinds", None)
-    if kinds is None and getattr(module, "laplacian_kinds_checked", False) is False:
-        config, layer = getattr(module, "config", None), getattr(module, "layer_idx", None)
-        spec = getattr(config, "laplacian_head_kinds", None)
-        module.laplacian_kinds_checked = True
-        if spec is not None and layer is not None:
-            kinds = module.laplacian_kinds = tuple(spec[layer])
-            if "mix" in kinds and getattr(module, "mix_a", None) is None:
-                raise InputError(
-                    f"{type(module).__name__} has mix heads whose (a, b) are weights a plain from_pretrained does "
-                    "not load; allowed: lapheads.hf.from_pretrained(model_class, path)"
-                )
-    return kinds
 
 
 @functools.cache
@@ -182,17 +168,20 @@ def lapheads_attention(
     causal = bool((causal_module if is_causal is None else is_causal) and attention_mask is None and t > 1)
     if causal and key.shape[2] > t:  # an empty static cache's prefill: the keys so far are the first T slots
         key, value = key[:, :, :t], value[:, :, :t]
-    heads = _layer_heads(module, query.shape[1], query.device)
-    kinds = _layer_kinds(module)
-    if getattr(module, "laplacian_cross", False) and (kinds is not None or _has_laplacian(heads)):
+    heads = _layer_heads(module, query.shape[1])
+    if getattr(module, "laplacian_cross", False) and heads is not None and (heads.num_laplacian or not heads.plain):
         raise InputError(
             f"{type(module).__name__} is cross-attention here (queries and keys from different sequences), where "
             "I - P has no meaning; allowed: Laplacian heads in self-attention only (a per-layer laplacian_heads "
             "with 0 at the cross-attention layers)"
         )
-    mix = None
-    if kinds is not None:  # other head kinds than ordinary / Laplacian: the op takes the kinds themselves
-        heads, mix = list(kinds), (module.mix_a, module.mix_b) if "mix" in kinds else None
+    # what the op gets, as the timm module hands it: k when the Laplacian heads are the trailing k (no device work
+    # per call, and the op's one-node path on every device), else the device mask; other kinds as themselves
+    spec, mix = 0, None
+    if heads is not None and not heads.plain:
+        spec, mix = list(heads.kinds), (module.mix_a, module.mix_b) if "mix" in heads.kinds else None
+    elif heads is not None:
+        spec = heads.trailing if heads.trailing is not None else module.laplacian_mask.to(query.device)
     identity = "filled" if attention_mask is not None else "aligned"
     options = dict(
         attn_mask=attention_mask,
@@ -205,11 +194,9 @@ def lapheads_attention(
     )
     weights = None
     if _maps_wanted(kwargs) or kwargs.get("_lapheads_textbook"):  # the textbook path materialises P for maps
-        out, weights = laplacian_attention_reference(
-            query, key, value, heads if heads is not None else 0, return_attn=True, **options
-        )
+        out, weights = laplacian_attention_reference(query, key, value, spec, return_attn=True, **options)
     else:
-        out = laplacian_attention(query, key, value, heads if heads is not None else 0, **options)
+        out = laplacian_attention(query, key, value, spec, **options)
     return out.transpose(1, 2).contiguous(), weights
 
 
@@ -348,8 +335,8 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
 
     Args:
         model: a transformers ``PreTrainedModel`` whose attention goes through the attention interface.
-        laplacian_heads: any spec :func:`lapheads.core.heads.parse_head_kinds` reads (k, "0,2,2,0", per-layer
-            masks, head kinds but local).
+        laplacian_heads: any spec :func:`lapheads.core.heads.parse_heads` reads (k, "0,2,2,0", per-layer
+            masks, head kinds but local and untied).
         init: "switch", "signflip" or "blend" (see the module docstring).
 
     Returns:
@@ -373,21 +360,18 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
             "is not supported by lapheads)"
         )
     num_heads = _num_heads(model)
-    layers = parse_head_kinds(laplacian_heads, num_heads, len(modules))
-    masks = [torch.tensor([kind == "laplacian" for kind in kinds]) for kinds in layers]
-    other = sorted({kind for kinds in layers for kind in kinds} - set(HF_KINDS))
+    layers = parse_heads(laplacian_heads, [num_heads] * len(modules))
+    other = sorted({kind for heads in layers for kind in heads.kinds} - set(HF_KINDS))
     if other:
         raise HeadSpecError(
             f"laplacian_heads={laplacian_heads!r}: kind {other[0]!r} needs the layer's input tokens, which "
             f"transformers' attention interface does not pass; allowed in Hugging Face models: {', '.join(HF_KINDS)}"
         )
-    plain = all(is_plain_laplacian(kinds) for kinds in layers)
+    plain = all(heads.plain for heads in layers)
     if not plain and init != "switch":
         raise InputError(f"init={init!r} converts Laplacian heads only; allowed with other head kinds: 'switch'")
-    for module, kinds in zip(modules, layers):
-        module.laplacian_kinds = None if plain else tuple(kinds)
-        module.laplacian_kinds_checked = True
-        if not plain and "mix" in kinds and getattr(module, "mix_a", None) is None:
+    for module, heads in zip(modules, layers):
+        if "mix" in heads.kinds and getattr(module, "mix_a", None) is None:
             weight = next(module.parameters())  # the model's device and dtype (an fp16 model keeps fp16 (a, b))
             like = {"device": weight.device, "dtype": weight.dtype}
             module.mix_a = nn.Parameter(torch.zeros(num_heads, **like))  # a = 0, b = 1: ordinary at the start
@@ -396,13 +380,13 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
         if hasattr(model.config, "laplacian_head_kinds"):
             del model.config.laplacian_head_kinds
     else:
-        model.config.laplacian_head_kinds = [list(kinds) for kinds in layers]
-    for module, mask in zip(modules, masks):
+        model.config.laplacian_head_kinds = [list(heads.kinds) for heads in layers]
+    for module, heads in zip(modules, layers):
         device = next(module.parameters()).device
-        _set_layer_mask(module, mask, device)
+        _set_layer_heads(module, heads, device)
         head_dim = getattr(module, "head_dim", None) or model.config.hidden_size // num_heads
-        init_heads(module, mask.to(device), init, lambda head, m=module: _output_columns(m, model, head, head_dim))
-    model.config.laplacian_heads = [m.tolist() for m in masks]
+        init_heads(module, heads.mask.to(device), init, lambda h, m=module: _output_columns(m, model, h, head_dim))
+    model.config.laplacian_heads = [list(heads.flags) for heads in layers]
     if init == "blend":
         model.config.laplacian_blend = 0.0  # the schedule's lambda, saved with the model (set_blend updates it)
     elif hasattr(model.config, "laplacian_blend"):
@@ -415,10 +399,6 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
             module.register_forward_pre_hook(_note_cross_attention, with_kwargs=True)
             module.laplacian_cross = False
     return model
-
-
-def _has_laplacian(heads: int | torch.Tensor | None) -> bool:
-    return bool(heads.any()) if isinstance(heads, torch.Tensor) else bool(heads)
 
 
 def _check_the_interface_is_used(module: nn.Module) -> None:

@@ -17,7 +17,7 @@ from timm.layers import apply_rot_embed_cat
 from timm.models import generate_default_cfgs, register_model
 from timm.models.eva import Eva, EvaAttention
 
-from lapheads.core.heads import parse_head_kinds
+from lapheads.core.heads import parse_heads
 from lapheads.core.modules import LaplacianHeadsMixin, convert_attention
 from lapheads.models.registry import converted_entry, untrained_cfg
 
@@ -72,9 +72,7 @@ def convert_eva(model: Eva, laplacian_heads: object) -> Eva:
     """Give every attention layer of a timm ``Eva`` model its heads (any spec the one parser reads, per layer too;
     "local" heads need an untied projection EVA does not have and are refused in one line)."""
     layers = [m for m in model.modules() if isinstance(m, EvaAttention)]
-    convert_attention(
-        layers, LaplacianEvaAttention, parse_head_kinds(laplacian_heads, layers[0].num_heads, len(layers))
-    )
+    convert_attention(layers, LaplacianEvaAttention, parse_heads(laplacian_heads, [m.num_heads for m in layers]))
     return model
 
 

@@ -46,7 +46,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lapheads.core.attention import laplacian_attention
-from lapheads.core.heads import HeadSpecError, parse_head_kinds
+from lapheads.core.heads import HeadSpecError, LayerHeads, parse_heads
 from lapheads.core.modules import LaplacianHeadsMixin
 from lapheads.errors import InputError
 from lapheads.hardware import check_fits
@@ -290,7 +290,7 @@ def sliding_window_mask(t: int, s: int, window: int, device: torch.device) -> to
 
 
 class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
-    def __init__(self, config: GPTConfig, layer_idx: int, laplacian_mask) -> None:
+    def __init__(self, config: GPTConfig, layer_idx: int, heads: LayerHeads) -> None:
         super().__init__()
         self.local_v = self.local_o = None
         self.layer_idx = layer_idx
@@ -307,7 +307,7 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
         )
         # a non-persistent buffer (nanochat checkpoints load unchanged; the spec lives in the config) that
         # survives meta-device builds and to_empty (LaplacianHeadsMixin)
-        self._init_laplacian_heads(self.n_head, laplacian_mask)
+        self._init_laplacian_heads(self.n_head, heads)
 
     def _make_local(self, num_local: int, untied_heads: list[int]) -> None:
         """ "local" heads: their own value and output weights (W_V', W_O'), untied from c_v and c_proj; init_weights
@@ -372,9 +372,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, layer_idx: int, laplacian_mask: torch.Tensor) -> None:
+    def __init__(self, config: GPTConfig, layer_idx: int, heads: LayerHeads) -> None:
         super().__init__()
-        self.attn = CausalSelfAttention(config, layer_idx, laplacian_mask)
+        self.attn = CausalSelfAttention(config, layer_idx, heads)
         self.mlp = MLP(config)
 
     def forward(
@@ -435,12 +435,12 @@ class GPT(nn.Module):
                 f"{config.sequence_len}): ~{config.estimated_params():,} parameters",
                 config.estimated_bytes(),  # fp32 weights and rotary tables; training: lapheads.train.lm checks it
             )
-        masks = parse_head_kinds(config.laplacian_heads, num_heads=config.n_head, num_layers=config.depth)
+        heads = parse_heads(config.laplacian_heads, [config.n_head] * config.depth)
         vocab, width = config.padded_vocab_size, config.n_embd
         self.transformer = nn.ModuleDict(
             {
                 "wte": nn.Embedding(vocab, width),
-                "h": nn.ModuleList([Block(config, i, masks[i]) for i in range(config.depth)]),
+                "h": nn.ModuleList([Block(config, i, heads[i]) for i in range(config.depth)]),
             }
         )
         self.norm = RMSNorm()
@@ -465,22 +465,19 @@ class GPT(nn.Module):
         return self.transformer["h"]
 
     def head_kinds(self) -> list[list[str]]:
-        """Each layer's head kinds (from the config, so it works on the meta device too)."""
-        kinds = parse_head_kinds(
-            self.config.laplacian_heads, num_heads=self.config.n_head, num_layers=self.config.depth
-        )
-        return [list(layer) for layer in kinds]
+        """Each layer's head kinds, for records and config.json (host truth: works on the meta device too)."""
+        return [list(block.attn.heads.kinds) for block in self.blocks]
 
     def laplacian_masks(self) -> list[list[bool]]:
-        """Each layer's Laplacian head mask (from the config, so it works on the meta device too)."""
-        return [[kind == "laplacian" for kind in layer] for layer in self.head_kinds()]
+        """Each layer's Laplacian head mask, for records and config.json."""
+        return [list(block.attn.heads.flags) for block in self.blocks]
 
     def constructor_kwargs(self) -> dict[str, Any]:
         """``GPT(GPTConfig(**kwargs))`` rebuilds this model: every config field, the heads as explicit masks (or, with
         other head kinds, as each layer's kinds)."""
-        kinds = self.head_kinds()
-        plain = all(kind in ("ordinary", "laplacian") for layer in kinds for kind in layer)
-        return dict(self.config.to_dict(), laplacian_heads=self.laplacian_masks() if plain else kinds)
+        plain = all(block.attn.heads.plain for block in self.blocks)
+        heads = self.laplacian_masks() if plain else self.head_kinds()
+        return dict(self.config.to_dict(), laplacian_heads=heads)
 
     def _rotary(self, seq_len: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         head_dim = self.config.n_embd // self.config.n_head

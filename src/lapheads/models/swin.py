@@ -5,7 +5,7 @@ timm's ``SwinTransformer`` takes no ``attn_layer`` argument, so :func:`convert_s
 timm's weights are the plain model's). Each window is one sequence: a Laplacian head outputs V - P V within its
 window, with P from the relative-position bias and the shifted-window mask as an additive mask (timm's fused path).
 Stages have different head counts, so a spec is read per layer against that layer's heads
-(``parse_head_kinds_per_layer``): an int k makes the trailing k heads of every layer Laplacian.
+(``parse_heads``, each layer against its own head count): an int k makes the trailing k heads of every layer Laplacian.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from timm.models import generate_default_cfgs, register_model
 from timm.models.swin_transformer import SwinTransformer, WindowAttention
 
-from lapheads.core.heads import parse_head_kinds_per_layer
+from lapheads.core.heads import parse_heads
 from lapheads.core.modules import LaplacianHeadsMixin, convert_attention
 from lapheads.models.registry import converted_entry, untrained_cfg
 
@@ -43,9 +43,7 @@ def convert_swin(model: SwinTransformer, laplacian_heads: object) -> SwinTransfo
     """Give every window-attention layer of a timm ``SwinTransformer`` its heads (any spec the one parser reads,
     per layer against that layer's head count; "local" heads are refused in one line)."""
     layers = [m for m in model.modules() if isinstance(m, WindowAttention)]
-    convert_attention(
-        layers, LaplacianWindowAttention, parse_head_kinds_per_layer(laplacian_heads, [m.num_heads for m in layers])
-    )
+    convert_attention(layers, LaplacianWindowAttention, parse_heads(laplacian_heads, [m.num_heads for m in layers]))
     return model
 
 

@@ -25,7 +25,7 @@ from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import VisionTransformer
 
 from lapheads.core.convert import init_heads
-from lapheads.core.heads import parse_head_kinds
+from lapheads.core.heads import parse_heads
 from lapheads.core.modules import LaplacianAttention, LaplacianHeadsMixin
 from lapheads.errors import InputError
 from lapheads.hardware import check_fits
@@ -44,20 +44,19 @@ def set_laplacian_heads(model: torch.nn.Module, laplacian_heads: object) -> list
     layers = [m for m in model.modules() if isinstance(m, LaplacianAttention)]
     if not layers:
         raise InputError(f"{type(model).__name__} has no LaplacianAttention layers; build it with create_vit")
-    kinds = parse_head_kinds(laplacian_heads, num_heads=layers[0].num_heads, num_layers=len(layers))
-    for layer, layer_kinds in zip(layers, kinds):
-        layer.set_laplacian_heads(layer_kinds)
-    return [layer._laplacian_host.clone() for layer in layers]  # the host truth: meta-device builds too
+    for layer, heads in zip(layers, parse_heads(laplacian_heads, [m.num_heads for m in layers])):
+        layer.set_laplacian_heads(heads)
+    return [layer.heads.mask for layer in layers]  # the host truth: meta-device builds too
 
 
 def vit_head_kinds(model: torch.nn.Module) -> list[list[str]]:
     """Each attention layer's head kinds, for config.json."""
-    return [list(m.head_kinds) for m in model.modules() if isinstance(m, LaplacianAttention)]
+    return [list(m.heads.kinds) for m in model.modules() if isinstance(m, LaplacianAttention)]
 
 
 def vit_laplacian_masks(model: torch.nn.Module) -> list[list[bool]]:
     """Each attention layer's Laplacian mask, for configs and plots."""
-    return [m.laplacian_head_list for m in model.modules() if isinstance(m, LaplacianAttention)]
+    return [list(m.heads.flags) for m in model.modules() if isinstance(m, LaplacianAttention)]
 
 
 def create_vit(

@@ -26,8 +26,11 @@ ARM_SETTING = "+"
 
 
 def arm_parts(arm: str) -> tuple[str, dict[str, str]]:
-    """(head spec, settings) of an arm: "0+within_seq_penalty=0.5" -> ("0", {"within_seq_penalty": "0.5"})."""
-    spec, *items = arm.split(ARM_SETTING)
+    """(head spec, settings) of an arm: "0+within_seq_penalty=0.5" -> ("0", {"within_seq_penalty": "0.5"}). The
+    settings start at the first "+" item with a "=": a spec's own "+" ("laplacian:1+local:1") stays in the spec."""
+    parts = arm.split(ARM_SETTING)
+    first = next((i for i, part in enumerate(parts) if "=" in part), len(parts))
+    spec, items = ARM_SETTING.join(parts[:first]), parts[first:]
     settings: dict[str, str] = {}
     for item in items:
         key, eq, value = item.partition("=")

@@ -35,12 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lapheads.core.heads import HEAD_SPEC_PATTERN, HeadSpecError, parse_spec_arms
+from lapheads.core.heads import HEAD_SPEC_PATTERN
 from lapheads.distributed import Interrupted, StoppedError
 from lapheads.io import json_loads, sole_owner
 from lapheads.runs import SWEEP_FILE, SweepError
 from lapheads.runs.layout import RECORDS_LOCK, SWEEP_LOCK
-from lapheads.runs.sweep import ARM_SETTING, arm_parts
+from lapheads.runs.sweep import arm_parts
 from lapheads.study.cells import Cell, CellRecorder, CellStatus, SweepDefinition, train_argv, train_cell
 from lapheads.study.records import RECORD_MAX_TOKENS, Plan, holds_analysis
 
@@ -48,19 +48,18 @@ __all__ = ["SweepOptions", "define_sweep", "parse_seeds", "parse_specs", "run_sw
 
 
 def parse_specs(text: str) -> list[str]:
-    """A sweep's arms (``--laplacian-heads``), split by the one head-spec parser (``core.heads.parse_spec_arms``);
-    an arm may add training settings after its spec ("0;0+within_seq_penalty=0.5": ``runs.sweep.arm_parts``)."""
-    if ARM_SETTING not in text:
-        try:
-            return parse_spec_arms(text)
-        except HeadSpecError as err:
-            raise SweepError(str(err)) from None
-    arms = [item.strip() for item in text.split(";")]
+    """A sweep's arms (``--laplacian-heads``), each one written head spec (``core.heads.HEAD_SPEC_PATTERN``):
+    "0,1,3,6" -> ["0", "1", "3", "6"]; per-layer specs and kinds need ";" ("0;2,2,0,0", "0;3;negated:3;mix"); an arm
+    may add training settings after its spec ("0;0+within_seq_penalty=0.5": ``runs.sweep.arm_parts``)."""
+    plain_ks = re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", text) is not None
+    arms = [item.strip() for item in (text.split(";") if ";" in text or not plain_ks else text.split(","))]
     for arm in arms:
         spec, _ = arm_parts(arm)
         if not HEAD_SPEC_PATTERN.fullmatch(spec):
             raise SweepError(
-                f"arm {arm!r}: head spec {spec!r}; allowed: a spec like 3, 0,2,2,0 or sum:3, then settings"
+                f"malformed --laplacian-heads {text!r} (arm {arm!r}); allowed: k values like 0,1,3,6, or specs "
+                "separated by ';' like 0;2,2,0,0 or 0;3;negated:3;mix (head kinds), each optionally followed by "
+                "settings (0+within_seq_penalty=0.5)"
             )
     if len(set(arms)) < len(arms):
         raise SweepError(f"--laplacian-heads {text!r} repeats an arm")

@@ -74,18 +74,14 @@ def _load_base(cfg: ChatTrainConfig, device: torch.device) -> tuple[GPT, Tokeniz
         record, model, tokenizer = load_gpt_run(cfg.base, str(device.type))
         source = {"base_run": str(Path(cfg.base).resolve()), "base_task": record["task"]}
     if cfg.laplacian_heads:
-        from lapheads.core.heads import parse_laplacian_heads
+        from lapheads.core.heads import parse_heads
 
-        c = model.config
-        wanted = [
-            m.tolist() if hasattr(m, "tolist") else list(m)
-            for m in parse_laplacian_heads(cfg.laplacian_heads, c.n_head, c.depth)
-        ]
-        if wanted != model.laplacian_masks():
+        wanted = parse_heads(cfg.laplacian_heads, [model.config.n_head] * model.config.depth)
+        if [list(heads.kinds) for heads in wanted] != model.head_kinds():
+            base = model.laplacian_masks() if all(b.attn.heads.plain for b in model.blocks) else model.head_kinds()
             raise ConfigError(
-                f"--laplacian-heads {cfg.laplacian_heads!r} differs from the base's heads "
-                f"{model.laplacian_masks()}; allowed: the base's spec, or leave it out (a base's "
-                "heads cannot change during fine-tuning)"
+                f"--laplacian-heads {cfg.laplacian_heads!r} differs from the base's heads {base}; allowed: the "
+                "base's spec, or leave it out (a base's heads cannot change during fine-tuning)"
             )
     return model.to(device).train(), tokenizer, source
 
