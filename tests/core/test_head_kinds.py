@@ -121,6 +121,16 @@ def test_the_one_parser_reads_kinds_and_counts(spec, expected):
     assert [heads.plain for heads in layers] == [all(k in ("ordinary", "laplacian") for k in e) for e in expected]
 
 
+@pytest.mark.parametrize("spec", ["2", "ordinary/laplacian/ordinary/laplacian", "negated:1+laplacian:1", "exclusive"])
+def test_the_op_takes_a_layers_parsed_heads_as_it_takes_their_written_form(spec):
+    q, k, v = _qkv()
+    heads = parse_heads(spec, [4])[0]
+    written = list(heads.kinds)
+    for op in (laplacian_attention, laplacian_attention_reference):
+        torch.testing.assert_close(op(q, k, v, heads, is_causal=True), op(q, k, v, written, is_causal=True))
+    assert heads.op_spec == (2 if spec == "2" else heads.kinds)  # trailing heads: k, the op's one-node path
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [

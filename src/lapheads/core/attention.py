@@ -58,7 +58,7 @@ from lapheads.core._autograd import (
     sdpa,
     training_node,
 )
-from lapheads.core.heads import HeadSpec, HeadSpecError, check_count, check_mask_tensor
+from lapheads.core.heads import HeadSpec, HeadSpecError, LayerHeads, check_count, check_mask_tensor
 from lapheads.core.kinds import (
     HEAD_KINDS,
     PROJECTING_KINDS,
@@ -99,9 +99,9 @@ def laplacian_attention(
         q: queries (B, H, T, D).
         k: keys (B, Hkv, S, D) with H % Hkv == 0 (GQA/MQA when Hkv < H).
         v: values (B, Hkv, S, D).
-        laplacian_heads: int k (the trailing k heads are Laplacian), a bool mask of length H, or H head kinds
+        laplacian_heads: int k (the trailing k heads are Laplacian), a bool mask of length H, H head kinds
             (:data:`lapheads.core.kinds.HEAD_KINDS`; a "local" head is ordinary here and an "untied" one negated:
-            their module adds the untied local term).
+            their module adds the untied local term), or a layer's ``LayerHeads`` (``lapheads.parse_heads``).
         attn_mask: optional bool (True = attend) or additive float mask broadcastable to (B, H, T, S).
         is_causal: causal attention; when T < S the queries are the last T positions (KV cache).
         dropout_p: attention dropout on P, so Laplacian heads compute (I - drop(P)) V.
@@ -152,6 +152,8 @@ def laplacian_attention_reference(
     """
     h, hkv = _check_qkv(q, k, v)
     _check_options(q, k, attn_mask, is_causal, dropout_p, identity, blend)
+    if isinstance(laplacian_heads, LayerHeads):
+        laplacian_heads = laplacian_heads.op_spec
     kinds = _check_kinds(laplacian_heads, h, mix, blend) if is_kinds(laplacian_heads) else None
     if kinds is not None:
         laplacian_heads = [kind == "laplacian" for kind in kinds]
@@ -242,6 +244,8 @@ def _prepare(
         identity = "aligned"  # (transformers passes "filled") takes the one-node training path too
     elif is_causal:  # a KV cache: the causal mask aligned bottom-right; one query sees every key
         attn_mask, is_causal = (None, False) if t == 1 else (_causal_mask(t, s, q.device), False)
+    if isinstance(laplacian_heads, LayerHeads):  # a layer's parsed heads: k, or its kinds
+        laplacian_heads = laplacian_heads.op_spec
     if is_kinds(laplacian_heads):
         kinds = _check_kinds(laplacian_heads, h, mix, blend)
         if not is_plain_laplacian(kinds):

@@ -41,10 +41,6 @@ __all__ = [
     "parse_heads",
 ]
 
-#: What the op's ``laplacian_heads`` accepts for one layer: k trailing Laplacian heads, a bool mask of length
-#: num_heads (a sequence or a tensor), or one kind per head (:data:`HEAD_KINDS`).
-HeadSpec = Union[int, Sequence[bool], Sequence[str], Tensor]
-
 
 class HeadSpecError(LapheadsError, ValueError):
     """A Laplacian-head spec that cannot be applied; the message names the value and what is allowed."""
@@ -103,12 +99,23 @@ class LayerHeads:
         k = self.num_laplacian
         return k if self.plain and all(self.flags[self.num_heads - k :]) else None
 
+    @property
+    def op_spec(self) -> int | tuple[str, ...]:
+        """What the op reads for this layer with no device work: k where the Laplacian heads are the trailing k, else
+        the kinds (a module that runs scattered Laplacian heads on a GPU hands the op its device mask instead)."""
+        return self.trailing if self.trailing is not None else self.kinds
+
     def __str__(self) -> str:
         """``'3/6 Laplacian: [3, 4, 5]'``, or the kinds where there are others."""
         if not self.plain:
             return f"head kinds {list(self.kinds)}"
         laplacian = [h for h, flag in enumerate(self.flags) if flag]
         return f"{len(laplacian)}/{self.num_heads} Laplacian: {laplacian}"
+
+
+#: What the op's ``laplacian_heads`` accepts for one layer: k trailing Laplacian heads, a bool mask of length
+#: num_heads (a sequence or a tensor), one kind per head (:data:`HEAD_KINDS`), or the layer's :class:`LayerHeads`.
+HeadSpec = Union[int, Sequence[bool], Sequence[str], Tensor, LayerHeads]
 
 
 def check_count(k: object, num_heads: int, where: str = "") -> int:
