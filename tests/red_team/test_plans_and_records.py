@@ -85,9 +85,9 @@ def test_the_plans_alpha_is_the_alpha_every_row_faces():
         return rule, rows["3"]
 
     rule, row = judged(0.05)
-    assert 0.01 < row["paired"]["p"] < 0.05 and row["verdict"] == "held" and rule["alpha"] == 0.05
+    assert 0.01 < row.paired["p"] < 0.05 and row.verdict == "held" and rule["alpha"] == 0.05
     rule, row = judged(0.01)  # the same data under a plan's stricter alpha: no longer held
-    assert rule["alpha"] == 0.01 and row["alpha"] == 0.01 and row["verdict"].startswith("not detected")
+    assert rule["alpha"] == 0.01 and row.judgement.alpha == 0.01 and row.verdict.startswith("not detected")
 
 
 def _records(tmp_path: Path) -> Path:

@@ -304,8 +304,8 @@ def test_statistics_match_scipy_on_hand_made_results():
     assert ours["t"] == pytest.approx(theirs.statistic) and ours["p"] == pytest.approx(theirs.pvalue)
     assert ours["df"] == pytest.approx(theirs.df)
     summary = summarize({"0": dict(enumerate(b)), "3": dict(enumerate(a))})
-    assert summary["3"]["mean"] == pytest.approx(np.mean(a)) and summary["3"]["std"] == pytest.approx(np.std(a, ddof=1))
-    assert summary["3"]["welch"]["p"] == pytest.approx(theirs.pvalue) and summary["0"]["n"] == 3
+    assert summary["3"].mean == pytest.approx(np.mean(a)) and summary["3"].std == pytest.approx(np.std(a, ddof=1))
+    assert summary["3"].welch["p"] == pytest.approx(theirs.pvalue) and summary["0"].n == 3
 
 
 def test_paired_statistics_match_scipy_on_fixed_numbers():
@@ -358,9 +358,9 @@ def test_a_sweep_with_one_pair_so_far_reports_it_untested_without_nan():
     top1 = judged({"0": {0: 80.0, 1: 81.0, 2: 80.5}, "3": {0: 82.0, 1: 83.1, 2: 82.4}}, cosine)
     # the primary test stands alone: raw p at alpha 0.05, whatever else shares the table
     assert (
-        top1["role"] == "primary" and top1["alpha"] == 0.05 and top1["paired"]["p"] < 0.05 and top1["verdict"] == "held"
-    )
-    assert cosine["token cosine similarity (last block)"]["3"]["verdict"] == "no claim"
+        top1.judgement.role == "primary" and top1.judgement.alpha == 0.05 and top1.paired["p"] < 0.05
+    ) and top1.verdict == "held"
+    assert cosine["token cosine similarity (last block)"]["3"].verdict == "no claim"
 
 
 def test_report_restates_a_stats_json_with_todays_statistics(tmp_path, capsys):
@@ -493,14 +493,16 @@ def test_diffusion_scores_are_tested_against_zero_with_holm_across_the_section()
     assert list(family)[-1].startswith("diffusion score, ordinary")  # Laplacian rows first
     mean = family["diffusion score, Laplacian heads (mean over blocks)"]["2"]
     expected = stats.ttest_1samp([0.12, 0.15, 0.10], 0.0)
-    assert mean["paired"]["p"] == pytest.approx(expected.pvalue) and mean["mean"] == pytest.approx(0.37 / 3)
+    assert mean.paired["p"] == pytest.approx(expected.pvalue) and mean.mean == pytest.approx(0.37 / 3)
     raw = [expected.pvalue, stats.ttest_1samp([0.01, -0.02, 0.02], 0.0).pvalue]
-    assert mean["p_holm"] == pytest.approx(holm({"a": raw[0], "b": raw[1]})["a"])
-    assert mean["verdict"] == ("held" if mean["p_holm"] < 0.05 else f"not detected (MDE {mean['mde_at_alpha']:.3g})")
+    tested = mean.zero_test
+    assert tested.p_holm == pytest.approx(holm({"a": raw[0], "b": raw[1]})["a"])
+    assert mean.verdict == ("held" if tested.p_holm < 0.05 else f"not detected (MDE {tested.mde_at_alpha:.3g})")
     # the MDE is stated at the alpha of the row's Holm step (two rows: alpha / 2 for the smaller p)
-    assert mean["alpha"] == pytest.approx(0.05 / 2 if raw[0] < raw[1] else 0.05)
-    assert family["diffusion score, Laplacian heads (block 1)"]["2"]["verdict"].startswith("not detected")
-    assert family["diffusion score, ordinary heads (mean over blocks)"]["0"]["verdict"] == "no claim"
+    assert tested.alpha == pytest.approx(0.05 / 2 if raw[0] < raw[1] else 0.05)
+    assert family["diffusion score, Laplacian heads (block 1)"]["2"].verdict.startswith("not detected")
+    assert family["diffusion score, ordinary heads (mean over blocks)"]["0"].verdict == "no claim"
+    assert list(mean.to_json())[-4:] == ["p_holm", "alpha", "mde_at_alpha", "verdict"]  # mechanism.json's row
     assert "0" not in family["diffusion score, Laplacian heads (mean over blocks)"]
 
 
@@ -632,7 +634,7 @@ def test_changed_heads_are_compared_with_their_k0_twins_head_by_head_and_seed_by
     assert not any(label.startswith("P-aware") for label in mechanism)  # no tau measured: no row
     label = "within-sequence fraction drop, Laplacian heads minus their k = 0 twins"
     row = diffusion_against_zero({label: laplacian})[label]["1"]
-    assert row["verdict"] == "not decided (2 seed pairs; a verdict needs 3)"
+    assert row.verdict == "not decided (2 seed pairs; a verdict needs 3)"
 
 
 def test_an_arm_in_an_override_is_spelled_as_its_cell_folder():

@@ -121,21 +121,28 @@ def test_the_primary_is_holm_corrected_across_arms_and_the_declared_family_spans
     claims = {**dict.fromkeys(primary, +1), **dict.fromkeys(declared, -1), "token cosine similarity (last block)": None}
     rule = apply_rule(primary, {**declared, **secondary}, claims)
     top = primary["test top-1 (%)"]["3"]
-    assert rule["primary_family_size"] == 2 and top["role"] == "primary" and top["verdict"] == "held"
-    assert top["alpha"] == 0.025 and top["p_holm"] == pytest.approx(min(1.0, 2 * top["paired"]["p"]))
+    assert rule["primary_family_size"] == 2 and top.judgement.role == "primary" and top.verdict == "held"
+    assert top.judgement.alpha == 0.025 and top.judgement.p_holm == pytest.approx(min(1.0, 2 * top.paired["p"]))
     assert rule["declared_family_size"] == 4 * 2  # claims x arms
     rows = [rows[s] for rows in declared.values() for s in ("1", "3")]
-    assert all(row["alpha"] == pytest.approx(0.05 / 8) for row in rows)  # the design alpha: Bonferroni
-    assert sorted(row["holm_alpha"] for row in rows) == pytest.approx(sorted(0.05 / (8 - i) for i in range(8)))
+    assert all(row.judgement.alpha == pytest.approx(0.05 / 8) for row in rows)  # the design alpha: Bonferroni
+    assert sorted(row.judgement.holm_alpha for row in rows) == pytest.approx(sorted(0.05 / (8 - i) for i in range(8)))
     first = next(iter(declared.values()))
-    differences = [first["1"]["values"][s] - v for s, v in first["0"]["values"].items()]
+    differences = [first["1"].values[s] - v for s, v in first["0"].values.items()]
     se = np.std(differences, ddof=1) / math.sqrt(5)
-    assert first["1"]["mde_at_alpha"] == pytest.approx(mde(se, 4, 0.05 / 8))
-    assert all(row["verdict"] == "held" for row in rows)
-    assert secondary["token cosine similarity (last block)"]["3"]["role"] == "secondary"
-    assert secondary["token cosine similarity (last block)"]["3"]["verdict"] == "no claim"
+    assert first["1"].judgement.mde_at_alpha == pytest.approx(mde(se, 4, 0.05 / 8))
+    assert all(row.verdict == "held" for row in rows)
+    assert secondary["token cosine similarity (last block)"]["3"].judgement.role == "secondary"
+    assert secondary["token cosine similarity (last block)"]["3"].verdict == "no claim"
     flat = primary["test top-1 (%)"]["1"]
-    assert flat["verdict"].startswith(("excluded", "not detected", "equivalent"))
+    assert flat.verdict.startswith(("excluded", "not detected", "equivalent"))
+    # stats.json's row: the same keys, in the order reports have always written them
+    assert list(top.to_json()) == [
+        *("n", "mean", "std", "values", "baseline", "paired", "welch", "baseline_mean", "test", "role", "alpha"),
+        *("direction", "mde_at_alpha", "permutation_p", "signs", "contrast_claim", "p_holm", "holm_alpha"),
+        *("margin", "tost_p", "tost_lower_p", "tost_sign_flip_p", "tost_lower_sign_flip_p", "verdict"),
+    ]
+    assert "holm_alpha" not in secondary["token cosine similarity (last block)"]["3"].to_json()
 
 
 def test_the_design_mde_at_alpha_over_m_has_80_percent_power_under_holm_whatever_the_ordering():
@@ -164,13 +171,15 @@ def test_directions_follow_the_contrast_not_the_baseline():
         "0,0,0,3,3,3",
     )
     apply_rule({"test top-1 (%)": {}}, {DECLARED_GEOMETRY[0]: rows}, {DECLARED_GEOMETRY[0]: -1}, "0,0,0,3,3,3")
-    assert rows["0"]["verdict"] == "held" and rows["0"]["contrast_claim"] == "the paper's direction, reversed"
+    assert rows["0"].verdict == "held" and rows["0"].judgement.contrast_claim == "the paper's direction, reversed"
     # an ablation makes no claim: tested two-sided, read as "differs"
     rows = summarize(
         {"3": {s: 0.30 + 0.001 * s for s in range(5)}, "sum:3": {s: 0.36 + 0.002 * s for s in range(5)}}, "3"
     )
     apply_rule({"test top-1 (%)": {}}, {DECLARED_GEOMETRY[0]: rows}, {DECLARED_GEOMETRY[0]: -1}, "3")
-    assert rows["sum:3"]["verdict"] == "differs (higher)" and rows["sum:3"]["contrast_claim"] == "no claim: contrast"
+    assert (
+        rows["sum:3"].verdict == "differs (higher)" and rows["sum:3"].judgement.contrast_claim == "no claim: contrast"
+    )
 
 
 def test_both_tost_halves_by_t_and_by_exact_sign_flips():
@@ -186,27 +195,27 @@ def test_both_tost_halves_by_t_and_by_exact_sign_flips():
     assert sign_flip_tost_p(d, 0.05, +1)[0] == pytest.approx(brute)
     tight = {"test top-1 (%)": _family({"3": 0.0}, noise=0.05)}
     apply_rule(tight, {}, {"test top-1 (%)": +1}, margin=0.5)
-    row, base = tight["test top-1 (%)"]["3"], tight["test top-1 (%)"]["0"]["values"]
-    differences = [row["values"][s] - v for s, v in base.items()]
+    row, base = tight["test top-1 (%)"]["3"], tight["test top-1 (%)"]["0"].values
+    differences = [row.values[s] - v for s, v in base.items()]
     se, mean = np.std(differences, ddof=1) / math.sqrt(5), float(np.mean(differences))
-    assert row["tost_p"] == pytest.approx(stats.t.cdf((mean - 0.5) / se, 4))
-    assert row["tost_lower_p"] == pytest.approx(stats.t.cdf((-mean - 0.5) / se, 4))
-    assert row["verdict"].startswith("equivalent within +-0.5 (TOST p")
+    assert row.equivalence.tost_p == pytest.approx(stats.t.cdf((mean - 0.5) / se, 4))
+    assert row.equivalence.tost_lower_p == pytest.approx(stats.t.cdf((-mean - 0.5) / se, 4))
+    assert row.verdict.startswith("equivalent within +-0.5 (TOST p")
     few = {"test top-1 (%)": _family({"3": 0.0}, noise=0.05, n=4)}  # 4 pairs: the exact floor 1/16 > 0.05
     apply_rule(few, {}, {"test top-1 (%)": +1}, margin=0.5)
-    assert "but sign-flip 0.062: a gain >= 0.5 not excluded" in few["test top-1 (%)"]["3"]["verdict"]
+    assert "but sign-flip 0.062: a gain >= 0.5 not excluded" in few["test top-1 (%)"]["3"].verdict
 
 
 def test_a_paper_sized_gain_ruled_out_reads_excluded_and_an_undecided_one_not_detected():
     tight = {"test top-1 (%)": _family({"3": 0.0}, noise=0.05)}
     apply_rule(tight, {}, {"test top-1 (%)": +1}, margin=0.5)
-    assert tight["test top-1 (%)"]["3"]["verdict"].startswith("equivalent within +-0.5 (TOST p")  # both halves
+    assert tight["test top-1 (%)"]["3"].verdict.startswith("equivalent within +-0.5 (TOST p")  # both halves
     above = {"test top-1 (%)": _family({"3": -0.45}, noise=0.05)}  # a loss: only a gain is ruled out
     apply_rule(above, {}, {"test top-1 (%)": +1}, margin=0.5)
-    assert above["test top-1 (%)"]["3"]["verdict"].startswith(("excluded: a gain >= 0.5 is ruled out", "opposite"))
+    assert above["test top-1 (%)"]["3"].verdict.startswith(("excluded: a gain >= 0.5 is ruled out", "opposite"))
     loose = {"test top-1 (%)": _family({"3": 0.0}, noise=2.0)}
     apply_rule(loose, {}, {"test top-1 (%)": +1}, margin=0.5)
-    assert loose["test top-1 (%)"]["3"]["verdict"].startswith("not detected (MDE")
+    assert loose["test top-1 (%)"]["3"].verdict.startswith("not detected (MDE")
 
 
 def test_a_declared_row_with_a_plans_margin_gets_both_tost_halves_and_one_without_none():
@@ -214,14 +223,14 @@ def test_a_declared_row_with_a_plans_margin_gets_both_tost_halves_and_one_withou
     declared = {label: _family({"3": 0.0}, noise=0.01), DECLARED_GEOMETRY[1]: _family({"3": 0.0}, noise=0.01)}
     rule = apply_rule({"test top-1 (%)": {}}, declared, dict.fromkeys(declared, -1), margins={label: 0.1})
     row = declared[label]["3"]
-    differences = [row["values"][s] - v for s, v in declared[label]["0"]["values"].items()]
+    differences = [row.values[s] - v for s, v in declared[label]["0"].values.items()]
     se, mean = np.std(differences, ddof=1) / math.sqrt(5), float(np.mean(differences))
     # the claim is a fall: a gain is a negative difference, so "a gain >= margin" is mean <= -margin
-    assert row["tost_p"] == pytest.approx(stats.t.cdf((-mean - 0.1) / se, 4))
-    assert row["tost_lower_p"] == pytest.approx(stats.t.cdf((mean - 0.1) / se, 4))
-    assert row["role"] == "declared" and row["verdict"].startswith("equivalent within +-0.1 (TOST p")
+    assert row.equivalence.tost_p == pytest.approx(stats.t.cdf((-mean - 0.1) / se, 4))
+    assert row.equivalence.tost_lower_p == pytest.approx(stats.t.cdf((mean - 0.1) / se, 4))
+    assert row.judgement.role == "declared" and row.verdict.startswith("equivalent within +-0.1 (TOST p")
     assert rule["margin"][label] == 0.1
-    assert "tost_p" not in declared[DECLARED_GEOMETRY[1]]["3"]  # no margin declared: no equivalence test
+    assert declared[DECLARED_GEOMETRY[1]]["3"].equivalence is None  # no margin declared: no equivalence test
 
 
 def test_restating_a_committed_report_prints_the_family_alphas_and_margin():
@@ -244,9 +253,9 @@ def test_a_plans_secondary_headline_keeps_its_margins_equivalence_test():
     rule = apply_rule(fraction, top1, claims, family=[])
     row = top1["test top-1 (%)"]["3"]
     margin = default_margin("test top-1 (%)", float(np.mean(list(values["0"].values()))))
-    assert row["role"] == "secondary" and row["margin"] == pytest.approx(margin)
+    assert row.judgement.role == "secondary" and row.equivalence.margin == pytest.approx(margin)
     assert rule["margin"]["test top-1 (%)"] == pytest.approx(margin)
-    assert row["verdict"].startswith("equivalent within") and row["verdict"].endswith("(uncorrected)")
+    assert row.verdict.startswith("equivalent within") and row.verdict.endswith("(uncorrected)")
 
 
 def test_a_margin_fixed_before_the_data_outranks_the_papers_default():
@@ -261,8 +270,8 @@ def test_a_margin_fixed_before_the_data_outranks_the_papers_default():
         primary, others = (top1, fraction) if as_primary else (fraction, top1)
         claims = {label: +1, "within-sequence fraction (after the final norm)": -1}
         rule = apply_rule(primary, others, claims, family=[], margins={label: 0.45})
-        assert top1[label]["3"]["margin"] == 0.45 and rule["margin"][label] == 0.45
-        assert "+-0.45" in top1[label]["3"]["verdict"]
+        assert top1[label]["3"].equivalence.margin == 0.45 and rule["margin"][label] == 0.45
+        assert "+-0.45" in top1[label]["3"].verdict
     top1 = {label: summarize(values)}
     apply_rule(top1, {}, {label: +1}, margin=0.25, margins={label: 0.45})  # --margin, given, wins
-    assert top1[label]["3"]["margin"] == 0.25
+    assert top1[label]["3"].equivalence.margin == 0.25

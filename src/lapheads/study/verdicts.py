@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from lapheads.study.comparison import Comparison, Equivalence, Judgement
+
 __all__ = [
     "mechanism_verdict",
     "ALPHA",
@@ -180,10 +182,10 @@ def contrast_direction(arm: str, baseline: str) -> int | None:
     return None  # two per-layer schedules: where, not how many (a plan says what it claims)
 
 
-def _differences(row: dict[str, Any], values: dict[int, float] | None) -> list[float]:
+def _differences(row: Comparison, values: dict[int, float] | None) -> list[float]:
     if values is None:
         return []
-    own = {int(s): float(v) for s, v in row["values"].items()}
+    own = {int(s): float(v) for s, v in row.values.items()}
     return [own[s] - values[s] for s in sorted(set(own) & set(values))]
 
 
@@ -205,8 +207,8 @@ def mechanism_verdict(
 
 
 def apply_rule(
-    primary: dict[str, dict[str, dict[str, Any]]],
-    others: dict[str, dict[str, dict[str, Any]]],
+    primary: dict[str, dict[str, Comparison]],
+    others: dict[str, dict[str, Comparison]],
     claims: dict[str, int | None],
     baseline: str = "0",
     margin: float | None = None,
@@ -216,9 +218,9 @@ def apply_rule(
     margins: dict[str, float] | None = None,
     alpha: float = ALPHA,
 ) -> dict[str, Any]:
-    """Give every compared row (label -> key -> ``report.summarize`` row, compared with ``row["baseline"]``) its role,
-    alpha, MDE at that alpha, permutation p, sign count, equivalence tests and verdict, in place; returns the rule's
-    record for stats.json.
+    """Give every compared row (label -> key -> ``report.summarize`` row, compared with its ``baseline``) its
+    :class:`Judgement` (role, alpha, MDE at that alpha, permutation p, sign count), :class:`Equivalence` where a margin
+    applies, and verdict, in place; returns the rule's record for stats.json.
 
     Args:
         primary: the primary metric's rows (one label).
@@ -255,45 +257,42 @@ class _Rule:
         return self.fixed[label] if label in self.fixed else default_margin(label, base_mean)
 
     @staticmethod
-    def arm_of(key: str, row: dict[str, Any]) -> str:
-        return str(row.get("arm", key))
+    def arm_of(key: str, row: Comparison) -> str:
+        return row.arm if row.arm is not None else key
 
     def values_of(self, label: str, spec: str) -> dict[int, float] | None:
         for key, row in self.tables[label].items():
             if self.arm_of(key, row) == spec:
-                return {int(s): float(v) for s, v in row["values"].items()}
+                return {int(s): float(v) for s, v in row.values.items()}
         return None
 
-    def differences(self, label: str, row: dict[str, Any]) -> list[float]:
-        return _differences(row, self.values_of(label, row.get("baseline", self.baseline)))
+    def differences(self, label: str, row: Comparison) -> list[float]:
+        return _differences(row, self.values_of(label, row.baseline))
 
-    def direction_of(self, label: str, key: str, row: dict[str, Any]) -> int | None:
+    def direction_of(self, label: str, key: str, row: Comparison) -> int | None:
         claim_ = self.claims.get(label)
         if claim_ is None:
             return None
         given = self.directions.get(key, _DEFAULT) if self.directions is not None else _DEFAULT
-        d = (
-            contrast_direction(self.arm_of(key, row), row.get("baseline", self.baseline))
-            if given is _DEFAULT
-            else given
-        )
+        d = contrast_direction(self.arm_of(key, row), row.baseline) if given is _DEFAULT else given
         return None if d is None else claim_ * d
 
-    def compared(self, label: str) -> list[tuple[str, dict[str, Any]]]:
-        return [(k, row) for k, row in self.tables[label].items()
-                if "test" in row and row.get("baseline") != self.arm_of(k, row)]  # fmt: skip
+    def compared(self, label: str) -> list[tuple[str, Comparison]]:
+        return [
+            (k, row) for k, row in self.tables[label].items() if row.compared and row.baseline != self.arm_of(k, row)
+        ]
 
     def in_plan(self, key: str) -> bool:
         return self.planned is None or key in self.planned
 
-    def describe(self, label: str, key: str, row: dict[str, Any], role: str, alpha: float) -> list[float]:
-        """Annotate ``row``; returns its paired differences."""
+    def describe(self, label: str, key: str, row: Comparison, role: str, alpha: float) -> list[float]:
+        """Give ``row`` its judgement (p_holm NaN until a family sets it); returns its paired differences."""
         differences = self.differences(label, row)
         n = len(differences)
         se = float(np.std(differences, ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
         direction = self.direction_of(label, key, row)
         claim_ = self.claims.get(label)
-        row.update(
+        row.judgement = Judgement(
             role=role,
             alpha=alpha,
             direction=direction,
@@ -308,20 +307,20 @@ class _Rule:
         return differences
 
     @staticmethod
-    def test_of(row: dict[str, Any]) -> tuple[float, float]:
+    def test_of(row: Comparison) -> tuple[float, float]:
         """(difference, p) of the row's test: paired, or Welch's where fewer than two seeds pair up."""
-        if row["test"] == "paired":
-            return row["paired"]["mean_difference"], row["paired"]["p"]
-        return row["mean"] - row.get("baseline_mean", math.nan), row["welch"]["p"]
+        if row.test == "paired":
+            return row.paired["mean_difference"], row.paired["p"]
+        return row.mean - row.baseline_mean, row.welch["p"]
 
-    def holm_family(self, members: dict[Any, dict[str, Any]], role: str) -> int:
+    def holm_family(self, members: dict[Any, Comparison], role: str) -> int:
         """Holm over ``members`` ((label, key) -> row): design alpha / m, the realised step's alpha beside it."""
         adjusted, faced = holm_steps({member: self.test_of(row)[1] for member, row in members.items()}, self.alpha)
         m = max(len(members), 1)
         for (label, key), row in members.items():
             self.describe(label, key, row, role, self.alpha / m)
-            row["p_holm"] = adjusted[(label, key)]
-            row["holm_alpha"] = faced[(label, key)]
+            row.judgement.p_holm = adjusted[(label, key)]
+            row.judgement.holm_alpha = faced[(label, key)]
         return len(members)
 
     def primary_family(self, primary, margin: float | None, record: dict[str, Any]) -> None:
@@ -329,18 +328,17 @@ class _Rule:
         members = {(label, k): row for label in primary for k, row in self.compared(label) if self.in_plan(k)}
         record["primary_family_size"] = self.holm_family(members, "primary")
         for label, rows in primary.items():
-            base = rows[self.baseline]["mean"] if self.baseline in rows and "mean" in rows[self.baseline] else math.nan
+            base = rows[self.baseline].mean if self.baseline in rows else math.nan
             m = margin if margin is not None else self.margin_of(label, base)
             record["margin"][label] = m
             for key, row in self.compared(label):
                 if (label, key) not in members:
                     differences = self.describe(label, key, row, "secondary", self.alpha)
-                    row["p_holm"] = math.nan
                 else:
                     differences = self.differences(label, row)
                 _equivalence(row, differences, m)
-                p = row["p_holm"] if (label, key) in members else self.test_of(row)[1]
-                row["verdict"] = _verdict(self.test_of(row)[0], p, row, self.claims.get(label), self.alpha)
+                p = row.judgement.p_holm if (label, key) in members else self.test_of(row)[1]
+                row.verdict = _verdict(self.test_of(row)[0], p, row, self.claims.get(label), self.alpha)
 
     def declared_family(self, declared, record: dict[str, Any]) -> None:
         """The declared geometry rows, Holm across the family; a plan's margin gives a row its TOST."""
@@ -351,24 +349,25 @@ class _Rule:
             if label in self.fixed:  # a declared row with a plan's margin: both TOST halves, as the primary's
                 record["margin"][label] = self.fixed[label]
                 _equivalence(row, self.differences(label, row), self.fixed[label])
-            row["verdict"] = _verdict(self.test_of(row)[0], row["p_holm"], row, self.claims.get(label), self.alpha)
+            row.verdict = _verdict(self.test_of(row)[0], row.judgement.p_holm, row, self.claims.get(label), self.alpha)
 
     def secondary_rows(self, record: dict[str, Any]) -> None:
         """Every row no family took: tested at alpha, uncorrected, and worded so."""
         for label in self.tables:
             for key, row in self.compared(label):
-                if "role" in row:
+                if row.judgement is not None:
                     continue
                 differences = self.describe(label, key, row, "secondary", self.alpha)
-                row["p_holm"] = math.nan
-                if row["direction"] is not None:  # a claimed secondary row (a plan's headline) keeps its margin's TOST
-                    base = self.values_of(label, row.get("baseline", self.baseline)) or {}
+                if (
+                    row.judgement.direction is not None
+                ):  # a claimed secondary row (a plan's headline) keeps its margin's TOST
+                    base = self.values_of(label, row.baseline) or {}
                     m = self.margin_of(label, float(np.mean(list(base.values()))) if base else math.nan)
                     if m is not None:
                         record["margin"].setdefault(label, m)
                         _equivalence(row, differences, m)
                 words = _verdict(*self.test_of(row), row, self.claims.get(label), self.alpha)
-                row["verdict"] = words if words.startswith(("not", "no claim")) else f"{words} (uncorrected)"
+                row.verdict = words if words.startswith(("not", "no claim")) else f"{words} (uncorrected)"
 
 
 _DEFAULT = object()
@@ -376,39 +375,45 @@ _DEFAULT = object()
 _CONTRAST_WORDS = {None: "no claim: contrast", 1: "the paper's direction", -1: "the paper's direction, reversed"}
 
 
-def _equivalence(row: dict[str, Any], differences: list[float], margin: float | None) -> None:
+def _equivalence(row: Comparison, differences: list[float], margin: float | None) -> None:
     """Both TOST halves for a row with a margin (the primary's, or a claimed secondary headline's): by the t
     distribution and by exact sign flips."""
     n = len(differences)
     se = float(np.std(differences, ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
-    row["margin"] = margin
-    gain_sign = row.get("direction") or 1
+    row.equivalence = Equivalence(margin)
+    gain_sign = (row.judgement.direction if row.judgement is not None else None) or 1
     if not (margin and n >= 2 and se > 0):
-        row.update(tost_p=math.nan, tost_lower_p=math.nan, tost_sign_flip_p=math.nan, tost_lower_sign_flip_p=math.nan)
         return
     mean = float(np.mean(differences))
-    row["tost_p"] = tost_gain_p(mean, se, n - 1, margin, gain_sign)  # H0: gain >= margin
-    row["tost_lower_p"] = tost_gain_p(-mean, se, n - 1, margin, gain_sign)  # H0: gain <= -margin
-    row["tost_sign_flip_p"], row["tost_lower_sign_flip_p"] = sign_flip_tost_p(differences, margin, gain_sign)
+    upper_exact, lower_exact = sign_flip_tost_p(differences, margin, gain_sign)
+    row.equivalence = Equivalence(
+        margin,
+        tost_p=tost_gain_p(mean, se, n - 1, margin, gain_sign),  # H0: gain >= margin
+        tost_lower_p=tost_gain_p(-mean, se, n - 1, margin, gain_sign),  # H0: gain <= -margin
+        tost_sign_flip_p=upper_exact,
+        tost_lower_sign_flip_p=lower_exact,
+    )
 
 
-def _verdict(difference: float, p: float, row: dict[str, Any], claim_: int | None, alpha: float = ALPHA) -> str:
+def _verdict(difference: float, p: float, row: Comparison, claim_: int | None, alpha: float = ALPHA) -> str:
     """held / opposite (a claimed contrast) or differs (higher / lower) (a contrast without a claim) when the row's
     test rejects at its alpha; excluded / equivalent when a TOST rejects by both of its tests; else not detected, with
     the design MDE."""
     if claim_ is None:
         return "no claim"
-    direction = row.get("direction")
-    pairs = row.get("paired", {}).get("n_pairs", 0)
+    judged = row.judgement
+    direction = judged.direction if judged is not None else None
+    pairs = row.paired["n_pairs"] if row.paired is not None else 0
     if 0 < pairs < 3 and not math.isnan(p):  # one degree of freedom: a t-test's p says too little to decide on
         return f"not decided ({pairs} seed pairs; a verdict needs 3)"
     if not math.isnan(p) and p < alpha:
         if direction is None:
             return f"differs ({'higher' if difference > 0 else 'lower'})"
         return "held" if difference * direction > 0 else "opposite"
-    margin = row.get("margin")
-    upper, upper_exact = row.get("tost_p", math.nan), row.get("tost_sign_flip_p", math.nan)
-    lower, lower_exact = row.get("tost_lower_p", math.nan), row.get("tost_lower_sign_flip_p", math.nan)
+    tost = row.equivalence or Equivalence(None)
+    margin = tost.margin
+    upper, upper_exact = tost.tost_p, tost.tost_sign_flip_p
+    lower, lower_exact = tost.tost_lower_p, tost.tost_lower_sign_flip_p
     if upper < alpha and upper_exact < alpha:
         if lower < alpha and lower_exact < alpha:
             return (
@@ -419,8 +424,8 @@ def _verdict(difference: float, p: float, row: dict[str, Any], claim_: int | Non
     tost_note = ""
     if upper < alpha:  # the t version alone: say so, with the exact one's p
         tost_note = f"; TOST p {upper:.2g} but sign-flip {upper_exact:.2g}: a gain >= {margin:.3g} not excluded"
-    if not math.isnan(row.get("mde_at_alpha", math.nan)):
-        return f"not detected (MDE {row['mde_at_alpha']:.3g} at alpha {row['alpha']:.2g}{tost_note})"
-    if math.isnan(p) and row.get("paired", {}).get("n_pairs", 0) >= 2:
+    if judged is not None and not math.isnan(judged.mde_at_alpha):
+        return f"not detected (MDE {judged.mde_at_alpha:.3g} at alpha {judged.alpha:.2g}{tost_note})"
+    if math.isnan(p) and pairs >= 2:
         return "not tested (the paired differences have no spread)"
     return "not detected" if not math.isnan(p) else "not tested (fewer than 2 seeds)"

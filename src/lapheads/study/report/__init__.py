@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from lapheads.io import json_loads
 from lapheads.runs import SWEEP_FILE, SweepError, load_sweep, spec_dir_name
 from lapheads.runs.layout import writable_report_folder
+from lapheads.study.comparison import Comparison, rows_json
 from lapheads.study.report.figures import plot_metric, plot_steps
 from lapheads.study.report.statistics import (
     code_revisions,
@@ -103,13 +104,13 @@ __all__ = [
 
 
 def _judge(
-    rows: dict[str, dict[str, dict[str, Any]]],
+    rows: dict[str, dict[str, Comparison]],
     primary_label: str,
     baseline: str,
     margin: float | None,
     plan: Any = None,
     claims: dict[str, int | None] | None = None,
-) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, Any]]:
+) -> tuple[dict[str, dict[str, Comparison]], dict[str, Any]]:
     """Apply the verdict rule to every row (``primary_label`` the primary test; a plan's primary, family and
     contrasts where the sweep has one); a row's claim is the one in ``claims``, else its label's declared metric's
     (``tasks.metrics.claim``). Returns the rows in table order (primary, declared family, secondary) and the rule's
@@ -134,12 +135,12 @@ def _judge(
                 continue
             for by_key in rows.values():  # the contrast's own pairs: arm - its baseline, seed by seed
                 values = {
-                    spec: {int(seed): float(v) for seed, v in by_key[spec]["values"].items()}
+                    spec: {int(seed): float(v) for seed, v in by_key[spec].values.items()}
                     for spec in (arm, against)
                     if spec in by_key
                 }
                 if len(values) == 2:
-                    by_key[key] = {**summarize(values, against)[arm], "arm": arm}
+                    by_key[key] = replace(summarize(values, against)[arm], arm=arm)
     primary = {primary_label: rows[primary_label]}
     others = {label: value for label, value in rows.items() if label != primary_label}
     claims = {label: (claims or {}).get(label, claim(label)) for label in rows}
@@ -152,10 +153,10 @@ def _judge(
     return {**primary, **{label: others[label] for label in declared}, **rest}, rule
 
 
-def _check_finite(rows: dict[str, dict[str, Any]], label: str) -> None:
+def _check_finite(rows: dict[str, Comparison], label: str) -> None:
     """A plan's primary is tested on finite values only: a NaN or inf value is a broken cell, not "no spread"."""
     for spec, row in rows.items():
-        bad = {seed: value for seed, value in (row.get("values") or {}).items() if not math.isfinite(float(value))}
+        bad = {seed: value for seed, value in row.values.items() if not math.isfinite(float(value))}
         if bad:
             raise SweepError(f"the primary {label!r} of arm {spec} is not finite at seed(s) {bad}; allowed: finite "
                              "values (rerun or remove those cells)")  # fmt: skip
@@ -172,12 +173,12 @@ def _plan_of(record: dict[str, Any]) -> Any:
     return load_plan(Path(folder) / PLAN_FILE)
 
 
-def _table_keys(stats: dict[str, Any], specs: list[str]) -> list[str]:
+def _table_keys(stats: dict[str, Comparison], specs: list[str]) -> list[str]:
     """A metric's rows in table order: every arm against the report's baseline, then a plan's other contrasts."""
     return [s for s in specs if s in stats] + [key for key in stats if key not in specs]
 
 
-def rule_and_table(rule: dict[str, Any], table: dict[str, dict[str, Any]], baseline: str, keys) -> list[str]:
+def rule_and_table(rule: dict[str, Any], table: dict[str, dict[str, Comparison]], baseline: str, keys) -> list[str]:
     """The rule's words and the statistics table (``keys(rows)``: the keys of a label's rows, in table order): one
     renderer for ``lapheads report`` and for a stats.json restated."""
     rows = [table_row(label, key, by_key[key]) for label, by_key in table.items() for key in keys(by_key)]
@@ -214,7 +215,7 @@ def restate(stats_file: str | Path, margin: float | None = None) -> str:
             *MECHANISM_HEADER,
         ]
         lines += [
-            mechanism_row(label, spec, {**row, "verdict": "withdrawn"})
+            mechanism_row(label, spec, replace(row, verdict="withdrawn"))
             for label, rows in mechanism.items()
             for spec, row in rows.items()
         ]
@@ -238,7 +239,7 @@ MECHANISM_INTRO = (
 )
 
 
-def _mechanism_lines(mechanism_stats: dict[str, Any]) -> list[str]:
+def _mechanism_lines(mechanism_stats: dict[str, dict[str, Comparison]]) -> list[str]:
     rows = [mechanism_row(label, spec, row) for label, rows in mechanism_stats.items() for spec, row in rows.items()]
     return ["", MECHANISM_INTRO, "", *MECHANISM_HEADER, *rows]
 
@@ -270,7 +271,8 @@ def mechanism_report(sweep_dir: str | Path, max_tokens: int = 1_000_000) -> Path
     ]
     out = writable_report_folder(sweep_dir, None)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "mechanism.json").write_text(json.dumps({"seeds": seeds, "mechanism": stats}, indent=1, default=str) + "\n")
+    mechanism_json = {"seeds": seeds, "mechanism": rows_json(stats)}
+    (out / "mechanism.json").write_text(json.dumps(mechanism_json, indent=1, default=str) + "\n")
     path = out / "mechanism.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -320,7 +322,7 @@ def write_report(
     """
     record, out, pictures = _read_for_report(Path(sweep_dir), metric, geometry, max_tokens, baseline, seeds)
     stats = compute_report(record, metric, geometry, baseline, margin)
-    if not any(row["n"] for rows in stats.headline.values() for row in rows.values()):
+    if not any(row.n for rows in stats.headline.values() for row in rows.values()):
         names = ", ".join(stats.headline)
         raise SweepError(f"{sweep_dir}: no finished cell has {names}; run or resume the sweep first")
     out.mkdir(parents=True, exist_ok=True)
@@ -363,10 +365,10 @@ class ReportStats:
     baseline: str
     metrics: list[Metric]  # the headline metrics (or the one ``--metric``), the primary first
     rule: dict[str, Any]  # the verdict rule's record (alpha, families, margins, the declaration)
-    table: dict[str, dict[str, Any]]  # every compared row by label, judged
-    headline: dict[str, dict[str, Any]]
-    geometry: dict[str, Any]
-    mechanism: dict[str, Any]
+    table: dict[str, dict[str, Comparison]]  # every row by label, judged (the headline and geometry rows)
+    headline: dict[str, dict[str, Comparison]]
+    geometry: dict[str, dict[str, Comparison]]
+    mechanism: dict[str, dict[str, Comparison]]
     over_training: dict[str, Any]
     late_change: dict[str, Any]
     fit: dict[str, Any]
@@ -379,9 +381,9 @@ class ReportStats:
         return {
             "baseline": self.baseline,
             "rule": self.rule,
-            "metrics": self.headline,
-            "geometry": self.geometry,
-            "mechanism": self.mechanism,
+            "metrics": rows_json(self.headline),
+            "geometry": rows_json(self.geometry),
+            "mechanism": rows_json(self.mechanism),
             "over_training": self.over_training,
             "late_change": self.late_change,
             "fit": self.fit,
@@ -400,8 +402,8 @@ def compute_report(record: dict[str, Any], metric: str | None, geometry: bool, b
     task = record["task"]
     metrics = [logged(metric)] if metric else list(get_task(task).headline)
     headline = {m.label: summarize(collect(record, m), baseline) for m in metrics}
-    geometry_stats: dict[str, Any] = {}
-    mechanism_stats: dict[str, Any] = {}
+    geometry_stats: dict[str, dict[str, Comparison]] = {}
+    mechanism_stats: dict[str, dict[str, Comparison]] = {}
     if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
         by_row, mechanism_values = geometry_values(record)
         geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in by_row.items()}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from lapheads.plots import panel_grid
+from lapheads.study.comparison import Comparison
 
 
 def _spec_order(spec: str) -> tuple[int, int, str]:
@@ -41,15 +42,15 @@ def _spec_axis(specs: list[str]) -> tuple[list[float], list[str]]:
     return list(range(len(specs))), specs
 
 
-def plot_metric(panels: dict[str, dict[str, dict[str, Any]]], specs: list[str], path: Path) -> Path:
+def plot_metric(panels: dict[str, dict[str, Comparison]], specs: list[str], path: Path) -> Path:
     xs, labels = _spec_axis(specs)
     with panel_grid(path, len(panels)) as axes:
         for ax, (title, stats) in zip(axes, panels.items()):
-            means = [stats[s]["mean"] for s in specs]
-            stds = [0.0 if math.isnan(stats[s]["std"]) else stats[s]["std"] for s in specs]
+            means = [stats[s].mean for s in specs]
+            stds = [0.0 if math.isnan(stats[s].std) else stats[s].std for s in specs]
             ax.errorbar(xs, means, yerr=stds, marker="o", capsize=4)
             for x, s in zip(xs, specs):
-                seeds = list(stats[s]["values"].values())
+                seeds = list(stats[s].values.values())
                 ax.scatter([x] * len(seeds), seeds, s=10, alpha=0.5, color="gray")
             ax.set_xticks(xs, labels)
             ax.set_xlabel("Laplacian heads per layer")

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from lapheads.errors import SweepError
+from lapheads.study.comparison import Comparison, ZeroTest
 from lapheads.study.verdicts import ALPHA, POWER, holm_steps, mde, mechanism_verdict
 from lapheads.tasks import get_task
 from lapheads.tasks.metrics import Metric, claim, logged
@@ -249,25 +250,25 @@ def settled_from(rows: list[dict]) -> tuple[int, int] | None:
     return settled
 
 
-def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[str, dict[str, Any]]:
+def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[str, Comparison]:
     """Per spec: n, mean, std, and (if the baseline spec is present) the paired test against it (Welch's unpaired
     test as well, used in its place when fewer than two seeds pair up)."""
     out = {}
     for spec, by_seed in values.items():
         xs = list(by_seed.values())
-        row: dict[str, Any] = {
-            "n": len(xs),
-            "mean": float(np.mean(xs)) if xs else math.nan,
-            "std": float(np.std(xs, ddof=1)) if len(xs) > 1 else math.nan,
-            "values": by_seed,
-            "baseline": baseline,
-        }
+        row = Comparison(
+            n=len(xs),
+            mean=float(np.mean(xs)) if xs else math.nan,
+            std=float(np.std(xs, ddof=1)) if len(xs) > 1 else math.nan,
+            values=by_seed,
+            baseline=baseline,
+        )
         if spec != baseline and baseline in values:
-            row["paired"] = paired_test(by_seed, values[baseline])
-            row["welch"] = welch_t_test(xs, list(values[baseline].values()))
+            row.paired = paired_test(by_seed, values[baseline])
+            row.welch = welch_t_test(xs, list(values[baseline].values()))
             baseline_values = list(values[baseline].values())
-            row["baseline_mean"] = float(np.mean(baseline_values)) if baseline_values else math.nan
-            row["test"] = "paired" if row["paired"]["n_pairs"] >= 2 else "welch"
+            row.baseline_mean = float(np.mean(baseline_values)) if baseline_values else math.nan
+            row.test = "paired" if row.paired["n_pairs"] >= 2 else "welch"
         out[spec] = row
     return out
 
@@ -412,9 +413,9 @@ def _against_twins(mechanism: Values, twins: dict[tuple[str, int], dict[tuple[st
                 }
 
 
-def diffusion_against_zero(mechanism: Values) -> dict[str, dict[str, dict[str, Any]]]:
+def diffusion_against_zero(mechanism: Values) -> dict[str, dict[str, Comparison]]:
     """Each row's specs tested against 0 (a one-sample t-test = the paired test against a zero arm)."""
-    family: dict[str, dict[str, dict[str, Any]]] = {}
+    family: dict[str, dict[str, Comparison]] = {}
     for label, by_spec in sorted(mechanism.items(), key=lambda item: "ordinary" in item[0]):  # Laplacian rows first
         rows = {}
         for spec, by_seed in by_spec.items():
@@ -422,16 +423,16 @@ def diffusion_against_zero(mechanism: Values) -> dict[str, dict[str, dict[str, A
                 rows[spec] = summarize({"zero": dict.fromkeys(by_seed, 0.0), spec: by_seed}, baseline="zero")[spec]
         family[label] = rows
     for spec in {spec for rows in family.values() for spec in rows}:
-        raw = {label: rows[spec]["paired"]["p"] for label, rows in family.items() if spec in rows}
+        raw = {label: rows[spec].paired["p"] for label, rows in family.items() if spec in rows}
         adjusted, faced = holm_steps(raw)
         for label, p_holm in adjusted.items():
             row = family[label][spec]
-            values = np.array(list(row["values"].values()), dtype=float)
+            values = np.array(list(row.values.values()), dtype=float)
             se = float(values.std(ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else math.nan
             alpha = faced[label] if not math.isnan(faced[label]) else ALPHA
-            row.update(p_holm=p_holm, alpha=alpha, mde_at_alpha=mde(se, len(values) - 1, alpha))
-            row["verdict"] = mechanism_verdict(
-                row["paired"]["mean_difference"], p_holm, row["mde_at_alpha"], claim(label), len(values)
+            row.zero_test = ZeroTest(p_holm=p_holm, alpha=alpha, mde_at_alpha=mde(se, len(values) - 1, alpha))
+            row.verdict = mechanism_verdict(
+                row.paired["mean_difference"], p_holm, row.zero_test.mde_at_alpha, claim(label), len(values)
             )
     return family
 
@@ -443,13 +444,13 @@ def _least_squares_slope(x: list[float], y: list[float]) -> float:
     return float(((x_ - x_.mean()) * (y_ - y_.mean())).sum() / spread) if spread > 0 else math.nan
 
 
-def _dose_levels(rows: dict[str, dict[str, Any]]) -> dict[int, dict[int, float]]:
+def _dose_levels(rows: dict[str, Comparison]) -> dict[int, dict[int, float]]:
     """k -> seed -> value of a metric's dose arms: the specs that put the same k Laplacian heads in every block
     ("0", "1", "2", "3"; a per-layer schedule or a head kind is no dose)."""
     return {
-        int(spec): {int(seed): float(v) for seed, v in row["values"].items()}
+        int(spec): {int(seed): float(v) for seed, v in row.values.items()}
         for spec, row in rows.items()
-        if spec.isdigit() and "values" in row
+        if spec.isdigit()
     }
 
 
@@ -462,7 +463,7 @@ def _slopes_over_seeds(slopes: dict[int, float], direction: int | None) -> dict[
 
 
 def dose_response(
-    table: dict[str, dict[str, dict[str, Any]]], labels: list[str], headline: str, geometry: list[str]
+    table: dict[str, dict[str, Comparison]], labels: list[str], headline: str, geometry: list[str]
 ) -> dict[str, Any]:
     """The dose arms' slopes (k = 0, 1, 2, 3 Laplacian heads per block), seed by seed, and whether the headline
     follows the geometry across them.
@@ -474,7 +475,7 @@ def dose_response(
     within-sequence fraction falls is a negative slope. Empty where the sweep has fewer than 2 dose levels.
 
     Args:
-        table: label -> spec -> ``summarize`` row (each row keeps its per-seed ``values``).
+        table: label -> spec -> ``summarize`` row (each keeps its per-seed ``values``).
         labels: the rows to fit against k.
         headline: the headline metric's label (the y of "follows").
         geometry: the geometry labels it is fitted against.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from lapheads.study.comparison import Comparison
 from lapheads.study.report.statistics import AGAINST_BASELINE, settled_from
 
 
@@ -13,8 +14,8 @@ def _fmt(x: float, spec: str) -> str:
     return "–" if math.isnan(x) else format(x, spec)
 
 
-def _mean_std(row: dict[str, Any], spec: str) -> str:
-    return format(row["mean"], spec) + ("" if math.isnan(row["std"]) else f" ± {row['std']:.2g}")
+def _mean_std(row: Comparison, spec: str) -> str:
+    return format(row.mean, spec) + ("" if math.isnan(row.std) else f" ± {row.std:.2g}")
 
 
 _YES_NO = {True: "yes", False: "no"}
@@ -94,49 +95,50 @@ def settled_text(rows: list[dict]) -> str:
     return f"{'diffusive (above 0)' if sign > 0 else 'sharpening (below 0)'} from step {step} on"
 
 
-def table_row(label: str, spec: str, stats: dict[str, Any]) -> str:
-    cells = [label, stats.get("role", ""), spec, str(stats["n"]), _mean_std(stats, ".4g")]
-    if "test" in stats:
-        pair = stats["paired"]
-        test = stats[stats["test"]]
-        if stats["test"] == "paired":
+def table_row(label: str, spec: str, row: Comparison) -> str:
+    judged = row.judgement
+    cells = [label, judged.role if judged else "", spec, str(row.n), _mean_std(row, ".4g")]
+    if row.compared:
+        pair = row.paired
+        test = pair if row.test == "paired" else row.welch
+        if row.test == "paired":
             difference = f"{pair['mean_difference']:+.4g} [{pair['ci_low']:+.3g}, {pair['ci_high']:+.3g}]"
         elif not math.isnan(test["p"]):  # arms on different seeds: the difference of their means
-            difference = f"{stats['mean'] - stats['baseline_mean']:+.4g} (Welch)"
+            difference = f"{row.mean - row.baseline_mean:+.4g} (Welch)"
         elif pair["n_pairs"]:  # one pair so far: its difference, untested
             difference = f"{pair['mean_difference']:+.4g} (1 pair)"
-        elif math.isnan(stats["baseline_mean"]):
-            difference = f"– (k = {stats['baseline']} has no value)"
+        elif math.isnan(row.baseline_mean):
+            difference = f"– (k = {row.baseline} has no value)"
         else:
-            difference = f"{stats['mean'] - stats['baseline_mean']:+.4g} (unpaired)"
-        holm_p = stats.get("p_holm", math.nan)
-        corrected = stats.get("role") in ("primary", "declared")
+            difference = f"{row.mean - row.baseline_mean:+.4g} (unpaired)"
+        corrected = judged is not None and judged.role in ("primary", "declared")
         cells += [
             difference,
-            f"{_fmt(test['p'], '.3g')} / {_fmt(holm_p, '.3g') if corrected else '–'} / "
-            f"{_fmt(stats.get('permutation_p', math.nan), '.3g')}",
-            stats.get("signs", ""),
-            f"{_fmt(stats.get('alpha', math.nan), '.2g')}: {_fmt(stats.get('mde_at_alpha', math.nan), '.3g')}",
-            stats.get("verdict", ""),
+            f"{_fmt(test['p'], '.3g')} / {_fmt(judged.p_holm, '.3g') if corrected else '–'} / "
+            f"{_fmt(judged.permutation_p if judged else math.nan, '.3g')}",
+            judged.signs if judged else "",
+            f"{_fmt(judged.alpha if judged else math.nan, '.2g')}: "
+            f"{_fmt(judged.mde_at_alpha if judged else math.nan, '.3g')}",
+            row.verdict or "",
         ]
     else:
-        no_arm = "(baseline)" if spec == stats["baseline"] else f"– (no k = {stats['baseline']} arm)"
+        no_arm = "(baseline)" if spec == row.baseline else f"– (no k = {row.baseline} arm)"
         cells += [no_arm, "", "", "", ""]
     return "| " + " | ".join(cells) + " |"
 
 
-def mechanism_row(label: str, spec: str, row: dict[str, Any]) -> str:
-    pair = row["paired"]
+def mechanism_row(label: str, spec: str, row: Comparison) -> str:
+    pair, tested = row.paired, row.zero_test
     interval = "" if math.isnan(pair["ci_low"]) else f"[{pair['ci_low']:+.3g}, {pair['ci_high']:+.3g}]"
     cells = [
         label,
         spec,
-        str(row["n"]),
+        str(row.n),
         _mean_std(row, "+.3g"),
         interval,
-        f"{_fmt(pair['p'], '.3g')} / {_fmt(row['p_holm'], '.3g')}",
-        f"{_fmt(row['alpha'], '.2g')}: {_fmt(row['mde_at_alpha'], '.3g')}",
-        row["verdict"],
+        f"{_fmt(pair['p'], '.3g')} / {_fmt(tested.p_holm, '.3g')}",
+        f"{_fmt(tested.alpha, '.2g')}: {_fmt(tested.mde_at_alpha, '.3g')}",
+        row.verdict,
     ]
     return "| " + " | ".join(cells) + " |"
 
