@@ -1,6 +1,7 @@
-"""docs/reproduction.md against its record-based reports (issue 56): every number the account quotes from the
-decomposition and patch-4 reports equals the report's stats.json at the printed precision, and every decimal in
-the parts built on those reports is either such a quote or a constant named here with where it comes from.
+"""docs/reproduction.md against its record-based reports (issues 56, 57): every number the account quotes from the
+decomposition, patch-4 and intervention reports equals the report's stats.json at the printed precision, and every
+decimal in the parts built on those reports is either such a quote or a constant named here with where it comes
+from.
 
 A number is quoted by the string the document prints (``interval(row, 3)`` -> "-0.090 [-0.114, -0.067]"), so a
 CI rounded the wrong way, a count miscopied or a p from another row fails here with the two strings side by side.
@@ -28,7 +29,9 @@ def _report(study: str) -> dict:
     return json.loads((ROOT / "docs" / "reproduction" / study / "cells" / "report" / "stats.json").read_text())
 
 
-DEC, P4 = _report("decomposition"), _report("patch4")
+DEC, P4, IV = _report("decomposition"), _report("patch4"), _report("intervention")
+#: the intervention study's penalised arm (its plan's one contrast against plain k = 0)
+PENALTY = "0+within_seq_penalty=0.0015"
 FINAL = "(after the final norm)"
 
 
@@ -232,8 +235,33 @@ def _quotes() -> dict[str, str]:
         "p4 twin drop": plain(
             p4_mech["within-sequence fraction drop, Laplacian heads minus their k = 0 twins"]["3"], 4
         ),
+        # intervention
+        **_intervention_quotes(),
     }
     return quotes
+
+
+def _intervention_quotes() -> dict[str, str]:
+    fraction = geometry(IV, "within-sequence fraction", PENALTY)
+    k3 = geometry(DEC, "within-sequence fraction", "3")
+    top = top1(IV, PENALTY)
+    between = geometry(IV, "between-class fraction", PENALTY)
+    return {
+        "iv fraction": interval(fraction, 3),
+        "iv fraction p": f"p {p(fraction['p_holm'])}, {fraction['signs']} seeds",
+        "iv ratio": f"{fraction['paired']['mean_difference'] / k3['paired']['mean_difference']:.2f} times",
+        "iv k=0": f"plain {top1(IV, '0')['mean']:.2f} +- {top1(IV, '0')['std']:.2f}",
+        "iv penalised": f"penalised {top['mean']:.2f} +- {top['std']:.2f}",
+        "iv top-1": interval(top, 2),
+        "iv top-1 p": f"p {p(top['paired']['p'])}, sign-flip {p(top['permutation_p'])}, {top['signs']} seeds",
+        "iv TOST": f"TOST p {p(top['tost_p'])} by t, {p(top['tost_sign_flip_p'])} by sign flips",
+        "iv TOST lower": f"lower half {p(top['tost_lower_p'])} by t, {p(top['tost_lower_sign_flip_p'])}",
+        "iv MDE": f"design MDE {top['mde_at_alpha']:.2f} points",
+        "iv margin": f"margin {IV['rule']['margin']['test top-1 (%)']:.3f}",
+        "iv verdict": top["verdict"],
+        "iv between": f"{interval(between, 3)} ({between['signs']})",
+        "iv wall times": "(" + "-".join(f"{m:.1f}" for m in _wall_minutes("intervention")) + " min a cell)",
+    }
 
 
 def _p4_differences() -> dict[str, float]:
@@ -319,6 +347,7 @@ CONSTANTS = {
     "14.41": "the patch-4 pilot's k = 0 error (100 - 85.59; patch4/pilot/L0-s100.json, outside the study)",
     "99.6": "the patch-4 pilot's k = 0 fit (patch4/pilot/L0-s100.json, outside the study)",
     "0.0025": "appendix B's exploratory per-head reading (decomposition/mechanism/mechanism.md)",
+    "0.0015": "the intervention plan's LAMBDA (plan.json, fixed from pilots outside the study)",
 }
 
 
