@@ -102,6 +102,7 @@ def test_a_value_of_unknown_kinds_is_refused(kinds, message):
         ([[True, False]] * 3, r"laplacian_heads\[layer 0\] mask \[True, False\] is not 4 bools"),
         (torch.ones(3, 4), "laplacian_heads tensor has dtype torch.float32 and shape \\(3, 4\\); allowed: a bool"),
         ([LayerHeads(("ordinary",) * 2)] * 3, r"laplacian_heads\[layer 0\] has 2 heads; allowed: 4"),
+        ([torch.ones(4, dtype=torch.bool, device="meta")] * 3, r"\[layer 0\] is a meta-device tensor, which holds no"),
     ],
     ids=repr,
 )

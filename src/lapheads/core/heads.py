@@ -172,6 +172,10 @@ def _layer_heads(item: object, num_heads: int, where: str) -> LayerHeads:
         return item
     if isinstance(item, Tensor):
         check_mask_tensor(item, num_heads)
+        if item.device.type == "meta":  # no values to read: never guess them
+            raise HeadSpecError(
+                f"laplacian_heads{where} is a meta-device tensor, which holds no values; allowed: k or a mask"
+            )
         return LayerHeads.of_flags(item.tolist())
     if isinstance(item, Sequence) and not isinstance(item, str):
         values = list(item)

@@ -57,8 +57,6 @@ class LaplacianHeadsMixin:
                 a bool mask, kind names, "negated:2").
         """
         num_heads = len(self.laplacian_mask)
-        if isinstance(laplacian_heads, Tensor) and laplacian_heads.device.type == "meta":
-            raise HeadSpecError("laplacian_heads is a meta-device tensor, which holds no values; allowed: k or a mask")
         heads = parse_heads([laplacian_heads], [num_heads])[0]
         self._heads = heads
         # what forward hands the op: TorchScript-readable attributes, set once here (no per-call work):
