@@ -256,7 +256,10 @@ def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_o
             "test_models.py",
             "test_lapheads_timm.py",
             "-k",
-            f"({names}) and not load_pretrained",
+            # timm's pruning contract deep-copies the model twice per layer ("slow, excluded from CI" in timm's own
+            # file): for the 24-layer large name it took 232 s of the suite under load, and it runs the same code for
+            # the other nine names (deit3_base_5L's 12 layers among them)
+            f"({names}) and not load_pretrained and not (prune_intermediate_layers_contract and deit3_large)",
         ],
         cwd=tests,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
