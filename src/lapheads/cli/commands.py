@@ -386,6 +386,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_across(args: argparse.Namespace) -> int:
+    from lapheads.study.across import load_recipe, read_across, render, write_across
+
+    pairs = [item.partition("=") for item in args.recipes]
+    for item, (label, eq, path) in zip(args.recipes, pairs, strict=True):
+        if not (eq and label and path):
+            raise UserError(f"recipe {item!r}; allowed: LABEL=STATS, e.g. 1x=RECORDS/report/stats.json")
+    recipes = [load_recipe(label, path, args.metric) for label, _, path in pairs]
+    reading = read_across(
+        recipes, args.reference, args.arm, args.baseline, args.alpha, not args.lower_is_better, args.metric
+    )
+    if args.out is None:
+        print(render(reading), end="")
+        return 0
+    path = write_across(reading, args.out)
+    print(path.read_text(), end="")
+    print(f"across: {path}")
+    return 0
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     from lapheads.data.images import DATASETS, fetch_fashion_mnist, find_fashion_mnist
     from lapheads.data.text import TEXT_DATASETS

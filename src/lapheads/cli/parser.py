@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         _mechanism_command,
         _sweep_command,
         _report_command,
+        _across_command,
         _kernel_command,
         _data_command,
     ):
@@ -487,6 +488,30 @@ def _report_command(sub) -> None:
         "0,1,2,3,4,5); default: every seed",
     )
     report.set_defaults(func=commands.cmd_report)
+
+
+def _across_command(sub) -> None:
+    """``lapheads across``."""
+    across = sub.add_parser(
+        "across",
+        allow_abbrev=False,
+        help="one arm against the baseline across recipes (e.g. learning rates), from the reports' stats.json",
+    )
+    across.add_argument(
+        "recipes",
+        nargs="+",
+        metavar="LABEL=STATS",
+        help="a recipe's label and its report's stats.json, e.g. 1x=docs/reproduction/decomposition/cells/report/"
+        "stats.json (two or more)",
+    )
+    across.add_argument("--reference", required=True, help="the label of the recipe the baseline was tuned at")
+    across.add_argument("--arm", required=True, help="the arm tested for a handicap, e.g. 3")
+    across.add_argument("--baseline", default="0", help="the arm the recipe was tuned on (default 0)")
+    across.add_argument("--metric", default="test top-1 (%)", help="a metric or geometry row of the reports")
+    across.add_argument("--alpha", type=float, default=0.05, help="each handicap test's one-sided level")
+    across.add_argument("--lower-is-better", action="store_true", help="the metric improves downwards (a loss)")
+    across.add_argument("--out", default=None, help="a folder for across.md and across.json (default: print only)")
+    across.set_defaults(func=commands.cmd_across)
 
 
 def _kernel_command(sub) -> None:

@@ -1,0 +1,248 @@
+"""``lapheads across``: one arm against a baseline across recipes (learning rates, schedules), from reports.
+
+A study that compares head kinds at one recipe invites the question "was the recipe tuned for the baseline?". The
+answer is a second and third sweep at other recipes (the fair-tuning folders: lr 0.5x and 2x) and one reading
+across them, from the reports' stats.json alone (they keep every cell's per-seed value), fixed in the plans before
+the data:
+
+* **means**: each of the two arms at each recipe, mean over the seeds *every* recipe has (a reference sweep with
+  more seeds is read on the common ones, so the columns compare like with like);
+* **handicap tests**: the arm at each other recipe against the baseline at the reference recipe, paired by seed,
+  one-sided in the better direction at ``alpha`` (a paired t-test; a one-sided test at alpha is the upper half of a
+  two-sided one at 2 alpha, so its MDE is :func:`lapheads.study.verdicts.mde` at 2 alpha);
+* **the reading**: "handicapped" when any handicap test rejects, or when the arm's best recipe (by mean) is not
+  the reference while the baseline's is; otherwise "not handicapped within the recipes tried" (which is no more
+  than the recipes tried and the MDEs can say).
+
+Each input's code revisions (as its records name them) are carried into the output: a reader must see which code
+trained which column.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lapheads.errors import SweepError
+from lapheads.io import atomic_write_text, json_loads
+from lapheads.study.cells import cell_name
+from lapheads.study.verdicts import mde
+
+#: what ``lapheads across`` writes into an output folder (and the only files it will replace there)
+OUTPUTS = ("across.md", "across.json")
+WRITER = "lapheads across"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One report's per-seed values of one metric: ``values[arm][seed]``."""
+
+    label: str
+    source: str
+    values: dict[str, dict[int, float]]
+    code_revisions: dict[str, list[str]]
+
+
+@dataclass(frozen=True)
+class HandicapTest:
+    """The arm at ``recipe`` minus the baseline at the reference recipe, paired by seed, one-sided."""
+
+    recipe: str
+    n_pairs: int
+    mean_difference: float
+    t: float
+    df: int
+    p_one_sided: float
+    mde: float
+    rejects: bool
+
+
+@dataclass(frozen=True)
+class AcrossReading:
+    metric: str
+    arm: str
+    baseline: str
+    reference: str
+    alpha: float
+    higher_is_better: bool
+    seeds: list[int]
+    means: dict[str, dict[str, float]]  # means[arm or baseline][recipe], over ``seeds``
+    best: dict[str, str]  # the recipe with the best mean, for the arm and for the baseline
+    tests: list[HandicapTest]
+    handicapped: bool
+    why: str
+    recipes: list[Recipe]
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["recipes"] = [
+            {**asdict(r), "values": {a: {str(s): v for s, v in by.items()} for a, by in r.values.items()}}
+            for r in self.recipes
+        ]
+        return {"written_by": WRITER, **out}
+
+
+def load_recipe(label: str, stats_file: str | Path, metric: str) -> Recipe:
+    """``metric``'s per-seed values from a report's stats.json (its metrics or geometry rows)."""
+    try:
+        saved = json_loads(Path(stats_file).read_text())
+        rows = {**saved["metrics"], **saved.get("geometry", {})}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None
+    if metric not in rows:
+        raise SweepError(f"metric {metric!r} not in {stats_file}; allowed: {', '.join(sorted(rows))}")
+    try:
+        values = {str(arm): {int(s): float(v) for s, v in row["values"].items()} for arm, row in rows[metric].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise SweepError(f"{stats_file}: {metric!r} holds no per-seed values ({type(err).__name__}: {err})") from None
+    revisions = saved.get("code_revisions") or _revisions_of_records(Path(stats_file).parent.parent)
+    return Recipe(label, str(stats_file), values, dict(revisions))
+
+
+def _revisions_of_records(folder: Path) -> dict[str, list[str]]:
+    """The revisions the records beside a report name (``RECORDS/report/stats.json``), for a stats.json written
+    before reports kept them; {} where there are none."""
+    from lapheads.runs.records import RecordError, load_records
+
+    try:
+        records = load_records(folder) if (folder / "plan.json").is_file() else []
+    except RecordError:
+        return {}
+    by_revision: dict[str, list[str]] = {}
+    for record in records:
+        revision = (record.data.get("environment") or {}).get("git_revision")
+        if revision:
+            by_revision.setdefault(str(revision), []).append(record.name)
+    return by_revision
+
+
+def _one_sided(arm: dict[int, float], baseline: dict[int, float], sign: int, alpha: float, recipe: str):
+    from scipy import stats
+
+    seeds = sorted(set(arm) & set(baseline))
+    diff = [arm[s] - baseline[s] for s in seeds]
+    n = len(diff)
+    mean = sum(diff) / n if n else math.nan
+    if n < 2:
+        return HandicapTest(recipe, n, mean, math.nan, n - 1, math.nan, math.nan, False)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diff) / (n - 1))
+    se = sd / math.sqrt(n)
+    t = mean / se if se > 0 else math.nan
+    p = float(stats.t.sf(sign * t, n - 1)) if se > 0 else math.nan
+    return HandicapTest(recipe, n, mean, t, n - 1, p, mde(se, n - 1, 2 * alpha), bool(p < alpha))
+
+
+def read_across(
+    recipes: list[Recipe], reference: str, arm: str, baseline: str, alpha: float, higher_is_better: bool, metric: str
+) -> AcrossReading:
+    """The pre-registered reading (module docstring) of ``arm`` against ``baseline`` across ``recipes``."""
+    labels = [r.label for r in recipes]
+    if len(set(labels)) != len(labels) or len(recipes) < 2:
+        raise SweepError(f"recipes {labels}; allowed: two or more, each label once")
+    if reference not in labels:
+        raise SweepError(f"--reference {reference!r}; allowed: one of the recipes ({', '.join(labels)})")
+    if not 0 < alpha < 0.5:
+        raise SweepError(f"--alpha {alpha}; allowed: a level between 0 and 0.5 (one-sided)")
+    for r in recipes:
+        for name in (arm, baseline):
+            if name not in r.values:
+                raise SweepError(f"arm {name!r} not in {r.source}; allowed: {', '.join(sorted(r.values))}")
+    by_label = {r.label: r for r in recipes}
+    seeds = sorted(set.intersection(*(set(r.values[a]) for r in recipes for a in (arm, baseline))))
+    if len(seeds) < 2:
+        raise SweepError(f"seeds every recipe has for arms {arm} and {baseline}: {seeds}; allowed: two or more")
+    sign = 1 if higher_is_better else -1
+    means = {a: {r.label: sum(r.values[a][s] for s in seeds) / len(seeds) for r in recipes} for a in (arm, baseline)}
+    best = {a: max(labels, key=lambda label, a=a: sign * means[a][label]) for a in (arm, baseline)}
+    reference_baseline = {s: by_label[reference].values[baseline][s] for s in seeds}
+    tests = [
+        _one_sided({s: r.values[arm][s] for s in seeds}, reference_baseline, sign, alpha, r.label)
+        for r in recipes
+        if r.label != reference
+    ]
+    beaten = [t.recipe for t in tests if t.rejects]
+    moved = best[arm] != reference and best[baseline] == reference
+    if beaten:
+        why = f"{arm} at {', '.join(beaten)} beats {baseline} at {reference} (one-sided, alpha {alpha:g})"
+    elif moved:
+        why = f"{arm}'s best recipe is {best[arm]}, {baseline}'s is {reference}"
+    else:
+        why = (
+            f"no recipe lets {arm} beat {baseline} at {reference} (one-sided, alpha {alpha:g}), and {arm}'s best "
+            f"recipe is {best[arm]} with {baseline}'s {best[baseline]}"
+        )
+    return AcrossReading(
+        metric,
+        arm,
+        baseline,
+        reference,
+        alpha,
+        higher_is_better,
+        seeds,
+        means,
+        best,
+        tests,
+        bool(beaten or moved),
+        why,
+        recipes,
+    )
+
+
+def render(reading: AcrossReading) -> str:
+    """across.md: the means table, the handicap tests, the reading, and which code trained each column."""
+    r = reading
+    labels = [x.label for x in r.recipes]
+    lines = [
+        f"# {r.arm} against {r.baseline} across recipes: {r.metric}",
+        "",
+        f"Seeds every recipe has: {', '.join(map(str, r.seeds))} (n = {len(r.seeds)}); reference recipe: "
+        f"{r.reference}; {'higher' if r.higher_is_better else 'lower'} is better.",
+        "",
+        "| arm | " + " | ".join(labels) + " | best |",
+        "|---|" + "---:|" * len(labels) + "---|",
+    ]
+    for a in (r.baseline, r.arm):
+        lines.append(f"| {a} | " + " | ".join(f"{r.means[a][label]:.2f}" for label in labels) + f" | {r.best[a]} |")
+    lines += [
+        "",
+        f"Handicap tests: {r.arm} at each recipe minus {r.baseline} at {r.reference}, paired by seed, one-sided "
+        f"({'a gain' if r.higher_is_better else 'a fall'}) paired t-test at alpha {r.alpha:g}; MDE at 80 % power.",
+        "",
+        "| recipe | pairs | mean difference | t | p (one-sided) | MDE | rejects |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for t in r.tests:
+        lines.append(
+            f"| {t.recipe} | {t.n_pairs} | {t.mean_difference:+.2f} | {t.t:.2f} | {t.p_one_sided:.3g} | "
+            f"{t.mde:.2f} | {'yes' if t.rejects else 'no'} |"
+        )
+    verdict = "handicapped" if r.handicapped else "not handicapped within the recipes tried"
+    lines += ["", f"**Reading: {verdict}** ({r.why}).", "", "Inputs, and the code revisions their records name:", ""]
+    compared = {cell_name(a, s) for a in (r.arm, r.baseline) for s in r.seeds}  # the cells these tables read
+    for x in r.recipes:
+        named = {rev: [c for c in cells if c in compared] for rev, cells in x.code_revisions.items()}
+        revisions = "; ".join(f"{rev[:7]}: {', '.join(cells)}" for rev, cells in named.items() if cells)
+        lines.append(f"- {x.label}: {x.source} ({revisions or 'no record names one'})")
+    return "\n".join(lines) + "\n"
+
+
+def write_across(reading: AcrossReading, out: str | Path) -> Path:
+    """across.md and across.json into ``out``; refuses to replace a file there that lapheads across did not write."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    md, js = (folder / name for name in OUTPUTS)
+    if js.exists():
+        try:
+            ours = json_loads(js.read_text()).get("written_by") == WRITER
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            ours = False
+        if not ours:
+            raise SweepError(f"{js} exists and was not written by {WRITER}; allowed: a new folder or its own output")
+    elif md.exists():
+        raise SweepError(f"{md} exists without its across.json; allowed: a new folder or {WRITER}'s own output")
+    atomic_write_text(js, json.dumps(reading.to_json(), indent=1) + "\n")
+    atomic_write_text(md, render(reading))
+    return md
