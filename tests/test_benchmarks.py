@@ -180,3 +180,18 @@ def test_the_precision_benchmark_states_the_cpu_and_the_auto_choice(tmp_path):
     text = _load("precision").main(["--repeats", "1", "--vit-batch", "2", "--gpt-batch", "1"])
     assert "| ViT (fmnist-cpu) |" in text and "| GPT (shakespeare-cpu) |" in text
     assert "`amp auto` here: **" in text and "avx512_bf16" in text
+
+
+def test_the_per_call_benchmark_alternates_trees_in_fresh_processes_and_refuses_a_folder_without_lapheads(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    script = [sys.executable, str(root / "benchmarks" / "per_call.py")]
+    done = subprocess.run([*script, str(root / "src"), "--rounds", "1"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith(f"| {root / 'src'} |")]
+    times = [float(cell.split()[0]) for cell in row.strip("|").split("|")[1:]]
+    assert len(times) == 3 and all(0 < t < 100_000 for t in times)  # op k, op bools, module: us per call
+    refused = subprocess.run([*script, str(tmp_path)], capture_output=True, text=True)
+    assert refused.returncode != 0 and "holds no lapheads/__init__.py" in refused.stderr
