@@ -93,6 +93,7 @@ def test_revisions_come_from_the_records_beside_a_report_that_predates_them():
         ({"reference": "3x"}, "--reference '3x'; allowed: one of the recipes"),
         ({"arm": "sum:3"}, "arm 'sum:3' not in"),
         ({"alpha": 0.7}, "--alpha 0.7; allowed"),
+        ({"arm": "0"}, "--arm '0' is the baseline"),
     ],
 )
 def test_bad_requests_are_one_line_errors(tmp_path, change, message):

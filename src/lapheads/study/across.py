@@ -62,6 +62,8 @@ class HandicapTest:
 
 @dataclass(frozen=True)
 class AcrossReading:
+    """The reading of ``arm`` against ``baseline`` across recipes, with what it rests on (across.json)."""
+
     metric: str
     arm: str
     baseline: str
@@ -119,7 +121,7 @@ def _revisions_of_records(folder: Path) -> dict[str, list[str]]:
     return by_revision
 
 
-def _one_sided(arm: dict[int, float], baseline: dict[int, float], sign: int, alpha: float, recipe: str):
+def _one_sided(arm: dict[int, float], baseline: dict[int, float], sign: int, alpha: float, recipe: str) -> HandicapTest:
     from scipy import stats
 
     seeds = sorted(set(arm) & set(baseline))
@@ -144,6 +146,8 @@ def read_across(
         raise SweepError(f"recipes {labels}; allowed: two or more, each label once")
     if reference not in labels:
         raise SweepError(f"--reference {reference!r}; allowed: one of the recipes ({', '.join(labels)})")
+    if arm == baseline:
+        raise SweepError(f"--arm {arm!r} is the baseline; allowed: another arm of the reports")
     if not 0 < alpha < 0.5:
         raise SweepError(f"--alpha {alpha}; allowed: a level between 0 and 0.5 (one-sided)")
     for r in recipes:
