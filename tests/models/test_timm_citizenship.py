@@ -234,6 +234,12 @@ for _name, _function in list(vars(test_models).items()):
 """
 
 
+#: timm tests not run for a name: timm's pruning contract deep-copies the model twice per layer ("slow, excluded from
+#: CI" in timm's own file); for the 24-layer large name it took 232 s of this suite under load, and it runs the same
+#: code for the other nine names (deit3_base_5L's 12 layers among them)
+LEFT_OUT = {"deit3_large_2L_patch16_192": "test_prune_intermediate_layers_contract"}
+
+
 @pytest.mark.slow
 def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_own():
     tests = peer_tests("timm", timm.__version__, Path(sys.prefix) / "share" / "lapheads-timm-tests")
@@ -256,10 +262,7 @@ def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_o
             "test_models.py",
             "test_lapheads_timm.py",
             "-k",
-            # timm's pruning contract deep-copies the model twice per layer ("slow, excluded from CI" in timm's own
-            # file): for the 24-layer large name it took 232 s of the suite under load, and it runs the same code for
-            # the other nine names (deit3_base_5L's 12 layers among them)
-            f"({names}) and not load_pretrained and not (prune_intermediate_layers_contract and deit3_large)",
+            f"({names}) and not load_pretrained" + "".join(f" and not ({t} and {n})" for n, t in LEFT_OUT.items()),
         ],
         cwd=tests,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -281,7 +284,7 @@ def test_timms_model_suite_passes_for_lapheads_names_where_it_passes_for_timms_o
         # a test that builds the model with fewer heads than the name's k (Swin's 1-head resize tests for a 2L name)
         inapplicable = {t for t, s in ran.items() if s == "XFAIL"}
         assert not inapplicable or "_0L_" not in name, f"{name}: {inapplicable}"
-        expected = reference - inapplicable
+        expected = reference - inapplicable - {LEFT_OUT.get(name)}
         passed = {t for t, s in ran.items() if s == "PASSED"}
         assert expected <= passed, f"{name}: {sorted(expected - passed)} fail\n{done.stdout[-3000:]}"
         assert not [t for t, s in ran.items() if s in ("FAILED", "ERROR")], f"{name}: {ran}"

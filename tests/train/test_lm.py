@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -139,7 +140,13 @@ def test_eval_lm_scores_val_bpb_and_arc_from_local_files(trained_run, tmp_path, 
         (["--tasks", "mmlu", "--data-dir", "/nonexistent"], "task mmlu: no mmlu.jsonl / mmlu.parquet in /nonexistent"),
     ],
 )
-def test_bad_eval_input_is_a_one_line_error(trained_run, args, message, capsys):
+def test_bad_eval_input_is_a_one_line_error(trained_run, args, message, capsys, monkeypatch):
+    import types
+
+    def offline(*args, **kwargs):  # what the hub answers here, without the ~20 s of connection retries
+        raise ConnectionError("offline")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
     assert main(["eval", "lm", str(trained_run[0]), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
