@@ -1,7 +1,7 @@
 """docs/reproduction.md against its record-based reports (issues 56, 57): every number the account quotes from the
-decomposition, patch-4 and intervention reports equals the report's stats.json at the printed precision, and every
-decimal in the parts built on those reports is either such a quote or a constant named here with where it comes
-from.
+decomposition, patch-4, intervention and fair-tuning reports equals the report's stats.json (the cross-lr reading:
+its across.json) at the printed precision, and every decimal in the parts built on those reports is either such a
+quote or a constant named here with where it comes from.
 
 A number is quoted by the string the document prints (``interval(row, 3)`` -> "-0.090 [-0.114, -0.067]"), so a
 CI rounded the wrong way, a count miscopied or a p from another row fails here with the two strings side by side.
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lapheads.study.verdicts import holm_steps
+from lapheads.study.verdicts import holm_steps, mde
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the document with its line breaks read as spaces: a quote may wrap
@@ -30,6 +30,9 @@ def _report(study: str) -> dict:
 
 
 DEC, P4, IV = _report("decomposition"), _report("patch4"), _report("intervention")
+#: the fair-tuning folders by learning-rate factor, and the plans' cross-lr reading over them and the decomposition
+FAIR = {factor: _report(f"fair-tuning/lr-{factor}") for factor in ("0.5x", "2x")}
+ACROSS = json.loads((ROOT / "docs" / "reproduction" / "fair-tuning" / "across" / "across.json").read_text())
 #: the intervention study's penalised arm (its plan's one contrast against plain k = 0)
 PENALTY = "0+within_seq_penalty=0.0015"
 FINAL = "(after the final norm)"
@@ -237,6 +240,9 @@ def _quotes() -> dict[str, str]:
         ),
         # intervention
         **_intervention_quotes(),
+        # fair tuning
+        **{key: quote for factor in FAIR for key, quote in _fair_tuning_quotes(factor).items()},
+        **_across_quotes(),
     }
     return quotes
 
@@ -262,6 +268,48 @@ def _intervention_quotes() -> dict[str, str]:
         "iv between": f"{interval(between, 3)} ({between['signs']})",
         "iv wall times": "(" + "-".join(f"{m:.1f}" for m in _wall_minutes("intervention")) + " min a cell)",
     }
+
+
+def _fair_tuning_quotes(factor: str) -> dict[str, str]:
+    """One fair-tuning folder's primary, read at its plan's alpha (0.05) and at the summary's Bonferroni 0.025."""
+    report = FAIR[factor]
+    top = top1(report, "3")
+    pairs = top["paired"]["n_pairs"]
+    se = (top["paired"]["ci_high"] - top["paired"]["ci_low"]) / 2 / stats.t.ppf(0.975, pairs - 1)
+    fraction = geometry(report, "within-sequence fraction", "3")
+    pooled = geometry(report, "components for 99%, pooled", "3")
+    between = geometry(report, "between-class fraction", "3")
+    return {
+        f"{factor} k=0": f"k = 0 {top1(report, '0')['mean']:.2f} +- {top1(report, '0')['std']:.2f}",
+        f"{factor} k=3": f"k = 3 {top['mean']:.2f} +- {top['std']:.2f}",
+        f"{factor} top-1": interval(top, 2),
+        f"{factor} top-1 p": f"p {p(top['paired']['p'])}, sign-flip {p(top['permutation_p'])}, {top['signs']} seeds",
+        f"{factor} TOST": f"TOST p {p(top['tost_p'])} by t, {p(top['tost_sign_flip_p'])} by sign flips",
+        f"{factor} margin": f"margin {report['rule']['margin']['test top-1 (%)']:.3f}",
+        f"{factor} MDE": f"MDE {top['mde_at_alpha']:.2f} at alpha 0.05, {mde(se, pairs - 1, 0.025):.2f} at 0.025",
+        f"{factor} fraction": f"{interval(fraction, 3)} ({fraction['signs']})",
+        f"{factor} pooled": f"{interval(pooled, 2)} ({pooled['signs']})",
+        f"{factor} between": f"{interval(between, 3)} ({between['signs']})",
+        f"{factor} wall times": "("
+        + "-".join(f"{m:.1f}" for m in _wall_minutes(f"fair-tuning/lr-{factor}"))
+        + " min a cell)",
+    }
+
+
+def _across_quotes() -> dict[str, str]:
+    """The plans' cross-lr reading (fair-tuning/across/across.json), as the account prints it."""
+    means = ACROSS["means"]
+    quotes = {
+        f"across means {arm}": ", ".join(f"{means[arm][label]:.2f} at {label}" for label in ("0.5x", "1x", "2x"))
+        for arm in ("0", "3")
+    }
+    for test in ACROSS["tests"]:
+        quotes[f"across {test['recipe']}"] = (
+            f"{test['mean_difference']:+.2f} (one-sided p {p(test['p_one_sided'])}, MDE {test['mde']:.2f})"
+        )
+    quotes["across best"] = f"k = 3's best lr is {ACROSS['best']['3']}, k = 0's {ACROSS['best']['0']}"
+    quotes["across reading"] = "handicapped" if ACROSS["handicapped"] else "not handicapped within the lrs tried"
+    return quotes
 
 
 def _p4_differences() -> dict[str, float]:
@@ -333,7 +381,7 @@ def test_the_equivalence_sentence_says_what_survives_holm_across_the_three_arms(
 
 
 def _record_based_parts() -> str:
-    """The claims table's rows that cite a record-based report, and the two studies' sections."""
+    """The claims table's rows that cite a record-based report, and the record-based studies' sections."""
     table = DOC[DOC.index("## Claims at a glance") : DOC.index("## What in a Laplacian head")]
     rows = [row for row in table.split("| ") if "cells/report" in row or "same" in row]
     return " ".join(rows) + DOC[DOC.index("## What in a Laplacian head") : DOC.index("## Studies in progress")]
@@ -348,6 +396,14 @@ CONSTANTS = {
     "99.6": "the patch-4 pilot's k = 0 fit (patch4/pilot/L0-s100.json, outside the study)",
     "0.0025": "appendix B's exploratory per-head reading (decomposition/mechanism/mechanism.md)",
     "0.0015": "the intervention plan's LAMBDA (plan.json, fixed from pilots outside the study)",
+    "7.5": "the lr 0.5x plan's learning rate, 7.5e-4 (fair-tuning/lr-0.5x/cells/plan.json)",
+    "1.5": "the preset's learning rate, 1.5e-3 (fmnist-10k-converged-cpu)",
+    "0.40": "the fair-tuning plans' paired SD of top-1, from the committed sweeps (plan.json notes)",
+    "0.67": "the fair-tuning plans' design MDE at alpha 0.05 (plan.json notes)",
+    "0.82": "the fair-tuning plans' design MDE at alpha 0.025 (plan.json notes)",
+    "0.025": "the fair-tuning plans' per-lr alpha in the summary, 0.05 / 2 (Bonferroni; plan.json notes)",
+    "0.125": "the exact sign-flip floor 1/2^n with 3 pairs",
+    "0.031": "the exact sign-flip floor 1/2^n with 5 pairs",
 }
 
 
