@@ -25,7 +25,7 @@ from lapheads.study.report import (
     write_report,
 )
 from lapheads.study.report.statistics import dose_response, settled_from
-from lapheads.study.report.tables import table_row
+from lapheads.study.report.tables import late_change_lines, table_row
 from lapheads.tasks.metrics import VAL_BPB, Metric
 
 
@@ -437,6 +437,9 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step()
     assert flat_values["0"]["still_improving"] is False
     one_seed = {"specs": ["0"], "cells": {name: c for name, c in cells.items() if c["spec"] == "0" and c["seed"] == 0}}
     assert late_change(one_seed, VAL_BPB)["0"]["still_improving"] is None
+    # the table never reads an interval that holds 0 as a plateau
+    table = "\n".join(late_change_lines("top-1 (%)", flat_values))
+    assert table.rstrip().endswith("| not detected |") and "| no |" not in table
 
 
 def test_fit_against_test_pairs_each_cells_training_and_test_top1_and_the_losses_with_the_baseline():

@@ -18,7 +18,8 @@ def _mean_std(row: Comparison, spec: str) -> str:
     return format(row.mean, spec) + ("" if math.isnan(row.std) else f" ± {row.std:.2g}")
 
 
-_YES_NO = {True: "yes", False: "no"}
+#: an interval that holds 0 is not evidence of a plateau: "not detected", never "no"
+_IMPROVING = {True: "yes", False: "not detected"}
 
 
 def _with_interval(row: dict[str, Any]) -> str:
@@ -31,7 +32,8 @@ def late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[st
     lines = [
         "",
         f"{label}, change over the last quarter of training (each seed's last evaluation minus its evaluation at "
-        "the quarter's start; mean [95% CI] over seeds): a model still improving there is not converged.",
+        "the quarter's start; mean [95% CI] over seeds): a model still improving there is not converged; 'not "
+        "detected' (the interval holds 0) does not say it is.",
         "",
         "| Laplacian heads | steps | change [95% CI] | seeds | still improving |",
         "|---|---|---|---|---|",
@@ -39,7 +41,7 @@ def late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[st
     for spec, row in changes.items():
         lines.append(
             f"| {spec} | {row['from_step']} -> {row['to_step']} | {_with_interval(row)} | "
-            f"{row['n_pairs']} | {_YES_NO.get(row['still_improving'], 'untested (1 seed)')} |"
+            f"{row['n_pairs']} | {_IMPROVING.get(row['still_improving'], 'untested (1 seed)')} |"
         )
     return lines
 
