@@ -223,7 +223,7 @@ def _quotes() -> dict[str, str]:
         "p4 pooled": interval(geometry(P4, pooled, "3"), 2),
         "p4 pooled, table": f"({difference(geometry(P4, pooled, '3'), 2)}, 6/6)",
         "p4 per-seq": interval(geometry(P4, per_seq, "3"), 2),
-        "p4 per-seq MDE": f"MDE {geometry(P4, per_seq, '3')['mde_at_alpha']:.2f}",
+        "p4 per-seq MDE": "{signs} seeds, MDE {mde_at_alpha:.2f}".format(**geometry(P4, per_seq, "3")),
         "p4 gap epoch 3": interval(P4["over_training"]["test top-1 (%)"]["3"][0], 2),
         "p4 gap epoch 9": interval(P4["over_training"]["test top-1 (%)"]["3"][2], 2),
         "p4 late k=3": interval(P4["late_change"]["test top-1 (%)"]["3"], 3),
