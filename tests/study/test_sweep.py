@@ -331,6 +331,7 @@ def test_holm_and_the_verdict_rule():
         and mechanism_verdict(1.0, 0.01, 0.5, None) == "no claim"
     )
     assert mechanism_verdict(+0.3, math.nan, math.nan, +1) == "not tested (fewer than 2 seeds)"
+    assert mechanism_verdict(+0.3, math.nan, math.nan, +1, 8) == "not tested (the values have no spread)"  # 8 seeds
 
 
 def test_a_sweep_with_one_pair_so_far_reports_it_untested_without_nan():

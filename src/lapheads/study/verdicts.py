@@ -203,6 +203,8 @@ def mechanism_verdict(
         return "held" if difference * direction > 0 else "opposite"
     if not math.isnan(mde_):
         return f"not detected (MDE {mde_:.3g})"
+    if math.isnan(p_holm) and pairs is not None and pairs >= 2:
+        return "not tested (the values have no spread)"
     return "not detected" if not math.isnan(p_holm) else "not tested (fewer than 2 seeds)"
 
 
