@@ -203,9 +203,7 @@ def mechanism_verdict(
         return "held" if difference * direction > 0 else "opposite"
     if not math.isnan(mde_):
         return f"not detected (MDE {mde_:.3g})"
-    if math.isnan(p_holm) and pairs is not None and pairs >= 2:
-        return "not tested (the values have no spread)"
-    return "not detected" if not math.isnan(p_holm) else "not tested (fewer than 2 seeds)"
+    return _untested_or_not_detected(p_holm, pairs or 0, "the values")
 
 
 def apply_rule(
@@ -428,6 +426,12 @@ def _verdict(difference: float, p: float, row: Comparison, claim_: int | None, a
         tost_note = f"; TOST p {upper:.2g} but sign-flip {upper_exact:.2g}: a gain >= {margin:.3g} not excluded"
     if judged is not None and not math.isnan(judged.mde_at_alpha):
         return f"not detected (MDE {judged.mde_at_alpha:.3g} at alpha {judged.alpha:.2g}{tost_note})"
-    if math.isnan(p) and pairs >= 2:
-        return "not tested (the paired differences have no spread)"
-    return "not detected" if not math.isnan(p) else "not tested (fewer than 2 seeds)"
+    return _untested_or_not_detected(p, pairs, "the paired differences")
+
+
+def _untested_or_not_detected(p: float, seeds: int, tested: str) -> str:
+    """The last words of every verdict: an undefined p is "not tested", with why (no spread in ``tested`` over 2 or
+    more seeds, or fewer than 2 seeds); a defined one that rejected nothing, "not detected"."""
+    if not math.isnan(p):
+        return "not detected"
+    return f"not tested ({tested} have no spread)" if seeds >= 2 else "not tested (fewer than 2 seeds)"
