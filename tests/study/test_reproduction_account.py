@@ -1,5 +1,5 @@
 """docs/reproduction.md against its record-based reports (issues 56, 57): every number the account quotes from the
-decomposition, patch-4, intervention and fair-tuning reports equals the report's stats.json (the cross-lr reading:
+decomposition, patch-4, intervention, fair-tuning and LM reports equals the report's stats.json (the cross-lr reading:
 its across.json) at the printed precision, and every decimal in the parts built on those reports is either such a
 quote or a constant named here with where it comes from.
 
@@ -30,6 +30,8 @@ def _report(study: str) -> dict:
 
 
 DEC, P4, IV = _report("decomposition"), _report("patch4"), _report("intervention")
+#: the language-model study (issue 56): k = 2 and k = 4 of 4 Laplacian heads against k = 0, 8 seeds
+LM = _report("lm")
 #: the fair-tuning folders by learning-rate factor, and the plans' cross-lr reading over them and the decomposition
 FAIR = {factor: _report(f"fair-tuning/lr-{factor}") for factor in ("0.5x", "2x")}
 ACROSS = json.loads((ROOT / "docs" / "reproduction" / "fair-tuning" / "across" / "across.json").read_text())
@@ -243,6 +245,8 @@ def _quotes() -> dict[str, str]:
         # fair tuning
         **{key: quote for factor in FAIR for key, quote in _fair_tuning_quotes(factor).items()},
         **_across_quotes(),
+        # the language-model study
+        **_lm_quotes(),
     }
     return quotes
 
@@ -268,6 +272,69 @@ def _intervention_quotes() -> dict[str, str]:
         "iv between": f"{interval(between, 3)} ({between['signs']})",
         "iv wall times": "(" + "-".join(f"{m:.1f}" for m in _wall_minutes("intervention")) + " min a cell)",
     }
+
+
+def _lm_quotes() -> dict[str, str]:
+    """The LM study's rows as the account prints them: components to 2 decimals, CDNV and cosine to 3, bits per byte
+    to 4 (its margin is 0.0187), NC1 to 2; the k = 0 level, the relative size, the MDE and both TOST halves only where
+    the account prints them (the primary, the declared family and the whole-split bpb, which have margins)."""
+    per_seq, pooled, cdnv = "components for 99%, per sequence", "components for 99%, pooled", "CDNV, next-token classes"
+    digits = {per_seq: 2, pooled: 2, cdnv: 3, "NC1, next-token classes": 2, "token cosine similarity": 3}
+    quotes: dict[str, str] = {}
+
+    def tost(row: dict) -> str:
+        return (
+            f"TOST p {p(row['tost_p'])} / {p(row['tost_lower_p'])} by t, "
+            f"{p(row['tost_sign_flip_p'])} / {p(row['tost_lower_sign_flip_p'])} by sign flips"
+        )
+
+    for metric, d in digits.items():
+        base = geometry(LM, metric, "0")
+        if metric in (per_seq, pooled, cdnv):
+            quotes[f"lm {metric} k=0"] = f"{base['mean']:.{d}f} +- {base['std']:.{d}f}"
+        for arm in ("2", "4"):
+            row = geometry(LM, metric, arm)
+            held = (
+                f"Holm p {p(row['p_holm'])}" if row["role"] in ("primary", "declared") else f"p {p(row['paired']['p'])}"
+            )
+            quotes[f"lm {metric} k={arm}"] = f"{interval(row, d)} ({row['signs']}, {held})"
+            if metric in (per_seq, cdnv):
+                quotes[f"lm {metric} k={arm} MDE"] = f"MDE {row['mde_at_alpha']:.{d + 1}f}"
+                quotes[f"lm {metric} k={arm} TOST"] = tost(row)
+            if metric == per_seq:
+                quotes[f"lm {metric} k={arm} relative"] = (
+                    f"{100 * row['paired']['mean_difference'] / base['mean']:+.1f} %"
+                )
+    whole = LM["metrics"]["validation bits per byte, whole split"]
+    quotes["lm validation bits per byte, whole split k=0"] = f"{whole['0']['mean']:.4f} +- {whole['0']['std']:.4f}"
+    for metric in ("validation bits per byte", "validation bits per byte, whole split"):
+        for arm in ("2", "4"):
+            row = LM["metrics"][metric][arm]
+            quotes[f"lm {metric} k={arm}"] = f"{interval(row, 4)} ({row['signs']}, p {p(row['paired']['p'])})"
+    for arm in ("2", "4"):
+        quotes[f"lm validation bits per byte, whole split k={arm} TOST"] = tost(whole[arm])
+        quotes[f"lm validation bits per byte, whole split k={arm} verdict"] = whole[arm]["verdict"]
+    for arm, change in LM["late_change"]["validation bits per byte"].items():
+        quotes[f"lm late change k={arm}"] = interval(change, 3)
+    first = LM["over_training"]["validation bits per byte"]["4"][0]
+    quotes["lm first gap k=4"] = f"step {first['step']}: {interval(first, 3)}"
+    for metric in (f"{per_seq} {FINAL}", f"{cdnv} {FINAL}", "validation bits per byte, whole split"):
+        row = LM["dose"]["slopes"][metric]
+        quotes[f"lm dose {metric}"] = f"{interval(row, 4)} per head ({row['signs']}, p {p(row['p'])})"
+    for metric, row in LM["dose"]["follows"].items():
+        quotes[f"lm follows {metric}"] = f"{interval(row, 4)} ({row['signs']}, p {p(row['p'])})"
+    mech = LM["mechanism"]
+    for arm in ("2", "4"):
+        quotes[f"lm diffusion k={arm}"] = interval(mech["diffusion score, Laplacian heads (mean over blocks)"][arm], 3)
+        excess = mech["Laplacian excess over ordinary heads (k = 0 run, paired by seed)"][arm]
+        quotes[f"lm excess k={arm}"] = f"{interval(excess, 4)} ({excess['verdict']})"
+        twin = mech["within-sequence fraction drop, Laplacian heads minus their k = 0 twins"][arm]
+        quotes[f"lm twin drop k={arm}"] = f"{interval(twin, 5)} ({twin['verdict']})"
+    quotes["lm ordinary heads"] = interval(mech["diffusion score, ordinary heads (mean over blocks)"]["0"], 3)
+    for label, margin in LM["rule"]["margin"].items():  # fixed in the plan before the data
+        quotes[f"lm margin {label}"] = f"margin {margin}"
+    quotes["lm wall times"] = "(" + "-".join(f"{m:.1f}" for m in _wall_minutes("lm")) + " min a cell)"
+    return quotes
 
 
 def _fair_tuning_quotes(factor: str) -> dict[str, str]:
@@ -404,6 +471,10 @@ CONSTANTS = {
     "0.025": "the fair-tuning plans' per-lr alpha in the summary, 0.05 / 2 (Bonferroni; plan.json notes)",
     "0.125": "the exact sign-flip floor 1/2^n with 3 pairs",
     "0.031": "the exact sign-flip floor 1/2^n with 5 pairs",
+    "547.7": "the paper's LM baseline count of components for 99 % (nanochat d20; paper.md)",
+    "430.4": "the paper's all-Laplacian LM count of components for 99 % (paper.md)",
+    "21.4": "the paper's relative spectral effect, 547.7 -> 430.4 (the LM plan's notes: 21.42 %)",
+    "11.2": "nanochat d20's 11.2B training tokens in the paper (paper.md)",
 }
 
 
