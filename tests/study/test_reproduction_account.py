@@ -294,10 +294,10 @@ def _lm_quotes() -> dict[str, str]:
             quotes[f"lm {metric} k=0"] = f"{base['mean']:.{d}f} +- {base['std']:.{d}f}"
         for arm in ("2", "4"):
             row = geometry(LM, metric, arm)
-            held = (
+            tested = (
                 f"Holm p {p(row['p_holm'])}" if row["role"] in ("primary", "declared") else f"p {p(row['paired']['p'])}"
             )
-            quotes[f"lm {metric} k={arm}"] = f"{interval(row, d)} ({row['signs']}, {held})"
+            quotes[f"lm {metric} k={arm}"] = f"{interval(row, d)} ({row['signs']}, {tested})"
             if metric in (per_seq, cdnv):
                 quotes[f"lm {metric} k={arm} MDE"] = f"MDE {row['mde_at_alpha']:.{d + 1}f}"
                 quotes[f"lm {metric} k={arm} TOST"] = tost(row)
@@ -334,6 +334,12 @@ def _lm_quotes() -> dict[str, str]:
     for label, margin in LM["rule"]["margin"].items():  # fixed in the plan before the data
         quotes[f"lm margin {label}"] = f"margin {margin}"
     quotes["lm wall times"] = "(" + "-".join(f"{m:.1f}" for m in _wall_minutes("lm")) + " min a cell)"
+    side_by_side = [  # seeds 4-7: two cells side by side and nothing else training
+        json.loads((ROOT / "docs" / "reproduction" / "lm" / "cells" / f"L{k}-s{s}.json").read_text())["wall_seconds"]
+        for k in (0, 2, 4)
+        for s in (4, 5, 6, 7)
+    ]
+    quotes["lm wall times, seeds 4-7"] = f"({min(side_by_side) / 60:.0f}-{max(side_by_side) / 60:.0f} min in seeds 4-7"
     return quotes
 
 
