@@ -129,6 +129,7 @@ def test_a_record_of_another_config_is_refused_and_never_overwritten(tiny_preset
         ({"contrasts": [{"arm": "1", "baseline": "2", "direction": "paper"}]}, "is not one of the arms"),
         ({"contrasts": [{"arm": "1", "baseline": "0", "direction": "up"}]}, "direction one of paper, reverse"),
         ({"alpha": 2}, "alpha 2"),
+        ({"alpha": 1e-20}, "alpha 1e-20; allowed: a number in [1e-06, 1)"),  # once hung the report's MDE search
     ],
 )
 def test_a_sweep_must_be_its_plan(changes, says, tiny_preset, tmp_path, capsys):

@@ -42,6 +42,11 @@ def test_the_mde_grows_as_holm_lowers_the_alpha_and_approaches_the_normal_formul
     assert math.isnan(mde(0.0, 4)) and math.isnan(mde(1.0, 0))
 
 
+@pytest.mark.parametrize("alpha", [1e-20, 1e-300])
+def test_an_mde_at_an_alpha_below_float_resolution_is_nan_at_once_not_a_search_that_never_ends(alpha):
+    assert math.isnan(mde(0.3, 4, alpha))
+
+
 def test_at_holms_first_step_the_old_mde_is_detected_far_less_than_80_percent_of_the_time():
     se, df = 1.0, 4
     old = (stats.t.ppf(0.975, df) + stats.t.ppf(0.80, df)) * se  # the raw-test MDE reports used to state

@@ -12,7 +12,16 @@ the data:
   two-sided one at 2 alpha, so its MDE is :func:`lapheads.study.verdicts.mde` at 2 alpha);
 * **the reading**: "handicapped" when any handicap test rejects, or when the arm's best recipe (by mean) is not
   the reference while the baseline's is; otherwise "not handicapped within the recipes tried" (which is no more
-  than the recipes tried and the MDEs can say).
+  than the recipes tried and the MDEs can say);
+* **beside the reading, the arm x recipe interaction** at each other recipe: (arm - baseline at the recipe) minus
+  (arm - baseline at the reference), paired by seed, two-sided at 2 alpha (the handicap tests' one-sided alpha on
+  either side), with each arm's own change between the two recipes. The trigger above compares the arm at another
+  recipe with the baseline at the reference, so it fires as well when the other recipe suits *both* arms better;
+  only the interaction says whether the change is the arm's own, and the reading states it beside the trigger.
+
+Bad input is refused in one line, never read as an answer: per-seed values that are not finite real numbers, seed
+keys that are not plain integers ("0", not "00"), one report given under two labels (or through a link), and
+differences with no spread (no t-test exists).
 
 Each input's code revisions (as its records name them) are carried into the output: a reader must see which code
 trained which column.
@@ -29,7 +38,7 @@ from typing import Any
 from lapheads.errors import SweepError
 from lapheads.io import atomic_write_text, json_loads
 from lapheads.study.cells import cell_name
-from lapheads.study.verdicts import mde
+from lapheads.study.verdicts import MIN_ALPHA, mde
 
 #: what ``lapheads across`` writes into an output folder (and the only files it will replace there)
 OUTPUTS = ("across.md", "across.json")
@@ -61,6 +70,32 @@ class HandicapTest:
 
 
 @dataclass(frozen=True)
+class PairedChange:
+    """A paired mean difference over seeds with its two-sided interval, p and MDE at one level."""
+
+    mean_difference: float
+    ci_low: float
+    ci_high: float
+    p: float
+    mde: float
+    moved_up: int  # seeds whose difference is > 0
+    n_pairs: int
+
+
+@dataclass(frozen=True)
+class Interaction:
+    """At ``recipe``, against the reference: the arm x recipe interaction (the gap's change) and each arm's lift."""
+
+    recipe: str
+    gap: float  # arm - baseline at the recipe, mean over the seeds
+    reference_gap: float  # arm - baseline at the reference
+    interaction: PairedChange  # gap - reference gap, paired by seed
+    baseline_lift: PairedChange  # baseline at the recipe - baseline at the reference
+    arm_lift: PairedChange  # arm at the recipe - arm at the reference
+    detected: bool  # the interaction's two-sided p < 2 alpha
+
+
+@dataclass(frozen=True)
 class AcrossReading:
     """The reading of ``arm`` against ``baseline`` across recipes, with what it rests on (across.json)."""
 
@@ -76,6 +111,8 @@ class AcrossReading:
     tests: list[HandicapTest]
     handicapped: bool
     why: str
+    interactions: list[Interaction]
+    specific: str  # what the interaction says beside the reading, in words
     recipes: list[Recipe]
 
     def to_json(self) -> dict[str, Any]:
@@ -97,11 +134,24 @@ def load_recipe(label: str, stats_file: str | Path, metric: str) -> Recipe:
     if metric not in rows:
         raise SweepError(f"metric {metric!r} not in {stats_file}; allowed: {', '.join(sorted(rows))}")
     try:
-        values = {str(arm): {int(s): float(v) for s, v in row["values"].items()} for arm, row in rows[metric].items()}
+        values = {str(arm): _per_seed(row["values"]) for arm, row in rows[metric].items()}
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise SweepError(f"{stats_file}: {metric!r} holds no per-seed values ({type(err).__name__}: {err})") from None
     revisions = saved.get("code_revisions") or _revisions_of_records(Path(stats_file).parent.parent)
     return Recipe(label, str(stats_file), values, dict(revisions))
+
+
+def _per_seed(values: dict[str, Any]) -> dict[int, float]:
+    """A row's ``{seed: value}``: seeds spelled as plain integers, values finite real numbers (a bool, a string, a
+    NaN or an infinity is no measurement), else ValueError naming the entry."""
+    out: dict[int, float] = {}
+    for key, value in values.items():
+        if not (isinstance(key, str) and key.isdigit() and key == str(int(key))):
+            raise ValueError(f"seed key {key!r}; allowed: a plain integer such as '0'")
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise ValueError(f"seed {key}: value {value!r}; allowed: a finite number")
+        out[int(key)] = float(value)
+    return out
 
 
 def _revisions_of_records(folder: Path) -> dict[str, list[str]]:
@@ -131,12 +181,47 @@ def _one_sided(arm: dict[int, float], baseline: dict[int, float], sign: int, alp
     a, b = np.array([arm[s] for s in seeds]), np.array([baseline[s] for s in seeds])
     n, diff = len(seeds), a - b
     se = float(diff.std(ddof=1)) / math.sqrt(n)
-    if not se > 0:  # identical differences: no t-test exists
-        return HandicapTest(recipe, n, float(diff.mean()), math.nan, n - 1, math.nan, math.nan, False)
+    if not se > 0:  # identical differences: no t-test exists, and no reading may rest on one
+        raise SweepError(
+            f"{recipe}: differences {diff.tolist()} have no spread; no t-test exists; allowed: values that vary"
+        )
     test = stats.ttest_rel(a, b, alternative="greater" if sign > 0 else "less")
     p = float(test.pvalue)
     return HandicapTest(
         recipe, n, float(diff.mean()), float(test.statistic), n - 1, p, mde(se, n - 1, 2 * alpha), p < alpha
+    )
+
+
+def _paired_change(after: dict[int, float], before: dict[int, float], level: float) -> PairedChange:
+    """after - before over their common seeds: mean, the (1 - level) interval, scipy's two-sided paired t-test and
+    the MDE at ``level``; NaN for each where the differences have no spread (no t-test exists: "not tested")."""
+    import numpy as np
+    from scipy import stats
+
+    seeds = sorted(set(after) & set(before))
+    diff = np.array([after[s] - before[s] for s in seeds])
+    n, mean = len(seeds), float(diff.mean())
+    se = float(diff.std(ddof=1)) / math.sqrt(n)
+    if not se > 0:
+        return PairedChange(mean, math.nan, math.nan, math.nan, math.nan, int((diff > 0).sum()), n)
+    half = float(stats.t.ppf(1 - level / 2, n - 1)) * se
+    p = float(stats.ttest_rel([after[s] for s in seeds], [before[s] for s in seeds]).pvalue)
+    return PairedChange(mean, mean - half, mean + half, p, mde(se, n - 1, level), int((diff > 0).sum()), n)
+
+
+def _interaction(recipe: Recipe, reference: Recipe, arm: str, baseline: str, seeds: list[int], alpha: float):
+    """The arm x recipe interaction at ``recipe`` (module docstring), two-sided at 2 alpha."""
+    gap = {s: recipe.values[arm][s] - recipe.values[baseline][s] for s in seeds}
+    reference_gap = {s: reference.values[arm][s] - reference.values[baseline][s] for s in seeds}
+    interaction = _paired_change(gap, reference_gap, 2 * alpha)
+    return Interaction(
+        recipe.label,
+        sum(gap.values()) / len(seeds),
+        sum(reference_gap.values()) / len(seeds),
+        interaction,
+        _paired_change(recipe.values[baseline], reference.values[baseline], 2 * alpha),
+        _paired_change(recipe.values[arm], reference.values[arm], 2 * alpha),
+        interaction.p < 2 * alpha,
     )
 
 
@@ -147,12 +232,19 @@ def read_across(
     labels = [r.label for r in recipes]
     if len(set(labels)) != len(labels) or len(recipes) < 2:
         raise SweepError(f"recipes {labels}; allowed: two or more, each label once")
+    files = [Path(r.source).resolve() for r in recipes]
+    for i, file in enumerate(files):
+        if file in files[:i]:
+            raise SweepError(
+                f"{recipes[i].label}={recipes[i].source} is the report {recipes[files.index(file)].label} already "
+                "names; allowed: each report once"
+            )
     if reference not in labels:
         raise SweepError(f"--reference {reference!r}; allowed: one of the recipes ({', '.join(labels)})")
     if arm == baseline:
         raise SweepError(f"--arm {arm!r} is the baseline; allowed: another arm of the reports")
-    if not 0 < alpha < 0.5:
-        raise SweepError(f"--alpha {alpha}; allowed: a level between 0 and 0.5 (one-sided)")
+    if not MIN_ALPHA <= alpha < 0.5:
+        raise SweepError(f"--alpha {alpha}; allowed: a level in [{MIN_ALPHA:g}, 0.5) (one-sided)")
     for r in recipes:
         for name in (arm, baseline):
             if name not in r.values:
@@ -169,6 +261,9 @@ def read_across(
         _one_sided({s: r.values[arm][s] for s in seeds}, reference_baseline, sign, alpha, r.label)
         for r in recipes
         if r.label != reference
+    ]
+    interactions = [
+        _interaction(r, by_label[reference], arm, baseline, seeds, alpha) for r in recipes if r.label != reference
     ]
     beaten = [t.recipe for t in tests if t.rejects]
     moved = best[arm] != reference and best[baseline] == reference
@@ -194,8 +289,28 @@ def read_across(
         tests,
         bool(beaten or moved),
         why,
+        interactions,
+        _interaction_words(interactions, arm, 2 * alpha),
         recipes,
     )
+
+
+def _interaction_words(interactions: list[Interaction], arm: str, level: float) -> str:
+    """What the interaction says beside the reading: where it is detected, not detected, or not tested."""
+    found = [i.recipe for i in interactions if i.detected]
+    untested = [i.recipe for i in interactions if math.isnan(i.interaction.p)]
+    words = []
+    if found:
+        words.append(f"the arm x recipe interaction is detected at {', '.join(found)} (two-sided, alpha {level:g})")
+    if untested:
+        words.append(f"the arm x recipe interaction is not tested at {', '.join(untested)} (no spread)")
+    if not found and len(untested) < len(interactions):
+        where = "at any recipe" if not untested else "at the other recipes"
+        words.append(
+            f"the arm x recipe interaction is not detected {where} (two-sided, alpha {level:g}): what moves {arm} "
+            f"is not shown to be {arm}'s own; the trigger fires as well for a recipe that suits both arms better"
+        )
+    return "; ".join(words)
 
 
 def render(reading: AcrossReading) -> str:
@@ -226,14 +341,37 @@ def render(reading: AcrossReading) -> str:
             f"| {t.recipe} | {t.n_pairs} | {t.mean_difference:+.2f} | {t.t:.2f} | {t.p_one_sided:.3g} | "
             f"{t.mde:.2f} | {'yes' if t.rejects else 'no'} |"
         )
+    level = 2 * r.alpha
+    lines += [
+        "",
+        f"Beside them, the {r.arm} x recipe interaction: ({r.arm} - {r.baseline} at the recipe) minus ({r.arm} - "
+        f"{r.baseline} at {r.reference}), paired by seed, two-sided at alpha {level:g} with its {1 - level:.0%} "
+        f"interval; and each arm's own change from {r.reference} to the recipe (seeds that rose).",
+        "",
+        f"| recipe | gap there | gap at {r.reference} | interaction | p | MDE | {r.baseline}'s change | "
+        f"{r.arm}'s change |",
+        "|---|---:|---:|---|---:|---:|---|---|",
+    ]
+    for i in r.interactions:
+        lines.append(
+            f"| {i.recipe} | {i.gap:+.2f} | {i.reference_gap:+.2f} | {_interval(i.interaction)} | "
+            f"{i.interaction.p:.3g} | {i.interaction.mde:.2f} | {_interval(i.baseline_lift)} "
+            f"({i.baseline_lift.moved_up}/{i.baseline_lift.n_pairs}) | {_interval(i.arm_lift)} "
+            f"({i.arm_lift.moved_up}/{i.arm_lift.n_pairs}) |"
+        )
     verdict = "handicapped" if r.handicapped else "not handicapped within the recipes tried"
-    lines += ["", f"**Reading: {verdict}** ({r.why}).", "", "Inputs, and the code revisions their records name:", ""]
+    lines += ["", f"**Reading: {verdict}** ({r.why}); beside it, {r.specific}.", ""]
+    lines += ["Inputs, and the code revisions their records name:", ""]
     compared = {cell_name(a, s) for a in (r.arm, r.baseline) for s in r.seeds}  # the cells these tables read
     for x in r.recipes:
         named = {rev: [c for c in cells if c in compared] for rev, cells in x.code_revisions.items()}
         revisions = "; ".join(f"{rev[:7]}: {', '.join(cells)}" for rev, cells in named.items() if cells)
         lines.append(f"- {x.label}: {x.source} ({revisions or 'no record names one'})")
     return "\n".join(lines) + "\n"
+
+
+def _interval(change: PairedChange) -> str:
+    return f"{change.mean_difference:+.2f} [{change.ci_low:+.2f}, {change.ci_high:+.2f}]"
 
 
 def write_across(reading: AcrossReading, out: str | Path) -> Path:

@@ -38,6 +38,7 @@ from lapheads.runs.records import (
     read_record,
     record_in_memory,
 )
+from lapheads.study.verdicts import MIN_ALPHA
 from lapheads.tasks import get_task
 
 __all__ = [
@@ -162,8 +163,8 @@ def _check_plan_values(plan: Plan, where: str) -> None:
     for label, margin in plan.margins.items():
         if type(margin) not in (int, float) or not math.isfinite(margin) or margin <= 0:
             raise RecordError(f"{where}: margin {margin!r} for {label!r}; allowed: a finite number > 0")
-    if type(plan.alpha) not in (int, float) or not (0 < plan.alpha < 1):
-        raise RecordError(f"{where}: alpha {plan.alpha!r}; allowed: a number in (0, 1)")
+    if type(plan.alpha) not in (int, float) or not (MIN_ALPHA <= plan.alpha < 1):
+        raise RecordError(f"{where}: alpha {plan.alpha!r}; allowed: a number in [{MIN_ALPHA:g}, 1)")
 
 
 def install_plan(plan: Plan, records_dir: str | Path) -> None:

@@ -55,6 +55,11 @@ __all__ = [
 ]
 
 ALPHA, POWER = 0.05, 0.80
+#: the smallest significance level a plan or a reading may ask for: far below any design here (0.05 / 12), and far
+#: enough above float resolution that every quantile, p and MDE stays finite
+MIN_ALPHA = 1e-6
+#: the MDE search doubles its bracket at most this often (a noncentral t of 10 * 2^60 is beyond any real design)
+MDE_DOUBLINGS = 60
 
 #: one metric per claim of the paper, at one place (after the final norm): the family Holm corrects
 DECLARED_GEOMETRY = (
@@ -89,14 +94,20 @@ def mde(se: float, df: int, alpha: float = ALPHA, power: float = POWER) -> float
     if not (se > 0 and df >= 1 and math.isfinite(se)):
         return math.nan
     critical = float(stats.t.ppf(1 - alpha / 2, df))
+    if not math.isfinite(critical):  # alpha below float resolution: no finite test, so no finite MDE
+        return math.nan
 
     def shortfall(nc: float) -> float:
         lower = float(stats.nct.cdf(-critical, df, nc))  # underflows to NaN far from 0, where it is ~0
         return float(stats.nct.sf(critical, df, nc)) + (lower if math.isfinite(lower) else 0.0) - power
 
     high = critical + 10.0
-    while shortfall(high) < 0:
+    for _ in range(MDE_DOUBLINGS):  # bounded: a search that cannot bracket the power says so instead of hanging
+        if shortfall(high) >= 0:
+            break
         high *= 2
+    else:
+        return math.nan
     return float(optimize.brentq(shortfall, 0.0, high, xtol=1e-10)) * se
 
 
