@@ -45,6 +45,9 @@ def test_means_use_only_the_seeds_every_recipe_has_and_the_one_sided_p_is_scipys
     assert test.recipe == "0.5x" and test.n_pairs == 5 and test.df == 4
     assert test.t == pytest.approx(expected.statistic) and test.p_one_sided == pytest.approx(expected.pvalue)
     assert test.rejects == (expected.pvalue < 0.025)
+    (i,) = r.interactions  # seed 5 (1x only) enters no interaction row either
+    assert i.reference_gap.n_pairs == 5 and i.baseline_lift.n_pairs == 5
+    assert i.reference_gap.mean_difference == pytest.approx((0.2 + 0.4 + 0.2 + 0.2 + 0.1) / 5)
 
 
 def test_a_clear_gain_at_another_recipe_reads_handicapped(tmp_path):
@@ -156,6 +159,7 @@ def test_the_interaction_is_read_beside_the_trigger_and_matches_scipy(tmp_path):
     interval = expected.confidence_interval(0.95)
     assert (i.interaction.ci_low, i.interaction.ci_high) == pytest.approx((interval.low, interval.high))
     assert i.baseline_lift.moved_up == 5 and i.baseline_lift.ci_low > 0  # the lr change lifts k = 0 too
+    assert i.reference_gap.mean_difference == pytest.approx(sum(reference_gap) / 5) and i.reference_gap.n_pairs == 5
     text = render(r)
     assert "**Reading: handicapped**" in text and "interaction is not detected at any recipe" in text
     assert "suits both arms better" in text

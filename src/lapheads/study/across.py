@@ -87,8 +87,8 @@ class Interaction:
     """At ``recipe``, against the reference: the arm x recipe interaction (the gap's change) and each arm's lift."""
 
     recipe: str
-    gap: float  # arm - baseline at the recipe, mean over the seeds
-    reference_gap: float  # arm - baseline at the reference
+    gap: PairedChange  # arm - baseline at the recipe, paired by seed
+    reference_gap: PairedChange  # arm - baseline at the reference, on the same seeds
     interaction: PairedChange  # gap - reference gap, paired by seed
     baseline_lift: PairedChange  # baseline at the recipe - baseline at the reference
     arm_lift: PairedChange  # arm at the recipe - arm at the reference
@@ -210,17 +210,18 @@ def _paired_change(after: dict[int, float], before: dict[int, float], level: flo
 
 
 def _interaction(recipe: Recipe, reference: Recipe, arm: str, baseline: str, seeds: list[int], alpha: float):
-    """The arm x recipe interaction at ``recipe`` (module docstring), two-sided at 2 alpha."""
-    gap = {s: recipe.values[arm][s] - recipe.values[baseline][s] for s in seeds}
-    reference_gap = {s: reference.values[arm][s] - reference.values[baseline][s] for s in seeds}
+    """The arm x recipe interaction at ``recipe`` (module docstring), two-sided at 2 alpha, on ``seeds`` alone."""
+    here, there = ({a: {s: r.values[a][s] for s in seeds} for a in (arm, baseline)} for r in (recipe, reference))
+    gap = {s: here[arm][s] - here[baseline][s] for s in seeds}
+    reference_gap = {s: there[arm][s] - there[baseline][s] for s in seeds}
     interaction = _paired_change(gap, reference_gap, 2 * alpha)
     return Interaction(
         recipe.label,
-        sum(gap.values()) / len(seeds),
-        sum(reference_gap.values()) / len(seeds),
+        _paired_change(here[arm], here[baseline], 2 * alpha),
+        _paired_change(there[arm], there[baseline], 2 * alpha),
         interaction,
-        _paired_change(recipe.values[baseline], reference.values[baseline], 2 * alpha),
-        _paired_change(recipe.values[arm], reference.values[arm], 2 * alpha),
+        _paired_change(here[baseline], there[baseline], 2 * alpha),
+        _paired_change(here[arm], there[arm], 2 * alpha),
         interaction.p < 2 * alpha,
     )
 
@@ -350,11 +351,11 @@ def render(reading: AcrossReading) -> str:
         "",
         f"| recipe | gap there | gap at {r.reference} | interaction | p | MDE | {r.baseline}'s change | "
         f"{r.arm}'s change |",
-        "|---|---:|---:|---|---:|---:|---|---|",
+        "|---|---|---|---|---:|---:|---|---|",
     ]
     for i in r.interactions:
         lines.append(
-            f"| {i.recipe} | {i.gap:+.2f} | {i.reference_gap:+.2f} | {_interval(i.interaction)} | "
+            f"| {i.recipe} | {_interval(i.gap)} | {_interval(i.reference_gap)} | {_interval(i.interaction)} | "
             f"{i.interaction.p:.3g} | {i.interaction.mde:.2f} | {_interval(i.baseline_lift)} "
             f"({i.baseline_lift.moved_up}/{i.baseline_lift.n_pairs}) | {_interval(i.arm_lift)} "
             f"({i.arm_lift.moved_up}/{i.arm_lift.n_pairs}) |"
