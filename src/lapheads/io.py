@@ -32,6 +32,9 @@ __all__ = [
     "sole_owner",
     "load_safetensors",
     "load_tensor_file",
+    "MAX_STUDY_FILE_BYTES",
+    "read_regular_bytes",
+    "read_regular_text",
     "restricted_unpickle",
     "state_dict_mismatch",
 ]
@@ -42,6 +45,31 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+#: the most a record, plan, report or stats.json that lapheads reads may hold: its own are under 2 MB
+MAX_STUDY_FILE_BYTES = 64 * 1024 * 1024
+
+
+def read_regular_bytes(path: str | Path, limit: int = MAX_STUDY_FILE_BYTES) -> bytes:
+    """A regular file's bytes, or an OSError that says why not, so each caller's one-line "cannot be read" covers it:
+    a FIFO (reading it blocks until a writer comes), a device such as /dev/zero (it never ends), a folder, also
+    behind a link; and a file of more than ``limit`` bytes (read no further than that)."""
+    import stat
+
+    status = os.stat(path)  # follows links: a link to /dev/zero is a device
+    if not stat.S_ISREG(status.st_mode):
+        raise OSError(f"{path} is not a regular file; allowed: a regular file (not a FIFO, device or folder)")
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path} holds more than {limit:,} bytes; allowed: at most {limit:,}")
+    return data
+
+
+def read_regular_text(path: str | Path, limit: int = MAX_STUDY_FILE_BYTES) -> str:
+    """:func:`read_regular_bytes` decoded as UTF-8 (a UnicodeDecodeError for other bytes, as ``read_text`` gives)."""
+    return read_regular_bytes(path, limit).decode()
 
 
 #: the deepest JSON nesting lapheads reads from a file or an argument: its own files nest under 10 levels; Python's

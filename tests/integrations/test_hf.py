@@ -185,18 +185,80 @@ def test_the_spec_survives_saving_and_plain_loading_refuses_it(tmp_path):
     torch.testing.assert_close(_run(loaded, "llama"), _run(model, "llama"))
     with pytest.raises(InputError, match="attn_implementation='sdpa' would load it as plain attention"):
         lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path, attn_implementation="sdpa")
-    # a process that never imported lapheads.integrations.hf cannot load it as SDPA by accident
-    plain = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"import transformers; transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+
+
+#: each plain load a user of transformers might try, in a process that never imported lapheads: what it did
+_PLAIN_LOADS = """
+import json, sys, warnings
+import transformers
+d, out = sys.argv[1], {}
+def attempt(name, load):
+    try:
+        load()
+        out[name] = "loaded"
+    except Exception as err:
+        out[name] = f"refused: {type(err).__name__}: {err}"
+attempt("config round trip", lambda: transformers.AutoConfig.from_pretrained(d).save_pretrained(d + "-copy"))
+for implementation in (None, "sdpa", "eager"):
+    kwargs = {} if implementation is None else {"attn_implementation": implementation}
+    attempt(f"auto {implementation}", lambda: transformers.AutoModelForCausalLM.from_pretrained(d, **kwargs))
+    attempt(f"class {implementation}", lambda: transformers.LlamaForCausalLM.from_pretrained(d, **kwargs))
+attempt("pipeline", lambda: transformers.pipeline("text-generation", model=d, tokenizer="gpt2"))
+print(json.dumps(out))
+"""
+
+
+def test_every_plain_load_of_a_laplacian_checkpoint_refuses_except_the_named_class_case(tmp_path):
+    """Issue 76 (red team, high): a plain config round trip dropped the only marker transformers read, and a plain
+    load with attn_implementation="sdpa" ran plain attention, logits off by 0.17, nothing said. The saved model type
+    is now lapheads_<type>: every Auto load refuses, whatever implementation is asked for, and a config round trip
+    cannot happen without lapheads. What stays uncovered is exactly what docs/integrations.md says: the family's
+    class called by name, which transformers only warns about."""
+    import json
+
+    model = lhf.enable(_llama(), "0,2")
+    model.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert saved["model_type"] == "lapheads_llama" and saved["architectures"] == ["LaplacianLlamaForCausalLM"]
+    run = subprocess.run(
+        [sys.executable, "-c", _PLAIN_LOADS, str(tmp_path / "saved")], capture_output=True, text=True, timeout=300
     )
-    assert plain.returncode != 0 and 'attn_implementation="lapheads"' in plain.stderr
+    assert run.returncode == 0, run.stderr[-2000:]
+    outcome = json.loads(run.stdout.strip().splitlines()[-1])
+    unknown_type = "model type `lapheads_llama` but Transformers does not recognize this architecture"
+    for name in ("config round trip", "auto None", "auto sdpa", "auto eager", "pipeline"):
+        assert outcome[name].startswith("refused") and unknown_type in outcome[name], (name, outcome[name])
+    assert not (tmp_path / "saved-copy").exists()
+    assert outcome["class None"].startswith("refused") and 'attn_implementation="lapheads"' in outcome["class None"]
+    # the uncovered case, as documented: the named class with an explicit implementation loads after a warning
+    assert outcome["class sdpa"] == "loaded" and outcome["class eager"] == "loaded"
+    assert "You are using a model of type `lapheads_llama` to instantiate a model of type `llama`" in run.stderr
+
+
+def test_with_lapheads_a_laplacian_checkpoint_round_trips_through_autoconfig_and_automodel(tmp_path):
+    import json
+    import shutil
+
+    model = lhf.enable(_llama(), "0,2").eval()
+    model.save_pretrained(tmp_path / "saved")
+    shutil.copytree(tmp_path / "saved", tmp_path / "copy")
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "copy")
+    assert config.model_type == "lapheads_llama" and isinstance(config, transformers.LlamaConfig)
+    config.save_pretrained(tmp_path / "copy")  # the round trip that dropped the marker keeps it now
+    saved = json.loads((tmp_path / "copy" / "config.json").read_text())
+    assert saved["model_type"] == "lapheads_llama" and saved["laplacian_heads"] == model.config.laplacian_heads
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "copy").eval()
+    assert isinstance(loaded, transformers.LlamaForCausalLM) and loaded.config._attn_implementation == lhf.NAME
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    with pytest.raises(InputError, match="would run plain attention and drop them"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "copy", attn_implementation="sdpa")
+    loaded.save_pretrained(tmp_path / "again")
+    again = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert again["model_type"] == "lapheads_llama" and again["architectures"] == ["LaplacianLlamaForCausalLM"]
+    with pytest.raises(ValueError, match="lapheads_nosuchfamily"):  # only a family transformers knows is taught
+        transformers.AutoConfig.for_model("lapheads_nosuchfamily")
 
 
 def test_blend_starts_at_the_pretrained_function_and_signflip_keeps_the_attention_term():
@@ -443,7 +505,7 @@ def test_a_saved_laplacian_model_names_an_architecture_no_engine_serves_as_plain
     model = lhf.enable(_llama(), "0,2")
     model.save_pretrained(tmp_path / "laplacian")
     saved = json.loads((tmp_path / "laplacian" / "config.json").read_text())
-    assert saved["architectures"] == ["LaplacianLlamaForCausalLM"] and saved["model_type"] == "llama"
+    assert saved["architectures"] == ["LaplacianLlamaForCausalLM"] and saved["model_type"] == "lapheads_llama"
     assert "LaplacianLlamaForCausalLM" not in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
     loaded = lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path / "laplacian").eval()
     assert [m.laplacian_mask.tolist() for m in lhf.attention_modules(loaded)] == model.config.laplacian_heads

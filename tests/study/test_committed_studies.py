@@ -61,3 +61,46 @@ def test_a_committed_report_tests_the_margins_its_plan_fixed(plan_path):
     assert rule["plan"]["sha256"] == plan.sha256
     for label, margin in plan.margins.items():
         assert rule["margin"][label] == margin, label
+
+
+REPORTS = sorted(STUDIES.glob("**/cells/report/stats.json"))
+#: the appendix's sweeps from before records existed: a stats.json each, restated once into its verdicts.md
+RESTATED = sorted(p.parent for p in STUDIES.glob("*/verdicts.md"))
+
+
+def _rows(saved: dict) -> dict:
+    return {**saved["metrics"], **saved.get("geometry", {})}
+
+
+@pytest.mark.parametrize("stats_file", REPORTS, ids=lambda p: str(p.parents[2].relative_to(STUDIES)))
+def test_restating_a_committed_report_gives_its_verdicts(stats_file):
+    """Issue 76 (red team, high): `lapheads report RECORDS/report/stats.json` said "no plan was declared", made test
+    top-1 the primary and showed a contrast row ("sum:1 vs 1") as that arm against k = 0. Restated, every report
+    is judged under the plan it names, with its primary, and each row's verdict and difference are the report's."""
+    from lapheads.study.report import restated
+
+    saved = json.loads(stats_file.read_text())
+    rule, table, _, _ = restated(stats_file)
+    assert rule["plan"] == saved["rule"]["plan"] and rule["primary"] == saved["rule"]["primary"]
+    assert rule["declaration"] == saved["rule"]["declaration"]
+    for label, rows in _rows(saved).items():
+        for key, row in rows.items():
+            again = table[label][key]
+            assert again.verdict == row.get("verdict"), (label, key)
+            if row.get("paired"):
+                assert again.paired["mean_difference"] == pytest.approx(row["paired"]["mean_difference"], abs=1e-12)
+
+
+@pytest.mark.parametrize("folder", RESTATED, ids=lambda p: p.name)
+def test_an_appendix_stats_json_restates_to_its_committed_verdicts_byte_for_byte(folder):
+    from lapheads.study.report import restate
+
+    assert restate(folder / "stats.json") + "\n" == (folder / "verdicts.md").read_text()
+
+
+def test_a_report_restated_away_from_its_plan_is_refused_not_read_without_it(tmp_path):
+    from lapheads.cli import main
+
+    copy = tmp_path / "stats.json"
+    copy.write_bytes((STUDIES / "decomposition" / "cells" / "report" / "stats.json").read_bytes())
+    assert main(["report", str(copy)]) == 2

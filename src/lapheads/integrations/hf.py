@@ -19,8 +19,16 @@ Design choices:
   static cache's prefill, the first ones, where the keys are cut to the queries as transformers' SDPA path does.
 * **Heads live in the config**: ``enable`` writes ``config.laplacian_heads`` (one bool list per layer, from the one
   spec parser) and ``config.attn_implementation = "lapheads"``, and keeps each layer's mask as a non-persistent
-  buffer. A saved model therefore never loads silently as plain attention: plain ``from_pretrained`` without
-  ``import lapheads.hf`` fails on the unknown implementation, and :func:`from_pretrained` refuses any other one.
+  buffer; :func:`from_pretrained` refuses any other implementation.
+* **A saved Laplacian model names a model type no plain transformers knows**: ``lapheads_<type>``
+  ("lapheads_llama"), and architectures ``Laplacian<name>``. Without lapheads, ``AutoConfig`` (so a config round
+  trip), every ``AutoModel*``, pipelines and lm-eval's "hf" model refuse it whatever ``attn_implementation`` is
+  asked for, and engines that pick a class by either name (vLLM, llama.cpp's converter) find none. With ``import
+  lapheads.hf``, each ``lapheads_<type>`` is taught to transformers the first time it is read: a subclass of the
+  family's config whose only change is the model type, mapped to the family's own model and tokenizer classes.
+  Not covered: a family's class called by name without lapheads (``LlamaForCausalLM.from_pretrained``) only warns
+  ("a model of type lapheads_llama ... not supported"); without an ``attn_implementation`` it then fails on the
+  unknown "lapheads", with one it loads plain attention after that warning.
 * **Head kinds** (negated, centring, mix) through the same op: ``config.laplacian_head_kinds`` per layer; a mix
   head's (a, b) are ``mix_a`` / ``mix_b`` parameters of its attention module (ordinary at the start), saved with the
   model and restored by :func:`from_pretrained`. "local" heads need the layer's input tokens, which the attention
@@ -209,9 +217,12 @@ def register() -> None:
     """Register ``"lapheads"`` as an attention implementation and its mask (SDPA's) with transformers, and make a
     model whose config has Laplacian heads run them: built or loaded without an ``attn_implementation`` it gets
     "lapheads" (transformers does not save the one a config was built with), and any other one is a one-line
-    error instead of plain attention that silently drops the heads."""
-    from transformers import AttentionInterface, PreTrainedModel
+    error instead of plain attention that silently drops the heads. Saving such a config writes the model type and
+    architectures only lapheads resolves, and each ``lapheads_<type>`` read is taught to transformers' Auto classes
+    (module docstring)."""
+    from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     AttentionInterface.register(NAME, lapheads_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
@@ -228,8 +239,11 @@ def register() -> None:
         )
     elif not getattr(check, "_lapheads", False):  # once, however often register() is called
         PreTrainedModel._check_and_adjust_attn_implementation = _keep_laplacian_heads(check)
-    if not getattr(PreTrainedModel.save_pretrained, "_lapheads", False):
-        PreTrainedModel.save_pretrained = _save_as_laplacian(PreTrainedModel.save_pretrained)
+    if not getattr(PretrainedConfig.save_pretrained, "_lapheads", False):
+        PretrainedConfig.save_pretrained = _save_as_laplacian(PretrainedConfig.save_pretrained)
+    registered = CONFIG_MAPPING._extra_content  # transformers' own dict of registered model types
+    if not isinstance(registered, _LaplacianModelTypes):
+        CONFIG_MAPPING._extra_content = _LaplacianModelTypes(registered)
 
 
 def config_masks(config) -> list[list[bool]] | None:
@@ -258,29 +272,76 @@ def _has_laplacian_heads(config) -> bool:
 #: what a saved Laplacian model's ``architectures`` entries start with: engines that pick the model class by this
 #: name alone (vLLM, llama.cpp's converter) find no such class and refuse, instead of serving it as plain attention
 ARCHITECTURE_PREFIX = "Laplacian"
+#: what a saved Laplacian model's ``model_type`` starts with: plain transformers knows no such type, so AutoConfig and
+#: every AutoModel refuse it; :func:`register` teaches it each ``lapheads_<type>`` when first read
+MODEL_TYPE_PREFIX = "lapheads_"
 
 
 def _save_as_laplacian(save):
-    """transformers' ``save_pretrained`` (which writes ``architectures`` from the class name on every save), then,
-    for a model with Laplacian heads, its saved architectures renamed ``Laplacian<name>``; transformers itself
-    picks the class by ``model_type``, so lapheads and :func:`from_pretrained` load it as before."""
+    """transformers' config ``save_pretrained`` (which a model's own save calls, after setting ``architectures``
+    from its class name), then, for a config with Laplacian heads, its saved model type ``lapheads_<type>`` and its
+    architectures ``Laplacian<name>``: names only lapheads resolves (module docstring)."""
     from transformers.utils import CONFIG_NAME
 
     @functools.wraps(save)
     def save_pretrained(self, save_directory, *args, **kwargs):
         result = save(self, save_directory, *args, **kwargs)
         path = Path(save_directory) / CONFIG_NAME  # transformers' own config file, not a lapheads run's
-        if _has_laplacian_heads(getattr(self, "config", None)) and path.is_file():
-            config = json.loads(path.read_text())
-            names = config.get("architectures") or [type(self).__name__]
-            config["architectures"] = [
-                n if n.startswith(ARCHITECTURE_PREFIX) else ARCHITECTURE_PREFIX + n for n in names
-            ]
-            path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if _has_laplacian_heads(self) and path.is_file():
+            saved = json.loads(path.read_text())
+            saved["model_type"] = _prefixed(MODEL_TYPE_PREFIX, saved.get("model_type") or self.model_type)
+            if saved.get("architectures"):
+                saved["architectures"] = [_prefixed(ARCHITECTURE_PREFIX, name) for name in saved["architectures"]]
+            path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         return result
 
     save_pretrained._lapheads = True
     return save_pretrained
+
+
+def _prefixed(prefix: str, name: str) -> str:
+    return name if name.startswith(prefix) else prefix + name
+
+
+class _LaplacianModelTypes(dict):
+    """transformers' registered config classes (``CONFIG_MAPPING``'s own extra entries), answering any
+    ``lapheads_<type>`` of a known ``<type>`` by making its config class once (:func:`_laplacian_config_class`)."""
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or _base_model_type(key) is not None
+
+    def __missing__(self, key: str):
+        base = _base_model_type(key)
+        if base is None:
+            raise KeyError(key)
+        self[key] = config_class = _laplacian_config_class(base)
+        return config_class
+
+
+def _base_model_type(model_type: object) -> str | None:
+    """The family a saved model type names: "llama" for "lapheads_llama" where transformers knows "llama"; else None."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if not (isinstance(model_type, str) and model_type.startswith(MODEL_TYPE_PREFIX)):
+        return None
+    base = model_type.removeprefix(MODEL_TYPE_PREFIX)
+    return base if base in CONFIG_MAPPING_NAMES else None
+
+
+def _laplacian_config_class(base: str):
+    """The config class of ``lapheads_<base>``: the family's own with only its model type changed, registered in each
+    of transformers' Auto mappings that hold the family (models of every task, tokenizers) to the family's class."""
+    from transformers.models.auto import modeling_auto, tokenization_auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    family = CONFIG_MAPPING[base]
+    config_class = type(f"{ARCHITECTURE_PREFIX}{family.__name__}", (family,), {"model_type": MODEL_TYPE_PREFIX + base})
+    lazy_mapping = type(modeling_auto.MODEL_MAPPING)  # the class of every Auto mapping (model type -> class)
+    for module in (modeling_auto, tokenization_auto):
+        for mapping in vars(module).values():
+            if isinstance(mapping, lazy_mapping) and family in mapping:
+                mapping.register(config_class, mapping[family], exist_ok=True)
+    return config_class
 
 
 def _keep_laplacian_heads(check):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lapheads.errors import LapheadsError
-from lapheads.io import atomic_write_text, json_loads
+from lapheads.io import atomic_write_text, json_loads, read_regular_text
 from lapheads.runs.layout import PLAN_FILE, record_file
 
 __all__ = [
@@ -226,7 +226,7 @@ def _check_cell_against_its_config(data: dict[str, Any], where: str) -> None:
 def read_record(path: str | os.PathLike) -> CellRecord:
     path = Path(path)
     try:
-        data = json_loads(path.read_text())
+        data = json_loads(read_regular_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RecordError(f"{path} cannot be read as a cell record ({type(err).__name__}: {err})") from None
     record = CellRecord(_check(data, str(path)), path)

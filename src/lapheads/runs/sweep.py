@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lapheads.errors import SweepError
-from lapheads.io import json_loads
+from lapheads.io import json_loads, read_regular_text
 from lapheads.runs.layout import (
     SWEEP_FILE,
 )
@@ -78,11 +78,11 @@ def load_sweep(sweep_dir: str | os.PathLike) -> dict[str, Any]:
     """A sweep directory's sweep.json (its specs, seeds, overrides and cells with their status)."""
     file = Path(sweep_dir) / SWEEP_FILE
     try:
-        record = json_loads(file.read_text())
+        record = json_loads(read_regular_text(file))
     except FileNotFoundError:
         raise SweepError(f"{sweep_dir} holds no sweep ({SWEEP_FILE} missing); run `lapheads sweep` first") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise SweepError(f"{file} is corrupt: {err}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SweepError(f"{file} is corrupt or unreadable: {err}") from None
     cells = record.get("cells") if isinstance(record, dict) else None
     if not isinstance(cells, dict) or not all(isinstance(cell, dict) for cell in cells.values()):
         raise SweepError(f"{file} is corrupt: no cells object; allowed: a sweep.json lapheads wrote")

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from lapheads.errors import SweepError
-from lapheads.io import atomic_write_text, json_loads
+from lapheads.io import atomic_write_text, json_loads, read_regular_text
 from lapheads.study.cells import cell_name
 from lapheads.study.verdicts import MIN_ALPHA, mde
 
@@ -127,7 +127,7 @@ class AcrossReading:
 def load_recipe(label: str, stats_file: str | Path, metric: str) -> Recipe:
     """``metric``'s per-seed values from a report's stats.json (its metrics or geometry rows)."""
     try:
-        saved = json_loads(Path(stats_file).read_text())
+        saved = json_loads(read_regular_text(stats_file))
         rows = {**saved["metrics"], **saved.get("geometry", {})}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
         raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None

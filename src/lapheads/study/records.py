@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lapheads.io import json_loads
+from lapheads.io import json_loads, read_regular_bytes, read_regular_text
 from lapheads.runs import RunDir, checkpoint_steps, load_model
 from lapheads.runs.layout import PLAN_FILE, record_file
 from lapheads.runs.records import (
@@ -92,7 +92,7 @@ def load_plan(path: str | Path) -> Plan:
     """Read and check a plan file; a bad plan is one line naming the field and what is allowed."""
     path = Path(path)
     try:
-        source = path.read_bytes()
+        source = read_regular_bytes(path)
         data = json_loads(source.decode())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RecordError(f"--plan {path}: cannot be read as JSON ({type(err).__name__}: {err})") from None
@@ -262,7 +262,7 @@ def build_record(
     reports = {}
     if run.report_dir.is_dir():
         for path in sorted(run.report_dir.glob("eval_*.json")):
-            reports[path.name] = json_loads(path.read_text())
+            reports[path.name] = json_loads(read_regular_text(path))
     # where the cell trained (its own process wrote it into config.json); a run older than that: this process
     env = config.get("environment") or environment(threads if threads is not None else int(config.get("threads") or 0))
     env["precision"] = config.get("precision")

@@ -37,7 +37,7 @@ from typing import Any
 
 from lapheads.core.heads import HEAD_SPEC_PATTERN
 from lapheads.distributed import Interrupted, StoppedError
-from lapheads.io import json_loads, sole_owner
+from lapheads.io import json_loads, read_regular_text, sole_owner
 from lapheads.runs import SWEEP_FILE, SweepError
 from lapheads.runs.layout import RECORDS_LOCK, SWEEP_LOCK
 from lapheads.runs.sweep import arm_parts
@@ -331,7 +331,7 @@ def _in_processes(run: _SweepRun, todo: list[Cell]) -> None:
 
 def _read_sweep(path: Path) -> dict[str, Any]:
     try:
-        return json_loads(path.read_text())
+        return json_loads(read_regular_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise SweepError(
             f"{path} is corrupt ({type(err).__name__}: {err}); allowed: a sweep.json lapheads wrote"

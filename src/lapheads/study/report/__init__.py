@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lapheads.io import json_loads
+from lapheads.io import json_loads, read_regular_text
 from lapheads.runs import SWEEP_FILE, SweepError, load_sweep, spec_dir_name
 from lapheads.runs.layout import writable_report_folder
 from lapheads.study.comparison import Comparison, rows_json
@@ -185,25 +185,69 @@ def rule_and_table(rule: dict[str, Any], table: dict[str, dict[str, Comparison]]
     return [*rule_lines(rule), *table_header(baseline), *rows]
 
 
-def restate(stats_file: str | Path, margin: float | None = None) -> str:
-    """The statistics table of an existing stats.json (any version: it keeps every cell's per-seed value),
-    recomputed with the current tests and verdict rule (:mod:`lapheads.study.verdicts`); no run directory needed."""
+def restated(stats_file: str | Path, margin: float | None = None):
+    """An existing stats.json judged again by the current tests and verdict rule (:mod:`lapheads.study.verdicts`),
+    from its per-seed values alone, under the plan it was judged under: returns (rule, judged rows by label,
+    mechanism rows, baseline). The plan is the records folder's plan.json beside ``RECORDS/report/stats.json``,
+    refused unless its sha256 is the one the report names; a contrast row ("sum:1 vs 1") is that arm against its
+    own baseline, seed by seed; without a plan, the primary and its margin are the ones the report stored."""
+    from lapheads.study.records import load_plan
 
+    path = Path(stats_file)
     try:
-        saved = json_loads(Path(stats_file).read_text())
+        saved = json_loads(read_regular_text(path))
         groups = [*saved["metrics"].items(), *saved.get("geometry", {}).items()]
-
-        def values(rows: dict[str, Any]) -> dict[str, dict[int, float]]:
-            return {spec: {int(seed): float(v) for seed, v in row["values"].items()} for spec, row in rows.items()}
-
         baseline = str(saved["baseline"])
-        family = {label: summarize(values(rows), baseline) for label, rows in groups}
-        primary_label = next(iter(saved["metrics"]))
-        mechanism = diffusion_against_zero({label: values(rows) for label, rows in saved.get("mechanism", {}).items()})
+        stored = saved.get("rule") or {}
+        family = {label: _restated_rows(rows, baseline) for label, rows in groups}
+        primary_label = (stored.get("primary") or [next(iter(saved["metrics"]))])[0]
+        mechanism = diffusion_against_zero(
+            {label: _per_seed(rows) for label, rows in saved.get("mechanism", {}).items()}
+        )
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, StopIteration) as err:
         raise SweepError(f"{stats_file} is not a lapheads report stats.json ({type(err).__name__}: {err})") from None
-    family, rule = _judge(family, primary_label, baseline, margin)
-    rule["declaration"] = {"before_data": False, "plan_sha256": None, "why": "restated: no plan was declared"}
+    plan = None
+    named = (stored.get("plan") or {}).get("sha256")
+    if named:
+        plan_file = path.parent.parent / "plan.json"
+        plan = load_plan(plan_file) if plan_file.is_file() else None
+        if plan is None or plan.sha256 != named:
+            raise SweepError(
+                f"{stats_file} was judged under plan {named[:12]}, which {plan_file} "
+                f"{'does not hold' if plan is not None else 'is not'}; allowed: the report inside its records folder, "
+                "beside the plan it names"
+            )
+    if margin is None and plan is None:
+        margin = (stored.get("margin") or {}).get(primary_label)
+    family, rule = _judge(family, primary_label, baseline, margin, plan)
+    rule["declaration"] = stored.get("declaration") or {
+        "before_data": False,
+        "plan_sha256": None,
+        "why": "restated: no plan was declared",
+    }
+    return rule, family, mechanism, baseline
+
+
+def _per_seed(rows: dict[str, Any]) -> dict[str, dict[int, float]]:
+    return {spec: {int(seed): float(v) for seed, v in row["values"].items()} for spec, row in rows.items()}
+
+
+def _restated_rows(rows: dict[str, Any], baseline: str) -> dict[str, Comparison]:
+    """One label's rows summarised again: each arm against the report's baseline; a contrast row (its stored
+    ``arm`` against its stored ``baseline``, another arm) from the two arms' per-seed values."""
+    values = _per_seed(rows)
+    contrasts = {key: row for key, row in rows.items() if row.get("arm") and str(row["baseline"]) != baseline}
+    out = summarize({spec: v for spec, v in values.items() if spec not in contrasts}, baseline)
+    for key, row in contrasts.items():
+        arm, against = str(row["arm"]), str(row["baseline"])
+        out[key] = replace(summarize({arm: values[key], against: values[against]}, against)[arm], arm=arm)
+    return out
+
+
+def restate(stats_file: str | Path, margin: float | None = None) -> str:
+    """The statistics table of an existing stats.json (any version: it keeps every cell's per-seed value),
+    recomputed with the current tests and verdict rule (:func:`restated`); no run directory needed."""
+    rule, family, mechanism, baseline = restated(stats_file, margin)
     lines = rule_and_table(rule, family, baseline, lambda rows: list(rows))
     if mechanism:
         lines += [
