@@ -123,6 +123,38 @@ def test_dino_and_lm_runs_rebuild_from_their_records(tiny_dino, text_root, tmp_p
     assert json.loads((tmp_path / "lm" / "config.json").read_text()) == config
 
 
+def test_a_record_says_when_its_code_was_not_a_commit(monkeypatch):
+    """Issue 76 (red team, medium): a record trained from a checkout with uncommitted changes named the clean commit.
+    Its environment lists the package's changed paths ([] clean, None where git cannot tell), and a report lists
+    such a cell under "<revision>+uncommitted"."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from lapheads.runs import directory
+    from lapheads.study.report import statistics
+
+    real = directory.uncommitted_changes()
+    assert real is None or isinstance(real, list)
+    porcelain = " M src/lapheads/core/attention.py\n?? src/lapheads/new.py\n"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=0, stdout=porcelain))
+    assert directory.uncommitted_changes() == ["src/lapheads/core/attention.py", "src/lapheads/new.py"]
+    many = "".join(f" M src/lapheads/f{i:02d}.py\n" for i in range(25))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=0, stdout=many))
+    assert directory.uncommitted_changes()[-1] == "... and 5 more"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=128, stdout=""))
+    assert directory.uncommitted_changes() is None  # not a checkout: unknown, not clean
+
+    def cell(name, uncommitted):
+        env = {"git_revision": "a" * 40, "git_uncommitted": uncommitted}
+        return SimpleNamespace(name=name, data={"environment": env})
+
+    monkeypatch.setattr(statistics, "reader", lambda c: c)
+    revisions = statistics.code_revisions(
+        [cell("L0-s0", []), cell("L3-s0", ["src/lapheads/x.py"]), cell("L1-s0", None)]
+    )
+    assert revisions == {"a" * 40: ["L0-s0", "L1-s0"], "a" * 40 + "+uncommitted": ["L3-s0"]}
+
+
 def test_the_git_revision_is_read_without_git_too(monkeypatch, tmp_path):
     # a GPU container given a copy of the checkout may have no git: the record still names the commit
     import subprocess

@@ -29,6 +29,7 @@ def test_every_record_is_a_cell_of_its_folders_plan(plan_path):
         assert record.path.stem == cell["name"] and cell["spec"] in plan.arms and cell["seed"] in plan.seeds
         assert data["sweep"]["preset"] == plan.preset and data["sweep"]["task"] == plan.task
         assert data["sweep_arms"] == {"specs": plan.arms, "seeds": plan.seeds}
+        assert not data["environment"].get("git_uncommitted"), record.path.name  # trained by a commit
         if "amp=false" in plan.overrides:  # the plan pins fp32
             assert data["environment"]["precision"]["autocast_bf16"] is False, record.path.name
         gpu = data["environment"].get("accelerator")

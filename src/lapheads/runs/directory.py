@@ -54,6 +54,30 @@ def git_revision() -> str | None:
     return _revision_from_files(here)
 
 
+#: how many changed paths a record lists (a count of the rest follows): enough to see what changed
+UNCOMMITTED_LISTED = 20
+
+
+def uncommitted_changes() -> list[str] | None:
+    """The paths under the lapheads package that differ from the commit :func:`git_revision` names (changed,
+    staged, deleted or untracked; ``git status --porcelain``), so a record can say its code was not that commit:
+    [] for a clean package, None where git cannot tell (not installed, not a checkout, or it refuses the folder)."""
+    here = Path(__file__).resolve().parent.parent  # the package folder, src/lapheads: what trains a cell
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=normal", "--", "."],
+            capture_output=True, text=True, cwd=here, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    paths = sorted(line[3:] for line in out.stdout.splitlines() if line.strip())
+    if len(paths) > UNCOMMITTED_LISTED:
+        paths = [*paths[:UNCOMMITTED_LISTED], f"... and {len(paths) - UNCOMMITTED_LISTED} more"]
+    return paths
+
+
 def _revision_from_files(start: Path) -> str | None:
     """HEAD's commit read from the first .git above ``start`` (a loose ref, else packed-refs). A .git file is a
     worktree's (``gitdir: PATH``, as `git worktree add` writes it): its HEAD is there, its branches' refs in the

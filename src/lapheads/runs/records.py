@@ -92,7 +92,7 @@ def environment(threads: int, device: Any = None) -> dict[str, Any]:
 
     import lapheads
     from lapheads.hardware import cpu_flags, cpu_kernels, kernel_pins_in_force
-    from lapheads.runs.directory import git_revision
+    from lapheads.runs.directory import git_revision, uncommitted_changes
 
     model = platform.processor() or platform.machine()
     try:
@@ -109,6 +109,7 @@ def environment(threads: int, device: Any = None) -> dict[str, Any]:
     return {
         "lapheads_version": lapheads.__version__,
         "git_revision": git_revision(),
+        "git_uncommitted": uncommitted_changes(),  # [] clean; paths: the code was not that commit; None: unknown
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),

@@ -76,6 +76,19 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def _flag_uncommitted_code(log) -> None:
+    """A plan's cells should be trained by a commit: say so where this code is not one (each record says it too)."""
+    from lapheads.runs.directory import uncommitted_changes
+
+    changed = uncommitted_changes()
+    if changed:
+        log(
+            f"sweep: warning: the lapheads code has uncommitted changes ({', '.join(changed[:3])}"
+            f"{', ...' if len(changed) > 3 else ''}); each record will say so and the report lists its cells under "
+            "'<revision>+uncommitted': train a study's cells from a commit (a frozen worktree)"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepOptions:
     """How and where a sweep runs (not what it trains: that is its ``SweepDefinition``).
@@ -219,6 +232,7 @@ class _SweepRun:
             locks.enter_context(sole_owner(records / RECORDS_LOCK, f"records folder {records}"))
             if options.plan is not None:
                 install_plan(options.plan, records)
+                _flag_uncommitted_code(log)
             recorder = CellRecorder(records, definition, options.plan)
         records_name = None if options.records is None else str(options.records)
         ledger = {**definition.to_json(), "records": records_name, "cells": {}}

@@ -94,14 +94,22 @@ def done_cells(record: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(cells, key=lambda c: (c["seed"], record["specs"].index(c["spec"])))
 
 
+#: what follows a revision in a report's code revisions when a cell's code was not that commit
+UNCOMMITTED_MARK = "+uncommitted"
+
+
 def code_revisions(cells: list[dict[str, Any]]) -> dict[str, list[str]]:
     """The lapheads revisions that trained the cells (``environment.git_revision``, which the training process wrote
-    into config.json and a record copies), each with its cells' names; {} where no cell says."""
+    into config.json and a record copies), each with its cells' names; {} where no cell says. A cell whose code had
+    uncommitted changes (``environment.git_uncommitted``) is listed under ``<revision>+uncommitted``: it was trained
+    by no commit."""
     by_revision: dict[str, list[str]] = {}
     for cell in cells:
-        revision = (reader(cell).data.get("environment") or {}).get("git_revision")
+        env = reader(cell).data.get("environment") or {}
+        revision = env.get("git_revision")
         if revision:
-            by_revision.setdefault(str(revision), []).append(reader(cell).name)
+            key = f"{revision}{UNCOMMITTED_MARK}" if env.get("git_uncommitted") else str(revision)
+            by_revision.setdefault(key, []).append(reader(cell).name)
     return by_revision
 
 
