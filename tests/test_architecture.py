@@ -42,6 +42,7 @@ ROOT_MODULES = {
     "io",
     "plots",
     "sandbox",
+    "submodules",
 }
 SHORT_NAMES = {"hf": "integrations"}  # lapheads.hf, the documented name of lapheads.integrations.hf
 _REFERENCE = re.compile(r"^(lapheads(?:\.\w+)+):\w+$")  # "lapheads.train.lm:train_lm" in the task table

@@ -54,6 +54,28 @@ def test_help_and_version_answer_without_torch_or_a_busy_probe(argv):
     assert "torch" not in imported and "lapheads.hardware" not in imported and "machine is busy" not in done.stderr
 
 
+@pytest.mark.parametrize("task", ["classify"])
+def test_a_train_help_loads_neither_timm_nor_torchvision_nor_another_tasks_presets(task):
+    """Issue 76: `lapheads train classify --help` took 4-14 s (torch, timm and torchvision imported for a help
+    text, and every task's presets with the GPT). It imports its own task's presets and config, and torch. (The LM
+    tasks' help still loads timm: their config imports the GPT, whose package registers lapheads' timm models.)"""
+    import subprocess
+    import sys
+
+    code = (  # the command as its console script runs it, then the modules it loaded, printed at exit
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('LOADED', *sorted(sys.modules), file=sys.stderr))\n"
+        f"sys.argv = ['lapheads', 'train', {task!r}, '--help']\n"
+        "runpy.run_module('lapheads', run_name='__main__')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "presets:" in done.stdout, done.stderr[-500:]
+    imported = set(done.stderr.split("LOADED", 1)[1].split())
+    assert not {"timm", "torchvision", "transformers"} & imported
+    other = "lapheads.tasks.presets.lm" if task == "classify" else "lapheads.tasks.presets.classify"
+    assert f"lapheads.tasks.presets.{task}" in imported and other not in imported
+
+
 def test_each_evaluation_is_a_sub_parser_with_only_its_own_options(capsys):
     """``lapheads eval NAME``: every evaluation of the task table has its own parser (issue 59: one flat parser
     with "lm:"/"dino:"-prefixed help took every option for every evaluation)."""

@@ -162,3 +162,66 @@ def test_the_docs_python_runs_as_written(page, index, monkeypatch, tmp_path):
         exec(compile(code, f"{page.name} python block {index}", "exec"), {})
     finally:
         torch.set_num_threads(threads)
+
+
+def _inline_commands(page: Path) -> list[str]:
+    """The `lapheads ...` commands a page names in inline code (outside its fenced blocks)."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S).replace("\n", " ")
+    return re.findall(r"`(lapheads [^`]+)`", text)
+
+
+INLINE = [(page.relative_to(ROOT).as_posix(), span) for page in PAGES for span in _inline_commands(page)]
+
+
+def _placeholder(word: str) -> bool:
+    """A word that stands for a value the reader supplies: NAME, RUN_DIR, <task>."""
+    return bool(re.fullmatch(r"[A-Z][A-Z0-9_=.]*|<[^>]+>", word))
+
+
+@pytest.mark.parametrize("page, span", INLINE, ids=[f"{p}: {s[:60]}" for p, s in INLINE])
+def test_a_command_named_in_inline_code_exists(page, span, capsys):
+    """Issue 76: docs/language-models.md named `lapheads data fineweb-edu --shards N`, which is not a command (it is
+    `lapheads data fetch fineweb-edu`). Inline code that names a command may leave out its arguments, or stand
+    them in as placeholders; every command, subcommand and choice it spells must be one the parser has."""
+    words = shlex.split(span)
+    with pytest.raises(SystemExit) if {"-h", "--help"} & set(words) else _nothing():
+        try:
+            build_parser().parse_known_args(words[1:])
+        except SystemExit as stop:
+            err = capsys.readouterr().err
+            wrong = re.search(r"invalid choice: '([^']*)'", err)
+            assert not (wrong and not _placeholder(wrong.group(1))), f"{page}: `{span}`: {err.strip()[-200:]}"
+            if stop.code == 0:
+                raise
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_every_lapheads_name_in_the_docs_resolves_after_import_lapheads():
+    """Issue 76: docs named `lapheads.convert.BlendSchedule` (it is lapheads.core.convert) and
+    `lapheads.runs.load_model(...)` raised AttributeError after `import lapheads` alone. Each dotted name a page
+    shows in code formatting resolves, attribute by attribute, from a fresh `import lapheads`."""
+    import subprocess
+    import sys
+
+    names = sorted(
+        {name for page in PAGES for name in re.findall(r"`(lapheads(?:\.[A-Za-z_][A-Za-z0-9_]*)+)", page.read_text())}
+    )
+    assert len(names) >= 20
+    code = (
+        "import functools, sys, lapheads\n"
+        "missing = []\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        functools.reduce(getattr, name.split('.')[1:], lapheads)\n"
+        "    except AttributeError as err:\n"
+        "        missing.append(f'{name}: {err}')\n"
+        "print(missing)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-1000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

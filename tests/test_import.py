@@ -14,6 +14,8 @@ ORDERS = {
     "the drop-in first": "from lapheads import LaplacianAttention; import timm",
     "a model module first": "import lapheads.models.vit, timm",
     "the op first": "import lapheads.core.attention, timm",
+    "the head-spec parser first": "import lapheads.core.heads, timm",
+    "the drop-in's module first": "import lapheads.core.modules, timm",
     # transformers asks importlib.util.find_spec("timm") on import (is_timm_available) without importing it: the
     # README's second block did exactly this, and its names were then unknown to timm
     "lapheads, a probe for timm, then timm": "import importlib.util, lapheads\n"
@@ -30,6 +32,16 @@ def _run(code: str) -> str:
 
 def test_import_lapheads_loads_neither_timm_nor_torchvision():
     assert _run("import sys, lapheads; print(sorted({'timm', 'torchvision'} & set(sys.modules)))") == "[]"
+
+
+@pytest.mark.parametrize(
+    "line", ["from lapheads import laplacian_attention", "from lapheads.core import parse_heads, LayerHeads"]
+)
+def test_the_op_and_the_parser_load_torch_but_neither_timm_nor_torchvision(line):
+    """Issue 75: `from lapheads import laplacian_attention`, the one line a user needs for the op, took ~10 s and
+    loaded timm and torchvision (lapheads.core imported the timm drop-in eagerly)."""
+    code = f"import sys\n{line}\nprint(sorted({{'timm', 'torchvision', 'torch'}} & set(sys.modules)))"
+    assert _run(code) == "['torch']"
 
 
 @pytest.mark.parametrize("order", sorted(ORDERS))

@@ -52,12 +52,15 @@ _PUBLIC = {
 def __getattr__(name: str):
     """The public names, imported when first used: ``import lapheads`` alone loads neither torch's model stack nor
     timm and torchvision (issue 61: 5.2 s before); ``lapheads.GPT`` or ``from lapheads import create_vit`` loads
-    what that name needs."""
-    if name in _PUBLIC:
-        import importlib
+    what that name needs, and a subpackage named by attribute (``lapheads.runs.load_model`` after ``import
+    lapheads``) is imported on that use."""
+    import importlib
 
+    from lapheads.submodules import submodule_getattr
+
+    if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)
-    raise AttributeError(f"module 'lapheads' has no attribute {name!r}")
+    return submodule_getattr("lapheads")(name)  # a subpackage used by attribute: lapheads.runs.load_model
 
 
 class _RegisterWithTimm:
@@ -90,8 +93,8 @@ class _RegisterWithTimm:
             exec_module(module)
             if _initializing("lapheads.models"):
                 return  # a lapheads.models import loaded timm: finishing, it registers every name itself
-            if _initializing("lapheads.core"):  # the timm drop-in's own import loaded timm: once core is whole
-                _sys.modules["lapheads.core"].WHEN_LOADED.append(_register_timm_names)
+            if _initializing("lapheads.core"):  # the timm drop-in's own import loaded timm: once it is whole
+                _sys.modules["lapheads.core.modules"].WHEN_LOADED.append(_register_timm_names)
                 return
             _register_timm_names()
 

@@ -49,9 +49,9 @@ def _check_override_names(task: str, overrides: list[str]) -> None:
     import dataclasses
     import difflib
 
-    from lapheads.tasks.presets import CONFIG_TYPES
+    from lapheads.tasks import TASKS
 
-    fields = {f.name for f in dataclasses.fields(CONFIG_TYPES[task])}
+    fields = {f.name for f in dataclasses.fields(TASKS[task].config_type())}
     for item in overrides:
         if item.startswith("--"):
             key = item[2:].split("=", 1)[0].replace("-", "_")

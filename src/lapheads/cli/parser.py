@@ -52,12 +52,13 @@ class _DemoParser(_Parser):
 
     def format_help(self) -> str:
         from lapheads.config import config_help
-        from lapheads.tasks.presets import CONFIG_TYPES, PRESETS
+
+        classify = TASKS["classify"]
 
         self.epilog = (
             "Both runs are the fmnist-cpu recipe for one epoch (--epochs 2 for the preset's length) and take --key "
             "value overrides of it (shown with its values):\n"
-            + config_help(CONFIG_TYPES["classify"], PRESETS["classify"]["fmnist-cpu"])
+            + config_help(classify.config_type(), classify.preset_table()["fmnist-cpu"])
         )
         return super().format_help()
 
@@ -69,17 +70,18 @@ def _first_sentence(text: str, limit: int = 110) -> str:
 
 def _train_epilog(task: str, preset: str | None = None) -> str:
     from lapheads.config import config_help
-    from lapheads.tasks.presets import CONFIG_TYPES, PRESETS
 
-    table = PRESETS[task]
+    config_type = TASKS[task].config_type()
+
+    table = TASKS[task].preset_table()
     width = max(map(len, table)) + 2
     presets = "\n".join(f"  {name:{width}s}{_first_sentence(cfg.description)}" for name, cfg in table.items())
     if preset in table:
         fields = f"config fields with preset {preset}'s values (override any with --key value):\n"
-        return f"presets:\n{presets}\n\n{fields}{config_help(CONFIG_TYPES[task], table[preset])}"
+        return f"presets:\n{presets}\n\n{fields}{config_help(config_type, table[preset])}"
     return (
         f"presets:\n{presets}\n\nconfig fields (override any with --key value; a preset sets many; "
-        f"--preset NAME --help shows its values):\n{config_help(CONFIG_TYPES[task])}"
+        f"--preset NAME --help shows its values):\n{config_help(config_type)}"
     )
 
 

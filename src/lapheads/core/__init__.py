@@ -1,26 +1,27 @@
 """The thing a user imports: the head-spec parser, the head kinds, the op, the timm module and the conversion of
-pretrained heads."""
+pretrained heads.
 
-#: callables to run once this package has loaded: the front door registers lapheads' timm names here where the
-#: import of the timm drop-in below is what loaded timm (they need the whole of core)
-WHEN_LOADED: list = []
+Each name is imported when first used (module ``__getattr__``), so ``from lapheads import laplacian_attention`` or
+``from lapheads.core.heads import parse_heads`` loads torch and the op, not timm: only the timm drop-in
+(:class:`LaplacianAttention`, ``lapheads.core.modules``) loads timm."""
 
-# ruff: noqa: E402 - the list above must exist before the drop-in's import loads timm
-from lapheads.core.attention import IDENTITIES, laplacian_attention, laplacian_attention_reference
-from lapheads.core.heads import (
-    HEAD_SPEC,
-    HEAD_SPEC_PATTERN,
-    HeadSpec,
-    HeadSpecError,
-    LayerHeads,
-    parse_heads,
-)
-from lapheads.core.kinds import HEAD_KINDS, KIND_COEFFICIENTS, is_plain_laplacian
-from lapheads.core.modules import LaplacianAttention, LaplacianHeadsMixin
+from typing import TYPE_CHECKING
 
-for _then in WHEN_LOADED:  # what had to wait for the whole of core (lapheads/__init__.py: timm's names)
-    _then()
-WHEN_LOADED.clear()
+if TYPE_CHECKING:  # the public names, for readers and type checkers; at run time __getattr__ imports them on use
+    from lapheads.core.attention import IDENTITIES, laplacian_attention, laplacian_attention_reference
+    from lapheads.core.heads import HEAD_SPEC, HEAD_SPEC_PATTERN, HeadSpec, HeadSpecError, LayerHeads, parse_heads
+    from lapheads.core.kinds import HEAD_KINDS, KIND_COEFFICIENTS, is_plain_laplacian
+    from lapheads.core.modules import LaplacianAttention, LaplacianHeadsMixin
+
+#: each public name's module
+_PUBLIC = {
+    **dict.fromkeys(("IDENTITIES", "laplacian_attention", "laplacian_attention_reference"), "attention"),
+    **dict.fromkeys(
+        ("HEAD_SPEC", "HEAD_SPEC_PATTERN", "HeadSpec", "HeadSpecError", "LayerHeads", "parse_heads"), "heads"
+    ),
+    **dict.fromkeys(("HEAD_KINDS", "KIND_COEFFICIENTS", "is_plain_laplacian"), "kinds"),
+    **dict.fromkeys(("LaplacianAttention", "LaplacianHeadsMixin"), "modules"),
+}
 
 __all__ = [
     "HEAD_KINDS",
@@ -38,3 +39,11 @@ __all__ = [
     "laplacian_attention_reference",
     "parse_heads",
 ]
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(f"lapheads.core.{_PUBLIC[name]}"), name)
+    raise AttributeError(f"module 'lapheads.core' has no attribute {name!r}")

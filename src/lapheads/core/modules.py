@@ -7,6 +7,11 @@ registered below with torch.fx and timm's feature extraction.
 
 from __future__ import annotations
 
+#: callables to run once this module has loaded: the front door (lapheads/__init__.py) registers lapheads' timm
+#: names here where this module's import of timm is what loaded timm (registering needs this module whole)
+WHEN_LOADED: list = []
+
+# ruff: noqa: E402 - the list above must exist before the import of timm below
 import typing
 from collections.abc import Sequence
 from typing import List, Optional, Tuple  # TorchScript reads typing.Optional / Tuple in string annotations
@@ -401,3 +406,8 @@ _register_notrace = getattr(
 if _register_notrace is not None:
     _register_notrace(_fused_leaf)
     _register_notrace(_reference_leaf)
+
+
+for _then in WHEN_LOADED:  # what waited for this module to be whole (timm's names: see WHEN_LOADED)
+    _then()
+WHEN_LOADED.clear()

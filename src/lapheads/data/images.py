@@ -24,9 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torchvision
 from torch.utils.data import Dataset
-from torchvision import transforms as T
 
 from lapheads.config import ConfigError
 from lapheads.errors import InputError, LapheadsError
@@ -163,6 +161,8 @@ def fetch_fashion_mnist(root: str | os.PathLike) -> tuple[Path, str]:
             return found, "installed the Debian package dataset-fashion-mnist with apt-get"
         notes.append(f"apt-get install dataset-fashion-mnist failed ({done.stderr.strip().splitlines()[-1:] or '?'})")
     try:
+        import torchvision  # here, not at the top: presets and --help read this module's names (~1 s of import)
+
         torchvision.datasets.FashionMNIST(str(root), download=True)
         found = find_fashion_mnist(root)
         if found is not None:
@@ -225,8 +225,10 @@ def load_fashion_mnist(root: str | os.PathLike | None, split: str, transform=Non
 # Transforms and the dataset factory
 
 
-def small_image_transforms(size: int, native: int, mean, std, train: bool, hflip: bool) -> T.Compose:
+def small_image_transforms(size: int, native: int, mean, std, train: bool, hflip: bool):
     """Tensor-in transforms for 28-32 px images: resize if needed, pad-and-crop + flip for training, normalise."""
+    from torchvision import transforms as T  # noqa: N812 - torchvision's own alias
+
     steps: list = []
     if size != native:
         steps.append(T.Resize(size, antialias=True))
@@ -249,6 +251,8 @@ class CIFAR(Dataset):
     """
 
     def __init__(self, root: str | os.PathLike, name: str, train: bool, transform=None, download: bool = False) -> None:
+        import torchvision
+
         spec = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
         folder = Path(root) / spec.base_folder
         files = [file for file, _ in (spec.train_list if train else spec.test_list)]
@@ -401,6 +405,8 @@ def build_image_data(
         except DataError:
             raise  # already names the file, the item and what is allowed
         except Exception as err:  # noqa: BLE001 - unpickling, a refused global, a download: all mean "no usable data"
+            import torchvision
+
             folder = (
                 torchvision.datasets.CIFAR10 if dataset == "cifar10" else torchvision.datasets.CIFAR100
             ).base_folder
@@ -410,6 +416,7 @@ def build_image_data(
             ) from None
         return ImageData(train, test, num_classes, chans, img_size)
     # ImageFolder / ImageNet
+    import torchvision
     from timm.data import create_transform
 
     if root is None or not (Path(root) / "train").is_dir() or not (Path(root) / "val").is_dir():

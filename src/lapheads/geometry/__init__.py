@@ -6,7 +6,7 @@ accumulator (float64 sums, memory O(D^2 + C*D)); the tests hold the two equal. `
 run directories (:mod:`lapheads.study.analyze`); this package only ever sees tensors.
 """
 
-from lapheads.geometry.anova import AnovaAccumulator, anova
+from lapheads.geometry.anova import AnovaAccumulator, anova, within_sequence_fraction
 from lapheads.geometry.collapse import NeuralCollapseAccumulator, nearest_centre, neural_collapse
 from lapheads.geometry.features import ResidualStream, layer_names, select_layers
 from lapheads.geometry.layers import LayerGeometry, LMLayerGeometry
@@ -35,4 +35,9 @@ __all__ = [
     "spectral_decay",
     "token_similarity",
     "top_k_classes",
+    "within_sequence_fraction",
 ]
+
+from lapheads.submodules import submodule_getattr  # noqa: E402 - after the docstring and names above
+
+__getattr__ = submodule_getattr(__name__)  # its modules by attribute: lapheads.geometry.<module>

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lapheads.config import ConfigError, apply_overrides, config_from_dict, load_preset_file, validate_config
 from lapheads.tasks import TASKS
@@ -27,19 +28,44 @@ __all__ = [
     "resume_config",
 ]
 
-from lapheads.tasks.presets.chat import MID_PRESETS, SFT_PRESETS  # noqa: E402
-from lapheads.tasks.presets.classify import CLASSIFY_PRESETS  # noqa: E402
-from lapheads.tasks.presets.dino import DINO_PRESETS  # noqa: E402
-from lapheads.tasks.presets.lm import LM_PRESETS, fork_scaling  # noqa: E402
+if TYPE_CHECKING:  # the names below, for readers and type checkers; at run time __getattr__ loads them on use
+    from lapheads.tasks.presets.chat import MID_PRESETS, SFT_PRESETS
+    from lapheads.tasks.presets.classify import CLASSIFY_PRESETS
+    from lapheads.tasks.presets.dino import DINO_PRESETS
+    from lapheads.tasks.presets.lm import LM_PRESETS, fork_scaling
 
-#: task -> its presets and config type, as the task table names them
-PRESETS: dict[str, dict[str, object]] = {name: task.preset_table() for name, task in TASKS.items()}
-CONFIG_TYPES: dict[str, type] = {name: task.config_type() for name, task in TASKS.items()}
+    PRESETS: dict[str, dict[str, object]]
+    CONFIG_TYPES: dict[str, type]
+
+#: the per-task preset tables this package re-exports, each from its own module (imported when first asked for, so
+#: ``train classify --help`` imports classification's presets, not the language models' and their GPT)
+_TABLES = {
+    "CLASSIFY_PRESETS": "classify",
+    "DINO_PRESETS": "dino",
+    "LM_PRESETS": "lm",
+    "MID_PRESETS": "chat",
+    "SFT_PRESETS": "chat",
+    "fork_scaling": "lm",
+}
+
+
+def __getattr__(name: str):
+    """``PRESETS`` (task -> its presets) and ``CONFIG_TYPES`` (task -> its config type) for every task, and the
+    per-task tables, loaded on first use; one task's are ``TASKS[name].preset_table()`` / ``.config_type()``."""
+    import importlib
+
+    if name == "PRESETS":
+        return {task_name: task.preset_table() for task_name, task in TASKS.items()}
+    if name == "CONFIG_TYPES":
+        return {task_name: task.config_type() for task_name, task in TASKS.items()}
+    if name in _TABLES:
+        return getattr(importlib.import_module(f"lapheads.tasks.presets.{_TABLES[name]}"), name)
+    raise AttributeError(f"module 'lapheads.tasks.presets' has no attribute {name!r}")
 
 
 def resolve_config(task: str, preset: str, laplacian_heads: str | None, overrides: list[str]):
     """Preset name or JSON file -> the task's config, then ``--laplacian-heads`` and ``--key value`` overrides."""
-    presets, cls = PRESETS[task], CONFIG_TYPES[task]
+    presets, cls = TASKS[task].preset_table(), TASKS[task].config_type()
     if preset in presets:
         config = presets[preset]
     elif preset.endswith(".json") or Path(preset).is_file():
@@ -76,7 +102,7 @@ def resume_config(
             f"--resume: {run.path} holds a {record.get('task')!r} run; allowed: "
             f"lapheads train {record.get('task')} ... --resume"
         )
-    cls = CONFIG_TYPES[task]
+    cls = TASKS[task].config_type()
     stored = config_from_dict(cls, record["config"], source=str(run.config_file))
     if preset is not None and record.get("preset") not in (None, preset):
         raise ConfigError(
