@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lapheads.geometry import AnovaAccumulator, anova
+from lapheads.geometry import AnovaAccumulator, anova, within_sequence_fraction
 from tests.geometry.conftest import random_splits
 
 
@@ -114,3 +114,19 @@ def test_the_differentiable_fraction_is_the_reports_and_its_gradient_is_the_hand
     within, total = x - x.mean(1, keepdim=True), x - x.mean((0, 1), keepdim=True)
     by_hand = 2 * (within - float(fraction) * total) / total.square().sum()
     assert torch.allclose(h.grad, by_hand, atol=1e-12)
+
+
+def test_the_language_model_layer_measures_the_within_sequence_fraction_of_windows_by_hand():
+    """Issue 71: the LM analysis's within-sequence fraction, each window one class, on a case worked by hand. Two
+    windows of two tokens in one dimension: [0, 2] and [4, 6]. Window means 1 and 5, global mean 3. Within: each
+    token is 1 from its window's mean, so 1; total: (9 + 1 + 1 + 9) / 4 = 5; fraction 1/5."""
+    from lapheads.geometry.layers import LMLayerGeometry
+
+    layer = LMLayerGeometry(0.99)
+    h = torch.tensor([[[0.0], [2.0]], [[4.0], [6.0]]])
+    layer.update(h[:1], torch.tensor([[0, 1]]))  # two batches: the accumulator streams
+    layer.update(h[1:], torch.tensor([[1, 0]]))
+    parts = layer.compute()["anova"]
+    assert parts["within_seq"] == pytest.approx(1.0) and parts["total"] == pytest.approx(5.0)
+    assert parts["within_seq_fraction"] == pytest.approx(0.2) and parts["between_class"] == 0
+    assert parts["within_seq_fraction"] == pytest.approx(float(within_sequence_fraction(h)))

@@ -126,6 +126,10 @@ def test_analyze_language_model_runs(text_root, tmp_path, capsys):
         last = analysis["per_layer"]["2"]
         assert last["linguistic"]["num_classes"] == 20 and last["linguistic"]["cdnv"] > 0
         assert 1 <= last["spectrum"]["n_components"] <= 64
+        for layer in analysis["layers"]:  # issue 71: the within-sequence fraction at every layer, windows as classes
+            anova = analysis["per_layer"][layer]["anova"]
+            assert 0 < anova["within_seq_fraction"] <= 1 and anova["between_class"] == 0
+    assert "| within-sequence fraction |" in printed
 
 
 def test_runs_of_different_tasks_are_not_compared(two_runs, text_root, tmp_path, capsys):

@@ -39,8 +39,8 @@ from lapheads.runs import RunDir, checkpoint_folder, load_model
 __all__ = ["ANALYSIS_VERSION", "AnalyzeOptions", "analyze_classify", "analyze_dino", "analyze_lm", "lm_geometry"]
 
 #: bumped when an analysis gains a metric (2: output-value circuits of every head; 5: kind-aware diffusion, and
-#: tau, p_diffusion and fraction_drop from the data)
-ANALYSIS_VERSION = 5
+#: tau, p_diffusion and fraction_drop from the data; 6: the language model's ANOVA of token variance per layer)
+ANALYSIS_VERSION = 6
 
 
 @dataclass

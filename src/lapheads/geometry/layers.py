@@ -1,8 +1,8 @@
 """The accumulators of one layer: every metric ``lapheads analyze`` reports, fed batch by batch.
 
 Tensors in, numbers out: a supervised layer (:class:`LayerGeometry`: ANOVA, Neural Collapse on sequence means and
-tokens, spectra, similarity) and a language-model layer (:class:`LMLayerGeometry`: spectra, similarity, CDNV and NC1
-with next-token classes).
+tokens, spectra, similarity) and a language-model layer (:class:`LMLayerGeometry`: the ANOVA with each window one
+class, spectra, similarity, CDNV and NC1 with next-token classes).
 """
 
 from __future__ import annotations
@@ -49,9 +49,14 @@ class LayerGeometry:
 
 
 class LMLayerGeometry:
-    """The accumulators of one layer of a language model: classes are the next token (top K), no sequence labels."""
+    """The accumulators of one layer of a language model: classes are the next token (top K), no sequence labels.
+
+    The ANOVA treats every window as one class (a text has no label), so its within-sequence fraction is the share
+    of the tokens' variance about their window's mean, the quantity the paper's smoothing argument rests on, computed
+    as the vision analysis computes it (``between_class`` is 0 here)."""
 
     def __init__(self, fraction: float) -> None:
+        self.anova = AnovaAccumulator()
         self.spectrum = SpectrumAccumulator(fraction)
         self.similarity = SimilarityAccumulator()
         self.cdnv = CDNVAccumulator()
@@ -60,6 +65,7 @@ class LMLayerGeometry:
     def update(self, h: torch.Tensor, next_token_classes: torch.Tensor) -> None:
         h = h.float().cpu()
         flat, classes = h.reshape(-1, h.shape[-1]), next_token_classes.reshape(-1)
+        self.anova.update(h)
         self.spectrum.update(h)
         self.similarity.update(h)
         self.cdnv.update(flat, classes)
@@ -68,6 +74,7 @@ class LMLayerGeometry:
     def compute(self) -> dict[str, Any]:
         cdnv = self.cdnv.compute()
         return {
+            "anova": self.anova.compute(),
             "spectrum": self.spectrum.compute(),
             "similarity": self.similarity.compute(),
             "linguistic": {

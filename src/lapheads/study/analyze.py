@@ -265,6 +265,8 @@ LM_ROWS = [
     ("next-token loss (nats)", lambda a, layer: a["next_token_loss"]),
     ("CDNV, top-K next tokens", lambda a, layer: a["per_layer"][layer]["linguistic"]["cdnv"]),
     ("NC1, top-K next tokens", lambda a, layer: a["per_layer"][layer]["linguistic"]["nc1"]),
+    # each window one class; an analysis before version 6 has none (nan)
+    ("within-sequence fraction", lambda a, layer: _value(a["per_layer"][layer], "anova", "within_seq_fraction")),
     *_SHARED_ROWS,
 ]
 

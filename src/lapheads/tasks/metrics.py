@@ -92,6 +92,7 @@ VISION_GEOMETRY = (
 )
 LM_GEOMETRY = (
     Metric("CDNV, next-token classes", "analysis", ("linguistic", "cdnv"), claim=-1),
+    WITHIN_SEQUENCE_FRACTION,  # each window one class (analysis version 6; absent from older records: no row)
     Metric("NC1, next-token classes", "analysis", ("linguistic", "nc1"), claim=-1),
     COMPONENTS_POOLED,
     COMPONENTS_PER_SEQUENCE,

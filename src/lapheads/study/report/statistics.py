@@ -308,7 +308,9 @@ def geometry_values(record: dict[str, Any]) -> tuple[Values, Values]:
                     out[f"{metric.label} ({w})"][cell["spec"]][cell["seed"]] = float(value)
     _against_k0(mechanism)
     _against_twins(mechanism, twins)
-    return out, mechanism
+    # a metric no cell's analysis holds (an analysis version before it: the LM's within-sequence fraction before
+    # version 6) is no row, not a row of empty cells; a report of older records restates as it was built
+    return {label: by_spec for label, by_spec in out.items() if any(by_spec.values())}, mechanism
 
 
 NULL_ROW = "null: ordinary heads read as Laplacian (mean over blocks)"
