@@ -4,6 +4,7 @@ the page works end to end in a real headless browser."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -308,7 +309,15 @@ def test_the_openai_client_streams_and_completes_a_reply_equal_to_the_engines(op
     [
         ({"model": "gpt-4o"}, 404, "model 'gpt-4o'; allowed: 'tiny'"),
         ({"n": 9}, 400, "n 9; allowed: an integer in [1, 8]"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, 400, "allowed: a string or a list of up to 4 non-empty strings"),
+        ({"stop": [str(i) for i in range(17)]}, 400, "allowed: a string or a list of up to 16 non-empty strings"),
+        ({"stop": "x" * 300}, 400, "non-empty strings of at most 200 characters"),  # once held the event loop
+        ({"stream_options": {"include_usage": True}}, 400, "stream_options {'include_usage': True}; allowed: only"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            400,
+            "message 0 content part 0: text 5; allowed: a string",  # was HTTP 500
+        ),
+        ({"service_tier": "gold"}, 400, "service_tier 'gold'; allowed: 'auto'"),
         ({"top_p": 0}, 400, "top_p 0; allowed: a number in (0, 1]"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
@@ -480,3 +489,73 @@ def test_unknown_routes_and_methods_answer_openais_error_object(openai_server):
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(f"{openai_server}/chat/completions", timeout=30)  # GET on a POST route
     assert caught.value.code == 405 and json.loads(caught.value.read())["error"]["code"] == "method_not_allowed"
+
+
+def test_the_openai_client_counts_usage_of_a_reply_a_stop_string_ended(openai_server, engine):
+    """Issue 72: usage.completion_tokens was 0 when a stop string ended a chat reply, streamed or not (the count was
+    set only once the generation loop finished, and stop handling never let it finish)."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=openai_server, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": QUESTIONS[1]}]
+    greedy = _expected(engine, messages)
+    cut = greedy[6:8]
+    shown = len(engine.tokenizer.encode(greedy[: greedy.index(cut)]))
+    stopped = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=24, stop=cut)
+    assert stopped.choices[0].finish_reason == "stop"
+    assert shown <= stopped.usage.completion_tokens < 24  # what was generated, up to and holding the stop string
+    streamed = client.chat.completions.create(
+        model="tiny", messages=messages, temperature=0, max_tokens=24, stop=cut, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    usage = [chunk.usage for chunk in streamed if chunk.usage is not None]
+    assert [u.completion_tokens for u in usage] == [stopped.usage.completion_tokens]
+
+
+def test_fields_openai_accepts_are_accepted_and_change_nothing_and_many_stops_are_taken(openai_server):
+    """Issue 72: store, metadata, parallel_tool_calls, service_tier and reasoning_effort were refused as
+    unrecognized (OpenAI accepts them; vLLM accepts and ignores them), and lm-eval's 6 stop strings aborted a task."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=openai_server, api_key="unused", max_retries=0)
+    request = {"model": "tiny", "messages": [{"role": "user", "content": QUESTIONS[1]}], "temperature": 0}
+    plain = client.chat.completions.create(**request, max_tokens=12).choices[0].message.content
+    ignored = client.chat.completions.create(
+        **request, max_tokens=12, store=True, metadata={"run": "a"}, parallel_tool_calls=False,
+        service_tier="auto", reasoning_effort="low",
+    )  # fmt: skip
+    assert ignored.choices[0].message.content == plain
+    eight = client.chat.completions.create(**request, max_tokens=12, stop=[f"<stop{i}>" for i in range(8)])
+    assert eight.choices[0].message.content == plain  # none of them appears
+    tiny_nucleus = client.chat.completions.create(**request, max_tokens=12, top_p=1e-300)  # was HTTP 500
+    assert tiny_nucleus.choices[0].message.content == plain
+    twice = client.completions.create(model="tiny", prompt="To be", max_tokens=3, n=2, temperature=0)
+    once = client.completions.create(model="tiny", prompt="To be", max_tokens=3, n=1, temperature=0)
+    assert twice.usage.prompt_tokens == once.usage.prompt_tokens  # a prompt counts once, whatever n
+
+
+def test_chat_logprobs_cover_exactly_the_content_when_the_calculator_writes_into_it(engine, monkeypatch):
+    """Issue 72: with the calculator on (the default), the content showed the tool's inserted output while the
+    logprobs listed only the sampled tokens (5 entries against 8 counted in usage). The model is steered into one
+    calculator call; every token of the content, the tool's included, has an entry whose text is the content's."""
+    import torch
+
+    import lapheads.apps.chat as chat_module
+
+    ids, real = engine.ids, chat_module.sample_token
+    script = [ids["python_start"], *engine.tokenizer.encode("2+2"), ids["python_end"]]
+    calls = {"n": 0}
+
+    def calculator_first(logits, *args, **kwargs):
+        calls["n"] += 1
+        return torch.tensor([[script[calls["n"] - 1]]]) if calls["n"] <= len(script) else real(logits, *args, **kwargs)
+
+    monkeypatch.setattr(chat_module, "sample_token", calculator_first)
+    app = create_app(engine, "tiny", ServeLimits(max_request_bytes=4000, max_tokens=24), temperature=0.0)
+    body = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 12, "logprobs": True}
+    reply = TestClient(app, base_url="http://127.0.0.1:8000").post("/v1/chat/completions", json=body).json()
+    assert "choices" in reply, reply
+    choice = reply["choices"][0]
+    content, entries = choice["message"]["content"], choice["logprobs"]["content"]
+    assert content.startswith("[calc: 2+2 = 4]")
+    assert "".join(e["token"] for e in entries) == content
+    assert len(entries) == reply["usage"]["completion_tokens"] or choice["finish_reason"] == "stop"
+    assert all(math.isfinite(e["logprob"]) and e["logprob"] <= 0 for e in entries)

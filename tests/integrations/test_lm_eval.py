@@ -193,3 +193,39 @@ def test_the_harness_applies_the_chat_template_with_fewshot_as_multiturn(sft_run
     (samples,) = (tmp_path / "out").rglob("samples_lapheads_arc_easy_*.jsonl")
     prompt = json.loads(samples.read_text().splitlines()[0])["arguments"]["gen_args_0"]["arg_0"]
     assert prompt.count("<|user_start|>") == 2 and prompt.endswith("<|assistant_start|>")  # 1 shot + the question
+
+
+def test_in_process_generation_ends_at_the_assistant_turn_as_the_server_does(sft_run, monkeypatch):
+    """Issue 72: with the chat template, LapheadsLM.generate_until ran past <|assistant_end|> (3 of 4 generations),
+    while the server's chat engine stopped there. A 4-step SFT model rarely ends its turn by itself, so the sampler
+    is wrapped to end it at the k-th token of each reply (the model's own greedy tokens before it): both paths give
+    the same text, ended there."""
+    import lapheads.apps.chat as chat_module
+    import lapheads.models.gpt as gpt_module
+    from lapheads.apps.chat import ChatEngine
+    from lapheads.data.conversations import render_for_completion
+    from lapheads.runs import load_gpt_run
+
+    lm = LapheadsLM(str(sft_run), device="cpu")
+    _, model, tokenizer = load_gpt_run(sft_run, "cpu")
+    engine = ChatEngine(model, tokenizer, tools=False)
+    end, greedy, calls = tokenizer.special_id("<|assistant_end|>"), gpt_module.sample_token, {"n": 0, "at": 0}
+
+    def ends_at_k(logits, *args, **kwargs):
+        calls["n"] += 1
+        return torch.tensor([[end]]) if calls["n"] == calls["at"] else greedy(logits, *args, **kwargs)
+
+    monkeypatch.setattr(gpt_module, "sample_token", ends_at_k)
+    monkeypatch.setattr(chat_module, "sample_token", ends_at_k)
+    for at in (1, 3, 7, 12):
+        history = [{"role": "user", "content": f"What is {at} + {at}?"}]
+        calls.update(n=0, at=at)
+        got = lm.generate_until(
+            [_request("generate_until", (lm.apply_chat_template(history), {"until": [], "max_gen_toks": 48}))]
+        )[0]
+        outcome: dict = {}
+        calls.update(n=0, at=at)
+        prompt = render_for_completion(tokenizer, {"messages": history})
+        served = "".join(engine.stream(prompt, 48, temperature=0, outcome=outcome))
+        assert outcome["finish_reason"] == "stop" and got == served, (at, got, served)
+        assert "<|assistant_end|>" not in got

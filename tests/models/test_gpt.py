@@ -138,3 +138,14 @@ def test_generation_stops_and_pads_with_the_stop_token():
     first = int(model.generate(prompt, 1, temperature=0)[0, -1])
     out = model.generate(prompt, 6, temperature=0, stop_token=first)
     assert out.shape == (1, 10) and out[0, 4:].tolist() == [first] * 6
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1e-45, 1e-6])
+def test_a_nucleus_below_float32_resolution_keeps_the_likeliest_token(top_p):
+    """Issue 76: top_p 1e-300 is 0 in float32, so every token was masked and sampling raised (HTTP 500 through the
+    server). The likeliest token is always kept: a tiny nucleus samples greedily."""
+    from lapheads.models.gpt import sample_token
+
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    picked = sample_token(logits, 1.0, None, torch.Generator().manual_seed(1), top_p)
+    assert torch.equal(picked, logits.argmax(-1, keepdim=True))

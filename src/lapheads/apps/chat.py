@@ -75,6 +75,10 @@ class ChatEngine:
             self.ids["output_end"]: "]",
         }
 
+    def shown(self, token: int) -> str:
+        """One token's text as :meth:`display` shows it (a tool marker as its bracket, not its special name)."""
+        return self._shown.get(token, self.tokenizer.decode([token]))
+
     def display(self, ids: list[int]) -> str:
         """The reply's text with tool calls written ``[calc: expr = result]``."""
         out, run = [], []
@@ -102,11 +106,13 @@ class ChatEngine:
         top_logprobs: int = 0,
     ) -> Iterator[str]:
         """Yield the reply's text piece by piece; ``prompt_ids`` end with ``<|assistant_start|>``. ``outcome``, when
-        given, is filled once the reply ends: ``finish_reason`` ("stop": the model ended its turn; "length":
-        ``max_tokens`` or the context ran out) and ``completion_tokens`` (the model's and the tool's tokens).
-        ``logprobs``, when given, gains one entry per sampled token before its text is yielded: ``{"id", "logprob",
-        "top": [(id, logprob), ...]}``, the model's log-softmax at that position (untempered, as OpenAI reports it),
-        with its ``top_logprobs`` likeliest tokens."""
+        given, holds ``completion_tokens`` (the model's and the tool's tokens so far, kept current before each piece,
+        so a caller that stops reading at a stop string still counts what was generated) and, once the reply ends,
+        ``finish_reason`` ("stop": the model ended its turn; "length": ``max_tokens`` or the context ran out).
+        ``logprobs``, when given, gains one entry per token of the reply before its text is yielded, the tool's
+        forced tokens included (the content shows them): ``{"id", "logprob", "top": [(id, logprob), ...]}``, the
+        model's log-softmax at that position (untempered, as OpenAI reports it), with its ``top_logprobs`` likeliest
+        tokens."""
         model, limit = self.model, self.model.config.sequence_len
         if not prompt_ids:
             raise InputError("an empty prompt; allowed: a rendered conversation")
@@ -141,13 +147,19 @@ class ChatEngine:
                 call.append(token)
             new = new[: limit - cache.pos]
             reply += new
+            if outcome is not None:
+                outcome["completion_tokens"] = len(reply)
+            if not new:  # the context is full
+                break
+            # the forward before the text: a forced token's log-probability is the model's at the position before it
+            out = model(torch.tensor([new], device=device), kv_cache=cache)
+            if logprobs is not None:
+                logprobs += [_logprob_entry(out[0, i], forced, top_logprobs) for i, forced in enumerate(new[1:])]
+            logits = out[:, -1]
             text = self.display(reply)
             if text.startswith(shown) and len(text) > len(shown):
                 yield text[len(shown) :]
                 shown = text
-            if not new:  # the context is full
-                break
-            logits = model(torch.tensor([new], device=device), kv_cache=cache)[:, -1]
         text = self.display(reply)
         if outcome is not None:
             outcome.update(finish_reason=finish, completion_tokens=len(reply))

@@ -23,8 +23,13 @@ from lapheads.errors import LapheadsError
 
 __all__ = ["ChatCompletionBody", "CompletionBody", "RequestError", "validated"]
 
-#: the most choices (``n``) and stop strings one request may ask for (OpenAI's own limit on stop strings is 4)
-MAX_CHOICES, MAX_STOPS = 8, 4
+#: the most choices (``n``) and stop strings one request may ask for: OpenAI's own limit on stop strings is 4, but
+#: lm-eval adds its end-of-text string to a task's ``until`` list (a humaneval-style task sends 6) and vLLM takes any
+#: number, so the bound is one no shipped lm-eval task reaches
+MAX_CHOICES, MAX_STOPS = 8, 16
+#: the longest stop string: each is searched for in the text after every token, so a 60,000-character one held the
+#: event loop for seconds (issue 76); a stop sequence is a few words
+MAX_STOP_CHARS = 200
 #: the most alternatives per token ``top_logprobs`` / ``logprobs`` may ask for (OpenAI's chat limit; vLLM's)
 MAX_TOP_LOGPROBS = 20
 
@@ -54,7 +59,8 @@ class _StreamOptions(_Body):
 
 
 Text = Annotated[str, Field(min_length=1)]
-Stop = Text | Annotated[list[Text], Field(max_length=MAX_STOPS)]
+StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+Stop = StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
@@ -78,8 +84,8 @@ class _Sampling(_Body):
         "an integer in [0, 2**63 - 1]: the sampler's seed; a given seed reproduces, none draws a fresh one"
     )
     stop: Stop | None = _field(
-        f"a string or a list of up to {MAX_STOPS} non-empty strings: the text ends before the first that appears "
-        "(finish_reason stop)"
+        f"a string or a list of up to {MAX_STOPS} non-empty strings of at most {MAX_STOP_CHARS} characters: the text "
+        "ends before the first that appears (finish_reason stop)"
     )
     user: str | None = _field("a string: an end-user id, recorded nowhere, changes nothing")
     frequency_penalty: Annotated[float, Field(ge=0, le=0)] | None = _field("0 only: no penalties here")
@@ -109,6 +115,27 @@ class ChatCompletionBody(_Sampling):
     response_format: _TextFormat | None = _field('{"type": "text"} only')
     tools: Annotated[list, Field(max_length=0)] | None = _field("none only: no tools here")
     tool_choice: Literal["none"] | None = _field("'none' only: no tools here")
+    # accepted and ignored, as vLLM accepts them: each has no meaning for this server (docs/language-models.md)
+    store: bool | None = _field("true or false: accepted and ignored (this server stores no completion)")
+    metadata: Annotated[dict[str, str], Field(max_length=16)] | None = _field(
+        "up to 16 string pairs: accepted and ignored (nothing is stored to tag)"
+    )
+    parallel_tool_calls: bool | None = _field("true or false: accepted and ignored (no tools here)")
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = _field(
+        "'auto', 'default', 'flex', 'scale' or 'priority': accepted and ignored (one tier here)"
+    )
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = _field(
+        "'none', 'minimal', 'low', 'medium' or 'high': accepted and ignored (the model does not reason apart)"
+    )
+
+    def checked(self) -> ChatCompletionBody:
+        """What no single field says: ``stream_options`` only with ``stream`` true, as OpenAI refuses it."""
+        if self.stream_options is not None and not self.stream:
+            raise RequestError(
+                f"stream_options {self.stream_options.model_dump(exclude_none=True)}; allowed: only with stream true",
+                "stream_options",
+            )
+        return self
 
 
 class CompletionBody(_Sampling):
@@ -129,6 +156,9 @@ class CompletionBody(_Sampling):
     suffix: Literal[""] | None = _field("none only")
     best_of: Literal[1] | None = _field("1 only")
 
+
+#: the chat fields accepted and ignored (their descriptions say why): the docs' table of them
+IGNORED_CHAT_FIELDS = ("store", "metadata", "parallel_tool_calls", "service_tier", "reasoning_effort")
 
 Body = TypeVar("Body", bound=BaseModel)
 

@@ -65,7 +65,7 @@ MAX_JSON_DEPTH = 16
 def _from_openai(body: Any) -> dict[str, Any]:
     """An OpenAI chat-completions request (:class:`lapheads.apps.schema.ChatCompletionBody`) as this server's own
     (the same checks follow); what it cannot do is refused by name, never silently ignored."""
-    request = validated(ChatCompletionBody, body)
+    request = validated(ChatCompletionBody, body).checked()
     given = request.model_dump(exclude_none=True)
     out = {"messages": _openai_messages(body["messages"])}
     limit = given.get("max_completion_tokens", given.get("max_tokens"))
@@ -91,12 +91,17 @@ def _openai_messages(messages: Any) -> Any:
             return messages  # _check_request says what a message is
         content = message.get("content")
         if isinstance(content, list):
-            kinds = [part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content]
-            if any(kind != "text" or not isinstance(part.get("text"), str) for kind, part in zip(kinds, content)):
-                other = next(kind for kind, part in zip(kinds, content) if kind != "text" or "text" not in part)
-                raise RequestError(
-                    f"message {i} has a content part of type {other!r}; allowed: text parts", param="messages"
-                )
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                if kind != "text":
+                    raise RequestError(
+                        f"message {i} has a content part of type {kind!r}; allowed: text parts", param="messages"
+                    )
+                if not isinstance(part.get("text"), str):  # a number or a list in "text" was an HTTP 500
+                    raise RequestError(
+                        f"message {i} content part {j}: text {part.get('text')!r:.40}; allowed: a string",
+                        param="messages",
+                    )
             content = "".join(part["text"] for part in content)
         role = "system" if message.get("role") == "developer" else message.get("role")
         out.append({**message, "role": role, "content": content})
@@ -366,7 +371,7 @@ def create_app(
         except Exception as err:  # noqa: BLE001 - the client gets one line; the server keeps running
             return refuse_openai(500, f"generation failed: {' '.join(str(err).split())[:200]}")
         done = sum(out.pop("completion_tokens") for out in outs)
-        asked = sum(len(prompt) for prompt in checked.prompts) * checked.n
+        asked = sum(len(prompt) for prompt in checked.prompts)  # once per prompt, whatever n (as OpenAI counts)
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -421,18 +426,19 @@ def create_app(
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "lapheads"}]}
 
     def token_logprobs(outcome: dict[str, Any], start: int, chars: int) -> dict[str, Any] | None:
-        """OpenAI's ``logprobs`` of the sampled tokens from the ``start``-th on whose text lies within the reply's
-        first ``chars`` characters (a stop string's tokens are not reported); None without logprobs."""
+        """OpenAI's ``logprobs`` of the reply's tokens (sampled, and the calculator's forced ones the content shows)
+        from the ``start``-th on whose text lies within the reply's first ``chars`` characters (a stop string's
+        tokens are not reported); each token's text is the one the content shows; None without logprobs."""
         if "logprobs" not in outcome:
             return None
 
         def entry(token: int, logprob: float) -> dict[str, Any]:
-            text = engine.tokenizer.decode([token])
+            text = engine.shown(token)
             return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
         content, length = [], 0
         for index, item in enumerate(outcome["logprobs"]):
-            length += len(engine.tokenizer.decode([item["id"]]))
+            length += len(engine.shown(item["id"]))
             if length > chars:
                 break
             if index >= start:  # a stream's earlier chunks carried the tokens before: counted, not built again

@@ -185,8 +185,13 @@ class LapheadsLM(TemplateLM):
 
     @torch.no_grad()
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from lapheads.data.tokenizers import TokenizerError
         from lapheads.models.gpt import sample_token
 
+        try:  # the end of an assistant turn ends a generation, as the server's chat engine stops there (issue 72)
+            ends = {self.eot_token_id, self.lapheads_tokenizer.special_id("<|assistant_end|>")}
+        except TokenizerError:  # a tokenizer without chat tokens: its end of text alone
+            ends = {self.eot_token_id}
         out = []
         for request in tqdm(requests, disable=disable_tqdm, desc="generate_until"):
             context, gen_kwargs = request.args
@@ -202,7 +207,7 @@ class LapheadsLM(TemplateLM):
             text = ""
             for i in range(steps):
                 token = int(sample_token(logits, temperature))
-                if token == self.eot_token_id:
+                if token in ends:
                     break
                 new.append(token)
                 text = self.lapheads_tokenizer.decode(new)

@@ -417,7 +417,8 @@ def sample_token(
     if top_p is not None and top_p < 1:
         ordered, order = scaled.sort(-1, descending=True)
         probs = ordered.softmax(-1)
-        beyond = probs.cumsum(-1) - probs >= top_p  # the likelier tokens already hold top_p (never the likeliest)
+        beyond = probs.cumsum(-1) - probs >= top_p  # the likelier tokens already hold top_p
+        beyond[..., 0] = False  # never the likeliest: a top_p below float32's resolution (1e-300) compares as 0
         scaled = scaled.masked_fill(torch.zeros_like(beyond).scatter(-1, order, beyond), float("-inf"))
     return torch.multinomial(scaled.softmax(-1), 1, generator=generator)
 
