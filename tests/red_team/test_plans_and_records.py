@@ -56,6 +56,15 @@ BAD_PLANS = {
     "a repeated arm": ({"arms": ["0", "3", "3"]}, "distinct head specs"),
     "an alpha of 1": ({"alpha": 1.0}, "alpha 1.0"),
     "an unknown task": ({"task": "regression"}, "task 'regression'"),
+    # issue 76 (red team, low): fields of the wrong type raised TypeErrors or were accepted
+    "contrasts null": ({"contrasts": None}, "contrasts None; allowed: a list of objects"),
+    "family null": ({"family": None}, "family None; allowed: a list of strings"),
+    "notes a number": ({"notes": 5}, "notes 5; allowed: a string"),
+    "study a list": ({"study": ["x"]}, "study ['x']; allowed: a string"),
+    "stopping null": ({"stopping": None}, "stopping None; allowed: a string"),
+    "alpha true": ({"alpha": True}, "alpha True; allowed: a number"),
+    "a margin of 1e308": ({"margins": {"test top-1 (%)": 1e308}}, "margin 1e+308"),
+    "a contrast of numbers": ({"contrasts": [{"arm": 3, "baseline": 0, "direction": "paper"}]}, "strings"),
 }
 
 
@@ -217,3 +226,13 @@ def test_a_lock_file_linked_to_a_users_file_is_refused_not_overwritten(linked, t
         with sole_owner(lock, "run folder"):
             pass
     assert precious.read_text() == "mine"
+
+
+def test_a_plan_with_a_key_given_twice_is_refused(tmp_path):
+    """Issue 76: a repeated key was read as its last value, silently: a plan read two ways is no pre-registration."""
+    path = _plan(tmp_path)
+    text = path.read_text()
+    path.write_text(text.replace('"alpha": 0.05', '"alpha": 0.05, "alpha": 0.5', 1))
+    assert '"alpha": 0.5' in path.read_text()
+    with pytest.raises(RecordError, match="key 'alpha' given more than once"):
+        load_plan(path)

@@ -364,6 +364,7 @@ def create_app(
             checked = completion_request(
                 body, engine.tokenizer, max_tokens=limits.max_tokens, temperature=temperature, top_k=top_k
             )
+            completer.check_fits(checked)
             # off the event loop, one completion at a time on the model (other requests interleave between them)
             outs = await run_in_threadpool(complete_all, checked)
         except RequestError as err:

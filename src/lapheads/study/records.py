@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lapheads.io import json_loads, read_regular_bytes, read_regular_text
+from lapheads.io import MAX_JSON_DEPTH, json_depth, json_loads, read_regular_bytes, read_regular_text
 from lapheads.runs import RunDir, checkpoint_steps, load_model
 from lapheads.runs.layout import PLAN_FILE, record_file
 from lapheads.runs.records import (
@@ -93,7 +93,9 @@ def load_plan(path: str | Path) -> Plan:
     path = Path(path)
     try:
         source = read_regular_bytes(path)
-        data = json_loads(source.decode())
+        if json_depth(source) > MAX_JSON_DEPTH:  # as json_loads refuses it, before parsing
+            raise json.JSONDecodeError(f"nested deeper than {MAX_JSON_DEPTH} levels", "", 0)
+        data = json.loads(source.decode(), object_pairs_hook=_refuse_repeated_keys)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RecordError(f"--plan {path}: cannot be read as JSON ({type(err).__name__}: {err})") from None
     if not isinstance(data, dict):
@@ -103,10 +105,16 @@ def load_plan(path: str | Path) -> Plan:
     unknown = sorted(set(data) - set(fields))
     if missing or unknown:
         raise RecordError(f"--plan {path}: missing {missing}, unknown {unknown}; allowed fields: {', '.join(fields)}")
+    for name, value in data.items():  # each field's JSON type, before any value is read as one
+        expected = _PLAN_TYPES[name]
+        if not _has_type(value, expected):
+            raise RecordError(f"--plan {path}: {name} {value!r:.80}; allowed: {_TYPE_WORDS[expected]}")
     plan = Plan(**data, sha256=hashlib.sha256(source).hexdigest(), source=source, path=str(path))
     _check_plan_values(plan, f"--plan {path}")
     for contrast in plan.contrasts:
-        if set(contrast) != {"arm", "baseline", "direction"} or contrast["direction"] not in DIRECTIONS:
+        if set(contrast) != {"arm", "baseline", "direction"} or not all(type(v) is str for v in contrast.values()):
+            raise RecordError(f"--plan {path}: contrast {contrast!r}; allowed: {{arm, baseline, direction}}, strings")
+        if contrast["direction"] not in DIRECTIONS:
             raise RecordError(
                 f"--plan {path}: contrast {contrast!r}; allowed: {{arm, baseline, direction}} with direction one of "
                 f"{', '.join(DIRECTIONS)}"
@@ -126,6 +134,40 @@ def load_plan(path: str | Path) -> Plan:
                 "per pair, with one direction"
             )
     return plan
+
+
+#: each plan field's JSON type (``_has_type``): a wrong one is refused in one line, never a TypeError later
+_PLAN_TYPES = {
+    "study": str, "preset": str, "task": str, "primary": str, "stopping": str, "notes": str,
+    "arms": list[str], "overrides": list[str], "family": list[str], "seeds": list[int],
+    "contrasts": list[dict], "margins": dict, "alpha": float,
+}  # fmt: skip
+_TYPE_WORDS = {
+    str: "a string", list[str]: "a list of strings", list[int]: "integers >= 0, as a list",
+    list[dict]: "a list of objects", dict: "an object", float: "a number",
+}  # fmt: skip
+#: the largest equivalence margin a plan may fix: far above any metric's scale here (top-1 in points, bpb, counts)
+MAX_MARGIN = 1e6
+
+
+def _has_type(value: Any, expected: Any) -> bool:
+    """JSON-typed: a bool is no number, a float no integer."""
+    if expected is float:
+        return type(value) in (int, float)
+    if expected in (str, dict):
+        return type(value) is expected
+    item = expected.__args__[0]
+    return type(value) is list and all(type(v) is item for v in value)
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: json.loads would keep the last of a repeated key silently, and
+    a plan read two ways is no pre-registration."""
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise json.JSONDecodeError(f"key {repeated[0]!r} given more than once", "", 0)
+    return dict(pairs)
 
 
 def report_labels(task: str) -> list[str]:
@@ -161,8 +203,8 @@ def _check_plan_values(plan: Plan, where: str) -> None:
     if len(set(plan.family)) < len(plan.family):
         raise RecordError(f"{where}: family {plan.family!r} repeats a label; allowed: each row once")
     for label, margin in plan.margins.items():
-        if type(margin) not in (int, float) or not math.isfinite(margin) or margin <= 0:
-            raise RecordError(f"{where}: margin {margin!r} for {label!r}; allowed: a finite number > 0")
+        if type(margin) not in (int, float) or not math.isfinite(margin) or not 0 < margin <= MAX_MARGIN:
+            raise RecordError(f"{where}: margin {margin!r} for {label!r}; allowed: a number in (0, {MAX_MARGIN:g}]")
     if type(plan.alpha) not in (int, float) or not (MIN_ALPHA <= plan.alpha < 1):
         raise RecordError(f"{where}: alpha {plan.alpha!r}; allowed: a number in [{MIN_ALPHA:g}, 1)")
 
