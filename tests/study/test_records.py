@@ -140,6 +140,18 @@ def test_a_sweep_must_be_its_plan(changes, says, tiny_preset, tmp_path, capsys):
     assert not (tmp_path / "records").exists()  # nothing written before the plan holds
 
 
+@pytest.mark.parametrize("records", ["same", "inside", "around"])
+def test_a_sweep_folder_and_its_records_folder_must_not_overlap(records, tiny_preset, tmp_path, capsys):
+    """Issue 76: a sweep whose --out was its records folder put sweep.json among the records, and `lapheads report`
+    then read the folder as a sweep, ignoring the records. Overlapping folders are refused before anything runs."""
+    out = tmp_path / "cells"
+    folder = {"same": out, "inside": out / "records", "around": tmp_path}[records]
+    assert main(_sweep_args(tiny_preset, out, folder)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "overlap; allowed: two separate folders" in err[0], err
+    assert not out.exists()
+
+
 def test_a_records_folder_keeps_the_plan_it_started_with(tiny_preset, tmp_path, capsys):
     records = tmp_path / "records"
     records.mkdir()

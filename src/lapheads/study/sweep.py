@@ -147,6 +147,14 @@ def run_sweep(definition: SweepDefinition, options: SweepOptions, log=print) -> 
 
     if options.plan is not None and options.records is None:
         raise SweepError("--plan needs --records DIR: the plan is kept with the records it governs")
+    if options.records is not None:
+        out, records = Path(options.out).resolve(), Path(options.records).resolve()
+        if out == records or records in out.parents or out in records.parents:
+            # a sweep.json among the records makes `lapheads report DIR` read it as a sweep folder, not its records
+            raise SweepError(
+                f"--out {options.out} and --records {options.records} overlap; allowed: two separate folders (the "
+                "records folder holds records and its plan alone)"
+            )
     pins = pin_cpu_kernels(options.cpu_kernels, environ={})
     cells = definition.cells(Path(options.out))  # every cell's config resolved and checked before anything runs
     jobs_before = _check_sweep_folder(definition, Path(options.out), log)
