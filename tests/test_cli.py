@@ -103,3 +103,24 @@ def test_the_parser_is_one_short_function_per_command():
     assert functions["build_parser"].end_lineno - functions["build_parser"].lineno < 40
     long = [name for name, n in functions.items() if name.endswith("_command") and n.end_lineno - n.lineno > 60]
     assert long == []
+
+
+def test_ctrl_c_before_a_commands_own_handler_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Issue 76 (red team, low): Ctrl-C in the first seconds of report, mechanism, eval or analyze printed a
+    KeyboardInterrupt traceback."""
+    from lapheads.cli import commands, main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "cmd_report", interrupted)
+    assert main(["report", "anything"]) == 130
+    assert capsys.readouterr().err.strip() == "lapheads report: interrupted"
+
+
+def test_sweep_nproc_per_node_below_one_is_refused_by_name(capsys):
+    from lapheads.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["sweep", "fmnist-cpu", "--dry-run", "--nproc-per-node", "0"])
+    assert stop.value.code == 2 and "--nproc-per-node: '0'; allowed: an integer >= 1" in capsys.readouterr().err

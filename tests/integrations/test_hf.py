@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -474,6 +475,32 @@ def test_a_config_whose_heads_are_not_booleans_is_refused(tmp_path, written):
     config["laplacian_heads"][1][0] = written
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(InputError, match=f"config.laplacian_heads layer 1 holds {written!r}; allowed: true / false"):
+        lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("field", "layer", "written", "says"),
+    [
+        ("laplacian_blend", None, "0.5", "config.laplacian_blend '0.5'; allowed: a number in [0, 1]"),
+        ("laplacian_blend", None, True, "config.laplacian_blend True; allowed: a number in [0, 1]"),
+        ("laplacian_blend", None, 2.0, "config.laplacian_blend 2.0; allowed"),
+        ("laplacian_head_kinds", 1, True, "config.laplacian_head_kinds layer 1 holds True; allowed: kind names"),
+    ],
+)
+def test_a_config_whose_blend_or_kinds_have_the_wrong_type_is_refused(tmp_path, field, layer, written, says):
+    """Issue 76 (red team, low): laplacian_blend "0.5" or true was read as a number while laplacian_heads refuses
+    strings, and a boolean among laplacian_head_kinds raised a TypeError. Each is one line naming the value."""
+    import json
+
+    model = lhf.enable(_llama(), "0,2") if field == "laplacian_blend" else lhf.enable(_llama(), "0,negated:1")
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    if layer is None:
+        config[field] = written
+    else:
+        config[field][layer][0] = written
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match=re.escape(says)):
         lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path)
 
 

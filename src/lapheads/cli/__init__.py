@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = overrides
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handler is set up: one line, the shell's 130
+        print(f"lapheads {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (LapheadsError, OSError) as err:  # anything else is a bug and keeps its traceback
         if os.environ.get("LAPHEADS_DEBUG"):
             raise

@@ -12,6 +12,17 @@ from lapheads.cli import commands
 from lapheads.tasks import EVALUATIONS, TASKS
 
 
+def _positive_int(value: str) -> int:
+    """An integer >= 1, or argparse's one-line error naming the value (``--nproc-per-node 0`` once printed 8)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}; allowed: an integer >= 1")
+    return number
+
+
 def _nanochat_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nanochat",
@@ -427,7 +438,7 @@ def _sweep_command(sub) -> None:
     sweep.add_argument("--dry-run", action="store_true", help="print one torchrun command per cell instead")
     sweep.add_argument(
         "--nproc-per-node",
-        type=int,
+        type=_positive_int,
         default=None,
         help="--dry-run: processes (GPUs) per cell, as torchrun commands (default: 8; a *-cpu preset: one process)",
     )

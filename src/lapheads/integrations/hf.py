@@ -263,9 +263,27 @@ def config_masks(config) -> list[list[bool]] | None:
     return layers
 
 
+def _config_kinds(config) -> list[list[str]] | None:
+    """``config.laplacian_head_kinds`` as per-layer lists of kind names (None: the config has none), refused in one
+    line unless every entry is a string (a boolean there once raised a TypeError deep in the load)."""
+    layers = getattr(config, "laplacian_head_kinds", None)
+    if layers is None:
+        return None
+    if not isinstance(layers, list) or not all(isinstance(layer, list) for layer in layers):
+        raise InputError(f"config.laplacian_head_kinds {layers!r:.80}; allowed: a list per layer of kind names")
+    for index, layer in enumerate(layers):
+        bad = [kind for kind in layer if not isinstance(kind, str)]
+        if bad:
+            raise InputError(
+                f"config.laplacian_head_kinds layer {index} holds {bad[0]!r}; allowed: kind names such as "
+                "'ordinary', 'laplacian', 'negated' (strings)"
+            )
+    return layers
+
+
 def _has_laplacian_heads(config) -> bool:
     layers = config_masks(config) or []
-    kinds = getattr(config, "laplacian_head_kinds", None) or []
+    kinds = _config_kinds(config) or []
     return any(any(layer) for layer in layers) or any(k != "ordinary" for layer in kinds for k in layer)
 
 
@@ -506,12 +524,14 @@ def from_pretrained(model_class, path, *args, **kwargs):
         )
     implementation = EAGER_NAME if wanted in ("eager", EAGER_NAME) else NAME
     model = model_class.from_pretrained(path, *args, config=config, attn_implementation=implementation, **kwargs)
-    kinds = getattr(config, "laplacian_head_kinds", None)
+    kinds = _config_kinds(config)
     if kinds is not None:  # other head kinds; mix heads' (a, b) are weights transformers does not know
         enable(model, ["/".join(layer) for layer in kinds])
         _load_mix_weights(model, path)
         return model
     blend = getattr(config, "laplacian_blend", None)  # a model saved mid-schedule keeps its lambda
+    if blend is not None and (type(blend) not in (int, float) or not 0 <= blend <= 1):  # "0.5" and true are no lambda
+        raise InputError(f"config.laplacian_blend {blend!r}; allowed: a number in [0, 1] (JSON, not a string)")
     model = enable(model, spec, init="switch" if blend is None else "blend")
     if blend is not None:
         set_blend(model, float(blend))
