@@ -196,6 +196,39 @@ def test_a_non_finite_primary_is_refused_not_read_as_no_spread():
         _judge(rows, "test top-1 (%)", "0", None, plan)
 
 
+def _edited_copy(tmp_path, folder, name, edit):
+    """A copy of a committed records folder with one record edited by hand (``edit(record_dict)``)."""
+    copy = tmp_path / "cells"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("report"))
+    record = json.loads((copy / f"{name}.json").read_text())
+    edit(record)
+    (copy / f"{name}.json").write_text(json.dumps(record))
+    return copy
+
+
+def test_a_percentage_outside_0_to_100_is_refused_not_read(tmp_path):
+    """Issue 76 (red team, low): a record whose test top-1 read 150 % was summarised like any other."""
+    from lapheads.study.report import write_report
+
+    def to_150(record):
+        for entry in record["metrics"]:
+            if "eval_top1" in entry:
+                entry["eval_top1"] = 150.0
+
+    copy = _edited_copy(tmp_path, PATCH4, "L3-s2", to_150)
+    with pytest.raises(LapheadsError, match=r"cell 3 seed 2: test top-1 \(%\) is 150.0; allowed: a percentage"):
+        write_report(copy, seeds=[0, 1, 2, 3, 4, 5])
+
+
+def test_a_record_missing_its_analysis_is_named_not_dropped_without_a_word(tmp_path):
+    """Issue 76 (red team, low): a record without its analysis dropped that seed from every geometry row silently."""
+    from lapheads.study.report import write_report
+
+    copy = _edited_copy(tmp_path, PATCH4, "L0-s4", lambda record: record.update(analysis=None))
+    with pytest.raises(LapheadsError, match=r"1 of 12 cells have no analysis \(L0-s4\)"):
+        write_report(copy, seeds=[0, 1, 2, 3, 4, 5])
+
+
 def test_no_report_writes_through_a_link_in_its_folder(tmp_path):
     from lapheads.study.report import write_report
 

@@ -124,6 +124,11 @@ def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float
                     f"cell {cell['spec']} seed {cell['seed']}: {metric.label} is {value!r}; allowed: a finite number "
                     "(a run that diverged has no value to compare: rerun it or leave its arm out)"
                 )
+            if metric.label.endswith("(%)") and not 0 <= value <= 100:  # a hand-edited or corrupt record
+                raise SweepError(
+                    f"cell {cell['spec']} seed {cell['seed']}: {metric.label} is {value!r}; allowed: a percentage "
+                    "in [0, 100]"
+                )
             values[cell["spec"]][cell["seed"]] = value
     return values
 
@@ -291,7 +296,15 @@ def geometry_values(record: dict[str, Any]) -> tuple[Values, Values]:
     out: Values = {f"{m.label} ({w})": {s: {} for s in record["specs"]} for w in where for m in metrics}
     mechanism: Values = {}
     twins: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]] = {}
-    for cell in done_cells(record):
+    cells = done_cells(record)
+    missing = [reader(cell).name for cell in cells if reader(cell).analysis is None]
+    if missing and len(missing) < len(cells):  # some analysed, some not: the rows would drop seeds without a word
+        raise SweepError(
+            f"{len(missing)} of {len(cells)} cells have no analysis ({', '.join(missing[:4])}"
+            f"{', ...' if len(missing) > 4 else ''}); allowed: every cell analysed (rebuild its record from its run) "
+            "or none (--no-geometry)"
+        )
+    for cell in cells:
         analysis = reader(cell).analysis
         if analysis is None:
             continue
