@@ -500,7 +500,8 @@ def _record_based_parts() -> str:
     """The claims table's rows that cite a record-based report, and the record-based studies' sections."""
     table = DOC[DOC.index("## Claims at a glance") : DOC.index("## What in a Laplacian head")]
     rows = [row for row in table.split("| ") if "cells/report" in row or "same" in row]
-    return " ".join(rows) + DOC[DOC.index("## What in a Laplacian head") : DOC.index("## Studies in progress")]
+    short = DOC[DOC.index("## The short answer") : DOC.index("## The verdict rule")]  # every number a quote, too
+    return short + " ".join(rows) + DOC[DOC.index("## What in a Laplacian head") : DOC.index("## Studies in progress")]
 
 
 #: decimals in those parts that no report computes, each with where it comes from
