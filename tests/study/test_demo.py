@@ -81,6 +81,15 @@ def test_demo_trains_both_runs_and_writes_the_report(fmnist_root, tmp_path, caps
         assert len(run["epoch"]) >= 3 and run["epoch"] == sorted(run["epoch"]) and run["epoch"][-1] == 0.5
         assert all(0 <= v <= 1 for v in run["within-sequence fraction"] + run["between-class fraction"])
     assert f"report: {tmp_path / 'report' / 'report.md'}" in capsys.readouterr().out
+    # issue 76: the model's name said patch 4 while it was built with patch 7; say what was built
+    assert "vit_fmnist_patch4 built with patch 7 (model_kwargs)" in report
+    # issue 76: a second demo resumed the finished runs and reported "trained in 0.0 minutes": the first times stay
+    walls = json.loads((tmp_path / "report" / "walls.json").read_text())
+    again = main(["demo", "--out", str(tmp_path), "--data-root", str(fmnist_root), "--laplacian-heads", "2",
+                  "--epochs", "0.5", "--batch-size", "64", "--model-kwargs", tiny, "--amp", "false",
+                  "--checkpoint-every", "1"])  # fmt: skip
+    assert again == 0 and json.loads((tmp_path / "report" / "walls.json").read_text()) == walls
+    assert "(the first time they ran: a rerun reuses them)" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_the_accuracy_direction_uses_the_test_sets_noise():
