@@ -344,3 +344,18 @@ def test_lora_sft_from_a_nanochat_checkpoint_keeps_its_heads_and_loads_back(tmp_
         == 2
     )
     assert "--laplacian-heads '1' differs from the base's heads" in capsys.readouterr().err
+
+
+def test_a_run_shorter_than_one_eval_period_evaluates_briefly_and_says_how_to_ask_for_more(base_run, tmp_path, capsys):
+    """Issue 76 (first hour): `train sft --preset chat-cpu` with 40 steps trained 2 minutes, then ran 16 minutes of
+    chat evals (300 + 168 items). A run shorter than --eval-every gets 20 items per task and the command for all."""
+    from lapheads.train.chat import SHORT_RUN_EVAL_ITEMS, train_sft
+    from tests.conftest import tiny_sft
+
+    run = tmp_path / "short"
+    train_sft(tiny_sft(base_run, num_iterations=2, eval_every=100, eval_tasks="arith", eval_max_examples=50), run)
+    saved = json.loads((run / "report" / "eval_chat.json").read_text())
+    assert saved["tasks"]["arith"]["n"] == SHORT_RUN_EVAL_ITEMS
+    said = capsys.readouterr().err
+    assert f"chat evals on the first {SHORT_RUN_EVAL_ITEMS} items per task" in said
+    assert f"lapheads eval chat {run} --benchmarks arith --max-examples 50" in said

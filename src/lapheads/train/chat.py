@@ -41,7 +41,7 @@ from lapheads.errors import InputError
 from lapheads.io import json_loads
 from lapheads.models.gpt import GPT
 from lapheads.models.lora import LoraAdapters, apply_lora
-from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, load_nanochat_model, model_record
+from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, load_nanochat_model, model_record, notice
 from lapheads.runs.checkpoints import save_checkpoint
 from lapheads.runs.layout import STATE_FILE
 from lapheads.train.configs.chat import ChatTrainConfig, MidConfig, SFTConfig
@@ -374,12 +374,22 @@ def train_chat(
     if tasks and dist_.is_main and not done_before:  # nanochat's chat_sft ends with its chat evals too
         from lapheads.evals.chat import run_chat_evals
 
-        summary = run_chat_evals(
-            run.path, tasks, data_dir=data_dir, max_examples=cfg.eval_max_examples, device=cfg.device
-        )
+        max_examples = cfg.eval_max_examples
+        if total_steps < cfg.eval_every:  # a short run (a try-out): a short look, not 16 minutes of evals after 2
+            max_examples = min(max_examples or SHORT_RUN_EVAL_ITEMS, SHORT_RUN_EVAL_ITEMS)
+            notice(
+                f"a run of {total_steps} steps, shorter than --eval-every {cfg.eval_every}: chat evals on the first "
+                f"{max_examples} items per task; all of them: lapheads eval chat {run.path} --benchmarks "
+                f"{','.join(tasks)}" + (f" --max-examples {cfg.eval_max_examples}" if cfg.eval_max_examples else "")
+            )
+        summary = run_chat_evals(run.path, tasks, data_dir=data_dir, max_examples=max_examples, device=cfg.device)
         last_eval |= {f"{t}_accuracy": r["accuracy"] for t, r in summary["tasks"].items()}
         last_eval["chatcore"] = summary["chatcore"]
     return {"step": step, **last_eval}
+
+
+#: the items per chat-eval task after a run shorter than one --eval-every period (its evals would dwarf it)
+SHORT_RUN_EVAL_ITEMS = 20
 
 
 def _window_words(sequence_len: int, base_len: int) -> str:
