@@ -65,6 +65,9 @@ def accuracy(model, dataset, limit: int) -> float:
 
 
 def main() -> None:
+    from lapheads.hardware import apply_thread_policy
+
+    apply_thread_policy("auto")  # the CPUs other processes leave free, as the CLI picks them
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--pretrained-file",
