@@ -559,3 +559,33 @@ def test_chat_logprobs_cover_exactly_the_content_when_the_calculator_writes_into
     assert "".join(e["token"] for e in entries) == content
     assert len(entries) == reply["usage"]["completion_tokens"] or choice["finish_reason"] == "stop"
     assert all(math.isfinite(e["logprob"]) and e["logprob"] <= 0 for e in entries)
+
+
+def test_a_long_non_streamed_reply_does_not_hold_the_event_loop(engine, monkeypatch):
+    """Issue 76: a non-streamed chat request generated on the event loop, so /health answered only after it (8 s).
+    With each token slowed to 0.1 s, /health answers while a 24-token reply is being generated."""
+    import threading
+
+    import httpx
+
+    import lapheads.apps.chat as chat_module
+
+    real = chat_module.sample_token
+
+    def slow(*args, **kwargs):
+        time.sleep(0.1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chat_module, "sample_token", slow)
+    app = create_app(engine, "tiny", ServeLimits(max_request_bytes=4000, max_tokens=24), temperature=0.0)
+    with served(app) as url:
+        body = {"messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 24}
+        long = threading.Thread(target=lambda: httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60))
+        long.start()
+        time.sleep(0.5)  # the reply is being generated
+        started = time.perf_counter()
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        answered = time.perf_counter() - started
+        still_generating = long.is_alive()
+        long.join()
+    assert still_generating, answered  # answered before the reply was done (before: only after it)

@@ -456,8 +456,10 @@ def create_app(
             return checked
         body, prompt = checked
         outcomes: list[dict[str, Any]] = [{} for _ in range(body["n"])]
-        try:
-            started = [first_piece(body, prompt, outcome, i) for i, outcome in enumerate(outcomes)]
+        try:  # the prompts' forwards off the event loop: /health and other requests answer meanwhile
+            started = await run_in_threadpool(
+                lambda: [first_piece(body, prompt, outcome, i) for i, outcome in enumerate(outcomes)]
+            )
         except Exception as err:  # noqa: BLE001
             return refuse_openai(500, f"generation failed: {' '.join(str(err).split())[:200]}")
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
@@ -468,8 +470,8 @@ def create_app(
             return {"prompt_tokens": len(prompt), "completion_tokens": done, "total_tokens": len(prompt) + done}
 
         if not body["stream"]:
-            try:
-                replies = ["".join(text) for text in texts]
+            try:  # off the event loop (issue 76: one long non-streamed reply held /health for 8 s)
+                replies = await run_in_threadpool(lambda: ["".join(text) for text in texts])
             except Exception as err:  # noqa: BLE001
                 return refuse_openai(500, f"generation failed: {' '.join(str(err).split())[:200]}")
             choices = [
