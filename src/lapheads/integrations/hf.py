@@ -246,39 +246,31 @@ def register() -> None:
         CONFIG_MAPPING._extra_content = _LaplacianModelTypes(registered)
 
 
-def config_masks(config) -> list[list[bool]] | None:
-    """``config.laplacian_heads`` as per-layer bool lists (None: the config has none), refused in one line unless
-    every entry is a JSON boolean: ``"false"`` is a string, and ``bool("false")`` would make that head Laplacian."""
-    layers = getattr(config, "laplacian_heads", None)
+def _per_layer(config, field: str, entry: type, allowed: str) -> list[list] | None:
+    """``config.<field>`` as per-layer lists whose every entry is of type ``entry`` (None: the config has none),
+    refused in one line naming the first entry that is not."""
+    layers = getattr(config, field, None)
     if layers is None:
         return None
     if not isinstance(layers, list) or not all(isinstance(layer, list) for layer in layers):
-        raise InputError(f"config.laplacian_heads {layers!r:.80}; allowed: a list per layer of true/false per head")
+        raise InputError(f"config.{field} {layers!r:.80}; allowed: a list per layer of {allowed}")
     for index, layer in enumerate(layers):
-        bad = [value for value in layer if not isinstance(value, bool)]
+        bad = [value for value in layer if not isinstance(value, entry)]
         if bad:
-            raise InputError(
-                f"config.laplacian_heads layer {index} holds {bad[0]!r}; allowed: true / false (JSON booleans) per head"
-            )
+            raise InputError(f"config.{field} layer {index} holds {bad[0]!r}; allowed: {allowed}")
     return layers
+
+
+def config_masks(config) -> list[list[bool]] | None:
+    """``config.laplacian_heads`` as per-layer bool lists (None: the config has none), refused in one line unless
+    every entry is a JSON boolean: ``"false"`` is a string, and ``bool("false")`` would make that head Laplacian."""
+    return _per_layer(config, "laplacian_heads", bool, "true / false (JSON booleans) per head")
 
 
 def _config_kinds(config) -> list[list[str]] | None:
     """``config.laplacian_head_kinds`` as per-layer lists of kind names (None: the config has none), refused in one
     line unless every entry is a string (a boolean there once raised a TypeError deep in the load)."""
-    layers = getattr(config, "laplacian_head_kinds", None)
-    if layers is None:
-        return None
-    if not isinstance(layers, list) or not all(isinstance(layer, list) for layer in layers):
-        raise InputError(f"config.laplacian_head_kinds {layers!r:.80}; allowed: a list per layer of kind names")
-    for index, layer in enumerate(layers):
-        bad = [kind for kind in layer if not isinstance(kind, str)]
-        if bad:
-            raise InputError(
-                f"config.laplacian_head_kinds layer {index} holds {bad[0]!r}; allowed: kind names such as "
-                "'ordinary', 'laplacian', 'negated' (strings)"
-            )
-    return layers
+    return _per_layer(config, "laplacian_head_kinds", str, "kind names such as 'ordinary', 'laplacian' (strings)")
 
 
 def _has_laplacian_heads(config) -> bool:
