@@ -178,6 +178,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
         resolved = torch.device(device)
     except (RuntimeError, TypeError):
         raise InputError(f"--device {device!r}; allowed: auto, cpu, cuda, cuda:N") from None
+    if resolved.type not in ("cpu", "cuda"):  # meta, mps, xpu...: no reader here computes there (issue 76)
+        raise InputError(f"--device {device!r}; allowed: auto, cpu, cuda, cuda:N")
     if resolved.type == "cuda" and not torch.cuda.is_available():  # a traceback deep in a reader before (issue 60)
         raise InputError(f"--device {device!r} but no CUDA device is available here; allowed here: cpu or auto")
     if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():

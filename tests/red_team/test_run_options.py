@@ -86,3 +86,10 @@ def test_device_cuda_without_a_gpu_is_one_line_not_a_traceback(command, sft_run,
     argv += ["--prompt", "hi"]
     code, said = _refusal(argv, capsys)
     assert code == 2 and "no CUDA device is available here; allowed here: cpu or auto" in said
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_device_no_reader_computes_on_is_one_line(command, sft_run, capsys):
+    """Issue 76 (red team, low): `generate --device meta` raised a traceback."""
+    code, said = _refusal([command, str(sft_run), "--device", "meta", "--prompt", "hi"], capsys)
+    assert code == 2 and "--device 'meta'; allowed: auto, cpu, cuda, cuda:N" in said
