@@ -314,3 +314,22 @@ def test_load_nanochat_refuses_code_missing_steps_and_mismatched_weights(tmp_pat
     )
     with pytest.raises(CheckpointError, match="does not match its own model_config"):
         load_nanochat(good)
+
+
+@pytest.mark.parametrize(("key", "value"), [("n_head", 0), ("n_layer", -1), ("n_embd", "64"), ("n_kv_head", 0)])
+def test_a_nanochat_model_config_with_a_size_below_one_is_one_line(key, value):
+    """Issue 76 (red team, low): n_head 0 divided by zero in the loader."""
+    from lapheads.errors import InputError
+    from lapheads.models.nanochat import nanochat_gpt_config
+
+    config = {"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 64, "sequence_len": 32, "vocab_size": 99}
+    with pytest.raises(InputError, match=f"nanochat model_config {key} {value!r}; allowed: an integer >= 1"):
+        nanochat_gpt_config({**config, key: value})
+
+
+def test_a_nanochat_model_config_key_the_loader_does_not_read_is_said(capsys):
+    from lapheads.models.nanochat import nanochat_gpt_config
+
+    config = {"n_layer": 2, "n_head": 4, "n_embd": 64, "sequence_len": 32, "vocab_size": 99, "softcap": 15}
+    nanochat_gpt_config(config)
+    assert "keys this loader does not read: softcap" in capsys.readouterr().err

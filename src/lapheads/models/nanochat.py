@@ -56,6 +56,21 @@ def nanochat_gpt_config(model_config: dict[str, Any], state_keys: set[str] | Non
     missing = [k for k in required if k not in model_config]
     if missing:
         raise InputError(f"nanochat model_config lacks {', '.join(missing)}; allowed: a nanochat meta_<step>.json")
+    for key in (*required, "n_kv_head"):  # an integer >= 1 each: n_head 0 divided by zero below (issue 76)
+        value = model_config.get(key, 1)
+        if type(value) is not int or value < 1:
+            raise InputError(f"nanochat model_config {key} {value!r}; allowed: an integer >= 1")
+    known = {*required, "n_kv_head", "laplacian_heads", "window_pattern", "use_ve", "use_resid_lambdas", "use_x0",
+             "use_smear", "use_backout"}  # fmt: skip
+    unknown = sorted(set(model_config) - known)
+    if unknown:  # said, not refused: a newer fork's checkpoint may carry keys that change nothing this loader builds
+        import sys
+
+        print(
+            f"lapheads: nanochat model_config keys this loader does not read: {', '.join(unknown)} (the model is "
+            "built without them; a key that changes the architecture shows as a weight mismatch next)",
+            file=sys.stderr,
+        )
     switches = ("use_ve", "use_resid_lambdas", "use_x0", "use_smear", "use_backout")
     markers = ("value_embeds.", "resid_lambdas", "x0_lambdas", "smear_", "backout_lambda")
     is_2026 = any(k in model_config for k in (*switches, "window_pattern")) or any(
