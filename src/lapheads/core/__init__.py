@@ -42,8 +42,11 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name in _PUBLIC:
-        import importlib
+    """A public name from its module, or one of core's modules by attribute (``lapheads.core.convert``)."""
+    import importlib
 
+    from lapheads.submodules import submodule_getattr
+
+    if name in _PUBLIC:
         return getattr(importlib.import_module(f"lapheads.core.{_PUBLIC[name]}"), name)
-    raise AttributeError(f"module 'lapheads.core' has no attribute {name!r}")
+    return submodule_getattr(__name__)(name)
