@@ -688,6 +688,7 @@ def score_solution(
     max_output_kb: int = 256,
     max_processes: int = 64,
     max_disk_mb: int = 64,
+    unsafe_code_execution: bool = False,
 ) -> ExecutionResult:
     """Score a solution against a benchmark's tests (HumanEval's ``check(candidate)``) with a verdict the
     solution cannot write: two processes, each with the run's limits (and its own bubblewrap where usable).
@@ -710,7 +711,11 @@ def score_solution(
             before them in the tester.
         timeout, memory_mb, max_file_mb, max_output_kb, max_processes, max_disk_mb: as :func:`run_program`,
             the timeout shared by the whole run, the others per process.
+        unsafe_code_execution: run without bubblewrap, under the in-process guard alone (which stops a
+            model's accidents, not code written to break it); without it such a call is refused in one line, as
+            the CLI's ``--unsafe-code-execution`` refuses it.
     """
+    require_boundary(unsafe_code_execution, "score_solution (code a model wrote)")  # the CLI's opt-in, here too
     session = _Session(_Limits(timeout, memory_mb, max_file_mb, max_output_kb, max_processes, max_disk_mb))
     token = secrets.token_hex(16)
     context = _runnable_context(context)

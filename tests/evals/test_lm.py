@@ -145,7 +145,9 @@ def test_humaneval_canonical_solutions_pass_and_empty_bodies_fail(layers):
 
     def outcomes(body: str) -> dict[str, str]:
         with ThreadPoolExecutor(2) as pool:
-            scored = pool.map(lambda row: score_humaneval_solution(row, row["prompt"] + body(row)), rows)
+            scored = pool.map(  # with or without bubblewrap here, knowingly
+                lambda row: score_humaneval_solution(row, row["prompt"] + body(row), unsafe_code_execution=True), rows
+            )
             return {row["task_id"]: result.status for row, result in zip(rows, scored)}
 
     canonical = outcomes(lambda row: row["canonical_solution"])

@@ -12,10 +12,16 @@ contains them (tests/red_team/test_sandbox_containment.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 
-from lapheads.sandbox import run_program, score_solution
+from lapheads import sandbox
+from lapheads.errors import InputError
+from lapheads.sandbox import run_program
+
+#: these cases run under the in-process guard alone as well (the ``layers`` fixture), knowingly
+score_solution = partial(sandbox.score_solution, unsafe_code_execution=True)
 
 
 @dataclass(frozen=True)
@@ -178,3 +184,11 @@ def test_a_benchmark_text_longer_than_an_argument_may_be_is_scored(layers):
     assert len(context) > 300_000
     assert score_solution("def add(a, b):\n    return a + b\n", tests, "add", context=context).status == "passed"
     assert score_solution("def add(a, b):\n    return a - b\n", tests, "add", context=context).status == "failed"
+
+
+def test_a_direct_call_without_bubblewrap_needs_the_same_opt_in_as_the_cli(monkeypatch):
+    """Issue 76 (red team, medium): ``score_solution`` called directly ran a model's code under the guard alone,
+    with no opt-in, where the CLI refuses without --unsafe-code-execution. The library call refuses alike."""
+    monkeypatch.setattr(sandbox, "boundary_tool", lambda: None)
+    with pytest.raises(InputError, match="bubblewrap .bwrap. is not usable here.*--unsafe-code-execution"):
+        sandbox.score_solution("def add(a, b):\n    return a + b\n", TESTS, "add")

@@ -121,7 +121,7 @@ def score_generative(
                 code = _code_of(reply)
                 # a reply that writes the whole function is the solution; a body alone continues the prompt
                 solution = code if f"def {row['entry_point']}" in code else humaneval_solution(row, code)
-                passed += score_humaneval_solution(row, solution).passed
+                passed += score_humaneval_solution(row, solution, unsafe_code_execution=unsafe_code_execution).passed
             for k in ks:
                 results[k].append(pass_at_k(num_samples, passed, k))
         return {

@@ -235,10 +235,15 @@ def humaneval_solution(row: dict[str, Any], completion: str) -> str:
     return f"{row['prompt']}{completion[:cut]}\n"
 
 
-def score_humaneval_solution(row: dict[str, Any], solution: str, timeout: float = 10.0) -> ExecutionResult:
+def score_humaneval_solution(
+    row: dict[str, Any], solution: str, timeout: float = 10.0, unsafe_code_execution: bool = False
+) -> ExecutionResult:
     """``solution`` against the row's tests, the verdict computed outside the solution's process
     (:func:`lapheads.sandbox.score_solution`; the prompt is the tests' context: its helpers and imports)."""
-    return score_solution(solution, row["test"], row["entry_point"], context=row["prompt"], timeout=timeout)
+    return score_solution(
+        solution, row["test"], row["entry_point"], context=row["prompt"], timeout=timeout,
+        unsafe_code_execution=unsafe_code_execution,
+    )  # fmt: skip
 
 
 def score_humaneval(
@@ -276,7 +281,9 @@ def score_humaneval(
                 temperature=temperature,
                 seed=i,
             )
-        outcomes = [score_humaneval_solution(row, humaneval_solution(row, s), timeout) for s in samples]
+        outcomes = [
+            score_humaneval_solution(row, humaneval_solution(row, s), timeout, unsafe_code_execution) for s in samples
+        ]
         for outcome in outcomes:
             statuses[outcome.status] += 1
         passed = sum(o.passed for o in outcomes)
