@@ -226,14 +226,14 @@ def test_every_plain_load_of_a_laplacian_checkpoint_refuses_except_the_named_cla
     )
     assert run.returncode == 0, run.stderr[-2000:]
     outcome = json.loads(run.stdout.strip().splitlines()[-1])
-    unknown_type = "model type `lapheads_llama` but Transformers does not recognize this architecture"
+    unknown_type = re.compile(r"model type .?lapheads_llama.? but Transformers does not recognize this architecture")
     for name in ("config round trip", "auto None", "auto sdpa", "auto eager", "pipeline"):
-        assert outcome[name].startswith("refused") and unknown_type in outcome[name], (name, outcome[name])
+        assert outcome[name].startswith("refused") and unknown_type.search(outcome[name]), (name, outcome[name])
     assert not (tmp_path / "saved-copy").exists()
     assert outcome["class None"].startswith("refused") and 'attn_implementation="lapheads"' in outcome["class None"]
     # the uncovered case, as documented: the named class with an explicit implementation loads after a warning
     assert outcome["class sdpa"] == "loaded" and outcome["class eager"] == "loaded"
-    assert "You are using a model of type `lapheads_llama` to instantiate a model of type `llama`" in run.stderr
+    assert re.search(r"model of type .?lapheads_llama.? to instantiate a model of type .?llama", run.stderr)
 
 
 def test_with_lapheads_a_laplacian_checkpoint_round_trips_through_autoconfig_and_automodel(tmp_path):
