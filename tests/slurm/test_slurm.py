@@ -108,11 +108,16 @@ def _history(job: str) -> str:
 
 def _start_when_requeued(job: str) -> None:
     """SLURM holds a requeued batch job for 121 s before it may start again; the test lifts that hold once the
-    job is back in the queue (what an operator's `scontrol update` does), so it does not wait two minutes."""
+    job is back in the queue (what an operator's `scontrol update` does), so it does not wait two minutes.
+
+    Not within the second of the requeue: slurmd revoked the job's credential then and refuses any credential
+    created in the same second or before ("Killing non-startable batch job: Job credential revoked", whole-second
+    times), which is what the 121 s hold guards against."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
         if state == "PENDING":
+            time.sleep(2.0)  # past the revocation's second, whatever fraction of it the requeue took
             subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
             return
         time.sleep(0.2)
