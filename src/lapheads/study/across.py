@@ -38,6 +38,7 @@ from typing import Any
 from lapheads.errors import SweepError
 from lapheads.io import atomic_write_text, json_loads, read_regular_text
 from lapheads.study.cells import cell_name
+from lapheads.study.comparison import per_seed_values
 from lapheads.study.verdicts import MIN_ALPHA, mde
 
 #: what ``lapheads across`` writes into an output folder (and the only files it will replace there)
@@ -134,24 +135,11 @@ def load_recipe(label: str, stats_file: str | Path, metric: str) -> Recipe:
     if metric not in rows:
         raise SweepError(f"metric {metric!r} not in {stats_file}; allowed: {', '.join(sorted(rows))}")
     try:
-        values = {str(arm): _per_seed(row["values"]) for arm, row in rows[metric].items()}
+        values = {str(arm): per_seed_values(row["values"]) for arm, row in rows[metric].items()}
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise SweepError(f"{stats_file}: {metric!r} holds no per-seed values ({type(err).__name__}: {err})") from None
     revisions = saved.get("code_revisions") or _revisions_of_records(Path(stats_file).parent.parent)
     return Recipe(label, str(stats_file), values, dict(revisions))
-
-
-def _per_seed(values: dict[str, Any]) -> dict[int, float]:
-    """A row's ``{seed: value}``: seeds spelled as plain integers, values finite real numbers (a bool, a string, a
-    NaN or an infinity is no measurement), else ValueError naming the entry."""
-    out: dict[int, float] = {}
-    for key, value in values.items():
-        if not (isinstance(key, str) and key.isdigit() and key == str(int(key))):
-            raise ValueError(f"seed key {key!r}; allowed: a plain integer such as '0'")
-        if type(value) not in (int, float) or not math.isfinite(value):
-            raise ValueError(f"seed {key}: value {value!r}; allowed: a finite number")
-        out[int(key)] = float(value)
-    return out
 
 
 def _revisions_of_records(folder: Path) -> dict[str, list[str]]:

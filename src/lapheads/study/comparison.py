@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["Comparison", "Equivalence", "Judgement", "ZeroTest", "rows_json"]
+__all__ = ["Comparison", "Equivalence", "Judgement", "ZeroTest", "per_seed_values", "rows_json"]
 
 
 @dataclass
@@ -89,3 +89,16 @@ class Comparison:
 def rows_json(table: dict[str, dict[str, Comparison]]) -> dict[str, dict[str, dict[str, Any]]]:
     """label -> key -> row, as stats.json stores it."""
     return {label: {key: row.to_json() for key, row in rows.items()} for label, rows in table.items()}
+
+
+def per_seed_values(values: dict[str, Any]) -> dict[int, float]:
+    """A stored row's ``{seed: value}`` read back: seeds spelled as plain integers, values finite real numbers (a
+    bool, a string, a NaN or an infinity is no measurement), else ValueError naming the entry."""
+    out: dict[int, float] = {}
+    for key, value in values.items():
+        if not (isinstance(key, str) and key.isdigit() and key == str(int(key))):
+            raise ValueError(f"seed key {key!r}; allowed: a plain integer such as '0'")
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise ValueError(f"seed {key}: value {value!r}; allowed: a finite number")
+        out[int(key)] = float(value)
+    return out

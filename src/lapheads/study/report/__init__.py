@@ -45,7 +45,7 @@ from typing import Any
 from lapheads.io import json_loads, read_regular_text
 from lapheads.runs import SWEEP_FILE, SweepError, load_sweep, spec_dir_name
 from lapheads.runs.layout import writable_report_folder
-from lapheads.study.comparison import Comparison, rows_json
+from lapheads.study.comparison import Comparison, per_seed_values, rows_json
 from lapheads.study.report.figures import plot_metric, plot_steps
 from lapheads.study.report.statistics import (
     code_revisions,
@@ -229,7 +229,7 @@ def restated(stats_file: str | Path, margin: float | None = None):
 
 
 def _per_seed(rows: dict[str, Any]) -> dict[str, dict[int, float]]:
-    return {spec: {int(seed): float(v) for seed, v in row["values"].items()} for spec, row in rows.items()}
+    return {spec: per_seed_values(row["values"]) for spec, row in rows.items()}
 
 
 def _restated_rows(rows: dict[str, Any], baseline: str) -> dict[str, Comparison]:
