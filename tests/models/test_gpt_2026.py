@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from lapheads import laplacian_attention_reference, load_nanochat
+from lapheads.core.masks import SlidingWindow
 from lapheads.errors import CheckpointError, InputError
-from lapheads.models.gpt import GPT, GPTConfig, sliding_window_mask
+from lapheads.models.gpt import GPT, GPTConfig
 
 TINY = dict(depth=4, vocab_size=40, sequence_len=32, aspect_ratio=16, head_dim=16)  # 64 wide, 4 heads
 EVERY_OPTION = dict(TINY, arch="nanochat-2026", short_window=5, n_kv_head=2, laplacian_heads="0,1,2,4")
@@ -78,9 +79,9 @@ def test_fork_properties_laplacian_heads_add_no_parameters_and_are_a_no_op_at_in
 
 
 def test_sliding_window_mask_is_flash_attention_window_semantics():
-    mask = sliding_window_mask(6, 6, 2, torch.device("cpu"))
+    mask = SlidingWindow(2).dense(1, 6, 6, "cpu")[0, 0]
     assert mask[5].tolist() == [False, False, False, True, True, True]  # itself and 2 before it
-    assert sliding_window_mask(1, 6, 2, torch.device("cpu")).tolist() == mask[5:].tolist()  # decoding: bottom row
+    assert SlidingWindow(2).dense(1, 1, 6, "cpu")[0, 0].tolist() == mask[5:].tolist()  # decoding: bottom row
     windows = GPTConfig(depth=5, sequence_len=2048, arch="nanochat-2026").window_sizes()
     assert windows == [512, 512, 512, None, None]  # SSSL tiled, the last layer always long; 2048 / 4 -> 512
 

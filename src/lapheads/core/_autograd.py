@@ -253,7 +253,12 @@ def identity_values(v: Tensor, num_queries: int) -> Tensor:
 def sdpa(
     q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, scale: float | None
 ) -> Tensor:
-    """``F.scaled_dot_product_attention`` for H query heads over Hkv key/value heads."""
+    """``F.scaled_dot_product_attention`` for H query heads over Hkv key/value heads; a mask that is an attention
+    pattern or a FlexAttention block mask goes to the backend ``lapheads.core.masks`` picks for it."""
+    if attn_mask is not None and not isinstance(attn_mask, Tensor):
+        from lapheads.core.masks import attend
+
+        return attend(q, k, v, attn_mask, scale)  # the op refused dropout and is_causal with a pattern
     h, hkv = q.shape[1], k.shape[1]
     gqa = bool(h != hkv)  # a plain bool: SDPA refuses a symbolic one under dynamic shapes
     if gqa and attn_mask is not None and q.is_cuda:

@@ -38,6 +38,9 @@ Semantics every path shares:
 * **GQA/MQA.** v is broadcast from its Hkv heads to the H query heads inside the combine, never copied.
 * **Dropout acts on P.** SDPA drops entries of P, so a Laplacian head computes (I - drop(P)) V.
 * **A query with no key to attend to** has P = 0: its ordinary heads output 0, its Laplacian heads its own value.
+* **An attention pattern or a FlexAttention block mask** (``lapheads.core.masks``) as ``attn_mask``: every path but
+  ``node`` (which differentiates SDPA's own kernels) runs, its P V computed by the backend the pattern's module
+  picks (FlexAttention, bands of T x W, or the dense mask); the reference uses the pattern's dense mask.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from lapheads.core.kinds import (
     kind_coefficients,
     kinds_output,
 )
+from lapheads.core.masks import check_pattern, dense_mask, is_pattern
 from lapheads.errors import InputError
 
 __all__ = ["IDENTITIES", "laplacian_attention", "laplacian_attention_reference", "scripted_attention"]
@@ -102,7 +106,10 @@ def laplacian_attention(
         laplacian_heads: int k (the trailing k heads are Laplacian), a bool mask of length H, H head kinds
             (:data:`lapheads.core.kinds.HEAD_KINDS`; a "local" head is ordinary here and an "untied" one negated:
             their module adds the untied local term), or a layer's ``LayerHeads`` (``lapheads.parse_heads``).
-        attn_mask: optional bool (True = attend) or additive float mask broadcastable to (B, H, T, S).
+        attn_mask: optional bool (True = attend) or additive float mask broadcastable to (B, H, T, S); or an
+            attention pattern (``lapheads.core.masks``: ``SlidingWindow``, ``Documents``, ``PrefixLM``, combined
+            with ``&``) or a FlexAttention ``BlockMask``, run without a T x S mask (FlexAttention, or T x W bands
+            for a window) by the backend ``lapheads.core.masks.attention_backend`` names.
         is_causal: causal attention; when T < S the queries are the last T positions (KV cache).
         dropout_p: attention dropout on P, so Laplacian heads compute (I - drop(P)) V.
         scale: softmax scale; default 1 / sqrt(D).
@@ -159,6 +166,8 @@ def laplacian_attention_reference(
         laplacian_heads = [kind == "laplacian" for kind in kinds]
     mask = _host_mask(laplacian_heads, h).to(q.device)
     t, s = q.shape[-2], k.shape[-2]
+    if attn_mask is not None and not isinstance(attn_mask, Tensor):  # a pattern: its mask, from its definition
+        attn_mask = dense_mask(attn_mask, q.shape[0], t, s, q.device)
     identity_matrix = None  # before the causal mask below could be folded in
     if identity != "aligned" and attn_mask is not None:
         identity_matrix = F.one_hot(_filled_index(attn_mask, t, s), s).to(q.dtype)  # (T, S)
@@ -272,8 +281,9 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, call: _Call) -> str:
     if blocks and h != hkv:
         blocks = all(start % (h // hkv) == 0 for start, _, _ in runs)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    mask_grad = call.attn_mask is not None and call.attn_mask.requires_grad
-    if blocks and len(runs) > 1 and call.identity == "aligned" and needs_grad and not mask_grad:
+    # the node differentiates SDPA's own kernels: a tensor mask without a gradient only (a pattern has its backends)
+    plain_mask = call.attn_mask is None or (isinstance(call.attn_mask, Tensor) and not call.attn_mask.requires_grad)
+    if blocks and len(runs) > 1 and call.identity == "aligned" and needs_grad and plain_mask:
         return "node"
     if runs is not None and len(runs) == 1 and h == hkv and call.blend is None:
         return "all_laplacian"  # one run and some head Laplacian: every head is
@@ -408,7 +418,14 @@ def _check_options(
         raise InputError(f"identity={identity!r}; allowed: {', '.join(map(repr, IDENTITIES))}")
     if is_causal and attn_mask is not None:
         raise InputError("attn_mask and is_causal=True cannot be combined; fold the causal mask into attn_mask")
-    if attn_mask is not None:
+    if attn_mask is not None and not isinstance(attn_mask, Tensor):
+        if not is_pattern(attn_mask):
+            raise InputError(
+                f"attn_mask of type {type(attn_mask).__name__}; allowed: a bool or float tensor, an attention "
+                "pattern (lapheads.core.masks) or a FlexAttention BlockMask"
+            )
+        check_pattern(attn_mask, b, t, s, dropout_p, identity)
+    elif attn_mask is not None:
         if not (attn_mask.dtype == torch.bool or attn_mask.dtype.is_floating_point):
             raise InputError(
                 f"attn_mask has dtype {attn_mask.dtype}; allowed: bool (True = attend) or an additive float"

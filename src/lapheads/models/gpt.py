@@ -15,7 +15,9 @@ its checkpoints load with ``strict=True``):
   int k for trailing specs); a Laplacian head outputs v - PV with v *after* the value-embedding mix, as the fork.
   The causal (or sliding-window) mask is aligned bottom-right, so one call serves training, prefill and decoding.
 * **Sliding windows** ("S" layers, the last layer always "L"): a query sees itself and the ``short_window`` keys
-  before it (FlashAttention's ``window_size=(w, 0)``), by a boolean mask built once per forward.
+  before it (FlashAttention's ``window_size=(w, 0)``), as a ``lapheads.core.masks.SlidingWindow`` pattern: no
+  T x T mask; the op runs it as FlexAttention (evaluation, prefill), in bands of T x W work (decoding, and training
+  on the CPU, where FlexAttention has no backward), or causal where the window reaches the first key.
 * **Rotary embeddings** on queries and keys, no learned positions; **QK-norm** (parameter-free RMS norm) after them.
 * **relu^2 MLP** (4x), **no biases**, parameter-free RMS norms before attention, before the MLP, after the
   embedding and before the head; **untied** ``wte`` / ``lm_head``; **logit softcap** 15 tanh(x / 15) in float32.
@@ -47,6 +49,7 @@ import torch.nn.functional as F
 
 from lapheads.core.attention import laplacian_attention
 from lapheads.core.heads import HeadSpecError, LayerHeads, parse_heads
+from lapheads.core.masks import SlidingWindow
 from lapheads.core.modules import LaplacianHeadsMixin
 from lapheads.errors import InputError
 from lapheads.hardware import check_fits
@@ -281,14 +284,6 @@ class KVCache:
         return self.kv[layer, 0, :, :, :end], self.kv[layer, 1, :, :, :end]
 
 
-def sliding_window_mask(t: int, s: int, window: int, device: torch.device) -> torch.Tensor:
-    """Bool (T, S), True = attend: query i sits at key position S - T + i and sees itself and ``window`` keys before
-    it (FlashAttention's ``window_size=(window, 0)``)."""
-    query = torch.arange(s - t, s, device=device)[:, None]
-    key = torch.arange(s, device=device)[None, :]
-    return (key <= query) & (key >= query - window)
-
-
 class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int, heads: LayerHeads) -> None:
         super().__init__()
@@ -328,7 +323,7 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv_cache: KVCache | None,
         value_embedding: torch.Tensor | None = None,
-        window_mask: torch.Tensor | None = None,
+        window: SlidingWindow | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
@@ -351,8 +346,8 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
             k,
             v,
             laplacian_heads=self.laplacian_heads_for_op if kinds is None else kinds,
-            attn_mask=window_mask,
-            is_causal=window_mask is None,
+            attn_mask=window,
+            is_causal=window is None,
             mix=None if self.mix_a is None else (self.mix_a, self.mix_b),
         )
         out = self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
@@ -383,9 +378,9 @@ class Block(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv_cache: KVCache | None = None,
         value_embedding: torch.Tensor | None = None,
-        window_mask: torch.Tensor | None = None,
+        window: SlidingWindow | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x), cos_sin, kv_cache, value_embedding, window_mask)
+        x = x + self.attn(rms_norm(x), cos_sin, kv_cache, value_embedding, window)
         return x + self.mlp(rms_norm(x))
 
 
@@ -456,6 +451,8 @@ class GPT(nn.Module):
         self.smear_lambda = _optional_parameter(config.use_smear, (1,))
         self.backout_lambda = _optional_parameter(config.use_backout, (1,))
         self.window_sizes = config.window_sizes()
+        # one pattern per distinct window, kept: FlexAttention's block mask is then built once per length
+        self.windows = {w: SlidingWindow(w) for w in set(self.window_sizes) if w is not None}
         cos, sin = self._rotary(config.sequence_len)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -595,8 +592,8 @@ class GPT(nn.Module):
                 f"{c.sequence_len}; allowed: at most {c.sequence_len}"
             )
         cos_sin = self.cos[:, start : start + T].to(idx.device), self.sin[:, start : start + T].to(idx.device)
-        # one mask per distinct window, shared by every "S" layer of this forward
-        masks = {w: sliding_window_mask(T, start + T, w, idx.device) for w in set(self.window_sizes) if w is not None}
+        # an "S" layer whose window reaches the first key is causal: SDPA's causal kernel and the training node
+        windows = {w: pattern if w < start + T - 1 else None for w, pattern in self.windows.items()}
         x = rms_norm(self.transformer["wte"](idx))
         if self.smear_gate is not None:
             x = self._smear(x, kv_cache)
@@ -608,7 +605,7 @@ class GPT(nn.Module):
                 x = x + self.x0_lambdas[i].to(x.dtype) * x0
             ve = self.value_embeds[str(i)](idx).to(x.dtype) if str(i) in self.value_embeds else None
             window = self.window_sizes[i]
-            x = block(x, cos_sin, kv_cache, ve, masks[window] if window is not None else None)
+            x = block(x, cos_sin, kv_cache, ve, windows[window] if window is not None else None)
             if self.backout_lambda is not None and i == c.depth // 2:
                 backout = x  # the mid-depth stream: low-level features to remove before the head
         if backout is not None:
