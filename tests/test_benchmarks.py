@@ -195,3 +195,12 @@ def test_the_per_call_benchmark_alternates_trees_in_fresh_processes_and_refuses_
     assert len(times) == 3 and all(0 < t < 100_000 for t in times)  # op k, op bools, module: us per call
     refused = subprocess.run([*script, str(tmp_path)], capture_output=True, text=True)
     assert refused.returncode != 0 and "holds no lapheads/__init__.py" in refused.stderr
+
+
+def test_the_windows_benchmark_times_every_path_side_by_side(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    text = _load("windows").main(
+        ["--seq-lens", "256", "--repeats", "1", "--heads", "2", "--head-dim", "16", "--write", str(doc)]
+    )
+    row = next(line for line in text.splitlines() if line.startswith("| 256 | 32 |"))
+    assert len(row.split("|")) == 11 and doc.read_text().strip() == text.strip()
