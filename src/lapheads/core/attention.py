@@ -71,7 +71,7 @@ from lapheads.core.kinds import (
     kind_coefficients,
     kinds_output,
 )
-from lapheads.core.masks import check_pattern, dense_mask, is_pattern
+from lapheads.core.masks import check_pattern, is_pattern, tensor_mask
 from lapheads.errors import InputError
 
 __all__ = ["IDENTITIES", "laplacian_attention", "laplacian_attention_reference", "scripted_attention"]
@@ -166,8 +166,7 @@ def laplacian_attention_reference(
         laplacian_heads = [kind == "laplacian" for kind in kinds]
     mask = _host_mask(laplacian_heads, h).to(q.device)
     t, s = q.shape[-2], k.shape[-2]
-    if attn_mask is not None and not isinstance(attn_mask, Tensor):  # a pattern: its mask, from its definition
-        attn_mask = dense_mask(attn_mask, q.shape[0], t, s, q.device)
+    attn_mask = tensor_mask(attn_mask, q.shape[0], t, s, q.device)  # a pattern's, from its definition
     identity_matrix = None  # before the causal mask below could be folded in
     if identity != "aligned" and attn_mask is not None:
         identity_matrix = F.one_hot(_filled_index(attn_mask, t, s), s).to(q.dtype)  # (T, S)

@@ -266,15 +266,18 @@ def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any, scale: float | None)
     if backend == "banded":
         return _banded(q, k, v, attn_mask, scale)
     if backend == "dense":
-        return _sdpa(q, k, v, dense_mask(attn_mask, q.shape[0], q.shape[-2], k.shape[-2], q.device), scale)
+        return _sdpa(q, k, v, tensor_mask(attn_mask, q.shape[0], q.shape[-2], k.shape[-2], q.device), scale)
     block_mask = attn_mask
     if isinstance(attn_mask, AttentionPattern):
         block_mask = attn_mask.block_mask(q.shape[0], q.shape[-2], k.shape[-2], q.device)
     return _flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def dense_mask(attn_mask: Any, batch: int, t: int, s: int, device: torch.device | str) -> Tensor:
-    """A pattern's or a block mask's bool mask (B or 1, H or 1, T, S): the reference's and the dense backend's."""
+def tensor_mask(attn_mask: Any, batch: int, t: int, s: int, device: torch.device | str) -> Tensor | None:
+    """A pattern's or a block mask's bool mask (B or 1, H or 1, T, S): the reference's and the dense backend's; a
+    tensor mask or None as it is."""
+    if attn_mask is None or isinstance(attn_mask, Tensor):
+        return attn_mask
     if isinstance(attn_mask, AttentionPattern):
         return attn_mask.dense(batch, t, s, device)
     from torch.nn.attention.flex_attention import create_mask
