@@ -504,21 +504,34 @@ def test_a_config_whose_blend_or_kinds_have_the_wrong_type_is_refused(tmp_path, 
         lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path)
 
 
-def test_gpt_oss_attention_sinks_are_refused_not_dropped():
-    """Issue 60/58: enable on GPT-OSS silently dropped its learned sinks (logits 0.28 off at k = 0). Refused in one
-    line, before the model changes, and at call time for a model whose config was edited by hand."""
+def test_gpt_oss_attention_sinks_are_carried_by_the_op():
+    """Issue 73: GPT-OSS's learned sinks (one more logit per head) were refused. Carried now: at k = 0 its own eager
+    logits, sliding-window layers and GQA included; at k = 1 the Laplacian heads run and keep their sinks (which
+    learn); cached decoding gives the full forward's logits."""
     config = transformers.GptOssConfig(
         vocab_size=100, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=64,
+        sliding_window=4,
     )  # fmt: skip
+    torch.manual_seed(0)
     model = transformers.GptOssForCausalLM(config).eval()
-    before = model.config.to_dict()
-    with pytest.raises(InputError, match="GptOssAttention has learned attention sinks \\(GPT-OSS\\); allowed"):
+    for module in lhf.attention_modules(model):
+        torch.nn.init.normal_(module.sinks, std=1.0)  # sinks that matter (the init's are near 0)
+    model.set_attn_implementation("eager")
+    ids = torch.tensor([[1, 5, 7, 9, 3, 8, 4, 6, 2, 11]])
+    with torch.no_grad():
+        eager = model(ids).logits
         lhf.enable(model, 0)
-    assert model.config.to_dict() == before  # nothing was changed
-    model.set_attn_implementation(lhf.NAME)
-    with pytest.raises(InputError, match="learned attention sinks"):
-        model(torch.tensor([[1, 2, 3]]))
+        torch.testing.assert_close(model(ids).logits, eager, rtol=1e-5, atol=1e-5)
+        lhf.enable(model, 1)
+        laplacian = model(ids).logits
+        assert (laplacian - eager).abs().max() > 1e-2
+        prefix = model(ids[:, :6], use_cache=True)
+        step = model(ids[:, 6:7], past_key_values=prefix.past_key_values)
+        torch.testing.assert_close(step.logits[:, -1], model(ids[:, :7]).logits[:, -1], rtol=1e-4, atol=1e-4)
+    model.train()
+    model(ids, labels=ids).loss.backward()
+    assert all(m.sinks.grad is not None and m.sinks.grad.abs().sum() > 0 for m in lhf.attention_modules(model))
 
 
 def test_a_saved_laplacian_model_names_an_architecture_no_engine_serves_as_plain_attention(tmp_path):
@@ -565,7 +578,7 @@ FAMILIES = {
         "GptOssConfig",
         "GptOssForCausalLM",
         {"head_dim": 16, "num_local_experts": 2, "num_experts_per_tok": 1, "intermediate_size": 64},
-        "has learned attention sinks",
+        None,
     ),  # fmt: skip
 }
 

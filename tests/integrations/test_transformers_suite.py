@@ -1,14 +1,14 @@
 """transformers' own model tests (``tests/test_modeling_common.py``'s ``ModelTesterMixin``, from the installed
-version's source distribution on PyPI) on Llama and Qwen2 with the attention set to lapheads, slow-marked.
+version's source distribution on PyPI) on Llama, Qwen2 and GPT-OSS with the attention set to lapheads, slow-marked.
 
 The sdist ships the shared mixins but not ``tests/models/``, so lapheads writes (never copies) a small model tester
 per family. Where the suite lacks the generation or export tester that ``test_modeling_common.py`` imports, an empty
 stand-in takes its place (its tests are then not run: stated, not hidden); where it has transformers' generation
 tester, every family inherits it, so greedy, sampling, beam and assisted decoding with every cache run on Laplacian
-heads too. Warnings stay on, as in transformers' own runs. Each family runs three
-times in one pytest process: attention "sdpa", "lapheads" with k = 0, "lapheads" with one Laplacian head per layer.
-Bars: at k = 0 the same tests pass and skip as with SDPA; at k = 1 every test passes or skips as at k = 0 except the
-named comparisons whose reference is plain attention by design.
+heads too. Warnings stay on, as in transformers' own runs. Each family runs three times in one pytest process: the
+family's own attention ("sdpa"; GPT-OSS, which has no SDPA path: "eager"), "lapheads" with k = 0, "lapheads" with
+one Laplacian head per layer. Bars: at k = 0 the same tests pass and skip as with the family's own; at k = 1 every
+test passes or skips as at k = 0 except the named comparisons whose reference is plain attention by design.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Tester:
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
             num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
             intermediate_size=self.intermediate_size, max_position_embeddings=64, pad_token_id=0,
-            attn_implementation=self.attention,
+            attn_implementation=self.attention, {extra}
         )
         if self.attention == "lapheads":  # the last head of every layer Laplacian (k = 1), or none (k = 0)
             heads = self.num_attention_heads
@@ -78,14 +78,14 @@ class _Base(ModelTesterMixin, *GENERATION):
     all_model_classes = ({model}, {lm})
     all_generative_model_classes = ({lm},) if GENERATION else ()
     pipeline_model_mapping = {{}}
-    attention, laplacian = "sdpa", 0
+    attention, laplacian = "{reference}", 0
 
     def setUp(self):
         self.model_tester = Tester(self, self.attention, self.laplacian)
 
 
-class Sdpa(_Base, unittest.TestCase):
-    attention = "sdpa"
+class Reference(_Base, unittest.TestCase):
+    attention = "{reference}"
 
 
 class LapheadsK0(_Base, unittest.TestCase):
@@ -96,9 +96,19 @@ class LapheadsK1(_Base, unittest.TestCase):
     attention, laplacian = "lapheads", 1
 '''
 
+#: each family's classes, its own attention (the reference: SDPA, or eager where it has no SDPA path) and the
+#: config fields its tiny model needs beyond the tester's
 FAMILIES = {
     "llama": dict(family="Llama", config="LlamaConfig", model="LlamaModel", lm="LlamaForCausalLM"),
     "qwen2": dict(family="Qwen2", config="Qwen2Config", model="Qwen2Model", lm="Qwen2ForCausalLM"),
+    "gpt_oss": dict(
+        family="GPT-OSS (learned sinks, sliding and full layers, experts)",
+        config="GptOssConfig",
+        model="GptOssModel",
+        lm="GptOssForCausalLM",
+        reference="eager",
+        extra="head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,",
+    ),
 }
 
 
@@ -116,7 +126,7 @@ def _suite(cache: Path) -> Path:
         if not path.is_file() or "not in the sdist" in path.read_text():  # the sdist lacks them: empty stand-ins
             path.write_text(f"class {mixin}:\n    lapheads_stand_in = True  # not in the sdist; its tests do not run\n")
     for family, names in FAMILIES.items():
-        (folder / f"test_lapheads_{family}.py").write_text(TESTER.format(**names))
+        (folder / f"test_lapheads_{family}.py").write_text(TESTER.format(**{"reference": "sdpa", "extra": "", **names}))
     return folder
 
 
@@ -136,7 +146,7 @@ def _outcomes(junit: Path) -> dict[str, dict[str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_transformers_model_tests_pass_with_lapheads_as_with_sdpa(family, tmp_path):
+def test_transformers_model_tests_pass_with_lapheads_as_with_the_familys_own_attention(family, tmp_path):
     folder = _suite(Path(sys.prefix) / "share" / "lapheads-transformers-tests")
     junit = tmp_path / "junit.xml"
     done = run_peer_suite(
@@ -147,12 +157,12 @@ def test_transformers_model_tests_pass_with_lapheads_as_with_sdpa(family, tmp_pa
     )  # fmt: skip
     assert junit.is_file(), done.stdout[-3000:] + done.stderr[-2000:]
     found = _outcomes(junit)
-    sdpa, k0, k1 = (found.get(name, {}) for name in ("Sdpa", "LapheadsK0", "LapheadsK1"))
-    assert sum(s == "passed" for s in sdpa.values()) >= 100, done.stdout[-3000:]
-    # k = 0: exactly SDPA's outcomes, test by test (passes, skips and SDPA's own failures alike)
-    assert k0 == sdpa, {t: (sdpa.get(t), k0.get(t)) for t in set(sdpa) | set(k0) if sdpa.get(t) != k0.get(t)}
+    own, k0, k1 = (found.get(name, {}) for name in ("Reference", "LapheadsK0", "LapheadsK1"))
+    assert sum(s == "passed" for s in own.values()) >= 100, done.stdout[-3000:]
+    # k = 0: exactly the family's own outcomes, test by test (passes, skips and its own failures alike)
+    assert k0 == own, {t: (own.get(t), k0.get(t)) for t in set(own) | set(k0) if own.get(t) != k0.get(t)}
     # k = 1: the same, except the comparisons with plain attention named in DIFFER_AT_K1
     differ = {t: (k0.get(t), s) for t, s in k1.items() if s != k0.get(t)}
     unexpected = {t: v for t, v in differ.items() if not DIFFER_AT_K1.search(t)}
     assert not unexpected, f"{unexpected}\n{done.stdout[-3000:]}"
-    print(f"{family}: {len(sdpa)} tests; SDPA and k = 0 alike; k = 1 differs on {len(differ)} named comparisons")
+    print(f"{family}: {len(own)} tests; its own attention and k = 0 alike; k = 1 differs on {len(differ)} named ones")

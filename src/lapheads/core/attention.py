@@ -96,6 +96,7 @@ def laplacian_attention(
     identity: str = "aligned",
     blend: float | Tensor | None = None,
     mix: tuple[Tensor, Tensor] | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Multi-head attention where the selected heads output (I - P) V instead of P V (or another head kind).
 
@@ -121,10 +122,17 @@ def laplacian_attention(
             0-dim tensor avoids recompiling as it changes.
         mix: (a, b), each of shape (H,): the coefficients of V and P V of the heads of kind "mix" (learnable;
             a = 0, b = 1 is an ordinary head, (1, -1) a Laplacian one); other heads ignore them.
+        sinks: learned attention sinks (H,), as GPT-OSS defines them: one more logit per head in each query's
+            softmax, whose value is zero, so P's rows sum to less than 1 (a Laplacian head keeps its identity term:
+            V - P V). Run as a key of zeros in front of the keys with the sink as its additive mask entry: an
+            explicit (B, H, T, S + 1) mask, differentiable in the sinks.
 
     Returns:
         (B, H, T, D) head outputs.
     """
+    if sinks is not None:  # checked as given, then the sink key in front (section "Sinks" below)
+        _check_sinks(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks)
+        k, v, attn_mask, is_causal, identity = _sink_key(q, k, v, attn_mask, is_causal, identity, sinks)
     call = _prepare(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, scale, identity, blend, mix)
     return _PATHS[_plan(q, k, v, call)](q, k, v, call)
 
@@ -142,6 +150,7 @@ def laplacian_attention_reference(
     identity: str = "aligned",
     blend: float | Tensor | None = None,
     mix: tuple[Tensor, Tensor] | None = None,
+    sinks: Tensor | None = None,
     return_attn: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Textbook Laplacian attention: materialise P, use I - P on Laplacian heads, multiply by V.
@@ -159,6 +168,8 @@ def laplacian_attention_reference(
     """
     h, hkv = _check_qkv(q, k, v)
     _check_options(q, k, attn_mask, is_causal, dropout_p, identity, blend)
+    if sinks is not None:
+        _check_sinks(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks)
     if isinstance(laplacian_heads, LayerHeads):
         laplacian_heads = laplacian_heads.op_spec
     kinds = _check_kinds(laplacian_heads, h, mix, blend) if is_kinds(laplacian_heads) else None
@@ -172,7 +183,7 @@ def laplacian_attention_reference(
         identity_matrix = F.one_hot(_filled_index(attn_mask, t, s), s).to(q.dtype)  # (T, S)
     if hkv != h:
         k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
-    logits, attn = _softmax_matrix(q, k, attn_mask, is_causal, scale)
+    logits, attn = _softmax_matrix(q, k, attn_mask, is_causal, scale, sinks)
     dropped = F.dropout(attn, p=dropout_p) if dropout_p > 0 else attn
     eye = identity_matrix if identity_matrix is not None else _shifted_eye(t, s, attn)
     if kinds is not None and not is_plain_laplacian(kinds):
@@ -192,9 +203,10 @@ def laplacian_attention_reference(
 
 
 def _softmax_matrix(
-    q: Tensor, k: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float | None
+    q: Tensor, k: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float | None, sinks: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """The masked logits and P = softmax(q k^T * scale) from their definition, (B, H, T, S) each (k per query head).
+    """The masked logits and P = softmax(q k^T * scale) from their definition, (B, H, T, S) each (k per query head);
+    with sinks, the softmax over the S logits and the head's sink, whose column is then dropped (GPT-OSS's eager form).
 
     A query with no key to attend to has P = 0 (SDPA's fused kernels agree): its ordinary heads output 0, its
     Laplacian heads their own value."""
@@ -203,6 +215,9 @@ def _softmax_matrix(
         attn_mask = _causal_mask(q.shape[-2], k.shape[-2], q.device)
     if attn_mask is not None:
         logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
+    if sinks is not None:
+        column = sinks.to(logits.dtype).view(1, -1, 1, 1).expand(*logits.shape[:-1], 1)
+        return logits, torch.cat([logits, column], dim=-1).softmax(dim=-1)[..., :-1]
     attn = torch.where(torch.isneginf(logits).all(-1, keepdim=True), 0.0, logits.softmax(dim=-1))
     return logits, attn
 
@@ -523,6 +538,49 @@ def _resolve_heads(
     if not mask.any():
         return None, None
     return mask.to(device), head_runs(mask)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sinks: one more logit per head, as a key of zeros in front
+
+
+def _check_sinks(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks) -> None:
+    """Sinks (H,) on q's device, and nothing a sink key in front would change the meaning of, refused in one line."""
+    _check_qkv(q, k, v)
+    _check_options(q, k, attn_mask, is_causal, dropout_p, identity, blend)
+    h = q.shape[1]
+    if not isinstance(sinks, Tensor) or tuple(sinks.shape) != (h,) or not sinks.dtype.is_floating_point:
+        shape = tuple(sinks.shape) if isinstance(sinks, Tensor) else type(sinks).__name__
+        raise InputError(f"sinks of {shape}; allowed: a float tensor of shape ({h},), one logit per head")
+    if attn_mask is not None and not isinstance(attn_mask, Tensor):
+        raise InputError("sinks with an attention pattern; allowed: sinks with a tensor mask, is_causal or no mask")
+    if isinstance(laplacian_heads, LayerHeads):
+        laplacian_heads = laplacian_heads.op_spec
+    if is_kinds(laplacian_heads) and "centring" in laplacian_heads:  # its mean would count the sink key
+        raise InputError("sinks with centring heads; allowed: sinks with every other head kind")
+
+
+def _sink_key(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, identity: str, sinks: Tensor
+) -> tuple[Tensor, Tensor, Tensor, bool, str]:
+    """(k, v, mask, is_causal, identity) with a key and value of zeros in front of the S keys and an additive
+    (B or 1, H, T, S + 1) mask whose first column is each head's sink: softmax over the keys and the sink, with the
+    sink's value zero. The queries are still the last T keys; T == S stays "aligned" (each query its own key)."""
+    identity = "aligned" if q.shape[-2] == k.shape[-2] else identity
+    b, h, t, _ = q.shape
+    s = k.shape[-2]
+    if is_causal:
+        attn_mask = _causal_mask(t, s, q.device)
+    if attn_mask is None:
+        keys = q.new_zeros(1, 1, t, s)
+    elif attn_mask.dtype == torch.bool:
+        keys = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~attn_mask, float("-inf"))
+    else:
+        keys = attn_mask.to(q.dtype)
+    keys = keys.expand(torch.broadcast_shapes(keys.shape, (1, h, t, s)))
+    column = sinks.to(q.dtype).view(1, h, 1, 1).expand(keys.shape[0], h, t, 1)
+    zero = k.new_zeros(b, k.shape[1], 1, k.shape[-1])
+    return torch.cat([zero, k], dim=2), torch.cat([zero, v], dim=2), torch.cat([column, keys], dim=-1), False, identity
 
 
 # ----------------------------------------------------------------------------------------------------------------

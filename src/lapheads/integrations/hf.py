@@ -142,13 +142,6 @@ def _maps_wanted(kwargs: dict) -> bool:
     return collected is not None and "attentions" in collected
 
 
-#: GPT-OSS's learned attention sinks (an extra softmax column per head) are not in the op: refused, never dropped
-_SINKS_REFUSED = (
-    "{} has learned attention sinks (GPT-OSS); allowed: attention without them (lapheads' op has no sink column, "
-    "and dropping the sinks would change the model's output even with no Laplacian head)"
-)
-
-
 def lapheads_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -169,8 +162,6 @@ def lapheads_attention(
         )
     if kwargs.get("position_bias") is not None:
         raise InputError(f"{type(module).__name__} adds a position bias (T5-style); allowed: models without one")
-    if kwargs.get("s_aux") is not None:
-        raise InputError(_SINKS_REFUSED.format(type(module).__name__))
     t = query.shape[2]
     causal_module = getattr(module, "is_causal", True)
     causal = bool((causal_module if is_causal is None else is_causal) and attention_mask is None and t > 1)
@@ -199,6 +190,7 @@ def lapheads_attention(
         identity=identity,
         blend=getattr(module, "laplacian_blend", None),
         mix=mix,
+        sinks=kwargs.get("s_aux"),  # GPT-OSS's learned sinks: one more logit per head, carried by the op
     )
     weights = None
     if _maps_wanted(kwargs) or kwargs.get("_lapheads_textbook"):  # the textbook path materialises P for maps
@@ -422,9 +414,6 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
             f"no attention modules found in {type(model).__name__}; allowed: transformers models "
             "whose attention classes end in 'Attention'"
         )
-    with_sinks = [m for m in modules if isinstance(getattr(m, "sinks", None), torch.Tensor)]
-    if with_sinks:  # refused before anything changes: dropping them would change even k = 0's output
-        raise InputError(_SINKS_REFUSED.format(type(with_sinks[0]).__name__))
     if getattr(model.config, "attn_logit_softcapping", None) is not None:  # Gemma-2: the same, at call time too
         raise InputError(
             f"{type(modules[0]).__name__} uses a logit soft cap; allowed: attention without one (Gemma-2's soft cap "
