@@ -80,8 +80,12 @@ def test_create_vit_pretrained_file_loads_and_refuses_code_in_one_line(tmp_path)
         (lambda t: t.bool(), "dtype of .*: file torch.bool"),
         (lambda t: t.clone().fill_(float("nan")), "holds NaN or inf values"),
         (lambda t: t.clone().index_fill_(0, torch.tensor([0]), float("inf")), "holds NaN or inf values"),
+        (  # finite in the file, inf once cast to the model's float32
+            lambda t: t.double().index_fill_(0, torch.tensor([0]), 1e300),
+            r"0.weight holds values beyond torch.float32's range \(largest 1e\+300\); allowed: values that stay finite",
+        ),
     ],
-    ids=["int8", "bool", "nan", "inf"],
+    ids=["int8", "bool", "nan", "inf", "float64-1e300"],
 )
 def test_weights_of_a_non_floating_dtype_or_non_finite_values_are_refused(tmp_path, corrupt, message):
     from lapheads.runs import load_weights

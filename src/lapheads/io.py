@@ -191,7 +191,23 @@ def state_dict_mismatch(expected: dict[str, torch.Tensor], tensors: dict[str, An
     )
     if bad is not None:
         return f"{bad} holds NaN or inf values"
+    # finite in the file, inf in the model: a float64 1e300 read into float32 (load_state_dict casts silently)
+    narrowed = next((k for k, v in tensors.items() if _overflows(v, expected[k].dtype)), None)
+    if narrowed is not None:
+        return (
+            f"{narrowed} holds values beyond {expected[narrowed].dtype}'s range (largest "
+            f"{float(tensors[narrowed].abs().max()):.3g}); allowed: values that stay finite in the model's dtype"
+        )
     return None
+
+
+def _overflows(values: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether finite floating ``values`` become inf when cast to ``dtype`` (a narrower float)."""
+    if not (values.dtype.is_floating_point and dtype.is_floating_point) or not values.numel():
+        return False
+    if torch.finfo(values.dtype).max <= torch.finfo(dtype).max:
+        return False
+    return not bool(values.to(dtype).isfinite().all())
 
 
 def load_tensor_file(path: str | Path) -> dict[str, Any]:
