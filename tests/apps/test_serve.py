@@ -589,3 +589,20 @@ def test_a_long_non_streamed_reply_does_not_hold_the_event_loop(engine, monkeypa
         still_generating = long.is_alive()
         long.join()
     assert still_generating, answered  # answered before the reply was done (before: only after it)
+
+
+def test_an_api_key_guards_every_route_but_the_page_and_health(engine):
+    """Issue 72: as vLLM's --api-key: without the key a 401 before any work (OpenAI's error object under /v1)."""
+    app = create_app(engine, "tiny", ServeLimits(max_tokens=4), temperature=0.0, api_key="s3cret")
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+    assert client.get("/health").status_code == 200 and client.get("/").status_code == 200
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+        refused = client.post("/v1/chat/completions", json=body, headers=headers)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+        assert client.get("/v1/models", headers=headers).status_code == 401
+        assert client.post("/chat/completions", json={"messages": body["messages"]}, headers=headers).status_code == 401
+    assert "Authorization" in client.get("/").text  # the page sends the key it asks for
+    good = {"Authorization": "Bearer s3cret"}
+    assert client.get("/v1/models", headers=good).json()["data"][0]["id"] == "tiny"
+    assert client.post("/v1/chat/completions", json=body, headers=good).status_code == 200

@@ -19,10 +19,15 @@ Design choices:
   [0, 2] (below 1e-5: greedy); anything else is a 400/403/413/415 with a one-line JSON error naming the value and
   what is allowed. An error before the first token is a JSON error; one during the stream ends it with a
   ``data: {"error": ...}`` event, never a traceback. The calculator runs in the sandbox, as in ``lapheads chat``.
+* **An API key, as vLLM's** (``--api-key`` or ``LAPHEADS_API_KEY``): every route but the page and ``/health`` then
+  wants ``Authorization: Bearer KEY`` (compared in constant time), else HTTP 401 in OpenAI's error object; the
+  page asks for the key once and sends it. Without one, a server bound beyond loopback says it has no
+  authentication.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import secrets
 import sys
@@ -208,6 +213,7 @@ def create_app(
     temperature: float = 0.6,
     top_k: int = 50,
     allowed_hosts: tuple[str, ...] | None = LOOPBACK_NAMES,
+    api_key: str | None = None,
 ):
     """The FastAPI app serving ``engine``; ``temperature`` and ``top_k`` apply where a request leaves them out.
 
@@ -215,6 +221,7 @@ def create_app(
         engine: a chat run's ChatEngine (every route), or a base run's CompletionEngine (``/v1/completions`` and
             the tokenizer routes; the chat routes refuse in one line).
         allowed_hosts: host names the Host header may carry (None: any, for a server bound to every address).
+        api_key: the key every route but ``/`` and ``/health`` wants as ``Authorization: Bearer KEY`` (None: none).
     """
     from lapheads.data.conversations import render_for_completion
 
@@ -223,6 +230,20 @@ def create_app(
     completer = CompletionEngine(engine.model, engine.tokenizer)
     app = FastAPI(title=f"lapheads chat: {name}", docs_url=None, redoc_url=None)
     model_lock = threading.Lock()
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        """With an API key, a request without it is a 401 (OpenAI's error object under /v1) before any work."""
+        if api_key is None or request.url.path in ("/", "/health"):
+            return await call_next(request)
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), api_key.encode()):
+            return await call_next(request)
+        message = "a missing or wrong API key; allowed: the header 'Authorization: Bearer KEY' with this server's key"
+        if request.url.path.startswith("/v1/"):
+            error = {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
+            return JSONResponse({"error": error}, status_code=401)
+        return JSONResponse({"error": message}, status_code=401)
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> str:
@@ -523,9 +544,10 @@ def serve(
     tools: bool = True,
     temperature: float = 0.6,
     top_k: int = 50,
+    api_key: str | None = None,
 ) -> None:
     """Load ``run_dir`` and serve it until interrupted: a mid or sft run with every route, a base run with
-    ``/v1/completions`` and the tokenizer routes."""
+    ``/v1/completions`` and the tokenizer routes; with ``api_key``, only for requests that carry it."""
     import uvicorn
 
     from lapheads.runs import load_gpt_run, trained_on_conversations
@@ -534,7 +556,7 @@ def serve(
     chat = trained_on_conversations(record)  # a base run: completions and the tokenizer routes only
     engine = ChatEngine(model, tokenizer, tools=tools) if chat else CompletionEngine(model, tokenizer)
     loopback = host in LOOPBACK_NAMES
-    if not loopback:
+    if not loopback and api_key is None:
         print(
             f"lapheads serve: warning: listening on {host}, beyond this machine; anyone who can reach it can use "
             "the model (there is no authentication)",
@@ -543,7 +565,7 @@ def serve(
         )
     # Bound to one address: requests must name it (or loopback); bound to all: any name (DNS-rebinding checks off).
     allowed = LOOPBACK_NAMES if loopback else (None if host in ("0.0.0.0", "::") else (*LOOPBACK_NAMES, host.lower()))
-    app = create_app(engine, Path(run_dir).name, limits, temperature, top_k, allowed)
+    app = create_app(engine, Path(run_dir).name, limits, temperature, top_k, allowed, api_key)
     routes = "the web chat, /v1/chat/completions, /v1/completions" if chat else "/v1/completions (a base run)"
     print(f"lapheads serve: {run_dir} on http://{host}:{port}/: {routes} (Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
@@ -565,7 +587,11 @@ PAGE = """<!doctype html>
 <form id="form"><textarea id="prompt" placeholder="Ask something (Enter sends)"></textarea>
 <button id="send" type="submit">Send</button><button id="clear" type="button">New chat</button></form>
 <script>
-const conversation = [];
+const conversation = []; let key = "";
+function ask() {
+  const headers = {"Content-Type": "application/json"}; if (key) headers["Authorization"] = "Bearer " + key;
+  return fetch("/chat/completions", {method: "POST", headers, body: JSON.stringify({messages: conversation})});
+}
 const box = document.getElementById("messages"), prompt = document.getElementById("prompt");
 function add(role, text) {
   const div = document.createElement("div"); div.className = role; div.textContent = text;
@@ -576,8 +602,8 @@ async function send() {
   prompt.value = ""; add("user", text); conversation.push({role: "user", content: text});
   const out = add("assistant", ""); let reply = "";
   try {
-    const response = await fetch("/chat/completions", {method: "POST", headers: {"Content-Type": "application/json"},
-                                                         body: JSON.stringify({messages: conversation})});
+    let response = await ask();
+    if (response.status === 401) { key = window.prompt("This server's API key:") || ""; response = await ask(); }
     if (!response.ok) { const err = await response.json(); throw new Error(err.error); }
     const reader = response.body.getReader(), decoder = new TextDecoder(); let buffer = "";
     while (true) {

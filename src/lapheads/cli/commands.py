@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -188,6 +189,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tools=not args.no_tools,
         temperature=args.temperature,
         top_k=args.top_k,
+        api_key=args.api_key or os.environ.get("LAPHEADS_API_KEY") or None,  # the environment keeps it out of ps
     )
     return 0
 

@@ -355,6 +355,11 @@ def _serve_command(sub) -> None:
     web.add_argument("--temperature", type=float, default=0.6, help="for requests that do not set it (0 = greedy)")
     web.add_argument("--top-k", type=int, default=50, help="for requests that do not set it (0: all)")
     web.add_argument("--no-tools", action="store_true", help="do not run the calculator on tool calls")
+    web.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but / and /health (default: $LAPHEADS_API_KEY)",
+    )
     web.add_argument("--device", default="auto")
     web.set_defaults(func=commands.cmd_serve)
 
