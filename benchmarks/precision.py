@@ -13,11 +13,8 @@ Where the CPU has no native bf16 a bf16 step is an order of magnitude slower, so
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
-
-BEGIN, END = "<!-- precision.py: begin -->", "<!-- precision.py: end -->"
 
 
 def _vit(batch: int):
@@ -37,7 +34,7 @@ def _gpt(batch: int):
 
 
 def main(argv: list[str] | None = None) -> str:
-    from lapheads.bench import cpu_description, replace_section, time_interleaved
+    from lapheads.bench import cpu_description, time_interleaved, write_section
     from lapheads.hardware import choose_precision
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -67,9 +64,9 @@ def main(argv: list[str] | None = None) -> str:
         )
         print(rows[-1], flush=True)
     choice = choose_precision("auto", "cpu")
-    text = "\n".join(
+    return write_section(
+        "precision.py",
         [
-            BEGIN,
             f"`python benchmarks/precision.py`: training step (forward + backward + AdamW), median of {args.repeats} "
             f"interleaved rounds, {torch.get_num_threads()} threads. CPU: {cpu_description()}. "
             f"`amp auto` here: **{choice.reason}**.",
@@ -77,13 +74,9 @@ def main(argv: list[str] | None = None) -> str:
             "| model | shape | fp32 s/step | bf16 autocast s/step | bf16 / fp32 |",
             "|---|---|---|---|---|",
             *rows,
-            END,
-        ]
+        ],
+        args.write,
     )
-    print(text)
-    if args.write:
-        replace_section(Path(args.write), text)
-    return text
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ import random
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 SETTINGS = {
     "lapheads auto": {},
@@ -37,7 +36,6 @@ SETTINGS = {
     "2 threads, passive": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"},
     "1 thread": {"OMP_NUM_THREADS": "1"},
 }
-BEGIN, END = "<!-- threads.py: begin -->", "<!-- threads.py: end -->"
 
 
 def child(steps: int, batch: int) -> None:
@@ -123,10 +121,9 @@ def main(argv: list[str] | None = None) -> str:
                 if load is not None:
                     load.kill()
                     load.wait()
-    from lapheads.bench import cpu_description, replace_section
+    from lapheads.bench import cpu_description, write_section
 
     lines = [
-        BEGIN,
         f"`python benchmarks/threads.py --rounds {args.rounds}`: one fmnist-cpu ViT training step (batch "
         f"{args.batch}, fp32), median of {args.steps} steps per fresh process, {args.rounds} interleaved rounds; busy "
         f"= one competing busy-loop process. CPU: {cpu_description()}.",
@@ -143,12 +140,7 @@ def main(argv: list[str] | None = None) -> str:
             f"{statistics.median(busy):.3f} | {_ratio(busy, idle)} | {_ratio(idle, spin_idle)} | "
             f"{_ratio(busy, spin_busy)} |"
         )
-    lines.append(END)
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        replace_section(Path(args.write), text)
-    return text
+    return write_section("threads.py", lines, args.write)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,8 @@ path (chunks of T x W work, CPU gradients). Every candidate of one length is tim
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
-
-BEGIN, END = "<!-- windows.py: begin -->", "<!-- windows.py: end -->"
 
 
 def _candidates(t: int, heads: int, dim: int, batch: int):
@@ -49,7 +46,7 @@ def _candidates(t: int, heads: int, dim: int, batch: int):
 
 
 def main(argv: list[str] | None = None) -> str:
-    from lapheads.bench import cpu_description, replace_section, time_interleaved
+    from lapheads.bench import cpu_description, time_interleaved, write_section
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
@@ -72,9 +69,9 @@ def main(argv: list[str] | None = None) -> str:
             f"{step['banded'] * 1e9 / (t * t // 8):.2f} |"
         )
         print(rows[-1], flush=True)
-    text = "\n".join(
+    return write_section(
+        "windows.py",
         [
-            BEGIN,
             f"`python benchmarks/windows.py`: batch {args.batch}, {args.heads} heads x {args.head_dim} dims, fp32, "
             f"{args.heads // 2} Laplacian heads unless it says plain, window W = T / 8; median of {args.repeats} "
             f"interleaved rounds, {torch.get_num_threads()} threads. CPU: {cpu_description()}.",
@@ -84,13 +81,9 @@ def main(argv: list[str] | None = None) -> str:
             "banded ns per T x W |",
             "|---|---|---|---|---|---|---|---|---|",
             *rows,
-            END,
-        ]
+        ],
+        args.write,
     )
-    print(text)
-    if args.write:
-        replace_section(Path(args.write), text)
-    return text
 
 
 if __name__ == "__main__":

@@ -204,3 +204,13 @@ def replace_section(path, text: str) -> None:
     else:
         new = old.rstrip("\n") + "\n\n" + text + "\n"
     path.write_text(new)
+
+
+def write_section(script: str, lines: list[str], write: str | None) -> str:
+    """A benchmark's Markdown section: ``lines`` between the markers of ``script`` ("<!-- windows.py: begin -->"),
+    printed, put in place of that section of the file ``write`` names (when it names one), and returned."""
+    text = "\n".join([f"<!-- {script}: begin -->", *lines, f"<!-- {script}: end -->"])
+    print(text)
+    if write:
+        replace_section(write, text)
+    return text
