@@ -25,8 +25,9 @@ def qkv(h: int = H, hkv: int = H, t: int = T, s: int | None = None, dtype=torch.
     return q, k, v
 
 
-def dense_heads(q, k, v, lap_mask, causal=False):
-    """Independent per-head formula: P from its definition, (I - P) with an explicit identity matrix."""
+def dense_heads(q, k, v, lap_mask, causal=False, allowed=None, sinks=None):
+    """Independent per-head formula: P from its definition, (I - P) with an explicit identity matrix. ``allowed``
+    (T, S) bool, True = attend; ``sinks`` (H,): one more logit per head in the softmax, its column then dropped."""
     h, hkv, t, s = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     outs = []
     for i in range(h):
@@ -34,8 +35,12 @@ def dense_heads(q, k, v, lap_mask, causal=False):
         logits = q[:, i] @ k[:, kv].transpose(-1, -2) / q.shape[-1] ** 0.5
         if causal:
             allowed = torch.tensor([[j <= s - t + r for j in range(s)] for r in range(t)])
+        if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
-        p = logits.softmax(-1)
+        if sinks is not None:
+            p = torch.cat([logits, sinks[i].expand(*logits.shape[:-1], 1)], dim=-1).softmax(-1)[..., :-1]
+        else:
+            p = logits.softmax(-1)
         if lap_mask[i]:
             eye = torch.zeros(t, s, dtype=q.dtype)
             eye[torch.arange(t), torch.arange(s - t, s)] = 1

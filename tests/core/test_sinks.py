@@ -8,27 +8,7 @@ import torch
 from lapheads import laplacian_attention, laplacian_attention_reference
 from lapheads.core.masks import SlidingWindow
 from lapheads.errors import InputError
-from tests.core.test_attention import H, as_mask, qkv
-
-
-def sink_heads(q, k, v, lap_mask, sinks, allowed=None):
-    """Per head: softmax over the logits and the head's sink (value zero), the sink's column dropped; Laplacian
-    heads (I - P) V with each query's own key the last T. ``allowed`` (T, S) bool, True = attend."""
-    h, hkv, t, s = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    outs = []
-    for i in range(h):
-        kv = i // (h // hkv)
-        logits = q[:, i] @ k[:, kv].transpose(-1, -2) / q.shape[-1] ** 0.5
-        if allowed is not None:
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        with_sink = torch.cat([logits, sinks[i].expand(*logits.shape[:-1], 1)], dim=-1)
-        p = with_sink.softmax(-1)[..., :-1]
-        if lap_mask[i]:
-            eye = torch.zeros(t, s, dtype=q.dtype)
-            eye[torch.arange(t), torch.arange(s - t, s)] = 1
-            p = eye - p
-        outs.append(p @ v[:, kv])
-    return torch.stack(outs, 1)
+from tests.core.test_attention import H, as_mask, dense_heads, qkv
 
 
 def _causal(t, s):
@@ -47,7 +27,7 @@ def test_sinks_give_the_per_head_formula_and_its_gradients(spec, hkv, t, s, mask
         allowed = torch.ones(t, s, dtype=torch.bool)
         allowed[:, :2] = False
         options = {"attn_mask": allowed}
-    expected = sink_heads(q, k, v, as_mask(spec), sinks, allowed)
+    expected = dense_heads(q, k, v, as_mask(spec), allowed=allowed, sinks=sinks)
     weights = torch.randn(expected.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     wanted = torch.autograd.grad((expected * weights).sum(), (q, k, v, sinks))
     for fn in (laplacian_attention, laplacian_attention_reference):
