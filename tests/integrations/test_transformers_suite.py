@@ -33,6 +33,10 @@ DIFFER_AT_K1 = re.compile(
     r"|sliding_window_mask"  # loads the model with attn_implementation="eager" for its attention maps
 )
 
+#: tests that ask for ``output_attentions``, which transformers' config allows under the implementation named "eager"
+#: only (not "sdpa", not "lapheads"): against a family whose own attention is eager they differ at k = 0 too
+NEEDS_THE_NAME_EAGER = re.compile(r"retain_grad_hidden_states_attentions|test_attention_outputs")
+
 TESTER = '''
 import unittest
 
@@ -51,7 +55,7 @@ class Tester:
     """A tiny {family}: 2 layers, 4 query heads over 2 key/value heads (GQA), 7 tokens."""
 
     batch_size, seq_length, is_training, vocab_size, hidden_size = 2, 7, True, 99, 32
-    num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size = 2, 4, 2, 37
+    num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size = 2, 4, 2, {intermediate}
 
     def __init__(self, parent, attention, laplacian):
         self.parent, self.attention, self.laplacian = parent, attention, laplacian
@@ -108,6 +112,8 @@ FAMILIES = {
         lm="GptOssForCausalLM",
         reference="eager",
         extra="head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,",
+        intermediate=64,  # the experts' grouped matmul wants rows of a multiple of 16 bytes
+        min_passed=80,  # 92 of its 162 tests pass under its own eager attention (its SDPA tests skip)
     ),
 }
 
@@ -126,7 +132,8 @@ def _suite(cache: Path) -> Path:
         if not path.is_file() or "not in the sdist" in path.read_text():  # the sdist lacks them: empty stand-ins
             path.write_text(f"class {mixin}:\n    lapheads_stand_in = True  # not in the sdist; its tests do not run\n")
     for family, names in FAMILIES.items():
-        (folder / f"test_lapheads_{family}.py").write_text(TESTER.format(**{"reference": "sdpa", "extra": "", **names}))
+        tester = TESTER.format(**{"reference": "sdpa", "extra": "", "intermediate": 37, **names})
+        (folder / f"test_lapheads_{family}.py").write_text(tester)
     return folder
 
 
@@ -158,9 +165,12 @@ def test_transformers_model_tests_pass_with_lapheads_as_with_the_familys_own_att
     assert junit.is_file(), done.stdout[-3000:] + done.stderr[-2000:]
     found = _outcomes(junit)
     own, k0, k1 = (found.get(name, {}) for name in ("Reference", "LapheadsK0", "LapheadsK1"))
-    assert sum(s == "passed" for s in own.values()) >= 100, done.stdout[-3000:]
-    # k = 0: exactly the family's own outcomes, test by test (passes, skips and its own failures alike)
-    assert k0 == own, {t: (own.get(t), k0.get(t)) for t in set(own) | set(k0) if own.get(t) != k0.get(t)}
+    assert sum(s == "passed" for s in own.values()) >= FAMILIES[family].get("min_passed", 100), done.stdout[-3000:]
+    # k = 0: exactly the family's own outcomes, test by test (passes, skips and its own failures alike), but for
+    # the output_attentions tests where the family's own attention is the one named "eager"
+    eager = FAMILIES[family].get("reference") == "eager"
+    mismatch = {t: (own.get(t), k0.get(t)) for t in set(own) | set(k0) if own.get(t) != k0.get(t)}
+    assert not {t: v for t, v in mismatch.items() if not (eager and NEEDS_THE_NAME_EAGER.search(t))}, mismatch
     # k = 1: the same, except the comparisons with plain attention named in DIFFER_AT_K1
     differ = {t: (k0.get(t), s) for t, s in k1.items() if s != k0.get(t)}
     unexpected = {t: v for t, v in differ.items() if not DIFFER_AT_K1.search(t)}
