@@ -131,7 +131,7 @@ def laplacian_attention(
         (B, H, T, D) head outputs.
     """
     if sinks is not None:  # checked as given, then the sink key in front (section "Sinks" below)
-        _check_sinks(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks)
+        _check_call(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks)
         k, v, attn_mask, is_causal, identity = _sink_key(q, k, v, attn_mask, is_causal, identity, sinks)
     call = _prepare(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, scale, identity, blend, mix)
     return _PATHS[_plan(q, k, v, call)](q, k, v, call)
@@ -166,10 +166,7 @@ def laplacian_attention_reference(
     Returns:
         (B, H, T, D) head outputs, or ``(outputs, P)`` when ``return_attn``.
     """
-    h, hkv = _check_qkv(q, k, v)
-    _check_options(q, k, attn_mask, is_causal, dropout_p, identity, blend)
-    if sinks is not None:
-        _check_sinks(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks)
+    h, hkv = _check_call(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks)
     if isinstance(laplacian_heads, LayerHeads):
         laplacian_heads = laplacian_heads.op_spec
     kinds = _check_kinds(laplacian_heads, h, mix, blend) if is_kinds(laplacian_heads) else None
@@ -544,11 +541,13 @@ def _resolve_heads(
 # Sinks: one more logit per head, as a key of zeros in front
 
 
-def _check_sinks(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks) -> None:
-    """Sinks (H,) on q's device, and nothing a sink key in front would change the meaning of, refused in one line."""
-    _check_qkv(q, k, v)
+def _check_call(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks) -> tuple[int, int]:
+    """(H, Hkv) of a call as given, checked: q, k, v, the options and the sinks, (H,) floats with nothing a sink key
+    in front would change the meaning of; each refused in one line."""
+    h, hkv = _check_qkv(q, k, v)
     _check_options(q, k, attn_mask, is_causal, dropout_p, identity, blend)
-    h = q.shape[1]
+    if sinks is None:
+        return h, hkv
     if not isinstance(sinks, Tensor) or tuple(sinks.shape) != (h,) or not sinks.dtype.is_floating_point:
         shape = tuple(sinks.shape) if isinstance(sinks, Tensor) else type(sinks).__name__
         raise InputError(f"sinks of {shape}; allowed: a float tensor of shape ({h},), one logit per head")
@@ -558,6 +557,7 @@ def _check_sinks(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, iden
         laplacian_heads = laplacian_heads.op_spec
     if is_kinds(laplacian_heads) and "centring" in laplacian_heads:  # its mean would count the sink key
         raise InputError("sinks with centring heads; allowed: sinks with every other head kind")
+    return h, hkv
 
 
 def _sink_key(

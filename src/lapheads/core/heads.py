@@ -99,6 +99,14 @@ class LayerHeads:
         k = self.num_laplacian
         return k if self.plain and all(self.flags[self.num_heads - k :]) else None
 
+    def for_op(self, device_mask: Tensor) -> int | tuple[str, ...] | Tensor:
+        """What a module hands the op for this layer, the one rule every model and integration follows: the kinds
+        where there are others than ordinary and Laplacian, else k where the Laplacian heads are the trailing k (no
+        device work per call), else ``device_mask``, the module's (H,) bool buffer on its device (no host copy)."""
+        if not self.plain:
+            return self.kinds
+        return self.trailing if self.trailing is not None else device_mask
+
     @property
     def op_spec(self) -> int | tuple[str, ...]:
         """What the op reads for this layer with no device work: k where the Laplacian heads are the trailing k, else

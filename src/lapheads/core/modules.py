@@ -177,8 +177,9 @@ class LaplacianHeadsMixin:
 
     @property
     def laplacian_heads_for_op(self) -> HeadSpec:
-        """The spec to hand ``laplacian_attention``: an int k for trailing heads, else the device mask."""
-        return self.laplacian_mask if self._op_heads is None else self._op_heads
+        """The spec to hand ``laplacian_attention`` (:meth:`LayerHeads.for_op`: the kinds, else k trailing heads,
+        else the device mask); the FX / TorchScript leaf below takes the same three as positional arguments."""
+        return self._heads.for_op(self.laplacian_mask)
 
 
 class LaplacianAttention(LaplacianHeadsMixin, Attention):

@@ -176,11 +176,8 @@ def lapheads_attention(
         )
     # what the op gets, as the timm module hands it: k when the Laplacian heads are the trailing k (no device work
     # per call, and the op's one-node path on every device), else the device mask; other kinds as themselves
-    spec, mix = 0, None
-    if heads is not None and not heads.plain:
-        spec, mix = list(heads.kinds), (module.mix_a, module.mix_b) if "mix" in heads.kinds else None
-    elif heads is not None:
-        spec = heads.trailing if heads.trailing is not None else module.laplacian_mask.to(query.device)
+    spec = 0 if heads is None else heads.for_op(module.laplacian_mask.to(query.device))
+    mix = (module.mix_a, module.mix_b) if heads is not None and "mix" in heads.kinds else None
     identity = "filled" if attention_mask is not None else "aligned"
     options = dict(
         attn_mask=attention_mask,

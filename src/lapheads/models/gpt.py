@@ -340,12 +340,11 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.insert(self.layer_idx, k, v)
         # T < S with a cache: the op aligns the mask bottom-right and uses the query's own value
-        kinds = self._kinds  # other head kinds than ordinary / Laplacian, or None
         y = laplacian_attention(
             q,
             k,
             v,
-            laplacian_heads=self.laplacian_heads_for_op if kinds is None else kinds,
+            laplacian_heads=self.laplacian_heads_for_op,
             attn_mask=window,
             is_causal=window is None,
             mix=None if self.mix_a is None else (self.mix_a, self.mix_b),
