@@ -14,7 +14,7 @@ import torch
 from lapheads import laplacian_attention_reference, load_nanochat
 from lapheads.core.masks import SlidingWindow
 from lapheads.errors import CheckpointError, InputError
-from lapheads.models.gpt import GPT, GPTConfig
+from lapheads.models.gpt import GPT, GPTConfig, KVCache
 
 TINY = dict(depth=4, vocab_size=40, sequence_len=32, aspect_ratio=16, head_dim=16)  # 64 wide, 4 heads
 EVERY_OPTION = dict(TINY, arch="nanochat-2026", short_window=5, n_kv_head=2, laplacian_heads="0,1,2,4")
@@ -334,3 +334,24 @@ def test_a_nanochat_model_config_key_the_loader_does_not_read_is_said(capsys):
     config = {"n_layer": 2, "n_head": 4, "n_embd": 64, "sequence_len": 32, "vocab_size": 99, "softcap": 15}
     nanochat_gpt_config(config)
     assert "keys this loader does not read: softcap" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_a_packed_batch_with_document_ids_gives_each_document_the_logits_it_has_alone(arch):
+    """Issue 75: packed sequences without a T x T mask: Documents (and window & Documents in the S layers) keep
+    attention and the smear within each document; rotary positions are relative, so each document's logits are
+    those it has alone, Laplacian heads included."""
+    model = _random_weights(GPT(GPTConfig(**dict(EVERY_OPTION, arch=arch))))
+    first, second = torch.randint(0, 40, (2, 11)), torch.randint(0, 40, (2, 9))
+    packed = torch.cat([first, second], dim=1)
+    ids = torch.tensor([[0] * 11 + [1] * 9, [3] * 11 + [5] * 9])
+    with torch.no_grad():
+        together = model(packed, document_ids=ids)
+        torch.testing.assert_close(together[:, :11], model(first), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(together[:, 11:], model(second), rtol=1e-4, atol=1e-4)
+        assert (model(packed)[:, 11:] - model(second)).abs().max() > 1e-2  # without the ids the documents mix
+    model.train()
+    model(packed, packed, document_ids=ids).backward()  # the CPU's differentiable backends: dense and banded
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    with pytest.raises(InputError, match="document_ids with a KV cache; allowed"):
+        model(packed[:, :3], kv_cache=KVCache(2, 2, 32, 16, 4), document_ids=ids[:, :3])

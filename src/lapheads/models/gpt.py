@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from lapheads.core.attention import laplacian_attention
 from lapheads.core.heads import HeadSpecError, LayerHeads, parse_heads
-from lapheads.core.masks import SlidingWindow
+from lapheads.core.masks import AttentionPattern, Documents, SlidingWindow
 from lapheads.core.modules import LaplacianHeadsMixin
 from lapheads.errors import InputError
 from lapheads.hardware import check_fits
@@ -323,7 +323,7 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv_cache: KVCache | None,
         value_embedding: torch.Tensor | None = None,
-        window: SlidingWindow | None = None,
+        pattern: AttentionPattern | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
@@ -345,8 +345,8 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
             k,
             v,
             laplacian_heads=self.laplacian_heads_for_op,
-            attn_mask=window,
-            is_causal=window is None,
+            attn_mask=pattern,
+            is_causal=pattern is None,
             mix=None if self.mix_a is None else (self.mix_a, self.mix_b),
         )
         out = self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
@@ -377,9 +377,9 @@ class Block(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv_cache: KVCache | None = None,
         value_embedding: torch.Tensor | None = None,
-        window: SlidingWindow | None = None,
+        pattern: AttentionPattern | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x), cos_sin, kv_cache, value_embedding, window)
+        x = x + self.attn(rms_norm(x), cos_sin, kv_cache, value_embedding, pattern)
         return x + self.mlp(rms_norm(x))
 
 
@@ -556,8 +556,22 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def _smear(self, x: torch.Tensor, kv_cache: KVCache | None) -> torch.Tensor:
-        """Mix each token's previous token's embedding into it, by a learned gate (cheap bigram information)."""
+    def _attention_patterns(
+        self, keys: int, kv_cache: KVCache | None, document_ids: torch.Tensor | None
+    ) -> dict[int | None, AttentionPattern | None]:
+        """Each layer's pattern by its window (None: an "L" layer) for a forward over ``keys`` keys: None (causal)
+        where there are no documents and the window reaches the first key (SDPA's causal kernel and the training
+        node); with documents, the documents (and the window) in every layer."""
+        if document_ids is None:
+            return {None: None, **{w: p if w < keys - 1 else None for w, p in self.windows.items()}}
+        if kv_cache is not None:
+            raise InputError("document_ids with a KV cache; allowed: document_ids on a whole packed batch")
+        documents = Documents(document_ids)
+        return {None: documents, **{w: p & documents for w, p in self.windows.items()}}
+
+    def _smear(self, x: torch.Tensor, kv_cache: KVCache | None, document_ids: torch.Tensor | None) -> torch.Tensor:
+        """Mix each token's previous token's embedding into it, by a learned gate (cheap bigram information); not
+        across a document boundary."""
         previous = kv_cache.prev_embedding if kv_cache is not None else None
         if kv_cache is not None:
             kv_cache.prev_embedding = x[:, -1:]
@@ -566,6 +580,8 @@ class GPT(nn.Module):
         if current.shape[1] == 0:  # one token and nothing before it
             return x
         gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(current[..., :SMEAR_GATE_CHANNELS]))
+        if document_ids is not None:  # no cache here: the previous token is the row's own
+            gate = gate * (document_ids[:, 1:] == document_ids[:, :-1]).unsqueeze(-1).to(x.dtype)
         mixed = current + gate * shifted
         return mixed if previous is not None else torch.cat([x[:, :1], mixed], dim=1)
 
@@ -575,12 +591,16 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         loss_reduction: str = "mean",
+        document_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Args:
         idx: token ids (B, T).
         targets: next-token ids (B, T), -1 = ignored; when given, returns the cross-entropy loss.
         kv_cache: continue from the cache's position (generation); the new tokens are appended.
         loss_reduction: "mean", "sum" or "none" (per token, for bits-per-byte and scoring).
+        document_ids: (B, T) integer document of each token of a packed batch (e.g. ``(idx == bos).cumsum(-1)``):
+            attention and the smear stay within each document, so with rotary positions each document's logits are
+            those it has alone; not with a KV cache. None: one causal sequence per row (nanochat's packing).
         """
         B, T = idx.shape
         c = self.config
@@ -591,11 +611,10 @@ class GPT(nn.Module):
                 f"{c.sequence_len}; allowed: at most {c.sequence_len}"
             )
         cos_sin = self.cos[:, start : start + T].to(idx.device), self.sin[:, start : start + T].to(idx.device)
-        # an "S" layer whose window reaches the first key is causal: SDPA's causal kernel and the training node
-        windows = {w: pattern if w < start + T - 1 else None for w, pattern in self.windows.items()}
+        patterns = self._attention_patterns(start + T, kv_cache, document_ids)
         x = rms_norm(self.transformer["wte"](idx))
         if self.smear_gate is not None:
-            x = self._smear(x, kv_cache)
+            x = self._smear(x, kv_cache, document_ids)
         x0, backout = x, None
         for i, block in enumerate(self.blocks):
             if self.resid_lambdas is not None:
@@ -603,8 +622,7 @@ class GPT(nn.Module):
             if self.x0_lambdas is not None:
                 x = x + self.x0_lambdas[i].to(x.dtype) * x0
             ve = self.value_embeds[str(i)](idx).to(x.dtype) if str(i) in self.value_embeds else None
-            window = self.window_sizes[i]
-            x = block(x, cos_sin, kv_cache, ve, windows[window] if window is not None else None)
+            x = block(x, cos_sin, kv_cache, ve, patterns[self.window_sizes[i]])
             if self.backout_lambda is not None and i == c.depth // 2:
                 backout = x  # the mid-depth stream: low-level features to remove before the head
         if backout is not None:
