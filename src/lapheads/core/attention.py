@@ -41,6 +41,8 @@ Semantics every path shares:
 * **An attention pattern or a FlexAttention block mask** (``lapheads.core.masks``) as ``attn_mask``: every path but
   ``node`` (which differentiates SDPA's own kernels) runs, its P V computed by the backend the pattern's module
   picks (FlexAttention, bands of T x W, or the dense mask); the reference uses the pattern's dense mask.
+* **Learned sinks** (``sinks=``, GPT-OSS's) ride as a key of zeros in front of the keys with each head's sink as its
+  mask entry, so every path runs them unchanged; the reference adds the sink column to its softmax by definition.
 """
 
 from __future__ import annotations
