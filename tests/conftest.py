@@ -79,6 +79,17 @@ def processes_with(text: str) -> list[int]:
     return found
 
 
+@pytest.fixture
+def verbose():
+    """lapheads' info messages shown, as the command shows them (a library user sees warnings only: lapheads.log)."""
+    import lapheads
+
+    shown = lapheads.get_verbosity()
+    lapheads.set_verbosity("info")
+    yield
+    lapheads.set_verbosity(shown)
+
+
 @pytest.fixture(params=["boundary", "guard only"])
 def layers(request, monkeypatch):
     """A sandbox case run with bubblewrap (where installed) and with the in-process guard alone."""

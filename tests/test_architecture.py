@@ -40,6 +40,7 @@ ROOT_MODULES = {
     "errors",
     "hardware",
     "io",
+    "log",
     "plots",
     "sandbox",
     "submodules",

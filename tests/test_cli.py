@@ -54,24 +54,59 @@ def test_help_and_version_answer_without_torch_or_a_busy_probe(argv):
     assert "torch" not in imported and "lapheads.hardware" not in imported and "machine is busy" not in done.stderr
 
 
-@pytest.mark.parametrize("task", ["classify"])
-def test_a_train_help_loads_neither_timm_nor_torchvision_nor_another_tasks_presets(task):
-    """Issue 76: `lapheads train classify --help` took 4-14 s (torch, timm and torchvision imported for a help
-    text, and every task's presets with the GPT). It imports its own task's presets and config, and torch. (The LM
-    tasks' help still loads timm: their config imports the GPT, whose package registers lapheads' timm models.)"""
+def _leaf_commands() -> list[list[str]]:
+    """Every command the parser has, as argv (``["train", "lm"]``, ``["serve"]``)."""
+    import argparse
+
+    from lapheads.cli.parser import build_parser
+
+    def walk(parser: argparse.ArgumentParser, prefix: list[str]) -> list[list[str]]:
+        subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subparsers:
+            return [prefix]
+        return [argv for name, sub in subparsers[0].choices.items() for argv in walk(sub, [*prefix, name])]
+
+    return walk(build_parser(), [])
+
+
+def _modules_loaded_by_help(*commands: list[str]) -> set[str]:
+    """The modules loaded by ``lapheads COMMAND --help`` for each command in turn, in one fresh interpreter, as the
+    console script runs them."""
     import subprocess
     import sys
 
-    code = (  # the command as its console script runs it, then the modules it loaded, printed at exit
+    code = (
         "import atexit, runpy, sys\n"
         "atexit.register(lambda: print('LOADED', *sorted(sys.modules), file=sys.stderr))\n"
-        f"sys.argv = ['lapheads', 'train', {task!r}, '--help']\n"
-        "runpy.run_module('lapheads', run_name='__main__')\n"
+        f"for argv in {[list(c) for c in commands]!r}:\n"
+        "    sys.argv = ['lapheads', *argv, '--help']\n"
+        "    try:\n"
+        "        runpy.run_module('lapheads', run_name='__main__')\n"
+        "    except SystemExit as stop:\n"
+        "        assert stop.code in (0, None), (argv, stop.code)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "presets:" in done.stdout, done.stderr[-500:]
-    imported = set(done.stderr.split("LOADED", 1)[1].split())
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-800:]
+    return set(done.stderr.split("LOADED", 1)[1].split())
+
+
+def test_no_commands_help_loads_timm_torchvision_transformers_or_a_trainer():
+    """Issue 74: a help text should not cost seconds. `lapheads train lm --help` loaded timm (the GPT's package
+    registered lapheads' timm models on import, and the GPT's mixin lived in timm's drop-in module); issue 76:
+    `train classify --help` took 4-14 s. Every command's help, run one after another in one interpreter, loads none
+    of them (so none does alone)."""
+    commands = _leaf_commands()
+    assert ["train", "lm"] in commands and ["serve"] in commands and len(commands) > 20
+    imported = _modules_loaded_by_help(*commands)
     assert not {"timm", "torchvision", "transformers"} & imported
+    trainers = {f"lapheads.train.{task}" for task in ("classify", "lm", "dino", "chat")}
+    assert not (trainers | {"lapheads.apps.serve", "lapheads.study.report"}) & imported
+
+
+@pytest.mark.parametrize("task", ["classify", "lm"])
+def test_a_train_help_loads_only_its_own_tasks_presets(task):
+    """`lapheads train TASK --help` imports its own task's presets and config, not every task's."""
+    imported = _modules_loaded_by_help(["train", task])
     other = "lapheads.tasks.presets.lm" if task == "classify" else "lapheads.tasks.presets.classify"
     assert f"lapheads.tasks.presets.{task}" in imported and other not in imported
 
@@ -80,16 +115,64 @@ def test_each_evaluation_is_a_sub_parser_with_only_its_own_options(capsys):
     """``lapheads eval NAME``: every evaluation of the task table has its own parser (issue 59: one flat parser
     with "lm:"/"dino:"-prefixed help took every option for every evaluation)."""
     from lapheads.cli import main
-    from lapheads.cli.parser import EVALUATION_OPTIONS, build_parser
+    from lapheads.cli.parser import EVALUATION_HELP, build_parser
     from lapheads.tasks import EVALUATIONS
 
-    assert list(EVALUATION_OPTIONS) == list(EVALUATIONS)
+    assert list(EVALUATION_HELP) == list(EVALUATIONS)
     args = build_parser().parse_args(["eval", "lm", "runs/x", "--benchmarks", "arc_easy", "--harness", "mmlu"])
     assert (args.task, args.run_dirs, args.benchmarks, args.harness) == ("lm", ["runs/x"], "arc_easy", "mmlu")
     for argv in (["eval", "classify", "runs/x", "--harness", "mmlu"], ["eval", "dino", "runs/x", "--ema"]):
         with pytest.raises(SystemExit) as stop:  # another evaluation's option
             main(argv)
         assert stop.value.code == 2 and argv[3] in capsys.readouterr().err
+
+
+def test_an_evaluations_flags_are_its_options_fields_checked_by_their_domains(capsys):
+    """Issue 74: evaluations declare their options as configs do; the flags are generated from the fields (every
+    field a flag, but the RUN_DIR arguments), a value of the wrong type is argparse's one-line error, and a value
+    outside the field's domain is refused in one line before any run is read."""
+    import dataclasses
+
+    from lapheads.cli import main
+    from lapheads.cli.parser import build_parser
+    from lapheads.evals.options import RUN_ARGUMENTS
+    from lapheads.tasks import EVALUATIONS
+
+    parser = build_parser()
+    for name, evaluation in EVALUATIONS.items():
+        args = parser.parse_args(["eval", name, "runs/x"])
+        for cls in evaluation.option_classes():
+            for field in dataclasses.fields(cls):
+                if field.name not in RUN_ARGUMENTS:
+                    assert getattr(args, field.name) == field.default, (name, field.name)
+    assert parser.parse_args(["eval", "lm", "r", "--tasks", "mmlu"]).benchmarks == "mmlu"  # the 0.1 spelling
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "lm", "r", "--max-examples", "ten"])
+    assert (
+        stop.value.code == 2
+        and "argument --max-examples: 'ten': allowed: an integer or none" in capsys.readouterr().err
+    )
+    assert main(["eval", "lm", "r", "--max-examples", "0"]) == 2
+    assert "--max-examples 0: allowed: an integer, > 0 (or none)" in capsys.readouterr().err
+    assert main(["eval", "dino", "a", "b", "--seg-epochs", "0"]) == 2
+    assert "--seg-epochs 0: allowed: an integer, >= 1" in capsys.readouterr().err
+
+
+def test_no_evaluation_entry_point_takes_more_than_six_parameters():
+    """Issue 74's bar: an evaluation takes its options as one value (a scorer of one benchmark: at most 8)."""
+    import inspect
+
+    from lapheads.evals import chat, classify, dino, lm
+    from lapheads.tasks import EVALUATIONS, _load
+
+    entry_points = [_load(ref) for e in EVALUATIONS.values() for ref in (e.run, e.harness) if ref]
+    entry_points += [chat.run_chat_evals, dino.eval_dino, lm.run_evals, classify.evaluate_run]
+    wide = {f.__qualname__: n for f in entry_points if (n := len(inspect.signature(f).parameters)) > 6}
+    assert not wide, wide
+    scorers = [lm.score_humaneval, lm.score_completions, lm.score_multiple_choice, lm.score_gsm8k, lm.evaluate_bpb,
+               chat.score_generative, chat.score_categorical]  # fmt: skip
+    wide = {f.__qualname__: n for f in scorers if (n := len(inspect.signature(f).parameters)) > 8}
+    assert not wide, wide
 
 
 def test_the_parser_is_one_short_function_per_command():

@@ -13,6 +13,11 @@ ORDERS = {
     "timm, then lapheads": "import timm, lapheads",
     "the drop-in first": "from lapheads import LaplacianAttention; import timm",
     "a model module first": "import lapheads.models.vit, timm",
+    # each module of lapheads.models that imports timm ends by importing vit, which registers every family
+    "another model module first": "import lapheads.models.eva, timm",
+    "the timm registry helper first": "import lapheads.models.registry, timm",
+    "the GPT first (it loads no timm)": "import lapheads.models.gpt, timm",
+    "the models package first": "import lapheads.models, timm",
     "the op first": "import lapheads.core.attention, timm",
     "the head-spec parser first": "import lapheads.core.heads, timm",
     "the drop-in's module first": "import lapheads.core.modules, timm",
@@ -35,7 +40,12 @@ def test_import_lapheads_loads_neither_timm_nor_torchvision():
 
 
 @pytest.mark.parametrize(
-    "line", ["from lapheads import laplacian_attention", "from lapheads.core import parse_heads, LayerHeads"]
+    "line",
+    [
+        "from lapheads import laplacian_attention",
+        "from lapheads.core import parse_heads, LayerHeads",
+        "from lapheads import GPT",  # issue 74: the GPT's mixin lived in timm's drop-in module
+    ],
 )
 def test_the_op_and_the_parser_load_torch_but_neither_timm_nor_torchvision(line):
     """Issue 75: `from lapheads import laplacian_attention`, the one line a user needs for the op, took ~10 s and

@@ -77,7 +77,7 @@ def test_a_correct_program_passes_and_prints(layers):
 
 
 def test_humaneval_scores_a_right_answer_with_exit_zero_and_a_right_one_one():
-    from lapheads.evals.lm import score_humaneval
+    from lapheads.evals.lm import score_completions
 
     row = {
         "task_id": "t/0",
@@ -86,10 +86,7 @@ def test_humaneval_scores_a_right_answer_with_exit_zero_and_a_right_one_one():
         "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
     }
     completions = [["    print(5)\n    return 0\nexit()\n", "    return a + b\n"]]
-    out = score_humaneval(
-        None, None, [row], num_samples=2, ks=(1,), timeout=5, progress=False, completions=completions,
-        unsafe_code_execution=True,
-    )  # fmt: skip
+    out = score_completions([row], completions, ks=(1,), timeout=5, progress=False, unsafe_code_execution=True)
     assert out["samples"]["passed"] == 1 and out["samples"]["failed"] == 1
     assert out["sandbox"] == sandbox.containment()  # every result says what held the code
     assert sandbox.containment().startswith("bubblewrap" if sandbox.boundary_tool() else "guard only: not a boundary")
@@ -170,15 +167,15 @@ def test_without_a_boundary_code_evaluation_refuses_unless_the_user_opts_in_know
     user's files unless the user says so with a flag whose name says what it is; the result records which."""
     from lapheads.cli import main
     from lapheads.errors import InputError
-    from lapheads.evals.lm import score_humaneval
+    from lapheads.evals.lm import score_completions
 
     monkeypatch.setattr(sandbox, "boundary_tool", lambda: None)
     row = {"task_id": "t/0", "prompt": "def add(a, b):\n", "entry_point": "add",
            "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"}  # fmt: skip
     solved = [["    return a + b\n"]]
     with pytest.raises(InputError, match="install bubblewrap .* or pass --unsafe-code-execution"):
-        score_humaneval(None, None, [row], progress=False, completions=solved)
-    out = score_humaneval(None, None, [row], progress=False, completions=solved, unsafe_code_execution=True)
+        score_completions([row], solved, progress=False)
+    out = score_completions([row], solved, progress=False, unsafe_code_execution=True)
     assert out["pass@1"] == 1.0 and out["unsafe_code_execution"] is True and out["sandbox"].startswith("guard only")
     # the command refuses before it reads a model or data: one line, exit 2
     assert main(["eval", "lm", str(tmp_path / "no-run"), "--benchmarks", "humaneval"]) == 2

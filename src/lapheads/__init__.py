@@ -11,6 +11,10 @@ import sys as _sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
+from lapheads.log import configure_library as _configure_logging
+
+_configure_logging()  # lapheads' messages: warnings for a library user, everything for the command (lapheads.log)
+
 _COMMAND = bool(_sys.argv) and _os.path.basename(_sys.argv[0]) in ("lapheads", "-m")
 # `lapheads`, `lapheads --help` and `lapheads --version` answer from the parser alone: no torch, no busy probe
 _ANSWERS_ALONE = _COMMAND and (_sys.argv[1:] in ([], ["-h"], ["--help"], ["--version"]))
@@ -32,6 +36,7 @@ if TYPE_CHECKING:  # the public names, for readers and type checkers; at run tim
         laplacian_attention_reference,
         parse_heads,
     )
+    from lapheads.log import enable_propagation, get_verbosity, set_verbosity
     from lapheads.models import GPT, GPTConfig, create_vit, load_nanochat
 
 _PUBLIC = {
@@ -46,6 +51,9 @@ _PUBLIC = {
     "GPTConfig": "lapheads.models",
     "create_vit": "lapheads.models",
     "load_nanochat": "lapheads.models",
+    "set_verbosity": "lapheads.log",
+    "get_verbosity": "lapheads.log",
+    "enable_propagation": "lapheads.log",
 }
 
 
@@ -91,28 +99,29 @@ class _RegisterWithTimm:
             if self in _sys.meta_path:
                 _sys.meta_path.remove(self)
             exec_module(module)
-            if _initializing("lapheads.models"):
-                return  # a lapheads.models import loaded timm: finishing, it registers every name itself
-            if _initializing("lapheads.core"):  # the timm drop-in's own import loaded timm: once it is whole
-                _sys.modules["lapheads.core.modules"].WHEN_LOADED.append(_register_timm_names)
-                return
-            _register_timm_names()
+            # a lapheads module whose own import loaded timm must be whole before the names register (registering
+            # imports it): the outermost such import (sys.modules keeps import order) runs it when it is done
+            waiting = [m for n, m in list(_sys.modules.items()) if n in _WAIT_FOR_ME and _is_initializing(m)]
+            if waiting:
+                waiting[0].WHEN_LOADED.append(_register_timm_names)
+            elif not _is_initializing(_sys.modules.get("lapheads.models.vit")):  # vit registers every name itself
+                _register_timm_names()
 
         loader.exec_module = exec_then_register
         return spec
 
 
-def _initializing(package: str) -> bool:
-    """Whether ``package`` or a module of it is being imported now (partly executed)."""
-    return any(
-        (name == package or name.startswith(package + ".")) and getattr(module.__spec__, "_initializing", False)
-        for name, module in list(_sys.modules.items())
-        if getattr(module, "__spec__", None) is not None
-    )
+#: the modules that import timm and keep a WHEN_LOADED list (the timm drop-in, the converted EVA and Swin)
+_WAIT_FOR_ME = ("lapheads.core.modules", "lapheads.models.eva", "lapheads.models.swin")
+
+
+def _is_initializing(module) -> bool:
+    """Whether ``module`` is being imported now (partly executed)."""
+    return getattr(getattr(module, "__spec__", None), "_initializing", False)
 
 
 def _register_timm_names() -> None:
-    import lapheads.models  # noqa: F401 - its modules register the names with timm's registry
+    import lapheads.models.vit  # noqa: F401 - it and the two modules it imports register the names with timm
 
 
 if not _ANSWERS_ALONE:
@@ -136,8 +145,11 @@ __all__ = [
     "LayerHeads",
     "__version__",
     "create_vit",
+    "enable_propagation",
+    "get_verbosity",
     "laplacian_attention",
     "laplacian_attention_reference",
     "load_nanochat",
     "parse_heads",
+    "set_verbosity",
 ]

@@ -208,9 +208,9 @@ def replace_section(path, text: str) -> None:
 
 def write_section(script: str, lines: list[str], write: str | None) -> str:
     """A benchmark's Markdown section: ``lines`` between the markers of ``script`` ("<!-- windows.py: begin -->"),
-    printed, put in place of that section of the file ``write`` names (when it names one), and returned."""
+    put in place of that section of the file ``write`` names (when it names one), and returned (the script prints
+    it)."""
     text = "\n".join([f"<!-- {script}: begin -->", *lines, f"<!-- {script}: end -->"])
-    print(text)
     if write:
         replace_section(write, text)
     return text

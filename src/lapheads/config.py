@@ -10,7 +10,9 @@ before a run writes anything; :func:`config_help` turns the same declarations in
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
 import json
 import math
 import types
@@ -20,12 +22,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lapheads.errors import LapheadsError
-from lapheads.io import json_loads
 
 __all__ = [
     "ConfigError",
     "Domain",
+    "add_options",
     "apply_overrides",
+    "config_from_args",
     "config_from_dict",
     "config_help",
     "load_preset_file",
@@ -75,9 +78,14 @@ RATE = interval(0, 1, open_hi=True)
 FRACTION = interval(0, 1)
 
 
-def option(default: Any, help: str, domain: Domain | None = None) -> Any:
-    """A dataclass field with its description and allowed values; lists and dicts are copied per instance."""
-    metadata = {"help": help, "domain": domain}
+def option(
+    default: Any, help: str, domain: Domain | None = None, *, flags: tuple[str, ...] = (), metavar: str | None = None
+) -> Any:
+    """A dataclass field with its description and allowed values; lists and dicts are copied per instance.
+
+    ``flags`` (other spellings of its command-line option) and ``metavar`` are read where options become an argparse
+    parser (:func:`add_options`: the ``lapheads eval NAME`` options)."""
+    metadata = {"help": help, "domain": domain, "flags": flags, "metavar": metavar}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: json.loads(json.dumps(default)), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -202,6 +210,8 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 def _coerce(key: str, text: str, annotation: Any) -> Any:
     """Parse a command-line string into the field's type."""
+    from lapheads.io import json_loads  # here, not at the top: io loads torch, and `lapheads --help` reads this module
+
     origin = typing.get_origin(annotation)
     options = typing.get_args(annotation) if origin in (typing.Union, types.UnionType) else (annotation,)
     if type(None) in options and text.lower() in ("none", "null"):
@@ -255,6 +265,8 @@ def config_from_dict(cls: type[C], data: dict[str, Any], base: C | None = None, 
 
 def load_preset_file(path: str | Path) -> dict[str, Any]:
     """Read a JSON preset file (a dict of config fields)."""
+    from lapheads.io import json_loads
+
     try:
         data = json_loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -288,3 +300,58 @@ def apply_overrides(config: C, pairs: list[str]) -> C:
         updates[key] = _coerce(key, value, types_[key])
         i += 1
     return dataclasses.replace(config, **updates)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Options as command-line flags (the evaluations' options: lapheads.evals.options)
+
+
+def _argument(key: str, annotation: Any, text: str) -> Any:
+    try:
+        return _coerce(key, text, annotation)
+    except ConfigError as err:  # argparse says "argument --key: 'x': allowed: ..." in its one-line error
+        raise argparse.ArgumentTypeError(str(err).removeprefix(_flag(key) + " ")) from None
+
+
+_METAVARS = {int: "N", float: "X"}
+
+
+def add_options(parser: Any, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+    """One argparse option per field of the dataclass ``cls`` (but ``skip``): ``--name-with-dashes`` (and the
+    field's ``flags``); a bool field that defaults to False is a switch, any other takes a value typed by the field
+    (the same one-line errors as config overrides). The help is the field's description, allowed values and default.
+
+    Args:
+        parser: an ``argparse.ArgumentParser`` or argument group.
+        cls: a dataclass declared with :func:`option`.
+        skip: fields that are not flags (positional arguments the caller declares).
+    """
+    types_ = _field_types(cls)
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
+        annotation, meta = types_[field.name], field.metadata
+        flags = [_flag(field.name), *meta.get("flags", ())]
+        if annotation is bool and field.default is False:
+            parser.add_argument(*flags, dest=field.name, action="store_true", help=meta.get("help", ""))
+            continue
+        domain = meta.get("domain")
+        allowed = f" ({domain.allowed})" if domain is not None else ""
+        default = "" if field.default in (None, "") else f" [default {field.default}]"
+        parser.add_argument(
+            *flags,
+            dest=field.name,
+            default=field.default,
+            type=functools.partial(_argument, field.name, annotation),
+            metavar=meta.get("metavar") or _METAVARS.get(_options(annotation)[0], field.name.upper()),
+            help=f"{meta.get('help', '')}{allowed}{default}",
+        )
+
+
+def config_from_args(cls: type[C], args: Any, **values: Any) -> C:
+    """A ``cls`` instance from the parsed ``args`` (the attributes named as its fields) and ``values``, checked by
+    :func:`validate_config` (a value outside a field's domain: one line naming its flag)."""
+    taken = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    config = cls(**{**taken, **values})
+    validate_config(config)
+    return config

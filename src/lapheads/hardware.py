@@ -21,11 +21,14 @@ Design choices:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BusyWatch",
@@ -394,7 +397,7 @@ def apply_thread_policy(threads: str | int = "auto", announce: bool = True) -> T
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(policy.threads)
     if announce and policy.busy and os.environ.get(_BUSY_SAID) != "1":
-        print(f"lapheads: {policy.reason}; --threads N to choose", file=sys.stderr, flush=True)
+        log.warning(f"lapheads: {policy.reason}; --threads N to choose")
         os.environ[_BUSY_SAID] = "1"  # once per command: BusyWatch and a sweep's cells (they inherit it) stay silent
     return policy
 

@@ -43,6 +43,7 @@ address-space / CPU / file-size / process-count limits, and a temporary work fol
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import resource
 import secrets
@@ -55,6 +56,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "UNSAFE_FLAG",
@@ -464,11 +467,9 @@ def require_boundary(unsafe_code_execution: bool, what: str) -> None:
 def _warn_once_without_boundary() -> None:
     if "boundary" not in _WARNED:
         _WARNED.add("boundary")
-        print(
+        log.warning(
             "lapheads: bubblewrap (bwrap) is not usable here, so generated code runs under lapheads' in-process guard "
-            "only, which stops a model's accidents, not hostile code (see lapheads.sandbox); install bubblewrap",
-            file=sys.stderr,
-            flush=True,
+            "only, which stops a model's accidents, not hostile code (see lapheads.sandbox); install bubblewrap"
         )
 
 

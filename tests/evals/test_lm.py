@@ -15,8 +15,8 @@ from lapheads.evals.lm import (
     extract_number,
     humaneval_solution,
     pass_at_k,
+    score_completions,
     score_gsm8k,
-    score_humaneval,
     score_multiple_choice,
 )
 
@@ -113,15 +113,12 @@ def test_humaneval_runs_completions_and_computes_pass_at_k():
             "    return a + b\n\ndef helper():\n    raise SystemExit(1)\n",  # cut at the stop sequence: passes
         ]
     ]
-    out = score_humaneval(
-        None,
-        None,
+    out = score_completions(
         [HUMANEVAL],
-        num_samples=5,
+        completions,
         ks=(1, 2),
         timeout=1.5,
         progress=False,
-        completions=completions,
         unsafe_code_execution=True,  # where bubblewrap is missing: the guard, knowingly
     )
     assert out["samples"] == {"passed": 2, "failed": 2, "timeout": 1}

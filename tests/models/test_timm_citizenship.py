@@ -95,7 +95,7 @@ def test_pretrained_on_a_registered_name_is_refused_with_the_way_to_convert():
     ids=["eva", "swin"],
 )
 def test_registered_eva_and_swin_names_are_timms_architecture_with_their_heads(name, base, kwargs):
-    from lapheads.core.modules import LaplacianHeadsMixin
+    from lapheads.core.mixin import LaplacianHeadsMixin
 
     torch.manual_seed(0)
     plain = timm.create_model(base, **kwargs).eval()

@@ -229,11 +229,11 @@ def test_eval_chat_scores_generated_and_hub_tasks_into_the_run(sft_run, tmp_path
         )
         == 0
     )
-    out = capsys.readouterr().out
-    summary = json.loads(out.strip().splitlines()[-1])
+    said = capsys.readouterr()
+    summary = json.loads(said.out)  # the command's answer: one JSON line on stdout
     assert summary["tasks"]["arith"]["n"] == 3 and summary["tasks"]["arc_easy"]["n"] == 3
-    assert summary["tasks"]["arc_easy"]["chance"] == 0.5
-    assert "ChatCORE" in out
+    assert summary["tasks"]["arc_easy"]["chance"] == 0.5 and summary["run_dir"] == str(sft_run)
+    assert "ChatCORE" in said.err and "arc_easy: accuracy" in said.err  # the human summary, logged
     saved = json.loads((sft_run / "report" / "eval_chat.json").read_text())
     assert saved["chatcore"] == summary["chatcore"]
 

@@ -106,7 +106,7 @@ def test_a_run_resumed_where_other_kernels_run_says_so_once(tiny_config, tmp_pat
     assert capsys.readouterr().err.count("will not match a run trained in one place bit for bit") == 1
 
 
-def test_resume_refuses_a_metrics_log_cut_short_and_says_what_it_found(tiny_config, tmp_path, capsys):
+def test_resume_refuses_a_metrics_log_cut_short_and_says_what_it_found(tiny_config, tmp_path, capsys, verbose):
     cfg = dataclasses.replace(tiny_config, checkpoint_every=6, log_every=1)
     train_classify(cfg, tmp_path / "run", stop_at_step=7)  # checkpoint at step 6, records at steps 1..7
     metrics = tmp_path / "run" / "metrics.jsonl"
@@ -373,7 +373,7 @@ def test_ctrl_c_checkpoints_the_interrupted_step_says_so_in_one_line_and_resume_
     assert full["step"] == 8 and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_progress_off_a_terminal_is_plain_lines_not_carriage_returns(tiny_config, tmp_path, capsys):
+def test_progress_off_a_terminal_is_plain_lines_not_carriage_returns(tiny_config, tmp_path, capsys, verbose):
     from lapheads.train.runtime import _LineProgress
 
     train_classify(tiny_config, tmp_path / "run")

@@ -61,8 +61,10 @@ def test_eval_dino_prints_probes_and_writes_pictures(tiny_dino, tmp_path, capsys
     train_dino(dataclasses.replace(tiny_dino, laplacian_heads="0"), tmp_path / "b")
     code = main(["eval", "dino", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "pics")])
     assert code == 0
-    out = capsys.readouterr().out
+    said = capsys.readouterr()
+    out = said.err  # the human summary, one line per run, logged; the answer is the JSON line on stdout
     assert "k-NN k=10" in out and "linear" in out and "segmentation mIoU" in out
+    assert json.loads(said.out).keys() == {str(tmp_path / "a"), str(tmp_path / "b")}
     result = json.loads((tmp_path / "a" / "report" / "eval_dino.json").read_text())
     assert set(result["knn"]) == set(result["knn_random_init"]) == {"10", "20", "100", "200"}
     assert result["knn"]["10"] > 30  # chance: 10%

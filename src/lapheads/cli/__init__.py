@@ -8,12 +8,14 @@ what is allowed, and a non-zero exit status; tracebacks are for bugs. The parser
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
 from lapheads.cli.commands import UserError, one_line
 from lapheads.cli.parser import TrainParser, build_parser
 from lapheads.errors import LapheadsError
+from lapheads.log import get_verbosity, set_verbosity
 
 __all__ = ["UserError", "build_parser", "main"]
 
@@ -57,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     if overrides and not getattr(args, "takes_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(overrides)}")
     args.overrides = overrides
+    shown = get_verbosity()
+    if not os.environ.get("LAPHEADS_VERBOSITY"):  # the command shows its progress and notices (lapheads.log)
+        set_verbosity(logging.INFO)
     try:
         return args.func(args)
     except KeyboardInterrupt:  # Ctrl-C before a command's own handler is set up: one line, the shell's 130
@@ -68,3 +73,5 @@ def main(argv: list[str] | None = None) -> int:
         code = getattr(err, "exit_code", 2)  # 130: interrupted, with its checkpoint saved (not an error of input)
         print(f"lapheads {args.command}: {'' if code == 130 else 'error: '}{one_line(err)}", file=sys.stderr)
         return code
+    finally:  # main() called in-process (a notebook, a test) leaves the caller's verbosity as it was
+        set_verbosity(shown)

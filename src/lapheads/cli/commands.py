@@ -34,7 +34,11 @@ def one_line(err: BaseException) -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     from lapheads.study.demo import run_demo
 
-    run_demo(Path(args.out), laplacian_heads=args.laplacian_heads, data_root=args.data_root, overrides=args.overrides)
+    report = run_demo(
+        Path(args.out), laplacian_heads=args.laplacian_heads, data_root=args.data_root, overrides=args.overrides
+    )
+    print(report.read_text())
+    print(f"report: {report}")
     return 0
 
 
@@ -118,9 +122,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """An evaluation answers its results; the command prints them as one JSON line (what scripts read)."""
     from lapheads.tasks import get_evaluation
 
-    return get_evaluation(args.task)(args)
+    print(json.dumps(get_evaluation(args.task)(args), default=str))
+    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

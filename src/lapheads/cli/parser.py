@@ -5,10 +5,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import typing
 
 import lapheads
 from lapheads.cli import commands
+from lapheads.config import add_options
+from lapheads.evals.options import RUN_ARGUMENTS, LMSource
 from lapheads.tasks import EVALUATIONS, TASKS
 
 
@@ -21,22 +24,6 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value!r}; allowed: an integer >= 1")
     return number
-
-
-def _nanochat_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--nanochat",
-        default=None,
-        metavar="DIR",
-        help="lm: a nanochat checkpoint folder (model_<step>.pt + meta_<step>.json) instead of RUN_DIR",
-    )
-    parser.add_argument("--step", type=int, default=None, help="--nanochat: the step (default: the last)")
-    parser.add_argument(
-        "--nanochat-tokenizer",
-        default=None,
-        metavar="DIR",
-        help="--nanochat: the folder of its tokenizer.pkl (default: nanochat's <base>/tokenizer)",
-    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -193,8 +180,8 @@ def _train_command(sub) -> None:
 
 
 def _eval_command(sub) -> None:
-    """``lapheads eval NAME``: one sub-parser per evaluation (the task table's ``EVALUATIONS``), each with only the
-    options it reads (:data:`EVALUATION_OPTIONS`)."""
+    """``lapheads eval NAME``: one sub-parser per evaluation (the task table's ``EVALUATIONS``), its flags generated
+    from the evaluation's options class (``lapheads.evals.options``), so each has only the options it reads."""
     evaluate = sub.add_parser(
         "eval",
         allow_abbrev=False,
@@ -202,112 +189,30 @@ def _eval_command(sub) -> None:
         description="lapheads eval NAME --help lists an evaluation's options.",
     )
     names = evaluate.add_subparsers(dest="task", metavar="NAME", required=True, parser_class=_Parser)
-    for name, (help_, add_options) in EVALUATION_OPTIONS.items():
+    for name, help_ in EVALUATION_HELP.items():
+        evaluation = EVALUATIONS[name]
         parser = names.add_parser(name, allow_abbrev=False, help=help_)
-        many = EVALUATIONS[name].many_runs
         parser.add_argument(
-            "run_dirs", nargs="*", metavar="RUN_DIR", help="one or more runs, compared" if many else "one run"
+            "run_dirs",
+            nargs="*",
+            metavar="RUN_DIR",
+            help="one or more runs, compared" if evaluation.many_runs else "one run",
         )
-        add_options(parser)
+        own, *more = evaluation.option_classes()
+        add_options(parser, own, skip=RUN_ARGUMENTS)
+        for other in more:  # the harness's options: those the evaluation's own class does not already have
+            taken = {field.name for field in dataclasses.fields(own)}
+            group = parser.add_argument_group("--harness (lm-evaluation-harness's options of the same names)")
+            add_options(group, other, skip=(*RUN_ARGUMENTS, *taken))
         parser.set_defaults(func=commands.cmd_eval)
 
 
-def _benchmark_options(parser: argparse.ArgumentParser, benchmarks: str) -> None:
-    """The options of the evaluations that score benchmarks (lm, chat): which, where their files are, how many."""
-    parser.add_argument(
-        "--benchmarks",
-        "--tasks",  # the 0.1 name, kept as an alias for this release only (docs/language-models.md)
-        dest="benchmarks",
-        default=None,
-        help=f"comma list of {benchmarks}; --tasks is its old name, an alias for 0.1 only",
-    )
-    _code_execution_option(parser)
-    parser.add_argument("--data-dir", default=None, help="local <task>.jsonl/.parquet files in the hub's schema")
-    parser.add_argument("--max-examples", type=int, default=None, help="the first N items per task")
-    parser.add_argument("--num-samples", type=int, default=1, help="HumanEval samples per problem (pass@k)")
-    parser.add_argument("--device", default="auto")
-
-
-def _code_execution_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--unsafe-code-execution",
-        action="store_true",
-        help="humaneval where bubblewrap is not usable: run the model's code under lapheads' in-process guard, "
-        "which stops accidents, not hostile code (without this flag such a run is refused; the result records it)",
-    )
-
-
-def _eval_classify_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
-    parser.add_argument(
-        "--fit-subset",
-        type=int,
-        default=None,
-        metavar="N",
-        help="also score the first N training images without augmentation (fit_top1, fit_loss)",
-    )
-
-
-def _eval_lm_options(parser: argparse.ArgumentParser) -> None:
-    _benchmark_options(parser, "val_bpb (default), arc_easy, arc_challenge, mmlu, gsm8k, humaneval")
-    parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat tokens (SFT models)")
-    _nanochat_options(parser)
-    parser.add_argument(
-        "--harness",
-        default=None,
-        metavar="TASKS",
-        help="lm-evaluation-harness tasks (comma list); with --data-dir the shipped "
-        "lapheads_{arc_easy,arc_challenge,mmlu,gsm8k,hellaswag} read <task>.jsonl there",
-    )
-    parser.add_argument(
-        "--include-path",
-        default=None,
-        help="--harness: a folder of your own task YAMLs. These are code: lm-eval imports the Python files they "
-        "name (!function) and renders their prompts with an unsandboxed Jinja; use only folders you trust",
-    )
-    harness = parser.add_argument_group("--harness (lm-evaluation-harness's options of the same names)")
-    harness.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples per item (task default)")
-    harness.add_argument("--batch-size", type=int, default=8, help="sequences scored at once")
-    harness.add_argument("--limit", type=float, default=None, help="items per task: a count, or a fraction < 1")
-    harness.add_argument(
-        "--bootstrap-iters", type=int, default=100000, help="resamples for the standard errors (0: none)"
-    )
-    harness.add_argument("--log-samples", action="store_true", help="write every item's prompt, answer and score")
-    harness.add_argument("--gen-kwargs", default=None, help="generation options, e.g. temperature=0,max_gen_toks=64")
-    harness.add_argument(
-        "--output-path", default=None, help="lm-eval's own results JSON (default: RUN_DIR/report/lm_eval)"
-    )
-    harness.add_argument(
-        "--apply-chat-template",
-        action="store_true",
-        help="prompt in the run's own chat turns (<|user_start|> ... <|assistant_start|>), as mid / SFT runs were "
-        "trained",
-    )
-    harness.add_argument("--fewshot-as-multiturn", action="store_true", help="few-shot examples as chat turns")
-    harness.add_argument("--system-instruction", default=None, help="a system prompt (leads the first user turn)")
-
-
-def _eval_chat_options(parser: argparse.ArgumentParser) -> None:
-    _benchmark_options(
-        parser, "arc_easy, arc_challenge, mmlu, gsm8k, humaneval, arith, letters (default: arith,letters)"
-    )
-    parser.add_argument("--no-tools", action="store_true", help="no calculator (the model's own outputs)")
-
-
-def _eval_dino_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-examples", type=int, default=None, help="the first N test images")
-    parser.add_argument("--max-train", type=int, default=None, help="the first N training images (k-NN, linear)")
-    parser.add_argument("--ade20k", default=None, help="ADE20K root for the segmentation probe (non-FMNIST runs)")
-    parser.add_argument("--out", default=None, help="where pca.png goes (default: the first run's report/)")
-    parser.add_argument("--device", default="auto")
-
-
-#: each evaluation's help line and the options it reads (tests/test_cli.py: one entry per ``EVALUATIONS`` name)
-EVALUATION_OPTIONS = {
-    "classify": ("a classifier's test top-1 (and, with --fit-subset, on training images)", _eval_classify_options),
-    "lm": ("a language model's bits per byte and benchmarks (or lm-evaluation-harness)", _eval_lm_options),
-    "dino": ("DINO backbones: k-NN, linear probe, segmentation, PCA pictures", _eval_dino_options),
-    "chat": ("a chat model's benchmarks, with or without its calculator", _eval_chat_options),
+#: each evaluation's help line (tests/test_cli.py: one entry per ``EVALUATIONS`` name)
+EVALUATION_HELP = {
+    "classify": "a classifier's test top-1 (and, with --fit-subset, on training images)",
+    "lm": "a language model's bits per byte and benchmarks (or lm-evaluation-harness)",
+    "dino": "DINO backbones: k-NN, linear probe, segmentation, PCA pictures",
+    "chat": "a chat model's benchmarks, with or without its calculator",
 }
 
 
@@ -321,7 +226,7 @@ def _generate_command(sub) -> None:
     generate.add_argument("--top-k", type=int, default=50, help="sample from the k likeliest tokens (0: all)")
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--device", default="auto")
-    _nanochat_options(generate)
+    add_options(generate, LMSource, skip=RUN_ARGUMENTS)
     generate.set_defaults(func=commands.cmd_generate)
 
 
@@ -405,7 +310,7 @@ def _analyze_command(sub) -> None:
         action="store_true",
         help="every kept checkpoint of one run, against step (train with --keep-checkpoints 0 to keep them all)",
     )
-    _nanochat_options(analyze)
+    add_options(analyze, LMSource, skip=RUN_ARGUMENTS)
     analyze.set_defaults(func=commands.cmd_analyze)
 
 

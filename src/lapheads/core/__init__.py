@@ -11,7 +11,8 @@ if TYPE_CHECKING:  # the public names, for readers and type checkers; at run tim
     from lapheads.core.attention import IDENTITIES, laplacian_attention, laplacian_attention_reference
     from lapheads.core.heads import HEAD_SPEC, HEAD_SPEC_PATTERN, HeadSpec, HeadSpecError, LayerHeads, parse_heads
     from lapheads.core.kinds import HEAD_KINDS, KIND_COEFFICIENTS, is_plain_laplacian
-    from lapheads.core.modules import LaplacianAttention, LaplacianHeadsMixin
+    from lapheads.core.mixin import LaplacianHeadsMixin
+    from lapheads.core.modules import LaplacianAttention
 
 #: each public name's module
 _PUBLIC = {
@@ -20,7 +21,8 @@ _PUBLIC = {
         ("HEAD_SPEC", "HEAD_SPEC_PATTERN", "HeadSpec", "HeadSpecError", "LayerHeads", "parse_heads"), "heads"
     ),
     **dict.fromkeys(("HEAD_KINDS", "KIND_COEFFICIENTS", "is_plain_laplacian"), "kinds"),
-    **dict.fromkeys(("LaplacianAttention", "LaplacianHeadsMixin"), "modules"),
+    "LaplacianHeadsMixin": "mixin",
+    "LaplacianAttention": "modules",
 }
 
 __all__ = [

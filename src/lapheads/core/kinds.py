@@ -4,7 +4,8 @@ A head of any kind outputs alpha V_self + beta P V + gamma mean(V) per head (mea
 to, uniformly), and an exclusive head then removes its output's component along the token's own value. This module
 owns that vocabulary and its arithmetic; ``lapheads.core.heads`` parses written specs into kinds, the op
 (``lapheads.core.attention``) plans around them and calls :func:`kinds_output`, and the modules
-(``lapheads.core.modules``) add the learnable parts (mix heads' (a, b), local heads' untied term). Design choices:
+(``lapheads.core.mixin``, ``lapheads.core.modules``) add the learnable parts (mix heads' (a, b), local heads' untied
+term). Design choices:
 
 * **Coefficients, not code, per kind.** A new kind is a row of :data:`KIND_COEFFICIENTS`; the op, the textbook
   reference and TorchScript's form all read that one table.

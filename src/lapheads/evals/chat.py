@@ -15,9 +15,8 @@ Design choices:
 
 from __future__ import annotations
 
+import logging
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,11 +31,15 @@ from lapheads.errors import InputError
 from lapheads.evals.lm import (
     LETTERS,
     extract_number,
+    humaneval_ks,
     humaneval_solution,
     multiple_choice_item,
     pass_at_k,
     score_humaneval_solution,
 )
+from lapheads.evals.options import ChatEvalOptions
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CHAT_BENCHMARKS", "chatcore", "run_chat_evals", "score_categorical", "score_generative"]
 
@@ -105,7 +108,7 @@ def score_generative(
 
     if benchmark == "humaneval":
         require_boundary(unsafe_code_execution, "HumanEval")
-        ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
+        ks = humaneval_ks(num_samples)
         results = {k: [] for k in ks}
         temperature = 0.0 if num_samples == 1 else 0.8
         for i, row in enumerate(tqdm(rows, desc=benchmark, disable=not progress, leave=False)):
@@ -156,9 +159,7 @@ def _rows(benchmark: str, data_dir: str | None, max_examples: int | None) -> lis
     else:
         rows, unusable = usable_rows(benchmark, load_task(benchmark, data_dir))
         if unusable:  # scored as wrong they would lower the accuracy without a word
-            print(
-                f"lapheads: {benchmark}: {len(unusable)} item(s) with unusable ground truth left out", file=sys.stderr
-            )
+            log.warning(f"lapheads: {benchmark}: {len(unusable)} item(s) with unusable ground truth left out")
         if benchmark == "gsm8k":
             rows = [
                 {"conversation": gsm8k_conversation(r["question"], ""), "reference": extract_number(r["answer"])}
@@ -167,31 +168,22 @@ def _rows(benchmark: str, data_dir: str | None, max_examples: int | None) -> lis
     return rows[:max_examples]
 
 
-def run_chat_evals(
-    run_dir: str | Path,
-    benchmarks: list[str],
-    *,
-    data_dir: str | None = None,
-    max_examples: int | None = None,
-    num_samples: int = 1,
-    device: str = "auto",
-    progress: bool = True,
-    tools: bool = True,
-    unsafe_code_execution: bool = False,
-) -> dict[str, Any]:
-    """Evaluate a chat run's latest checkpoint on ``benchmarks``; writes RUN_DIR/report/eval_chat.json."""
+def run_chat_evals(options: ChatEvalOptions, progress: bool = True) -> dict[str, Any]:
+    """Evaluate a chat run's latest checkpoint on ``options.benchmarks`` (with its calculator unless
+    ``options.no_tools``); writes RUN_DIR/report/eval_chat.json and returns its summary (tasks, ChatCORE)."""
     from lapheads.runs import RunDir, load_gpt_run
     from lapheads.sandbox import require_boundary
 
+    benchmarks, max_examples, tools = options.benchmark_names, options.max_examples, not options.no_tools
     unknown = [b for b in benchmarks if b not in CHAT_BENCHMARKS]
     if unknown or not benchmarks:
         raise InputError(
             f"unknown chat benchmark(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(CHAT_BENCHMARKS)}"
         )
     if "humaneval" in benchmarks:  # before any data or model is read
-        require_boundary(unsafe_code_execution, "HumanEval")
-    rows = {t: _rows(t, data_dir, max_examples) for t in benchmarks}  # fail early on data
-    _, model, tokenizer = load_gpt_run(run_dir, device)
+        require_boundary(options.unsafe_code_execution, "HumanEval")
+    rows = {t: _rows(t, options.data_dir, max_examples) for t in benchmarks}  # fail early on data
+    _, model, tokenizer = load_gpt_run(options.run_dir, options.device)
     engine = ChatEngine(model, tokenizer, tools=tools)
     results: dict[str, Any] = {}
     for benchmark in benchmarks:
@@ -202,32 +194,13 @@ def run_chat_evals(
                 engine,
                 benchmark,
                 rows[benchmark],
-                num_samples=num_samples,
+                num_samples=options.num_samples,
                 progress=progress,
-                unsafe_code_execution=unsafe_code_execution,
+                unsafe_code_execution=options.unsafe_code_execution,
             )
     summary = {"tasks": results, "chatcore": chatcore(results), "max_examples": max_examples, "tools": tools}
-    RunDir(run_dir).write_report("eval_chat.json", summary)
+    RunDir(options.run_dir).write_report("eval_chat.json", summary)
+    for task, result in results.items():
+        log.info(f"{task}: accuracy {result['accuracy']:.4f} (n={result['n']}, chance {result['chance']:.2f})")
+    log.info(f"ChatCORE {summary['chatcore']:.4f}")
     return summary
-
-
-def cli_eval(args: Any) -> int:
-    """``lapheads eval chat RUN_DIR``: the chat tasks (accuracy against chance) and ChatCORE."""
-    import json
-
-    benchmarks = [b.strip() for b in (args.benchmarks or "arith,letters").split(",") if b.strip()]
-    summary = run_chat_evals(
-        args.run_dir,
-        benchmarks,
-        data_dir=args.data_dir,
-        max_examples=args.max_examples,
-        num_samples=args.num_samples,
-        device=args.device,
-        tools=not args.no_tools,
-        unsafe_code_execution=args.unsafe_code_execution,
-    )
-    for task, result in summary["tasks"].items():
-        print(f"{task}: accuracy {result['accuracy']:.4f} (n={result['n']}, chance {result['chance']:.2f})")
-    print(f"ChatCORE {summary['chatcore']:.4f}")
-    print(json.dumps({"run_dir": args.run_dir, **summary}))
-    return 0

@@ -17,10 +17,11 @@ from torch.utils.data import DataLoader, Subset
 from lapheads.data.images import build_image_data
 from lapheads.distributed import Distributed, setup_distributed
 from lapheads.errors import InputError
+from lapheads.evals.options import ClassifyEvalOptions
 from lapheads.hardware import choose_precision
 from lapheads.runs import RunDir, checkpoint_folder, load_model
 
-__all__ = ["evaluate_classifier", "evaluate_fit", "evaluate_run", "fit_images"]
+__all__ = ["evaluate", "evaluate_classifier", "evaluate_fit", "evaluate_run", "fit_images"]
 
 
 @torch.no_grad()
@@ -94,9 +95,6 @@ def evaluate_run(run_dir: Path, use_ema: bool = False, fit_subset: int | None = 
     return {"run_dir": str(run.path), "checkpoint": checkpoint_folder(run).name, **metrics}
 
 
-def cli_eval(args: Any) -> int:
+def evaluate(options: ClassifyEvalOptions) -> dict[str, Any]:
     """``lapheads eval classify RUN_DIR``: the checkpoint's top-1 / top-5 (and its fit on training images)."""
-    import json
-
-    print(json.dumps(evaluate_run(Path(args.run_dir), use_ema=args.ema, fit_subset=args.fit_subset)))
-    return 0
+    return evaluate_run(Path(options.run_dir), use_ema=options.ema, fit_subset=options.fit_subset)

@@ -19,7 +19,7 @@ Design choices:
 
 from __future__ import annotations
 
-import os
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
+from lapheads.evals.options import DinoEvalOptions
 from lapheads.evals.probes import knn_accuracy, linear_probe, segmentation_probe
 from lapheads.geometry.features import ResidualStream
 from lapheads.plots import panel_grid
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "EVAL_FILE",
@@ -247,42 +250,29 @@ def _probe_run(
     return result
 
 
-def eval_dino(
-    run_dirs: list[str | os.PathLike],
-    out: str | os.PathLike | None = None,
-    *,
-    max_train: int | None = None,
-    max_test: int | None = None,
-    seg_train: int = 2000,
-    seg_test: int = 500,
-    seg_epochs: int = 10,
-    linear_epochs: int = 20,
-    ade20k: str | None = None,
-    num_pictures: int = 6,
-    device: str = "auto",
-    reuse: bool = False,
-) -> dict[str, Any]:
-    """Evaluate DINO runs: k-NN (k = 10, 20, 100, 200; T = 0.07) of the teacher and of the same architecture at
-    random initialisation (the reference a short run must beat), linear probe, segmentation mIoU, pictures.
+def eval_dino(options: DinoEvalOptions) -> dict[str, Any]:
+    """Evaluate DINO runs (``options.run_dirs``): k-NN (k = 10, 20, 100, 200; T = 0.07) of the teacher and of the same
+    architecture at random initialisation (the reference a short run must beat), linear probe, segmentation mIoU,
+    pictures.
 
-    Writes RUN_DIR/report/eval_dino.json and attention.png per run, and pca.png (images x runs) into ``out``
-    (default: the first run's report folder). Returns {run_dir: results}.
-
-    Args:
-        reuse: keep a run's eval_dino.json when it was measured on the same checkpoint with the same options
-            (``lapheads report`` on a sweep); the pictures are always redrawn.
+    Writes RUN_DIR/report/eval_dino.json and attention.png per run, and pca.png (images x runs) into ``options.out``
+    (default: the first run's report folder). Returns {run_dir: results}. With ``options.reuse`` a run's
+    eval_dino.json measured on the same checkpoint with the same options is kept (``lapheads report`` on a sweep);
+    the pictures are always redrawn.
     """
     from lapheads.data.images import build_image_data
     from lapheads.runs import RunDir, checkpoint_folder
 
-    options = {
+    run_dirs, device, ade20k = options.run_dirs, options.device, options.ade20k
+    seg_train, seg_test = options.seg_train, options.seg_test
+    recorded = {  # what eval_dino.json records (and a reuse compares): the keys of its first version
         "version": EVAL_VERSION,
-        "max_train": max_train,
-        "max_test": max_test,
+        "max_train": options.max_train,
+        "max_test": options.max_examples,
         "seg_train": seg_train,
         "seg_test": seg_test,
-        "seg_epochs": seg_epochs,
-        "linear_epochs": linear_epochs,
+        "seg_epochs": options.seg_epochs,
+        "linear_epochs": options.linear_epochs,
         "ade20k": ade20k,
     }
     results: dict[str, Any] = {}
@@ -293,20 +283,20 @@ def eval_dino(
         report = run.report_dir
         report.mkdir(parents=True, exist_ok=True)
         checkpoint = checkpoint_folder(run).name
-        cached = (run.read_report(EVAL_FILE) or {}) if reuse else {}
+        cached = (run.read_report(EVAL_FILE) or {}) if options.reuse else {}
         segmentation = _segmentation_sets(cfg, ade20k, seg_train, seg_test)
-        if cached.get("checkpoint") == checkpoint and cached.get("options") == options:
+        if cached.get("checkpoint") == checkpoint and cached.get("options") == recorded:
             result = cached  # the probes are the expensive part; the pictures below are redrawn
         else:
-            result = _probe_run(cfg, backbone, record, segmentation, options)
-            result = {"checkpoint": checkpoint, "laplacian_heads": cfg.laplacian_heads, "options": options, **result}
+            result = _probe_run(cfg, backbone, record, segmentation, recorded)
+            result = {"checkpoint": checkpoint, "laplacian_heads": cfg.laplacian_heads, "options": recorded, **result}
             run.write_report(EVAL_FILE, result)
         if segmentation is not None:
             seg_test_set = segmentation[1]
-            images = torch.stack([seg_test_set[i][0] for i in range(min(num_pictures, len(seg_test_set)))])
+            images = torch.stack([seg_test_set[i][0] for i in range(min(options.num_pictures, len(seg_test_set)))])
         else:
             test = build_image_data(cfg.dataset, cfg.data_root, cfg.img_size, augment=False).eval
-            images = torch.stack([test[i][0] for i in range(min(num_pictures, len(test)))])
+            images = torch.stack([test[i][0] for i in range(min(options.num_pictures, len(test)))])
         laplacian = list(backbone.blocks[-1].attn.heads.flags)
         label = f"k={cfg.laplacian_heads}"
         _plot_attention(
@@ -319,26 +309,11 @@ def eval_dino(
         picture_images = images if picture_images is None else picture_images
         pictures.append((label, Path(run_dir).name, pca_pictures(patch_grid(backbone, picture_images))))
         results[str(run_dir)] = result
-    out = Path(out) if out else RunDir(run_dirs[0]).report_dir
+    out = Path(options.out) if options.out else RunDir(run_dirs[0]).report_dir
     out.mkdir(parents=True, exist_ok=True)
     named = len({label for label, _, _ in pictures}) < len(pictures)  # runs share a k (seeds): name every column
     _plot_pca(
         picture_images, {f"{label} ({name})" if named else label: rgb for label, name, rgb in pictures}, out / "pca.png"
-    )
-    return results
-
-
-def cli_eval(args: Any) -> int:
-    """``lapheads eval dino RUN_DIR [RUN_DIR ...]``: k-NN, linear probe and segmentation, one line per run."""
-    import json
-
-    results = eval_dino(
-        args.run_dirs,
-        args.out,
-        max_train=args.max_train,
-        max_test=args.max_examples,
-        ade20k=args.ade20k,
-        device=args.device,
     )
     for run_dir, result in results.items():
         knn = ", ".join(
@@ -348,9 +323,8 @@ def cli_eval(args: Any) -> int:
         seg = f"mIoU {seg['miou']:.2f}" if isinstance(seg, dict) else seg
         if "pca_foreground_iou" in result:
             seg += f"; PCA foreground IoU {result['pca_foreground_iou']:.2f}"
-        print(
+        log.info(
             f"{run_dir}: k-NN {knn}; linear {result['linear']['test_accuracy']:.2f} (lr {result['linear']['lr']}); "
             f"segmentation {seg}"
         )
-    print(json.dumps(results))
-    return 0
+    return results

@@ -19,9 +19,9 @@ Design choices:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +37,13 @@ from lapheads.data.text import validation_windows
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.distributed import Distributed
 from lapheads.errors import InputError
+from lapheads.evals.options import LMEvalOptions
 from lapheads.models.gpt import GPT
 from lapheads.runs import RunDir
 from lapheads.runs.layout import external_report_dir
 from lapheads.sandbox import ExecutionResult, containment, require_boundary, score_solution
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "LM_BENCHMARKS",
@@ -51,6 +54,7 @@ __all__ = [
     "pass_at_k",
     "run_evals",
     "score_gsm8k",
+    "score_completions",
     "score_humaneval",
     "score_multiple_choice",
 ]
@@ -246,41 +250,60 @@ def score_humaneval_solution(
     )  # fmt: skip
 
 
+#: the longest HumanEval completion generated, in tokens
+HUMANEVAL_MAX_NEW_TOKENS = 256
+
+
+def humaneval_ks(num_samples: int) -> tuple[int, ...]:
+    """The k of pass@k reported for n = ``num_samples`` completions per problem: 1, 10 and 100, up to n."""
+    return tuple(k for k in (1, 10, 100) if k <= num_samples)
+
+
 def score_humaneval(
-    model: GPT | None,
-    tokenizer: Tokenizer | None,
+    model: GPT,
+    tokenizer: Tokenizer,
     rows: list[dict[str, Any]],
     *,
     num_samples: int = 1,
-    ks: tuple[int, ...] = (1,),
-    temperature: float | None = None,
-    max_new_tokens: int = 256,
-    timeout: float = 10.0,
     progress: bool = True,
-    completions: list[list[str]] | None = None,
     unsafe_code_execution: bool = False,
 ) -> dict[str, Any]:
-    """pass@k over n = ``num_samples`` completions per problem (greedy when n = 1, else sampled at 0.8).
+    """pass@k (:func:`humaneval_ks`) over n = ``num_samples`` completions per problem, generated greedily when
+    n = 1, else sampled at 0.8 (problem i's samples seeded by i), then scored by :func:`score_completions`."""
+    require_boundary(unsafe_code_execution, "HumanEval")  # before any generation
+    temperature = 0.0 if num_samples == 1 else 0.8
+    completions = [
+        _generate(
+            model,
+            tokenizer,
+            tokenizer.encode(row["prompt"], bos=True),
+            HUMANEVAL_MAX_NEW_TOKENS,
+            num_samples=num_samples,
+            temperature=temperature,
+            seed=i,
+        )
+        for i, row in enumerate(tqdm(rows, desc="humaneval", disable=not progress, leave=False))
+    ]
+    return score_completions(
+        rows, completions, ks=humaneval_ks(num_samples), progress=progress, unsafe_code_execution=unsafe_code_execution
+    )
 
-    ``completions`` (one list per row) skips generation, for scoring given solutions. Without bubblewrap the code
-    runs only with ``unsafe_code_execution`` (:func:`lapheads.sandbox.require_boundary`); the result says which.
-    """
+
+def score_completions(
+    rows: list[dict[str, Any]],
+    completions: list[list[str]],
+    *,
+    ks: tuple[int, ...] = (1,),
+    timeout: float = 10.0,
+    progress: bool = True,
+    unsafe_code_execution: bool = False,
+) -> dict[str, Any]:
+    """pass@k of given HumanEval completions (one list per row), each run against its row's tests for at most
+    ``timeout`` seconds. Without bubblewrap the code runs only with ``unsafe_code_execution``
+    (:func:`lapheads.sandbox.require_boundary`); the result says which held it."""
     require_boundary(unsafe_code_execution, "HumanEval")
-    temperature = (0.0 if num_samples == 1 else 0.8) if temperature is None else temperature
     results, statuses = {k: [] for k in ks}, {"passed": 0, "failed": 0, "timeout": 0}
-    for i, row in enumerate(tqdm(rows, desc="humaneval", disable=not progress, leave=False)):
-        if completions is not None:
-            samples = completions[i]
-        else:
-            samples = _generate(
-                model,
-                tokenizer,
-                tokenizer.encode(row["prompt"], bos=True),
-                max_new_tokens,
-                num_samples=num_samples,
-                temperature=temperature,
-                seed=i,
-            )
+    for row, samples in zip(tqdm(rows, desc="humaneval tests", disable=not progress, leave=False), completions):
         outcomes = [
             score_humaneval_solution(row, humaneval_solution(row, s), timeout, unsafe_code_execution) for s in samples
         ]
@@ -425,43 +448,35 @@ def stream_text(lm: LoadedLM, prompt: str, max_tokens: int, temperature: float, 
                 logits = model(token, kv_cache=cache)[:, -1]
 
 
-def run_evals(
-    run_dir: str | Path | None,
-    benchmarks: list[str],
-    *,
-    data_dir: str | None = None,
-    max_examples: int | None = None,
-    num_samples: int = 1,
-    chat: bool = False,
-    device: str = "auto",
-    progress: bool = True,
-    nanochat: str | Path | None = None,
-    step: int | None = None,
-    tokenizer_dir: str | Path | None = None,
-    unsafe_code_execution: bool = False,
-) -> dict[str, Any]:
-    """Evaluate an LM run's latest checkpoint (or a nanochat checkpoint: ``nanochat=``) on ``benchmarks``; writes
-    eval_lm.json into the source's report directory (see :func:`load_lm`)."""
+def run_evals(options: LMEvalOptions, progress: bool = True) -> dict[str, Any]:
+    """Evaluate an LM run's latest checkpoint (or a nanochat checkpoint: ``options.nanochat``) on
+    ``options.benchmarks``; writes eval_lm.json into the source's report directory (see :func:`load_lm`)."""
     from lapheads.io import atomic_write_text
 
+    benchmarks, max_examples, chat = options.benchmark_names, options.max_examples, options.chat
     unknown = [b for b in benchmarks if b not in LM_BENCHMARKS]
     if unknown or not benchmarks:
         raise InputError(f"unknown benchmark(s) {', '.join(unknown) or '(none)'}; allowed: {', '.join(LM_BENCHMARKS)}")
     if "humaneval" in benchmarks:  # before any data or model is read
-        require_boundary(unsafe_code_execution, "HumanEval")
+        require_boundary(options.unsafe_code_execution, "HumanEval")
     rows, unusable = {}, {}
     for benchmark in benchmarks:  # every benchmark's data before any scoring: fail early
         if benchmark != "val_bpb":
-            kept, unusable[benchmark] = usable_rows(benchmark, load_task(benchmark, data_dir))
+            kept, unusable[benchmark] = usable_rows(benchmark, load_task(benchmark, options.data_dir))
             rows[benchmark] = kept[:max_examples]
             if unusable[benchmark]:  # scored as wrong they would lower the accuracy without a word
                 shown = ", ".join(map(str, unusable[benchmark][:5])) + (", ..." if len(unusable[benchmark]) > 5 else "")
-                print(
+                log.warning(
                     f"lapheads: {benchmark}: {len(unusable[benchmark])} item(s) with unusable ground truth left out "
-                    f"(rows {shown})",
-                    file=sys.stderr,
+                    f"(rows {shown})"
                 )
-    lm = load_lm(run_dir, nanochat=nanochat, step=step, tokenizer_dir=tokenizer_dir, device=device)
+    lm = load_lm(
+        options.run_dir,
+        nanochat=options.nanochat,
+        step=options.step,
+        tokenizer_dir=options.nanochat_tokenizer,
+        device=options.device,
+    )
     model, tokenizer = lm.model, lm.tokenizer
     results: dict[str, Any] = {}
     for benchmark in benchmarks:
@@ -491,15 +506,13 @@ def run_evals(
         elif benchmark == "gsm8k":
             results[benchmark] = score_gsm8k(model, tokenizer, rows[benchmark], chat=chat, progress=progress)
         else:
-            ks = tuple(k for k in (1, 10, 100) if k <= num_samples)
             results[benchmark] = score_humaneval(
                 model,
                 tokenizer,
                 rows[benchmark],
-                num_samples=num_samples,
-                ks=ks,
+                num_samples=options.num_samples,
                 progress=progress,
-                unsafe_code_execution=unsafe_code_execution,
+                unsafe_code_execution=options.unsafe_code_execution,
             )
     for benchmark, left_out in unusable.items():
         results[benchmark]["unusable"] = len(left_out)
@@ -507,24 +520,3 @@ def run_evals(
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps({"tasks": results, "max_examples": max_examples, "chat": chat}, indent=1) + "\n")
     return results
-
-
-def cli_eval(args: Any) -> int:
-    """``lapheads eval lm RUN_DIR|--nanochat DIR``: validation bpb and the benchmark tasks."""
-    benchmarks = [b.strip() for b in (args.benchmarks or "val_bpb").split(",") if b.strip()]
-    source = {"nanochat": args.nanochat} if args.nanochat else {"run_dir": args.run_dir}
-    results = run_evals(
-        args.run_dir,
-        benchmarks,
-        data_dir=args.data_dir,
-        max_examples=args.max_examples,
-        num_samples=args.num_samples,
-        chat=args.chat,
-        device=args.device,
-        nanochat=args.nanochat,
-        step=args.step,
-        tokenizer_dir=args.nanochat_tokenizer,
-        unsafe_code_execution=args.unsafe_code_execution,
-    )
-    print(json.dumps({**source, **results}))
-    return 0

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import logging
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,9 @@ from tqdm import tqdm
 from lapheads.data.tokenizers import CHAT_TOKENS
 from lapheads.distributed import resolve_device
 from lapheads.errors import InputError
-from lapheads.runs import RunDir
+from lapheads.evals.options import HarnessOptions
+
+log = logging.getLogger(__name__)
 
 __all__ = ["HARNESS_TASKS", "LapheadsLM", "evaluate_harness", "task_dir"]
 
@@ -232,40 +234,19 @@ def task_dir(data_dir: str | Path, out: str | Path) -> Path:
     return out
 
 
-def evaluate_harness(
-    run_dir: str | None,
-    tasks: list[str],
-    *,
-    data_dir: str | None = None,
-    include_path: str | None = None,
-    limit: int | float | None = None,
-    device: str = "cpu",
-    nanochat: str | None = None,
-    step: int | None = None,
-    tokenizer_dir: str | None = None,
-    out: Path | None = None,
-    num_fewshot: int | None = None,
-    batch_size: int = 8,
-    bootstrap_iters: int = 100000,
-    log_samples: bool = False,
-    gen_kwargs: str | None = None,
-    output_path: str | Path | None = None,
-    apply_chat_template: bool = False,
-    fewshot_as_multiturn: bool = False,
-    system_instruction: str | None = None,
-) -> dict[str, Any]:
-    """Run lm-eval's ``simple_evaluate`` on ``tasks`` (names of the harness, of ``include_path`` or, with
-    ``data_dir``, the shipped ``lapheads_*`` tasks); returns its "results" (with lm-eval's standard errors, from
-    ``bootstrap_iters`` resamples) and writes them into ``out``. lm-eval's own results JSON (and, with
-    ``log_samples``, its per-sample files) go to ``output_path`` (default: ``out``'s folder / "lm_eval") through
-    lm-eval's ``EvaluationTracker``, as its CLI writes them.
+def evaluate_harness(options: HarnessOptions) -> dict[str, Any]:
+    """Run lm-eval's ``simple_evaluate`` on ``options.harness`` (task names of the harness, of
+    ``options.include_path`` or, with ``options.data_dir``, the shipped ``lapheads_*`` tasks) for the run or nanochat
+    checkpoint ``options`` names; returns its "results" (with lm-eval's standard errors, from ``bootstrap_iters``
+    resamples) and writes them into the model's report folder (eval_harness.json). lm-eval's own results JSON (and,
+    with ``log_samples``, its per-sample files) go to ``options.output_path`` (default: that folder / "lm_eval")
+    through lm-eval's ``EvaluationTracker``, as its CLI writes them.
 
-    Args:
-        num_fewshot, batch_size, bootstrap_iters, log_samples, gen_kwargs, limit, apply_chat_template,
-            fewshot_as_multiturn, system_instruction: lm-eval's options of those names (the chat template is the
-            run's own chat turns: what mid / SFT runs were trained on).
+    The options named as lm-eval's (num_fewshot, batch_size, bootstrap_iters, log_samples, gen_kwargs, limit,
+    apply_chat_template, fewshot_as_multiturn, system_instruction) mean what they mean there; the chat template is
+    the run's own chat turns (what mid / SFT runs were trained on); ``max_examples`` is the limit when ``limit`` is
+    not set.
     """
-    import json
     import tempfile
 
     from lm_eval import simple_evaluate
@@ -274,6 +255,15 @@ def evaluate_harness(
 
     from lapheads.io import atomic_write_text
 
+    tasks, include_path, data_dir = options.task_names, options.include_path, options.data_dir
+    if not tasks:
+        raise InputError("--harness is empty; allowed: a comma list of lm-eval task names")
+    if include_path:
+        log.warning(
+            f"lapheads eval: --include-path {include_path}: its YAMLs run their !function Python and Jinja "
+            "templates unsandboxed (lm-eval's design); only use folders you trust"
+        )
+    limit = options.limit if options.limit is not None else options.max_examples
     paths = [include_path] if include_path else []
     with tempfile.TemporaryDirectory(prefix="lapheads-harness-") as tmp:
         if data_dir:
@@ -300,73 +290,40 @@ def evaluate_harness(
                 f"--include-path, or with --data-dir holding <task>.jsonl: {shipped}"
             )
         lm = LapheadsLM(
-            run_dir, nanochat=nanochat, step=step, tokenizer_dir=tokenizer_dir, device=device, batch_size=batch_size
+            options.run_dir,
+            nanochat=options.nanochat,
+            step=options.step,
+            tokenizer_dir=options.nanochat_tokenizer,
+            device=str(resolve_device(options.device)),
+            batch_size=options.batch_size,
         )
-        out = Path(out) if out is not None else lm.report_dir / "eval_harness.json"
-        tracker = EvaluationTracker(output_path=str(output_path or out.parent / "lm_eval"))
+        out = lm.report_dir / "eval_harness.json"
+        tracker = EvaluationTracker(output_path=str(options.output_path or out.parent / "lm_eval"))
         result = simple_evaluate(
             model=lm,
             tasks=tasks,
             task_manager=manager,
             limit=limit,
-            num_fewshot=num_fewshot,
-            bootstrap_iters=bootstrap_iters,
-            log_samples=log_samples,
-            gen_kwargs=gen_kwargs,
+            num_fewshot=options.num_fewshot,
+            bootstrap_iters=options.bootstrap_iters,
+            log_samples=options.log_samples,
+            gen_kwargs=options.gen_kwargs,
             evaluation_tracker=tracker,
-            apply_chat_template=apply_chat_template,
-            fewshot_as_multiturn=fewshot_as_multiturn,
-            system_instruction=system_instruction,
+            apply_chat_template=options.apply_chat_template,
+            fewshot_as_multiturn=options.fewshot_as_multiturn,
+            system_instruction=options.system_instruction,
         )
-        samples = result.pop("samples", None) if log_samples else None
+        samples = result.pop("samples", None) if options.log_samples else None
         tracker.save_results_aggregated(results=result, samples=samples)
         for task in samples or {}:
             tracker.save_results_samples(task_name=task, samples=samples[task])
     results = result["results"]
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"results": results, "limit": limit, "num_fewshot": num_fewshot, "bootstrap_iters": bootstrap_iters,
-              "apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn}  # fmt: skip
+    record = {"results": results, "limit": limit, "num_fewshot": options.num_fewshot,
+              "bootstrap_iters": options.bootstrap_iters, "apply_chat_template": options.apply_chat_template,
+              "fewshot_as_multiturn": options.fewshot_as_multiturn}  # fmt: skip
     atomic_write_text(out, json.dumps(record, indent=1, default=str) + "\n")
-    return results
-
-
-def cli_harness(args: Any) -> int:
-    """``lapheads eval lm --harness TASKS``: lm-evaluation-harness on the run (or nanochat checkpoint)."""
-    run_dir = args.run_dir
-    tasks = [t.strip() for t in args.harness.split(",") if t.strip()]
-    if not tasks:
-        raise InputError("--harness is empty; allowed: a comma list of lm-eval task names")
-    out = RunDir(run_dir).report_dir / "eval_harness.json" if run_dir else None  # nanochat: the model's report/
-    device = str(resolve_device(args.device))
-    if args.include_path:
-        print(
-            f"lapheads eval: --include-path {args.include_path}: its YAMLs run their !function Python and Jinja "
-            "templates unsandboxed (lm-eval's design); only use folders you trust",
-            file=sys.stderr,
-        )
-    results = evaluate_harness(
-        run_dir,
-        tasks,
-        data_dir=args.data_dir,
-        include_path=args.include_path,
-        limit=args.limit if args.limit is not None else args.max_examples,
-        device=device,
-        nanochat=args.nanochat,
-        step=args.step,
-        tokenizer_dir=args.nanochat_tokenizer,
-        out=out,
-        num_fewshot=args.num_fewshot,
-        batch_size=args.batch_size,
-        bootstrap_iters=args.bootstrap_iters,
-        log_samples=args.log_samples,
-        gen_kwargs=args.gen_kwargs,
-        output_path=args.output_path,
-        apply_chat_template=args.apply_chat_template,
-        fewshot_as_multiturn=args.fewshot_as_multiturn,
-        system_instruction=args.system_instruction,
-    )
     for task, metrics in results.items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-        print(f"{task}: {shown}")
-    print(json.dumps({"run_dir": run_dir, "harness": results}, default=str))
-    return 0
+        log.info(f"{task}: {shown}")
+    return results

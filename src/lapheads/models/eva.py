@@ -9,6 +9,11 @@ Rotary embeddings are applied to q and k before the op, as in EVA; the identity 
 
 from __future__ import annotations
 
+#: what waits for this module to be whole: the front door (lapheads/__init__.py) registers lapheads' other timm
+#: names here where this module's import of timm is what loaded timm (vit imports this module: it must be whole)
+WHEN_LOADED: list = []
+
+# ruff: noqa: E402 - the list above must exist before the import of timm below
 from typing import Optional
 
 import torch
@@ -18,7 +23,8 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models.eva import Eva, EvaAttention
 
 from lapheads.core.heads import parse_heads
-from lapheads.core.modules import LaplacianHeadsMixin, convert_attention
+from lapheads.core.mixin import LaplacianHeadsMixin
+from lapheads.core.modules import convert_attention
 from lapheads.models.registry import converted_entry, untrained_cfg
 
 __all__ = ["LaplacianEvaAttention", "convert_eva"]
@@ -82,3 +88,7 @@ _BASE, _HEADS = "eva02_tiny_patch14_224", 3
 default_cfgs = generate_default_cfgs({f"eva02_tiny_{k}L_patch14_224": untrained_cfg(_BASE) for k in range(_HEADS + 1)})
 for _k in range(_HEADS + 1):
     register_model(converted_entry(f"eva02_tiny_{_k}L_patch14_224", _BASE, convert_eva, _k, __name__))
+
+for _then in WHEN_LOADED:  # what waited for this module to be whole (timm's other names: see WHEN_LOADED)
+    _then()
+WHEN_LOADED.clear()

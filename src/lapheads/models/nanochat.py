@@ -15,6 +15,7 @@ nanochat writes ``model_<step:06d>.pt`` (a state dict, ``torch.save``) and ``met
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from lapheads.errors import CheckpointError, InputError
 from lapheads.hardware import check_fits
 from lapheads.io import json_loads, load_tensor_file, state_dict_mismatch
 from lapheads.models.gpt import GPT, SMEAR_GATE_CHANNELS, GPTConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = ["load_nanochat", "nanochat_gpt_config", "nanochat_steps"]
 
@@ -64,12 +67,9 @@ def nanochat_gpt_config(model_config: dict[str, Any], state_keys: set[str] | Non
              "use_smear", "use_backout"}  # fmt: skip
     unknown = sorted(set(model_config) - known)
     if unknown:  # said, not refused: a newer fork's checkpoint may carry keys that change nothing this loader builds
-        import sys
-
-        print(
+        log.warning(
             f"lapheads: nanochat model_config keys this loader does not read: {', '.join(unknown)} (the model is "
-            "built without them; a key that changes the architecture shows as a weight mismatch next)",
-            file=sys.stderr,
+            "built without them; a key that changes the architecture shows as a weight mismatch next)"
         )
     switches = ("use_ve", "use_resid_lambdas", "use_x0", "use_smear", "use_backout")
     markers = ("value_embeds.", "resid_lambdas", "x0_lambdas", "smear_", "backout_lambda")

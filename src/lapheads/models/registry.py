@@ -13,8 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from timm.models import get_pretrained_cfg
-from timm.models._registry import model_entrypoint  # noqa: PLC2701 - timm has no public entry-point lookup
 
 from lapheads.errors import InputError
 
@@ -27,6 +25,9 @@ _WEIGHT_FIELDS = ("url", "hf_hub_id", "hf_hub_filename", "file", "state_dict", "
 
 def untrained_cfg(base: str) -> dict[str, Any]:
     """timm's pretrained cfg of ``base`` (input size, normalisation, classifier, ...) without its weights."""
+    # timm is imported where it is used: this helper module alone then never loads timm (models/__init__.py)
+    from timm.models import get_pretrained_cfg
+
     cfg = get_pretrained_cfg(base).to_dict()
     return {key: value for key, value in cfg.items() if key not in _WEIGHT_FIELDS} | {"url": ""}
 
@@ -38,6 +39,9 @@ def converted_entry(
     (``laplacian_heads=SPEC`` overrides it, any spec the one parser reads)."""
 
     def build(pretrained: bool = False, **kwargs: Any) -> torch.nn.Module:
+        from timm.models import get_pretrained_cfg
+        from timm.models._registry import model_entrypoint  # noqa: PLC2701 - timm has no public entry-point lookup
+
         if pretrained:
             raise InputError(
                 f"pretrained=True: {name} has no published weights (Laplacian heads change the pretrained "

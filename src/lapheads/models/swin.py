@@ -10,6 +10,11 @@ Stages have different head counts, so a spec is read per layer against that laye
 
 from __future__ import annotations
 
+#: what waits for this module to be whole: the front door (lapheads/__init__.py) registers lapheads' other timm
+#: names here where this module's import of timm is what loaded timm (vit imports this module: it must be whole)
+WHEN_LOADED: list = []
+
+# ruff: noqa: E402 - the list above must exist before the import of timm below
 from typing import Optional
 
 import torch
@@ -17,7 +22,8 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models.swin_transformer import SwinTransformer, WindowAttention
 
 from lapheads.core.heads import parse_heads
-from lapheads.core.modules import LaplacianHeadsMixin, convert_attention
+from lapheads.core.mixin import LaplacianHeadsMixin
+from lapheads.core.modules import convert_attention
 from lapheads.models.registry import converted_entry, untrained_cfg
 
 __all__ = ["LaplacianWindowAttention", "convert_swin"]
@@ -55,3 +61,7 @@ default_cfgs = generate_default_cfgs(
 )
 for _k in range(_MIN_HEADS + 1):
     register_model(converted_entry(f"swin_tiny_{_k}L_patch4_window7_224", _BASE, convert_swin, _k, __name__))
+
+for _then in WHEN_LOADED:  # what waited for this module to be whole (timm's other names: see WHEN_LOADED)
+    _then()
+WHEN_LOADED.clear()

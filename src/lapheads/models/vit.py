@@ -26,7 +26,8 @@ from timm.models.vision_transformer import VisionTransformer
 
 from lapheads.core.convert import init_heads
 from lapheads.core.heads import parse_heads
-from lapheads.core.modules import LaplacianAttention, LaplacianHeadsMixin
+from lapheads.core.mixin import LaplacianHeadsMixin
+from lapheads.core.modules import LaplacianAttention
 from lapheads.errors import InputError
 from lapheads.hardware import check_fits
 from lapheads.io import load_tensor_file

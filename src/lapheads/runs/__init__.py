@@ -22,7 +22,6 @@ from lapheads.runs.directory import (
     checkpoint_folder,
     checkpoint_steps,
     latest_checkpoint,
-    notice,
     read_jsonl,
 )
 from lapheads.runs.layout import SWEEP_FILE, WEIGHTS
@@ -56,7 +55,6 @@ __all__ = [
     "load_gpt_run",
     "load_token_shards",
     "load_sweep",
-    "notice",
     "SWEEP_FILE",
     "spec_dir_name",
     "SweepError",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import logging
 import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,10 +34,7 @@ from lapheads.runs.layout import (
     step_name,
 )
 
-
-def notice(message: str) -> None:
-    """One line for the user on stderr (repairs, restarts), outside tqdm's bar."""
-    print(f"lapheads: {message}", file=sys.stderr, flush=True)
+log = logging.getLogger(__name__)
 
 
 def git_revision() -> str | None:
@@ -251,13 +248,13 @@ class RunDir:
         published, so never loaded) and a torn last line in a JSONL log."""
         for partial in sorted(self.checkpoints.glob(TEMPORARY_PREFIX + "*")):
             shutil.rmtree(partial, ignore_errors=True)
-            notice(f"removed the half-written checkpoint {partial}")
+            log.warning(f"lapheads: removed the half-written checkpoint {partial}")
         for name in logs:
             path = self.path / name
             records, torn = read_jsonl(path)
             if torn:
                 atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
-                notice(f"dropped a torn last line of {path}")
+                log.warning(f"lapheads: dropped a torn last line of {path}")
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:

@@ -12,6 +12,7 @@ directories, the contract between training and reporting.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ from lapheads.study.analyze import analyze_run, analyze_runs
 from lapheads.tasks.metrics import claim
 from lapheads.tasks.presets import resolve_classify_config
 from lapheads.train.classify import train_classify
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "accuracy_direction",
@@ -335,7 +338,7 @@ def run_demo(
     then write the report."""
     if find_fashion_mnist(data_root) is None:
         folder, what = fetch_fashion_mnist(data_root or out / "data")
-        print(f"fashion-mnist: {what}", flush=True)
+        log.info(f"fashion-mnist: {what}")
         data_root = str(folder)
     runs, walls = {}, {}
     saved = report_folder(out) / "walls.json"  # a rerun resumes finished runs in a second: keep their first times
@@ -347,7 +350,7 @@ def run_demo(
             [*DEMO_OVERRIDES, *(overrides or []), *(["--data-root", data_root] if data_root else [])],
         )
         run_dir = out / f"fmnist-cpu-{spec_dir_name(heads)}"
-        print(f"== {'baseline' if heads == '0' else f'--laplacian-heads {heads}'}: training into {run_dir}", flush=True)
+        log.info(f"== {'baseline' if heads == '0' else f'--laplacian-heads {heads}'}: training into {run_dir}")
         start = time.perf_counter()
         train_classify(cfg, run_dir, resume=RunDir(run_dir).exists(), preset="fmnist-cpu")
         masks = RunDir(run_dir).read_config().get("laplacian_masks") or [[]]
@@ -357,18 +360,15 @@ def run_demo(
             walls[label] = first[label]  # this run was reused: its wall time is the one it trained in
         runs[label] = RunDir(run_dir)
         if number == 0:  # the expected time from this machine's own pace, not a constant
-            print(
+            log.info(
                 f"== the first run took {walls[label] / 60:.1f} min here; expect about as long again for the second, "
-                "then the geometry of both runs at every kept checkpoint",
-                flush=True,
+                "then the geometry of both runs at every kept checkpoint"
             )
-    print("== token geometry of both runs (lapheads analyze)", flush=True)
+    log.info("== token geometry of both runs (lapheads analyze)")
     analyses, _ = analyze_runs([run.path for run in runs.values()], report_folder(out))
     geometry = [report_folder(out) / name for name in ("anova.png", "spectrum.png")]
-    print("== the geometry over training of both runs (after the final norm, every kept checkpoint)", flush=True)
+    log.info("== the geometry over training of both runs (after the final norm, every kept checkpoint)")
     over_training = geometry_over_training(runs, report_folder(out))
     report = write_report(runs, walls, report_folder(out), geometry, analyses, over_training, reused=bool(first))
     (report_folder(out) / "walls.json").write_text(json.dumps(walls, indent=1))
-    print(report.read_text())
-    print(f"report: {report}")
     return report

@@ -29,10 +29,10 @@ Design choices:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from lapheads.errors import InputError, LapheadsError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ACTIVE_STATES",
@@ -186,7 +188,7 @@ def _requeue_when_stopped() -> Iterator[None]:
         try:
             yield
         except Interrupted as stopped:
-            print(f"lapheads: {stopped}; handing the job to submitit to requeue", file=sys.stderr, flush=True)
+            log.info(f"lapheads: {stopped}; handing the job to submitit to requeue")
             if callable(submitits):
                 submitits(usr, None)  # requeues and exits; returns only where it cannot requeue
             raise

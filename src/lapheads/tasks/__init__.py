@@ -199,26 +199,40 @@ TASKS: dict[str, Task] = {
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One ``lapheads eval NAME`` command: which runs it reads and the function that measures and prints them.
+    """One ``lapheads eval NAME`` command: its options and the function that measures them.
 
     Args:
         name: the CLI word (``lapheads eval NAME``).
-        run: ``module:function(args) -> exit status``: measures ``args.run_dir`` (or ``args.run_dirs``) and prints the
-            result, formatting included (the evaluation's own module owns it).
+        options: ``module:Class`` of its options (``lapheads.evals.options``): the sub-parser's flags are generated
+            from its fields, and a parsed command line becomes one checked value of it.
+        run: ``module:function(options) -> results``: measures ``options.run_dir`` (or ``options.run_dirs``) and
+            returns the results (a JSON-able dict, which the command prints as one line; a human summary goes to the
+            function's logger).
         many_runs: takes one or more run directories (compared); else exactly one.
         nanochat: also takes a nanochat checkpoint folder (``--nanochat DIR``) instead of a run directory.
-        harness: ``module:function(args)`` that runs instead when ``--harness`` is given (lm-evaluation-harness).
+        harness: ``module:function(options)`` that runs instead when ``--harness`` is given (lm-evaluation-harness),
+            with its own options (``harness_options``; the sub-parser holds both classes' flags).
         harness_needs: the one line shown when the harness integration is not installed.
     """
 
     name: str
+    options: str
     run: str
     many_runs: bool = False
     nanochat: bool = False
     harness: str | None = None
+    harness_options: str | None = None
     harness_needs: str = ""
 
-    def __call__(self, args: Any) -> int:
+    def option_classes(self) -> list[type]:
+        """The options classes whose fields are this command's flags (the evaluation's, then the harness's)."""
+        return [_load(ref) for ref in (self.options, self.harness_options) if ref]
+
+    def __call__(self, args: Any) -> dict[str, Any]:
+        """Run the evaluation on a parsed command line: its RUN_DIR arguments checked, its options built and checked
+        (:func:`lapheads.config.config_from_args`), then the results with where they came from."""
+        from lapheads.config import config_from_args
+
         run_dirs = list(args.run_dirs)
         nanochat = self.nanochat and getattr(args, "nanochat", None)
         if not run_dirs and not nanochat:
@@ -227,30 +241,41 @@ class Evaluation:
             raise InputError(f"eval {self.name} takes a RUN_DIR or --nanochat DIR, not both")
         if not self.many_runs and not nanochat and len(run_dirs) != 1:
             raise InputError(f"eval {self.name} takes one RUN_DIR; got {len(run_dirs)}")
-        args.run_dir = None if nanochat or self.many_runs else run_dirs[0]
-        reference = self.harness if self.harness and getattr(args, "harness", None) else self.run
+        harness = bool(self.harness and getattr(args, "harness", None))
+        if self.many_runs:
+            options = config_from_args(_load(self.options), args, run_dirs=tuple(run_dirs))
+            return self._function(harness)(options)
+        where = {"run_dir": None if nanochat else run_dirs[0]}
+        options = config_from_args(_load(self.harness_options if harness else self.options), args, **where)
+        results = self._function(harness)(options)
+        source = {"nanochat": nanochat} if nanochat else where
+        return {**source, "harness": results} if harness else {**source, **results}
+
+    def _function(self, harness: bool) -> Any:
+        reference = self.harness if harness else self.run
         try:
-            function = _load(reference)
+            return _load(reference)
         except ImportError:
-            if reference != self.harness:
+            if not harness:
                 raise
             raise InputError(self.harness_needs) from None
-        return function(args)
 
 
 EVALUATIONS: dict[str, Evaluation] = {
     evaluation.name: evaluation
     for evaluation in (
-        Evaluation("classify", "lapheads.evals.classify:cli_eval"),
+        Evaluation("classify", "lapheads.evals.options:ClassifyEvalOptions", "lapheads.evals.classify:evaluate"),
         Evaluation(
             "lm",
-            "lapheads.evals.lm:cli_eval",
+            "lapheads.evals.options:LMEvalOptions",
+            "lapheads.evals.lm:run_evals",
             nanochat=True,
-            harness="lapheads.integrations.lm_eval:cli_harness",
+            harness="lapheads.integrations.lm_eval:evaluate_harness",
+            harness_options="lapheads.evals.options:HarnessOptions",
             harness_needs="--harness needs lm-evaluation-harness; allowed: pip install 'lapheads[lm-eval]'",
         ),
-        Evaluation("dino", "lapheads.evals.dino:cli_eval", many_runs=True),
-        Evaluation("chat", "lapheads.evals.chat:cli_eval"),
+        Evaluation("dino", "lapheads.evals.options:DinoEvalOptions", "lapheads.evals.dino:eval_dino", many_runs=True),
+        Evaluation("chat", "lapheads.evals.options:ChatEvalOptions", "lapheads.evals.chat:run_chat_evals"),
     )
 }
 

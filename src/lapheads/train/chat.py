@@ -26,6 +26,7 @@ Design choices:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from lapheads.errors import InputError
 from lapheads.io import json_loads
 from lapheads.models.gpt import GPT
 from lapheads.models.lora import LoraAdapters, apply_lora
-from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, load_nanochat_model, model_record, notice
+from lapheads.runs import RunDir, checkpoint_folder, load_gpt_run, load_nanochat_model, model_record
 from lapheads.runs.checkpoints import save_checkpoint
 from lapheads.runs.layout import STATE_FILE
 from lapheads.train.configs.chat import ChatTrainConfig, MidConfig, SFTConfig
@@ -56,6 +57,8 @@ from lapheads.train.runtime import (
     start_or_resume,
     wrap_for_training,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["merge_lora", "train_mid", "train_sft"]
 
@@ -373,16 +376,21 @@ def train_chat(
     done_before = start_step == total_steps and (run.report_dir / "eval_chat.json").is_file()
     if tasks and dist_.is_main and not done_before:  # nanochat's chat_sft ends with its chat evals too
         from lapheads.evals.chat import run_chat_evals
+        from lapheads.evals.options import ChatEvalOptions
 
         max_examples = cfg.eval_max_examples
         if total_steps < cfg.eval_every:  # a short run (a try-out): a short look, not 16 minutes of evals after 2
             max_examples = min(max_examples or SHORT_RUN_EVAL_ITEMS, SHORT_RUN_EVAL_ITEMS)
-            notice(
-                f"a run of {total_steps} steps, shorter than --eval-every {cfg.eval_every}: chat evals on the first "
-                f"{max_examples} items per task; all of them: lapheads eval chat {run.path} --benchmarks "
+            log.warning(  # the evaluation is partial: said as a warning, so a library user sees it too
+                f"lapheads: a run of {total_steps} steps, shorter than --eval-every {cfg.eval_every}: chat evals on "
+                f"the first {max_examples} items per task; all of them: lapheads eval chat {run.path} --benchmarks "
                 f"{','.join(tasks)}" + (f" --max-examples {cfg.eval_max_examples}" if cfg.eval_max_examples else "")
             )
-        summary = run_chat_evals(run.path, tasks, data_dir=data_dir, max_examples=max_examples, device=cfg.device)
+        options = ChatEvalOptions(
+            run_dir=str(run.path), benchmarks=",".join(tasks), data_dir=data_dir, max_examples=max_examples,
+            device=cfg.device,
+        )  # fmt: skip
+        summary = run_chat_evals(options)
         last_eval |= {f"{t}_accuracy": r["accuracy"] for t, r in summary["tasks"].items()}
         last_eval["chatcore"] = summary["chatcore"]
     return {"step": step, **last_eval}

@@ -17,6 +17,7 @@ Design choices:
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import random
 import sys
@@ -35,7 +36,6 @@ from lapheads.hardware import BusyWatch, Precision, choose_precision, full_fp32
 from lapheads.runs import (
     RunDir,
     latest_checkpoint,
-    notice,
 )
 from lapheads.runs.checkpoints import NonFiniteLossError, kept_checkpoint, load_checkpoint
 from lapheads.runs.layout import (
@@ -43,6 +43,8 @@ from lapheads.runs.layout import (
     METRICS_FILE,
 )
 from lapheads.train.configs.run import RESUME_FREE
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "training_progress",
@@ -79,7 +81,7 @@ class _LineProgress:
 
     def write(self, text: str) -> None:
         if not self.disable:
-            print(text, file=sys.stderr, flush=True)
+            log.info(text)
 
     def close(self) -> None:
         if self.last_n != self.n:
@@ -94,8 +96,7 @@ class _LineProgress:
         left = f", ~{_clock(elapsed / done * (self.total - self.n))} left" if done and self.n < self.total else ""
         percent = 100 * self.n / self.total if self.total else 100.0
         postfix = f", {self.postfix}" if self.postfix else ""
-        print(f"{self.desc}: {self.n}/{self.total} steps ({percent:.0f}%), {_clock(elapsed)} elapsed{left}{postfix}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        log.info(f"{self.desc}: {self.n}/{self.total} steps ({percent:.0f}%), {_clock(elapsed)} elapsed{left}{postfix}")
 
 
 def _clock(seconds: float) -> str:
@@ -312,11 +313,12 @@ def start_or_resume(
             start_step = load_checkpoint(folder, dist_, model, optimizer, extra_models)["step"]
         if dist_.is_main:
             found = _check_the_log_reaches(run, start_step, int(config.get("log_every") or 0))
-            _say_if_the_kernels_changed(run, dist_.device, notice)
-            notice(
-                f"resuming {run.path} from step {start_step} ({folder.name}; {found})"
+            _say_if_the_kernels_changed(run, dist_.device)
+            log.info(
+                f"lapheads: resuming {run.path} from step {start_step} ({folder.name}; {found})"
                 if folder is not None
-                else f"{run.path} holds no checkpoint yet: starting it over from step 0 with its stored config"
+                else f"lapheads: {run.path} holds no checkpoint yet: starting it over from step 0 with its stored "
+                "config"
             )
         if dist_.is_main:
             for name in logs:
@@ -329,7 +331,7 @@ def start_or_resume(
                 raise ConfigError(
                     f"{run.path} already holds a run; use --resume to continue it or choose another --out"
                 )
-            notice(f"{run.path} holds a run that never wrote a checkpoint; starting it over")
+            log.warning(f"lapheads: {run.path} holds a run that never wrote a checkpoint; starting it over")
             for name in logs:
                 (run.path / name).unlink(missing_ok=True)
         elif found := [n for n in (*logs, CHECKPOINTS) if (run.path / n).exists() or (run.path / n).is_symlink()]:
@@ -345,11 +347,11 @@ def start_or_resume(
         run.claim()  # the folder is a new run's or an unstarted one of ours: one writer from here on
         run.write_config(task, config, {**record, **extra_record})
     if dist_.is_main and isinstance(extra_record.get("precision"), dict):
-        notice(f"precision: {extra_record['precision']['reason']}")
+        log.info(f"lapheads: precision: {extra_record['precision']['reason']}")
     if dist_.is_main and dist_.device.type == "cpu" and native.enabled() and native.module() is None:
-        notice(  # the defaults should be fast on the user's CPU: say once how to get the compiled node
-            "attention: the op's compiled CPU node is not built, so it runs its Python node (the same numbers, ~2% "
-            "slower per attention call at small shapes); `lapheads kernel build` compiles it once (~30 s)"
+        log.warning(  # the defaults should be fast on the user's CPU: say once how to get the compiled node
+            "lapheads: attention: the op's compiled CPU node is not built, so it runs its Python node (the same "
+            "numbers, ~2% slower per attention call at small shapes); `lapheads kernel build` compiles it once (~30 s)"
         )
     if dist_.is_main and config.get("log"):
         from lapheads.integrations.tracking import open_trackers
@@ -381,7 +383,7 @@ def _check_the_log_reaches(run: RunDir, step: int, log_every: int) -> str:
     return f"{METRICS_FILE}: {len(trained)} training records up to step {last}"
 
 
-def _say_if_the_kernels_changed(run: RunDir, device: torch.device, notice) -> None:
+def _say_if_the_kernels_changed(run: RunDir, device: torch.device) -> None:
     """A run resumed where other kernels run (another CPU, another torch, other threads) goes on, but no longer
     matches a run trained in one place bit for bit: say so once (its config.json keeps where it started)."""
     import torch
@@ -399,9 +401,9 @@ def _say_if_the_kernels_changed(run: RunDir, device: torch.device, notice) -> No
             gpu = f", {key[5][0]} ({key[5][1]} matmul, {key[5][2]} conv)" if key[5] else ""
             return f"torch {key[0]}, {' '.join(f'{lib} {isa}' for lib, isa in key[1])}, {key[2]}, {key[3]} threads{gpu}"
 
-        notice(
-            f"{run.path} started on {said(then)} and resumes on {said(now)}: its numbers will not match a run "
-            "trained in one place bit for bit (config.json keeps where it started)"
+        log.warning(
+            f"lapheads: {run.path} started on {said(then)} and resumes on {said(now)}: its numbers will not match a "
+            "run trained in one place bit for bit (config.json keeps where it started)"
         )
 
 

@@ -395,8 +395,10 @@ def _read_for_report(sweep_dir: Path, metric, geometry: bool, max_tokens: int, b
     )  # pictures need the weights
     if pictures:  # before the records are built: the evaluation writes each run's report/eval_dino.json they read
         from lapheads.evals.dino import eval_dino
+        from lapheads.evals.options import DinoEvalOptions
 
-        eval_dino([c["run_dir"] for c in done_cells(record)], out, reuse=True)
+        run_dirs = tuple(str(c["run_dir"]) for c in done_cells(record))
+        eval_dino(DinoEvalOptions(run_dirs=run_dirs, out=str(out), reuse=True))
     if not from_records:  # each finished cell's record, built in memory: one way of reading a cell
         record = sweep_with_records(record, max_tokens, analysed=geometry and bool(get_task(task).geometry))
     return record, out, pictures
