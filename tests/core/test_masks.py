@@ -82,6 +82,19 @@ def test_a_kv_cache_aligns_the_window_bottom_right(t):
     torch.testing.assert_close(out, laplacian_attention_reference(q, k, v, 3, attn_mask=pattern), atol=2e-6, rtol=0)
 
 
+@pytest.mark.parametrize("t", [1, 5])
+def test_decoding_through_a_pattern_without_a_band_takes_its_small_dense_mask(t):
+    """Batched decoding keeps each row's padding apart with Documents over every key (lapheads.apps.batching): one
+    query against the cache through a small mask, no FlexAttention compile per key length (inductor's CPU template
+    failed to compile a one-query block mask)."""
+    pattern = _documents()
+    q, k, v = _qkv(t=t, s=T)
+    with torch.no_grad():
+        assert attention_backend(q, k, pattern) == "dense"
+        out = laplacian_attention(q, k, v, 3, attn_mask=pattern)
+    torch.testing.assert_close(out, laplacian_attention_reference(q, k, v, 3, attn_mask=pattern), atol=2e-6, rtol=0)
+
+
 def test_head_kinds_with_a_pattern_take_its_backend_for_the_attended_mean_too():
     pattern = SlidingWindow(40)
     kinds = ["ordinary", "centring", "exclusive", "laplacian"]

@@ -14,7 +14,7 @@ import torch
 from lapheads import laplacian_attention_reference, load_nanochat
 from lapheads.core.masks import SlidingWindow
 from lapheads.errors import CheckpointError, InputError
-from lapheads.models.gpt import GPT, GPTConfig, KVCache
+from lapheads.models.gpt import GPT, GPTConfig
 
 TINY = dict(depth=4, vocab_size=40, sequence_len=32, aspect_ratio=16, head_dim=16)  # 64 wide, 4 heads
 EVERY_OPTION = dict(TINY, arch="nanochat-2026", short_window=5, n_kv_head=2, laplacian_heads="0,1,2,4")
@@ -353,5 +353,13 @@ def test_a_packed_batch_with_document_ids_gives_each_document_the_logits_it_has_
     model.train()
     model(packed, packed, document_ids=ids).backward()  # the CPU's differentiable backends: dense and banded
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
-    with pytest.raises(InputError, match="document_ids with a KV cache; allowed"):
-        model(packed[:, :3], kv_cache=KVCache(2, 2, 32, 16, 4), document_ids=ids[:, :3])
+    model.eval()
+    with torch.no_grad():  # under a KV cache the ids name every key, the cached ones too: decoding as one forward
+        cache = model.new_kv_cache(2)
+        prefill = model(packed[:, :15], kv_cache=cache, document_ids=ids[:, :15])
+        decoded = [model(packed[:, i : i + 1], kv_cache=cache, document_ids=ids[:, : i + 1]) for i in range(15, 20)]
+        torch.testing.assert_close(torch.cat([prefill, *decoded], dim=1), together, rtol=1e-4, atol=1e-4)
+    with pytest.raises(InputError, match="document_ids of 3 tokens with a KV cache of 4 keys; allowed: one id per key"):
+        cache = model.new_kv_cache(2)
+        model(packed[:, :1], kv_cache=cache)
+        model(packed[:, 1:4], kv_cache=cache, document_ids=ids[:, 1:4])

@@ -54,11 +54,33 @@ def test_resume_continues_the_same_trajectory(text_root, tmp_path):
     assert (tmp_path / "straight" / "samples.jsonl").read_text() == (tmp_path / "resumed" / "samples.jsonl").read_text()
 
 
+def test_document_masking_trains_and_every_reload_keeps_each_document_to_itself(text_root, tmp_path):
+    """Issue 75: `--document-masking true` packs documents without a T x T mask in the trainer (a document starts at
+    each BOS); the model records its BOS, so a reloaded run (bpb, evaluations, serving) keeps it: a packed row's
+    second document has the logits it has alone."""
+    from lapheads.runs import load_gpt_run
+
+    run = tmp_path / "run"
+    cfg = dataclasses.replace(tiny_lm(text_root, num_iterations=3, eval_every=3), document_masking=True)
+    result = train_lm(cfg, run)
+    assert math.isfinite(result["val_bpb"])
+    _, model, tokenizer = load_gpt_run(run, "cpu")
+    bos = tokenizer.bos_id
+    assert json.loads((run / "config.json").read_text())["model"]["kwargs"]["document_bos"] == bos
+    first, second = tokenizer.encode("ROMEO: hi", bos=True), tokenizer.encode("JULIET: lo", bos=True)
+    with torch.no_grad():
+        packed = model(torch.tensor([first + second]))
+        alone = model(torch.tensor([second]))
+        torch.testing.assert_close(packed[:, len(first) :], alone, rtol=1e-4, atol=1e-4)
+        model.config.document_bos = None  # the same weights without the rule: the documents mix
+        assert (model(torch.tensor([first + second]))[:, len(first) :] - alone).abs().max() > 1e-3
+
+
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(text_root, tmp_path, monkeypatch):
     real_build = lm_module.build_gpt
 
-    def poisoned(cfg, vocab_size):
-        model = real_build(cfg, vocab_size)
+    def poisoned(cfg, vocab_size, bos_id=None):
+        model = real_build(cfg, vocab_size, bos_id)
         forward, calls = model.forward, []
 
         def forward_with_nan(idx, targets=None, **kwargs):

@@ -11,7 +11,9 @@ derived from that one function, so they cannot disagree:
   SDPA with the chunk's small mask: cost T x (chunk + band), differentiated by autograd. The CPU's training path,
   and decoding (a few queries, no compile per length).
 * **dense**: SDPA with the (B, 1, T, S) bool mask the pattern gives: the fallback where neither applies (a CPU
-  gradient through a pattern without a band), and the reference's mask.
+  gradient through a pattern without a band), decoding through one without a band (at most one chunk of queries: a
+  small mask, and no compile per key length; inductor's CPU FlexAttention also fails to compile a one-query
+  block mask in torch 2.14), and the reference's mask.
 
 Design choices:
 
@@ -257,7 +259,7 @@ def attention_backend(q: Tensor, k: Tensor, attn_mask: Any) -> str:
     band = attn_mask.band if isinstance(attn_mask, AttentionPattern) else None
     if band is not None and (cpu_gradient or q.shape[-2] <= max(BANDED_CHUNK, band)):
         return "banded"  # the CPU's differentiable path, or one chunk (decoding, a short prefill): no compile
-    return "dense" if cpu_gradient else "flex"
+    return "dense" if cpu_gradient or q.shape[-2] <= BANDED_CHUNK else "flex"  # one chunk: a small mask
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Any, scale: float | None) -> Tensor:

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from lapheads.core.attention import laplacian_attention
 from lapheads.core.heads import HeadSpecError, LayerHeads, parse_heads
 from lapheads.core.masks import AttentionPattern, Documents, SlidingWindow
-from lapheads.core.modules import LaplacianHeadsMixin
+from lapheads.core.mixin import LaplacianHeadsMixin
 from lapheads.errors import InputError
 from lapheads.hardware import check_fits
 
@@ -115,6 +115,10 @@ class GPTConfig:
     init: the initialisation, ``"nanochat-2025"`` or ``"nanochat-2026"``.
     width: the model width, overriding depth x aspect_ratio (e.g. a nanochat checkpoint's n_embd).
     num_heads: the number of query heads, overriding the width rule.
+    document_bos: the token id that starts each document of a packed row (the tokenizer's BOS): the model then
+        computes ``document_ids`` itself (``(idx == document_bos).cumsum(-1)``), so training, bits per byte and
+        every evaluation keep attention and the smear within each document; not under a KV cache (generation
+        continues one document). None: one causal sequence per row (nanochat's packing).
     """
 
     depth: int = 20
@@ -139,6 +143,7 @@ class GPTConfig:
     init: str | None = None
     width: int | None = None
     num_heads: int | None = None
+    document_bos: int | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -282,6 +287,12 @@ class KVCache:
         if layer == self.kv.shape[0] - 1:  # the last layer moves the cache forward
             self.pos = end
         return self.kv[layer, 0, :, :, :end], self.kv[layer, 1, :, :, :end]
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows ``rows`` (indices), in that order: sequences that finished leave the batch."""
+        self.kv = self.kv[:, :, rows]
+        if self.prev_embedding is not None:
+            self.prev_embedding = self.prev_embedding[rows]
 
 
 class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
@@ -561,11 +572,15 @@ class GPT(nn.Module):
     ) -> dict[int | None, AttentionPattern | None]:
         """Each layer's pattern by its window (None: an "L" layer) for a forward over ``keys`` keys: None (causal)
         where there are no documents and the window reaches the first key (SDPA's causal kernel and the training
-        node); with documents, the documents (and the window) in every layer."""
+        node); with documents, the documents (and the window) in every layer. Under a KV cache the ids name every
+        key, the cached ones included (the new tokens are the last T)."""
         if document_ids is None:
             return {None: None, **{w: p if w < keys - 1 else None for w, p in self.windows.items()}}
-        if kv_cache is not None:
-            raise InputError("document_ids with a KV cache; allowed: document_ids on a whole packed batch")
+        if kv_cache is not None and document_ids.shape[1] != keys:
+            raise InputError(
+                f"document_ids of {document_ids.shape[1]} tokens with a KV cache of {keys} keys; allowed: one id per "
+                "key, the cached ones included (a batch decoded together: lapheads.apps.batching)"
+            )
         documents = Documents(document_ids)
         return {None: documents, **{w: p & documents for w, p in self.windows.items()}}
 
@@ -580,8 +595,9 @@ class GPT(nn.Module):
         if current.shape[1] == 0:  # one token and nothing before it
             return x
         gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(current[..., :SMEAR_GATE_CHANNELS]))
-        if document_ids is not None:  # no cache here: the previous token is the row's own
-            gate = gate * (document_ids[:, 1:] == document_ids[:, :-1]).unsqueeze(-1).to(x.dtype)
+        if document_ids is not None:  # every key's id: the tokens mixed are the last T, their predecessors before them
+            ids, t = document_ids, current.shape[1]
+            gate = gate * (ids[:, -t:] == ids[:, -t - 1 : -1]).unsqueeze(-1).to(x.dtype)
         mixed = current + gate * shifted
         return mixed if previous is not None else torch.cat([x[:, :1], mixed], dim=1)
 
@@ -600,10 +616,13 @@ class GPT(nn.Module):
         loss_reduction: "mean", "sum" or "none" (per token, for bits-per-byte and scoring).
         document_ids: (B, T) integer document of each token of a packed batch (e.g. ``(idx == bos).cumsum(-1)``):
             attention and the smear stay within each document, so with rotary positions each document's logits are
-            those it has alone; not with a KV cache. None: one causal sequence per row (nanochat's packing).
+            those it has alone. Under a KV cache, (B, cached + T): an id for every key (a left-padded batch decoded
+            together keeps its padding apart). None: one causal sequence per row (nanochat's packing).
         """
         B, T = idx.shape
         c = self.config
+        if document_ids is None and c.document_bos is not None and kv_cache is None:  # the model's own packing rule
+            document_ids = (idx == c.document_bos).cumsum(-1)
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > c.sequence_len:
             raise InputError(

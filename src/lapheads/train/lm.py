@@ -150,7 +150,7 @@ def train_lm(
 
     _check_training_fits(cfg, tokenizer.vocab_size, dist_.device.type)
     seed_everything(cfg.seed)
-    model = build_gpt(cfg, tokenizer.vocab_size).to(dist_.device)
+    model = build_gpt(cfg, tokenizer.vocab_size, tokenizer.bos_id).to(dist_.device)
     num_params = model.num_params()
     batches = TokenBatches(
         shards.train, cfg.sequence_len, cfg.micro_batch, accum_steps, dist_.rank, dist_.world_size, cfg.seed

@@ -75,6 +75,11 @@ class LMConfig(RunConfig):
     qk_scale: float | None = option(None, "factor on q and k after the QK-norm", POSITIVE)
     rope_base: float | None = option(None, "rotary base frequency", greater(1))
     pad_vocab_size_to: int | None = option(None, "round the embedding rows up to a multiple of this", POSITIVE)
+    document_masking: bool = option(
+        False,
+        "each document of a packed row attends only to itself (a document starts at each BOS token; FlexAttention "
+        "or T x W bands, no T x T mask where they run); evaluations of the run keep it",
+    )
     # optimisation
     total_batch_size: int = option(8192, "tokens per optimizer step, over all processes", POSITIVE)
     micro_batch: int = option(32, "sequences per forward pass per process", POSITIVE)
@@ -154,12 +159,14 @@ MODEL_FIELDS = (
 )
 
 
-def gpt_config(cfg: LMConfig, vocab_size: int) -> GPTConfig:
-    return GPTConfig(vocab_size=vocab_size, **{name: getattr(cfg, name) for name in MODEL_FIELDS})
+def gpt_config(cfg: LMConfig, vocab_size: int, bos_id: int | None = None) -> GPTConfig:
+    """The GPT ``cfg`` describes; with ``--document-masking`` its documents start at ``bos_id`` (the tokenizer's)."""
+    document_bos = bos_id if cfg.document_masking else None
+    return GPTConfig(vocab_size=vocab_size, document_bos=document_bos, **{n: getattr(cfg, n) for n in MODEL_FIELDS})
 
 
-def build_gpt(cfg: LMConfig, vocab_size: int) -> GPT:
-    return GPT(gpt_config(cfg, vocab_size))
+def build_gpt(cfg: LMConfig, vocab_size: int, bos_id: int | None = None) -> GPT:
+    return GPT(gpt_config(cfg, vocab_size, bos_id))
 
 
 def recorded_model(record: dict[str, Any]) -> dict[str, Any]:
