@@ -9,6 +9,9 @@ run, interleaved rounds; ``lapheads.bench.time_interleaved``):
 2. nanochat GPT training steps (d12 and d20, bf16 autocast, compiled, Muon + AdamW as in training): tokens/s and
    MFU for k = 0 against k = half the heads.
 3. ViT-B/16 training steps (224 px, bf16, compiled, AdamW): images/s for k = 0 against k = 12.
+4. Attention patterns without a T x T mask (``lapheads.core.masks``): a sliding window (W = T / 8) and packed
+   documents (8 per row) through FlexAttention, forward + backward, bf16: plain against half the heads Laplacian,
+   and FlexAttention against the dense-mask SDPA path; T = 4k, 16k.
 
     python benchmarks/gpu.py                           # on the GPU: writes docs/benchmarks-gpu.md
     python benchmarks/gpu.py --smoke                   # tiny shapes, seconds, on the CPU where there is no CUDA
@@ -202,6 +205,49 @@ def vit_table(
     ]
 
 
+def pattern_table(
+    seq_lens: list[int], heads: int, head_dim: int, tokens: int, device: torch.device, dtype: torch.dtype, repeats: int
+) -> list[str]:
+    """Forward + backward of the op through an attention pattern (FlexAttention where it runs) with 0 and half the
+    heads Laplacian, and the same pattern as a dense (T, T) mask; on the CPU (--smoke) forward only (FlexAttention
+    has no CPU backward)."""
+    from lapheads.core.masks import Documents, SlidingWindow
+
+    backward = device.type == "cuda"
+    rows = []
+    for t in seq_lens:
+        batch = max(1, tokens // t)
+        documents = torch.arange(t, device=device).div(max(1, t // 8), rounding_mode="floor").expand(batch, t)
+        for name, pattern in (("window T/8", SlidingWindow(t // 8)), ("8 documents", Documents(documents))):
+            dense = pattern.dense(batch, t, t, device)
+            q, k, v = (
+                torch.randn(batch, heads, t, head_dim, device=device, dtype=dtype, requires_grad=backward)
+                for _ in range(3)
+            )
+
+            def step(mask, laplacian: int) -> Callable[[], None]:
+                def run() -> None:
+                    with torch.set_grad_enabled(backward):
+                        out = laplacian_attention(q, k, v, laplacian, attn_mask=mask)
+                        if backward:
+                            q.grad = k.grad = v.grad = None
+                            out.float().sum().backward()
+
+                return run
+
+            steps = {"flex plain": step(pattern, 0), "flex lap": step(pattern, heads // 2), "dense": step(dense, 0)}
+            times = time_interleaved(steps, repeats, device=device)
+            rows.append(
+                f"| {t} | {batch} | {name} | {'fwd + bwd' if backward else 'fwd'} | {times['flex plain'] * 1e3:.2f} | "
+                f"{times['flex lap'] / times['flex plain']:.3f} | {times['flex plain'] / times['dense']:.3f} |"
+            )
+    return [
+        "| T | batch | pattern | pass | flex plain ms | Laplacian / plain | flex / dense mask |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="auto: cuda when available, else cpu (--smoke only)")
@@ -223,10 +269,12 @@ def main(argv: list[str] | None = None) -> str:
         vit = vit_table(
             32, 2, dict(patch_size=16, embed_dim=64, depth=1, num_heads=4), device, dtype, 2, True, args.backend
         )
+        patterns = pattern_table([64], 4, 16, 128, device, torch.float32, 2)
     else:
         ops = op_table([1024, 4096, 16384], 16, 2, 128, 65536, device, dtype, 10, args.backend)
         gpt = gpt_table([12, 20], 65536, 2048, 16, device, dtype, 10, True, args.backend)
         vit = vit_table(224, 128, {}, device, dtype, 10, True, args.backend)
+        patterns = pattern_table([4096, 16384], 16, 128, 32768, device, dtype, 10)
     text = "\n".join(
         [
             "# GPU benchmark (benchmarks/gpu.py)",
@@ -245,6 +293,10 @@ def main(argv: list[str] | None = None) -> str:
             "## ViT-B/16 training step (compiled, AdamW)",
             "",
             *vit,
+            "",
+            "## Attention patterns without a T x T mask (FlexAttention; half the heads Laplacian)",
+            "",
+            *patterns,
             "",
         ]
     )

@@ -26,6 +26,7 @@ def test_gpu_benchmark_smoke_writes_every_table(tmp_path):
     assert len(op_rows) == 8  # full/causal x MHA/GQA x eager/compiled
     assert "| d2 | 0/2 |" in text and "| d2 | 1/2 |" in text
     assert "| ViT-B/16 32 px | 0/4 |" in text and "| ViT-B/16 32 px | 4/4 |" in text
+    assert "| 64 | 2 | window T/8 | fwd |" in text and "| 64 | 2 | 8 documents | fwd |" in text  # patterns
 
 
 def test_the_gpu_benchmark_says_in_one_line_what_it_needs(capsys):
@@ -204,3 +205,13 @@ def test_the_windows_benchmark_times_every_path_side_by_side(tmp_path):
     )
     row = next(line for line in text.splitlines() if line.startswith("| 256 | 32 |"))
     assert len(row.split("|")) == 11 and doc.read_text().strip() == text.strip()
+
+
+def test_the_serving_benchmark_times_requests_together_and_one_by_one(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    text = _load("serving").main(
+        ["--clients", "1", "3", "--depth", "1", "--max-tokens", "3", "--repeats", "1", "--write", str(doc)]
+    )
+    rows = [line for line in text.splitlines() if line.startswith(("| 1 | 3 |", "| 3 | 9 |"))]
+    assert len(rows) == 2 and all(len(row.split("|")) == 7 for row in rows)  # every request ran to its 3 tokens
+    assert doc.read_text().strip() == text.strip()

@@ -1,0 +1,70 @@
+"""Requests decoded together (lapheads.apps.batching) generate what each generates alone, for the same seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lapheads.apps.batching import Generation, generate_together
+from lapheads.errors import InputError
+from lapheads.models.gpt import GPT, GPTConfig, sample_token
+from tests.models.test_gpt_2026 import EVERY_OPTION, FAMILIES, _random_weights
+
+
+def _alone(model: GPT, request: Generation) -> list[int]:
+    """The textbook loop for one request (as CompletionEngine.complete decodes): its own cache, its own generator."""
+    generator = torch.Generator().manual_seed(request.seed)
+    cache = model.new_kv_cache(1)
+    last = model(torch.tensor([request.prompt]), kv_cache=cache)[0, -1].float()
+    tokens: list[int] = []
+    while len(tokens) < request.max_tokens and cache.pos < model.config.sequence_len:
+        token = int(sample_token(last[None], request.temperature, request.top_k, generator, request.top_p))
+        if token in request.stop_ids:
+            break
+        tokens.append(token)
+        if cache.pos >= model.config.sequence_len:
+            break
+        last = model(torch.tensor([[token]]), kv_cache=cache)[0, -1].float()
+    return tokens
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_requests_decoded_together_generate_what_each_generates_alone(arch):
+    """Prompts of different lengths (left padding kept apart), greedy and sampled rows with their own seeds, top-k
+    and top-p, a stop token, rows that finish early and leave the batch, and one whose allowance is the context's:
+    every row's tokens are the ones it gets alone (the 2026 family: windows, smear, value embeddings, GQA,
+    Laplacian heads)."""
+    model = _random_weights(GPT(GPTConfig(**dict(EVERY_OPTION, arch=arch))))
+    prompt = lambda n, seed: tuple(torch.randint(0, 40, (n,), generator=torch.Generator().manual_seed(seed)).tolist())  # noqa: E731
+    requests = [
+        Generation(prompt(3, 1), max_tokens=9),
+        Generation(prompt(7, 2), max_tokens=4, temperature=1.0, seed=5),
+        Generation(prompt(1, 3), max_tokens=12, temperature=0.8, top_k=5, seed=6),
+        Generation(prompt(5, 4), max_tokens=9, temperature=1.2, top_p=0.9, seed=7, stop_ids=frozenset({3, 11})),
+        Generation(prompt(26, 5), max_tokens=50, temperature=1.0, seed=8),  # the context ends it (32 tokens)
+    ]
+    together = generate_together(model, requests)
+    for request, generated in zip(requests, together):
+        assert generated.tokens == _alone(model, request)
+    assert [g.finish_reason for g in together][:3] == ["length", "length", "length"]
+    assert len(together[4].tokens) == 32 - 26 and together[4].finish_reason == "length"
+
+
+def test_the_caller_ends_a_request_and_sees_each_tokens_logits():
+    model = _random_weights(GPT(GPTConfig(**EVERY_OPTION)))
+    seen: dict[int, list[int]] = {0: [], 1: []}
+
+    def on_token(index: int, token: int, logits: torch.Tensor) -> bool:
+        assert logits.shape == (40,) and int(logits.argmax()) == token  # greedy: the likeliest
+        seen[index].append(token)
+        return not (index == 1 and len(seen[1]) == 2)  # a stop string, say, ends request 1 at its 2nd token
+
+    out = generate_together(model, [Generation((1, 2, 3), 6), Generation((4, 5), 6)], on_token)
+    assert out[0].tokens == seen[0] and len(seen[0]) == 6 and out[0].finish_reason == "length"
+    assert out[1].tokens == seen[1] and len(seen[1]) == 2 and out[1].finish_reason == "stop"
+
+
+def test_a_prompt_that_leaves_no_room_is_refused_in_one_line():
+    model = _random_weights(GPT(GPTConfig(**EVERY_OPTION)))
+    with pytest.raises(InputError, match="request 1: a prompt of 32 tokens; allowed: 1 to 31"):
+        generate_together(model, [Generation((1,), 2), Generation(tuple(range(32)), 2)])
