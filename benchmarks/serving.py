@@ -1,10 +1,17 @@
-"""Benchmark: N requests decoded together (``lapheads.apps.batching``) against the same N one after another.
+"""Benchmark: requests decoded together (``lapheads.apps.batching``) against one after another, as an engine and
+as ``lapheads serve`` under concurrent clients.
 
-The engine under ``lapheads serve``'s generation: N requests of one model (a d4 GPT, 256 wide, half its heads
-Laplacian, sequence_len 512; prompts of 24-40 tokens, 64 sampled tokens each, every request its own seed), decoded
-as one batch against decoded one at a time, interleaved in one process (``lapheads.bench.time_interleaved``).
-Throughput = generated tokens / wall seconds; the ratio is the batch's throughput over the serial one's, at N = 1, 4
-and 8. The token counts of both ways are the same by construction (the same seeds: tests/apps/test_batching.py).
+One model (a d4 GPT, 256 wide, half its heads Laplacian, sequence_len 512, random weights), 64 sampled tokens per
+request at most (a reply that samples its end-of-turn token ends there: tokens are counted), each its own seed.
+
+1. The engine: N requests (prompts of 24-40 tokens) decoded as one batch against one at a time, interleaved in one
+   process (``lapheads.bench.time_interleaved``), at N = 1, 4, 8.
+2. The server: N clients at once, each sending its chat requests one after another (OpenAI's chat completions over
+   HTTP, uvicorn in this process), against the same server with ``max_num_seqs`` 1 (one reply after another: what
+   the server did before it batched) and 16; tokens counted from the replies' usage.
+
+Throughput = generated tokens / wall seconds; the ratio is batched over serial. The replies are the same either way
+(the same seeds: tests/apps/test_batching.py, tests/apps/test_serve.py).
 
     python benchmarks/serving.py                                   # ~2 minutes on 2 cores, machine otherwise idle
     python benchmarks/serving.py --write docs/benchmarks.md
@@ -28,6 +35,41 @@ def _requests(n: int, vocab: int, max_tokens: int):
     ]
 
 
+def _tokenizer():
+    from lapheads.data.tokenizers import Tokenizer
+
+    return Tokenizer.char("abcdefghijklmnopqrstuvwxyz ?.")
+
+
+def _served_rate(model, clients: int, per_client: int, max_tokens: int, max_num_seqs: int) -> tuple[int, float]:
+    """(tokens, tokens/s) of ``clients`` clients at once against ``lapheads serve``'s app with ``max_num_seqs``."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from lapheads.apps.chat import ChatEngine
+    from lapheads.apps.serve import ServeLimits, create_app, served
+
+    engine = ChatEngine(model, _tokenizer(), tools=False)
+    app = create_app(engine, "bench", ServeLimits(max_tokens=max_tokens, max_num_seqs=max_num_seqs), 0.8)
+    with served(app) as url, httpx.Client(timeout=600) as http:
+
+        def client(index: int) -> int:
+            done = 0
+            for turn in range(per_client):
+                body = {"messages": [{"role": "user", "content": "what is the capital of france?"}],
+                        "max_tokens": max_tokens, "seed": index * 1000 + turn}  # fmt: skip
+                done += http.post(f"{url}/v1/chat/completions", json=body).json()["usage"]["completion_tokens"]
+            return done
+
+        client(0)  # warm-up
+        start = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            tokens = sum(pool.map(client, range(clients)))
+        return tokens, tokens / (time.perf_counter() - start)
+
+
 def main(argv: list[str] | None = None) -> str:
     from lapheads.apps.batching import generate_together
     from lapheads.bench import cpu_description, time_interleaved, write_section
@@ -38,16 +80,18 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--write", default=None)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    shape = dict(depth=args.depth, vocab_size=8192, sequence_len=512, head_dim=64)
+    vocab = _tokenizer().vocab_size  # the served model speaks its tokenizer's ids
+    shape = dict(depth=args.depth, vocab_size=vocab, sequence_len=512, head_dim=64)
     config = GPTConfig(**shape, laplacian_heads=GPTConfig(**shape).n_head // 2)  # half the heads Laplacian
     model = GPT(config).eval()
     with torch.no_grad():  # non-zero output projections, so generation is not a constant
         for p in model.parameters():
             p.normal_(0, 0.02)
-    rows = []
+    rows, served_rows = [], []
     for n in args.clients:
         requests = _requests(n, config.vocab_size, args.max_tokens)
         tokens = sum(len(g.tokens) for g in generate_together(model, requests))
@@ -64,16 +108,29 @@ def main(argv: list[str] | None = None) -> str:
             f"{times['one by one'] / times['together']:.2f} |"
         )
         print(rows[-1], flush=True)
+    for n in args.clients:
+        rates = {seqs: _served_rate(model, n, args.requests_per_client, args.max_tokens, seqs) for seqs in (1, 16)}
+        (tokens, serial), (_, batched) = rates[1], rates[16]
+        served_rows.append(f"| {n} | {tokens} | {serial:.0f} | {batched:.0f} | {batched / serial:.2f} |")
+        print(served_rows[-1], flush=True)
     return write_section(
         "serving.py",
         [
             f"`python benchmarks/serving.py`: a d{args.depth} GPT ({config.n_embd} wide, {config.n_head // 2} of "
-            f"{config.n_head} heads Laplacian), {args.max_tokens} sampled tokens per request, fp32; median of {args.repeats} interleaved "
-            f"rounds, {torch.get_num_threads()} threads. CPU: {cpu_description()}.",
+            f"{config.n_head} heads Laplacian, {vocab} tokens), {args.max_tokens} sampled tokens per request, fp32; "
+            f"the engine: median of {args.repeats} interleaved rounds; {torch.get_num_threads()} threads. CPU: "
+            f"{cpu_description()}.",
             "",
             "| requests | tokens | one by one, tokens/s | together, tokens/s | together / one by one |",
             "|---|---|---|---|---|",
             *rows,
+            "",
+            f"`lapheads serve` (the same model, a character tokenizer, no calculator), N clients at once, "
+            f"{args.requests_per_client} chat requests each, one after another; one run each way:",
+            "",
+            "| clients | tokens | --max-num-seqs 1, tokens/s | --max-num-seqs 16, tokens/s | batched / serial |",
+            "|---|---|---|---|---|",
+            *served_rows,
         ],
         args.write,
     )

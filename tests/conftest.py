@@ -316,24 +316,7 @@ def sft_run(base_run, tmp_path_factory):
 @contextlib.contextmanager
 def served(app):
     """A real uvicorn server of ``app`` on a free loopback port, in a thread; yields its base URL."""
-    import socket
-    import threading
-    import time
+    from lapheads.apps.serve import served as in_thread
 
-    import uvicorn
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(300):
-        if server.started:
-            break
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with in_thread(app) as url:
+        yield url

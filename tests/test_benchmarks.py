@@ -210,8 +210,12 @@ def test_the_windows_benchmark_times_every_path_side_by_side(tmp_path):
 def test_the_serving_benchmark_times_requests_together_and_one_by_one(tmp_path):
     doc = tmp_path / "benchmarks.md"
     text = _load("serving").main(
-        ["--clients", "1", "3", "--depth", "1", "--max-tokens", "3", "--repeats", "1", "--write", str(doc)]
+        ["--clients", "1", "3", "--depth", "1", "--max-tokens", "3", "--repeats", "1", "--requests-per-client", "1",
+         "--write", str(doc)]  # fmt: skip
     )
-    rows = [line for line in text.splitlines() if line.startswith(("| 1 | 3 |", "| 3 | 9 |"))]
+    engine, server = text.split("`lapheads serve`")
+    rows = [line for line in engine.splitlines() if line.startswith(("| 1 | 3 |", "| 3 | 9 |"))]
     assert len(rows) == 2 and all(len(row.split("|")) == 7 for row in rows)  # every request ran to its 3 tokens
+    served = [line for line in server.splitlines() if line.startswith(("| 1 |", "| 3 |"))]
+    assert len(served) == 2 and all(float(row.split("|")[-2]) > 0 for row in served)  # batched / serial
     assert doc.read_text().strip() == text.strip()

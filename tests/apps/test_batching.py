@@ -68,3 +68,27 @@ def test_a_prompt_that_leaves_no_room_is_refused_in_one_line():
     model = _random_weights(GPT(GPTConfig(**EVERY_OPTION)))
     with pytest.raises(InputError, match="request 1: a prompt of 32 tokens; allowed: 1 to 31"):
         generate_together(model, [Generation((1,), 2), Generation(tuple(range(32)), 2)])
+
+
+def test_forced_tokens_are_fed_one_per_step_and_reported_as_alone():
+    """A chat's tool output: on_token hands back tokens to feed next; they are fed in order, reported with the logits
+    at their position, not sampled (no draw from the request's generator) and not cut by max_tokens; a request
+    beside it in the batch is unchanged."""
+    model = _random_weights(GPT(GPTConfig(**EVERY_OPTION)))
+    requests = [Generation((5, 6, 7), 4, temperature=1.0, seed=3), Generation((1, 2), 5, temperature=1.0, seed=4)]
+
+    def forcing(log):
+        def on_token(index, token, logits):
+            log.append((index, token))
+            if index == 0 and len([i for i, _ in log if i == 0]) == 2:
+                return [30, 31, 32]
+            return None
+
+        return on_token
+
+    together, alone = [], []
+    out = generate_together(model, requests, forcing(together))
+    first = generate_together(model, requests[:1], forcing(alone))[0]
+    assert out[0].tokens == first.tokens and out[0].tokens[2:5] == [30, 31, 32] and len(out[0].tokens) == 5
+    assert out[1].tokens == _alone(model, requests[1])
+    assert [t for i, t in together if i == 0] == out[0].tokens  # every token reported, forced ones included

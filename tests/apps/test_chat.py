@@ -32,23 +32,25 @@ def test_the_calculator_answers_arithmetic_and_letter_counts_only(expression, re
 
 
 class ScriptedModel(torch.nn.Module):
-    """Emits ``script`` token by token (greedy) and records every token it is fed, as a GPT with a KV cache."""
+    """A GPT with a KV cache whose likeliest next token is ``script[r]`` at reply position r (the last entry from
+    there on), whatever it was fed; it records every token it is fed (one reply: a new cache starts it over)."""
 
     def __init__(self, script: list[int], vocab: int, sequence_len: int = 64) -> None:
         super().__init__()
         self.lm_head = torch.nn.Linear(1, 1)
         self.config = SimpleNamespace(sequence_len=sequence_len)
-        self.script, self.vocab, self.fed, self.emitted = list(script), vocab, [], 0
+        self.script, self.vocab, self.fed, self.prompt = list(script), vocab, [], 0
 
     def new_kv_cache(self, batch_size, max_len):
         return SimpleNamespace(pos=0, max_len=max_len)
 
-    def forward(self, idx, kv_cache=None):
+    def forward(self, idx, kv_cache=None, document_ids=None):
+        if kv_cache.pos == 0:  # a new reply: its prompt
+            self.fed, self.prompt = [], idx.shape[1]
         kv_cache.pos += idx.shape[1]
         self.fed.extend(idx[0].tolist())
         logits = torch.zeros(1, idx.shape[1], self.vocab)
-        logits[0, -1, self.script[min(self.emitted, len(self.script) - 1)]] = 1.0
-        self.emitted += 1
+        logits[0, -1, self.script[min(len(self.fed) - self.prompt, len(self.script) - 1)]] = 1.0
         return logits
 
 
@@ -57,11 +59,13 @@ def _special(name: str) -> int:
 
 
 def test_a_tool_call_gets_the_calculators_output_forced_into_the_sequence():
-    script = [
+    forced = [_special("output_start"), *TOKENIZER.encode("42"), _special("output_end")]
+    script = [  # the reply position by position; where the tool's output is forced, the model's choice is unused
         *TOKENIZER.encode("So "),
         _special("python_start"),
         *TOKENIZER.encode("40+2"),
         _special("python_end"),
+        *forced,
         *TOKENIZER.encode("42"),
         _special("assistant_end"),
     ]
@@ -70,7 +74,6 @@ def test_a_tool_call_gets_the_calculators_output_forced_into_the_sequence():
     prompt = [TOKENIZER.bos_id, _special("assistant_start")]
     pieces = list(engine.stream(prompt, max_tokens=50))
     assert "".join(pieces) == "So [calc: 40+2 = 42]42" and len(pieces) > 3  # streamed, not one block
-    forced = [_special("output_start"), *TOKENIZER.encode("42"), _special("output_end")]
     after_call = model.fed.index(_special("python_end")) + 1
     assert model.fed[after_call : after_call + len(forced)] == forced
     assert _special("assistant_end") not in model.fed  # generation stopped there

@@ -262,14 +262,17 @@ def test_a_tiny_temperature_is_greedy_not_a_broken_stream(client, engine, temper
 def test_an_error_during_generation_ends_the_stream_with_an_error_event(engine, monkeypatch):
     app = create_app(engine, "tiny", ServeLimits(max_tokens=24))
     client = TestClient(app, base_url="http://127.0.0.1")
-    original = engine.stream
+    import lapheads.apps.batching as batching  # where a reply's tokens are sampled: the second draw fails
+
+    calls, original = [], batching.sample_token
 
     def failing(*args, **kwargs):
-        pieces = original(*args, **kwargs)
-        yield next(pieces)
-        raise RuntimeError("device lost\nsecond line")
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("device lost\nsecond line")
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "stream", failing)
+    monkeypatch.setattr(batching, "sample_token", failing)
     with client.stream("POST", "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}) as r:
         events = [json.loads(line[len("data: ") :]) for line in r.iter_lines() if line.startswith("data: ")]
     assert "token" in events[0] and events[-1] == {"error": "generation failed: device lost second line"}
@@ -538,7 +541,7 @@ def test_chat_logprobs_cover_exactly_the_content_when_the_calculator_writes_into
     calculator call; every token of the content, the tool's included, has an entry whose text is the content's."""
     import torch
 
-    import lapheads.apps.chat as chat_module
+    import lapheads.apps.batching as chat_module  # where a reply's tokens are sampled
 
     ids, real = engine.ids, chat_module.sample_token
     script = [ids["python_start"], *engine.tokenizer.encode("2+2"), ids["python_end"]]
@@ -568,7 +571,7 @@ def test_a_long_non_streamed_reply_does_not_hold_the_event_loop(engine, monkeypa
 
     import httpx
 
-    import lapheads.apps.chat as chat_module
+    import lapheads.apps.batching as chat_module  # where a reply's tokens are sampled
 
     real = chat_module.sample_token
 
@@ -606,3 +609,34 @@ def test_an_api_key_guards_every_route_but_the_page_and_health(engine):
     good = {"Authorization": "Bearer s3cret"}
     assert client.get("/v1/models", headers=good).json()["data"][0]["id"] == "tiny"
     assert client.post("/v1/chat/completions", json=body, headers=good).status_code == 200
+
+
+def test_replies_sent_together_are_decoded_together_and_each_reads_as_alone(engine, monkeypatch):
+    """Issue 72: requests that arrive together are decoded as one batch (one forward per step), each with its own
+    seed; each reply's text is the one it gets alone. The n = 4 choices of one request go in one batch of 4 (seed
+    + i each) and equal four requests sent one by one with those seeds; four clients at once read the same."""
+    import httpx
+
+    import lapheads.apps.batching as batching
+
+    sizes, real = [], batching.decode_steps
+
+    def recorded(model, requests, on_token=None):
+        sizes.append(len(requests))
+        return real(model, requests, on_token)
+
+    monkeypatch.setattr(batching, "decode_steps", recorded)
+    app = create_app(engine, "tiny", ServeLimits(max_request_bytes=4000, max_tokens=16), temperature=1.0)
+    ask = {"messages": [{"role": "user", "content": QUESTIONS[1]}], "max_tokens": 16, "temperature": 1.0}
+    with served(app) as url:
+
+        def reply(body: dict) -> list[str]:
+            out = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+            return [choice["message"]["content"] for choice in out["choices"]]
+
+        alone = [reply({**ask, "seed": 7 + i})[0] for i in range(4)]
+        assert sizes == [1, 1, 1, 1]
+        assert reply({**ask, "seed": 7, "n": 4}) == alone and sizes[-1] == 4
+        with ThreadPoolExecutor(4) as pool:
+            at_once = list(pool.map(lambda i: reply({**ask, "seed": 7 + i})[0], range(4)))
+    assert at_once == alone and len(set(alone)) > 1  # sampled: the seeds differ, so do the replies

@@ -2,12 +2,15 @@
 
 Design choices:
 
-* **One sequence, one KV cache**: the prompt (a rendered conversation ending in ``<|assistant_start|>``) is
-  prefilled once; each sampled token is one cached step. Generation stops at ``<|assistant_end|>`` or BOS.
+* **One decoder for one reply and for many**: a reply is a :class:`ChatTurn` (the prompt, a rendered conversation
+  ending in ``<|assistant_start|>``, and what each new token does), decoded by :mod:`lapheads.apps.batching`: alone
+  here (a batch of one), together with others under ``lapheads serve``. The prompt is prefilled once; each token is
+  one cached step. Generation stops at ``<|assistant_end|>`` or BOS.
 * **The calculator tool, as nanochat**: when the model closes a tool call (``<|python_start|> expr
   <|python_end|>``), the expression is evaluated and ``<|output_start|> result <|output_end|>`` is forced into the
-  sequence before sampling resumes. Only arithmetic (digits, ``+ - * / ( ) .``) and ``'word'.count('x')`` are
-  accepted, and they run in :mod:`lapheads.sandbox` (a separate, resource-limited process), never in ours.
+  sequence before sampling resumes (one token per step, each reported with the model's log-probability there).
+  Only arithmetic (digits, ``+ - * / ( ) .``) and ``'word'.count('x')`` are accepted, and they run in
+  :mod:`lapheads.sandbox` (a separate, resource-limited process), never in ours.
 * **Streamed text is the decoded tail**: the whole reply is decoded after each token and the new suffix is yielded,
   so characters spread over several byte tokens come out whole; tool calls are shown as ``[calc: expr = result]``.
 """
@@ -16,18 +19,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from lapheads.apps.batching import Generated, Generation, decode_steps
 from lapheads.data.conversations import render_for_completion
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.data.turns import Conversation
 from lapheads.errors import InputError, LapheadsError
-from lapheads.models.gpt import GPT, sample_token
+from lapheads.models.gpt import GPT
 
-__all__ = ["ChatEngine", "chat_once", "chat_repl", "use_calculator"]
+__all__ = ["ChatEngine", "ChatTurn", "chat_once", "chat_repl", "use_calculator"]
 
 _ARITHMETIC = re.compile(r"[0-9+\-*/(). ]{1,100}")
 _COUNT = re.compile(r"'[A-Za-z]{1,40}'\.count\('[A-Za-z]'\)")
@@ -92,8 +96,7 @@ class ChatEngine:
         out.append(self.tokenizer.decode(run))
         return "".join(out)
 
-    @torch.no_grad()
-    def stream(
+    def turn(
         self,
         prompt_ids: list[int],
         max_tokens: int = 256,
@@ -104,71 +107,94 @@ class ChatEngine:
         top_p: float | None = None,
         logprobs: list[dict[str, Any]] | None = None,
         top_logprobs: int = 0,
-    ) -> Iterator[str]:
-        """Yield the reply's text piece by piece; ``prompt_ids`` end with ``<|assistant_start|>``. ``outcome``, when
-        given, holds ``completion_tokens`` (the model's and the tool's tokens so far, kept current before each piece,
-        so a caller that stops reading at a stop string still counts what was generated) and, once the reply ends,
-        ``finish_reason`` ("stop": the model ended its turn; "length": ``max_tokens`` or the context ran out).
-        ``logprobs``, when given, gains one entry per token of the reply before its text is yielded, the tool's
-        forced tokens included (the content shows them): ``{"id", "logprob", "top": [(id, logprob), ...]}``, the
-        model's log-softmax at that position (untempered, as OpenAI reports it), with its ``top_logprobs`` likeliest
-        tokens."""
-        model, limit = self.model, self.model.config.sequence_len
+    ) -> ChatTurn:
+        """One reply to generate (:meth:`stream` decodes it alone; the server decodes many together): see
+        :meth:`stream` for the arguments. The prompt is checked here, before any work."""
+        limit = self.model.config.sequence_len
         if not prompt_ids:
             raise InputError("an empty prompt; allowed: a rendered conversation")
         if len(prompt_ids) >= limit:
             raise InputError(
                 f"the conversation has {len(prompt_ids)} tokens; allowed: fewer than the model's sequence_len {limit}"
             )
-        device = model.lm_head.weight.device
-        generator = torch.Generator(device).manual_seed(seed)
-        cache = model.new_kv_cache(1, limit)
-        logits = model(torch.tensor([prompt_ids], device=device), kv_cache=cache)[:, -1]
-        reply: list[int] = []
-        shown, call = "", None  # text yielded so far; the tokens of an open tool call
-        stops = {self.ids["assistant_end"], self.tokenizer.bos_id}
-        finish = "length"
-        while len(reply) < max_tokens and cache.pos < limit:
-            token = int(sample_token(logits, temperature, top_k or None, generator, top_p))
-            if token in stops:
-                finish = "stop"
+        stops = frozenset({self.ids["assistant_end"], self.tokenizer.bos_id})
+        generation = Generation(tuple(prompt_ids), max_tokens, temperature, top_k or None, top_p, seed, stops)
+        return ChatTurn(self, generation, outcome, logprobs, top_logprobs)
+
+    def stream(self, prompt_ids: list[int], *args: Any, **kwargs: Any) -> Iterator[str]:
+        """Yield the reply's text piece by piece; ``prompt_ids`` end with ``<|assistant_start|>``.
+
+        Args (after ``prompt_ids``): max_tokens, temperature, top_k, seed; ``outcome``, when given, holds
+        ``completion_tokens`` (the model's and the tool's tokens so far, kept current before each piece, so a caller
+        that stops reading at a stop string still counts what was generated) and, once the reply ends,
+        ``finish_reason`` ("stop": the model ended its turn; "length": ``max_tokens`` or the context ran out);
+        ``top_p``; ``logprobs``, when given, gains one entry per token of the reply before its text is yielded, the
+        tool's forced tokens included (the content shows them): ``{"id", "logprob", "top": [(id, logprob), ...]}``,
+        the model's log-softmax at that position (untempered, as OpenAI reports it), with its ``top_logprobs``
+        likeliest tokens.
+        """
+        turn = self.turn(prompt_ids, *args, **kwargs)
+        steps = decode_steps(self.model, [turn.generation], turn.on_token)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                turn.finish(done.value[0])
                 break
-            if logprobs is not None:
-                logprobs.append(_logprob_entry(logits[0], token, top_logprobs))
-            new = [token]
-            if token == self.ids["python_start"]:
-                call = []
-            elif token == self.ids["python_end"] and call is not None:
-                result = use_calculator(self.tokenizer.decode(call)) if self.tools else None
-                if result is not None:  # forced: the tool writes its output, the model reads it
-                    new += [self.ids["output_start"], *self.tokenizer.encode(result), self.ids["output_end"]]
-                call = None
-            elif call is not None:
-                call.append(token)
-            new = new[: limit - cache.pos]
-            reply += new
-            if outcome is not None:
-                outcome["completion_tokens"] = len(reply)
-            if not new:  # the context is full
-                break
-            # the forward before the text: a forced token's log-probability is the model's at the position before it
-            out = model(torch.tensor([new], device=device), kv_cache=cache)
-            if logprobs is not None:
-                logprobs += [_logprob_entry(out[0, i], forced, top_logprobs) for i, forced in enumerate(new[1:])]
-            logits = out[:, -1]
-            text = self.display(reply)
-            if text.startswith(shown) and len(text) > len(shown):
-                yield text[len(shown) :]
-                shown = text
-        text = self.display(reply)
-        if outcome is not None:
-            outcome.update(finish_reason=finish, completion_tokens=len(reply))
-        if text != shown and text.startswith(shown):
-            yield text[len(shown) :]
+            yield from turn.pieces()
+        yield from turn.pieces()
 
     def reply(self, conversation: Conversation, **kwargs) -> str:
         """The assistant's whole next turn in ``conversation`` (a final assistant message is ignored)."""
         return "".join(self.stream(render_for_completion(self.tokenizer, conversation), **kwargs))
+
+
+@dataclass
+class ChatTurn:
+    """One reply being generated: what to decode (``generation``), what each new token does (:meth:`on_token`: the
+    calculator's output forced in after a closed tool call, log-probabilities, the token count) and the text shown
+    so far (:meth:`pieces`)."""
+
+    engine: ChatEngine
+    generation: Generation
+    outcome: dict[str, Any] | None = None
+    logprobs: list[dict[str, Any]] | None = None
+    top_logprobs: int = 0
+    reply: list[int] = field(default_factory=list)
+    shown: str = ""
+    call: list[int] | None = None  # the tokens of an open tool call
+
+    def on_token(self, index: int, token: int, logits: torch.Tensor) -> list[int] | None:
+        """The decoder's report of the reply's next token (sampled or forced): the tool's output to force in when
+        the token closes a tool call, else None."""
+        engine, ids = self.engine, self.engine.ids
+        self.reply.append(token)
+        if self.logprobs is not None:
+            self.logprobs.append(_logprob_entry(logits, token, self.top_logprobs))
+        if self.outcome is not None:
+            self.outcome["completion_tokens"] = len(self.reply)
+        if token == ids["python_start"]:
+            self.call = []
+        elif token == ids["python_end"] and self.call is not None:
+            result = use_calculator(engine.tokenizer.decode(self.call)) if engine.tools else None
+            self.call = None
+            if result is not None:  # forced: the tool writes its output, the model reads it
+                return [ids["output_start"], *engine.tokenizer.encode(result), ids["output_end"]]
+        elif self.call is not None:
+            self.call.append(token)
+        return None
+
+    def pieces(self) -> Iterator[str]:
+        """The text added since the last piece (none while a character is still incomplete)."""
+        text = self.engine.display(self.reply)
+        if text.startswith(self.shown) and len(text) > len(self.shown):
+            yield text[len(self.shown) :]
+            self.shown = text
+
+    def finish(self, generated: Generated) -> None:
+        """The reply ended: say why in ``outcome``."""
+        if self.outcome is not None:
+            self.outcome.update(finish_reason=generated.finish_reason, completion_tokens=len(self.reply))
 
 
 def _logprob_entry(logits: torch.Tensor, token: int, top: int) -> dict[str, Any]:

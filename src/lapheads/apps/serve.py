@@ -9,8 +9,11 @@ Design choices:
   "max_tokens"}``) and streams the reply as server-sent events (``data: {"token": "..."}`` then
   ``data: {"done": true}``); ``GET /health`` says which run is served.
 * **Stateless, so conversations cannot mix**: the browser keeps its conversation and sends it each turn; every
-  request has its own KV cache. Requests take turns token by token on one lock around the model, so several chats
-  progress together and none waits for another to finish.
+  reply is its own row of the batch's KV cache, its padding kept apart (``lapheads.apps.batching``).
+* **Replies decoded together**: chat replies that arrive together (every choice of ``n`` too) are decoded as one
+  batch by one worker, one forward per step for all of them, each with its own sampling and seed (the same text as
+  alone); a reply sent while a batch runs starts with the next batch. The legacy completions take turns with the
+  batch's steps on one lock around the model.
 * **Limits before any work**: loopback by default (a warning when bound beyond it), a request body of at most
   ``max_request_bytes`` counted as it streams in (chunked bodies too), JSON only (``Content-Type:
   application/json``, so a web page cannot POST a form or text/plain), a Host header naming this server (DNS
@@ -27,6 +30,7 @@ Design choices:
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import secrets
@@ -44,23 +48,26 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from lapheads.apps.batching import Batcher
 from lapheads.apps.chat import ChatEngine
 from lapheads.apps.completions import CompletionEngine, completion_request, tokenize
 from lapheads.apps.schema import MAX_CHOICES, MAX_TOP_LOGPROBS, ChatCompletionBody, RequestError, validated
 from lapheads.errors import LapheadsError
 from lapheads.io import json_depth
 
-__all__ = ["ServeLimits", "create_app", "serve"]
+__all__ = ["ServeLimits", "create_app", "serve", "served"]
 
 
 @dataclass
 class ServeLimits:
-    """What one request may ask for."""
+    """What one request may ask for, and how many chat replies are decoded together at most (``max_num_seqs``, as
+    vLLM's option of that name; 1: one reply after another)."""
 
     max_request_bytes: int = 64_000
     max_messages: int = 64
     max_message_chars: int = 8_000
     max_tokens: int = 512
+    max_num_seqs: int = 16
 
 
 #: the deepest JSON nesting a request may have (a chat request needs 3: object, messages list, message object)
@@ -229,7 +236,8 @@ def create_app(
     chat = engine if isinstance(engine, ChatEngine) else None
     completer = CompletionEngine(engine.model, engine.tokenizer)
     app = FastAPI(title=f"lapheads chat: {name}", docs_url=None, redoc_url=None)
-    model_lock = threading.Lock()
+    model_lock = threading.Lock()  # the batcher's steps and the legacy completions take turns on the model
+    batcher = Batcher(engine.model, limits.max_num_seqs, model_lock=model_lock) if chat is not None else None
 
     @app.middleware("http")
     async def check_api_key(request: Request, call_next):
@@ -332,23 +340,25 @@ def create_app(
             return refuse(400, " ".join(str(err).split()))
         return body, prompt
 
-    def first_piece(body: dict[str, Any], prompt: list[int], outcome: dict[str, Any], choice: int = 0):
-        """The reply's generator and its first piece (an error here is still a JSON error, before any byte); choice
-        i of ``n`` samples with seed + i; with logprobs, ``outcome["logprobs"]`` gains each sampled token's."""
+    def submit(body: dict[str, Any], prompt: list[int], outcome: dict[str, Any], choice: int = 0):
+        """The reply's pieces, decoded with the requests waiting beside it (the batcher); choice i of ``n`` samples
+        with seed + i; with logprobs, ``outcome["logprobs"]`` gains each token's. A prompt that does not fit is
+        refused here, before any work."""
         tokens = outcome.setdefault("logprobs", []) if body.get("logprobs") else None
-        pieces = chat.stream(prompt, body["max_tokens"], body["temperature"], body["top_k"] or None,
-                               seed=(body["seed"] + choice) % 2**63, outcome=outcome, top_p=body["top_p"],
-                               logprobs=tokens, top_logprobs=body.get("top_logprobs", 0))  # fmt: skip
-        with model_lock:
-            return pieces, next(pieces, None)
+        turn = chat.turn(prompt, body["max_tokens"], body["temperature"], body["top_k"] or None,
+                         seed=(body["seed"] + choice) % 2**63, top_p=body["top_p"], logprobs=tokens,
+                         top_logprobs=body.get("top_logprobs", 0))  # fmt: skip
+        return batcher.submit(turn, outcome)
+
+    def started(pieces):
+        """The pieces and the first of them (an error before it is still a JSON error, before any byte)."""
+        return pieces, next(pieces, None)
 
     def rest(pieces, first):
-        """The pieces after the first, one model step at a time under the lock (other requests interleave)."""
-        piece = first
-        while piece is not None:
-            yield piece
-            with model_lock:
-                piece = next(pieces, None)
+        """The pieces after the first, as the batcher decodes them."""
+        if first is not None:
+            yield first
+            yield from pieces
 
     @app.post("/chat/completions")
     async def complete(request: Request):
@@ -357,7 +367,7 @@ def create_app(
         if isinstance(checked, JSONResponse):
             return checked
         try:
-            pieces, first = first_piece(*checked, {})
+            pieces, first = await run_in_threadpool(lambda: started(submit(*checked, {})))
         except Exception as err:  # noqa: BLE001 - the client gets one line; the server keeps running
             return refuse(500, f"generation failed: {' '.join(str(err).split())[:200]}")
 
@@ -477,14 +487,13 @@ def create_app(
             return checked
         body, prompt = checked
         outcomes: list[dict[str, Any]] = [{} for _ in range(body["n"])]
-        try:  # the prompts' forwards off the event loop: /health and other requests answer meanwhile
-            started = await run_in_threadpool(
-                lambda: [first_piece(body, prompt, outcome, i) for i, outcome in enumerate(outcomes)]
-            )
+        try:  # every choice submitted first (decoded together), then each one's first piece, off the event loop
+            submitted = [submit(body, prompt, outcome, i) for i, outcome in enumerate(outcomes)]
+            begun = await run_in_threadpool(lambda: [started(pieces) for pieces in submitted])
         except Exception as err:  # noqa: BLE001
             return refuse_openai(500, f"generation failed: {' '.join(str(err).split())[:200]}")
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
-        texts = [until_stop(rest(*begun), body["stop"], outcome) for begun, outcome in zip(started, outcomes)]
+        texts = [until_stop(rest(*one), body["stop"], outcome) for one, outcome in zip(begun, outcomes)]
 
         def usage() -> dict[str, int]:
             done = sum(outcome.get("completion_tokens", 0) for outcome in outcomes)
@@ -533,6 +542,31 @@ def create_app(
         return StreamingResponse(events(), media_type="text/event-stream")
 
     return app
+
+
+@contextlib.contextmanager
+def served(app) -> Iterator[str]:
+    """``app`` on a free loopback port, in a thread (a notebook, a test, a benchmark); yields its base URL and stops
+    it on exit."""
+    import socket
+
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(300):
+        if server.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def serve(

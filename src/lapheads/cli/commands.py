@@ -175,11 +175,17 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from lapheads.apps.serve import ServeLimits, serve
 
-    if not 0 < args.port < 65536 or args.max_tokens < 1 or not 0 <= args.temperature <= 2 or not 0 <= args.top_k <= 200:
+    if (
+        not 0 < args.port < 65536
+        or args.max_tokens < 1
+        or not 0 <= args.temperature <= 2
+        or not 0 <= args.top_k <= 200
+        or args.max_num_seqs < 1
+    ):
         raise UserError(
             f"--port {args.port} --max-tokens {args.max_tokens} --temperature {args.temperature} --top-k "
-            f"{args.top_k}: allowed: a port in 1..65535, --max-tokens >= 1, temperature in [0, 2], "
-            "top-k in [0, 200]"
+            f"{args.top_k} --max-num-seqs {args.max_num_seqs}: allowed: a port in 1..65535, --max-tokens >= 1, "
+            "temperature in [0, 2], top-k in [0, 200], --max-num-seqs >= 1"
         )
     try:
         import fastapi  # noqa: F401
@@ -191,7 +197,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         device=args.device,
-        limits=ServeLimits(max_tokens=args.max_tokens, max_request_bytes=args.max_request_bytes),
+        limits=ServeLimits(
+            max_tokens=args.max_tokens, max_request_bytes=args.max_request_bytes, max_num_seqs=args.max_num_seqs
+        ),
         tools=not args.no_tools,
         temperature=args.temperature,
         top_k=args.top_k,

@@ -261,6 +261,12 @@ def _serve_command(sub) -> None:
     web.add_argument("--top-k", type=int, default=50, help="for requests that do not set it (0: all)")
     web.add_argument("--no-tools", action="store_true", help="do not run the calculator on tool calls")
     web.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=16,
+        help="chat replies decoded together at most (vLLM's option of that name; 1: one after another)",
+    )
+    web.add_argument(
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer KEY' on every route but / and /health (default: $LAPHEADS_API_KEY)",
