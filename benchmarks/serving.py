@@ -49,7 +49,8 @@ def _served_rate(model, clients: int, per_client: int, max_tokens: int, max_num_
     import httpx
 
     from lapheads.apps.chat import ChatEngine
-    from lapheads.apps.serve import ServeLimits, create_app, served
+    from lapheads.apps.serve import create_app, served
+    from lapheads.apps.serving import ServeLimits
 
     engine = ChatEngine(model, _tokenizer(), tools=False)
     app = create_app(engine, "bench", ServeLimits(max_tokens=max_tokens, max_num_seqs=max_num_seqs), 0.8)

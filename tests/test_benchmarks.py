@@ -210,8 +210,21 @@ def test_the_windows_benchmark_times_every_path_side_by_side(tmp_path):
 def test_the_serving_benchmark_times_requests_together_and_one_by_one(tmp_path):
     doc = tmp_path / "benchmarks.md"
     text = _load("serving").main(
-        ["--clients", "1", "3", "--depth", "1", "--max-tokens", "3", "--repeats", "1", "--requests-per-client", "1",
-         "--write", str(doc)]  # fmt: skip
+        [
+            "--clients",
+            "1",
+            "3",
+            "--depth",
+            "1",
+            "--max-tokens",
+            "3",
+            "--repeats",
+            "1",
+            "--requests-per-client",
+            "1",
+            "--write",
+            str(doc),
+        ]  # fmt: skip
     )
     engine, server = text.split("`lapheads serve`")
     rows = [line for line in engine.splitlines() if line.startswith(("| 1 | 3 |", "| 3 | 9 |"))]

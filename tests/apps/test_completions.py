@@ -10,7 +10,8 @@ import torch
 
 pytest.importorskip("fastapi")
 from lapheads.apps.completions import CompletionEngine  # noqa: E402
-from lapheads.apps.serve import ServeLimits, create_app  # noqa: E402
+from lapheads.apps.serve import create_app  # noqa: E402
+from lapheads.apps.serving import ServeLimits  # noqa: E402
 from lapheads.runs import load_gpt_run  # noqa: E402
 from lapheads.train.lm import train_lm  # noqa: E402
 from tests.conftest import served, tiny_lm  # noqa: E402

@@ -19,7 +19,8 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from lapheads.apps.chat import ChatEngine  # noqa: E402
-from lapheads.apps.serve import ServeLimits, create_app  # noqa: E402
+from lapheads.apps.serve import create_app  # noqa: E402
+from lapheads.apps.serving import ServeLimits  # noqa: E402
 from lapheads.data.conversations import render_for_completion  # noqa: E402
 from lapheads.runs import load_gpt_run  # noqa: E402
 from tests.conftest import served  # noqa: E402
@@ -428,7 +429,7 @@ def test_the_openai_client_gets_n_choices_stop_strings_top_p_text_parts_and_the_
 
 
 def test_stop_strings_hold_back_only_what_may_begin_one():
-    from lapheads.apps.serve import until_stop
+    from lapheads.apps.serving import until_stop
 
     outcome = {}
     assert list(until_stop(iter(["ab", "c<", "|e", "nd|>x"]), ["<|end|>"], outcome)) == ["ab", "c"]  # "<|e" held

@@ -200,7 +200,7 @@ def test_in_process_generation_ends_at_the_assistant_turn_as_the_server_does(sft
     while the server's chat engine stopped there. A 4-step SFT model rarely ends its turn by itself, so the sampler
     is wrapped to end it at the k-th token of each reply (the model's own greedy tokens before it): both paths give
     the same text, ended there."""
-    import lapheads.apps.chat as chat_module
+    import lapheads.apps.batching as chat_module  # where the chat engine samples a reply's tokens
     import lapheads.models.gpt as gpt_module
     from lapheads.apps.chat import ChatEngine
     from lapheads.data.conversations import render_for_completion

@@ -113,7 +113,8 @@ def server(sft_run):
     from fastapi.testclient import TestClient
 
     from lapheads.apps.chat import ChatEngine
-    from lapheads.apps.serve import ServeLimits, create_app
+    from lapheads.apps.serve import create_app
+    from lapheads.apps.serving import ServeLimits
     from lapheads.runs import load_gpt_run
 
     _, model, tokenizer = load_gpt_run(sft_run, "cpu")

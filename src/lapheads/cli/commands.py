@@ -173,7 +173,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from lapheads.apps.serve import ServeLimits, serve
+    from lapheads.apps.serve import serve
+    from lapheads.apps.serving import ServeLimits
 
     if (
         not 0 < args.port < 65536

@@ -66,17 +66,15 @@ class LMSource:
     )
 
 
-@dataclass(frozen=True)
-class LMEvalOptions(LMSource):
-    """``lapheads eval lm RUN_DIR|--nanochat DIR``: validation bits per byte and benchmarks."""
+def _benchmarks(default: str, names: str) -> str:
+    return option(default, f"comma list of {names} (--tasks: its 0.1 name, an alias for 0.1 only)", flags=("--tasks",))
 
-    benchmarks: str = option(
-        "val_bpb",
-        "comma list of val_bpb, arc_easy, arc_challenge, mmlu, gsm8k, humaneval (--tasks: its 0.1 name, an alias "
-        "for 0.1 only)",
-        flags=("--tasks",),
-    )
-    chat: bool = option(False, "wrap prompts in the chat tokens (SFT models)")
+
+@dataclass(frozen=True)
+class _BenchmarkOptions:
+    """What the LM and chat evaluations share: which benchmarks (each class its own list), their data and size."""
+
+    benchmarks: str = _benchmarks("", "benchmarks")
     data_dir: str | None = option(None, "local <task>.jsonl/.parquet files in the hub's schema", metavar="DIR")
     max_examples: int | None = option(None, "the first N items per task", POSITIVE, metavar="N")
     num_samples: int = option(1, "HumanEval samples per problem (pass@k)", at_least(1), metavar="N")
@@ -86,6 +84,14 @@ class LMEvalOptions(LMSource):
     @property
     def benchmark_names(self) -> list[str]:
         return _names(self.benchmarks)
+
+
+@dataclass(frozen=True)
+class LMEvalOptions(_BenchmarkOptions, LMSource):
+    """``lapheads eval lm RUN_DIR|--nanochat DIR``: validation bits per byte and benchmarks."""
+
+    benchmarks: str = _benchmarks("val_bpb", "val_bpb, arc_easy, arc_challenge, mmlu, gsm8k, humaneval")
+    chat: bool = option(False, "wrap prompts in the chat tokens (SFT models)")
 
 
 @dataclass(frozen=True)
@@ -128,26 +134,12 @@ class HarnessOptions(LMSource):
 
 
 @dataclass(frozen=True)
-class ChatEvalOptions:
+class ChatEvalOptions(_BenchmarkOptions):
     """``lapheads eval chat RUN_DIR``: a chat model's benchmarks, with or without its calculator."""
 
     run_dir: str = option("", "a mid or sft run directory")
-    benchmarks: str = option(
-        "arith,letters",
-        "comma list of arc_easy, arc_challenge, mmlu, gsm8k, humaneval, arith, letters (--tasks: its 0.1 name, an "
-        "alias for 0.1 only)",
-        flags=("--tasks",),
-    )
+    benchmarks: str = _benchmarks("arith,letters", "arc_easy, arc_challenge, mmlu, gsm8k, humaneval, arith, letters")
     no_tools: bool = option(False, "no calculator (the model's own outputs)")
-    data_dir: str | None = option(None, "local <task>.jsonl/.parquet files in the hub's schema", metavar="DIR")
-    max_examples: int | None = option(None, "the first N items per task", POSITIVE, metavar="N")
-    num_samples: int = option(1, "HumanEval samples per problem (pass@k)", at_least(1), metavar="N")
-    unsafe_code_execution: bool = option(False, _UNSAFE)
-    device: str = option("auto", _DEVICE)
-
-    @property
-    def benchmark_names(self) -> list[str]:
-        return _names(self.benchmarks)
 
 
 @dataclass(frozen=True)

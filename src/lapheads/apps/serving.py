@@ -1,0 +1,411 @@
+"""What ``lapheads serve``'s routes do, apart from HTTP (vLLM's serving layer): a chat request checked, its replies
+decoded together (the :class:`lapheads.apps.batching.Batcher`), completed or streamed with their log-probabilities
+and usage (:class:`ChatServing`), and the legacy completions with vLLM's tokenizer routes (:class:`CompletionServing`).
+Each is testable without the app; ``lapheads.apps.serve`` holds the guards (host, origin, size, key) and the routes.
+
+Design choices:
+
+* **Errors are values with a status**: a refusal is a :class:`Refusal` (HTTP status, one line, the OpenAI ``param``);
+  the route turns it into the endpoint's error shape (OpenAI's object under ``/v1``, one line elsewhere).
+* **Blocking work is named**: :meth:`ChatServing.start`, :meth:`ChatServing.completion` and
+  :meth:`CompletionServing.complete` wait on the model; the routes run them off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from lapheads.apps.batching import Batcher
+from lapheads.apps.chat import ChatEngine
+from lapheads.apps.completions import CompletionEngine, completion_request, tokenize
+from lapheads.apps.schema import MAX_CHOICES, MAX_TOP_LOGPROBS, ChatCompletionBody, RequestError, validated
+from lapheads.data.conversations import render_for_completion
+from lapheads.errors import LapheadsError
+
+__all__ = ["ChatServing", "CompletionServing", "Refusal", "ServeLimits", "until_stop"]
+
+
+@dataclass
+class ServeLimits:
+    """What one request may ask for, and how many chat replies are decoded together at most (``max_num_seqs``, as
+    vLLM's option of that name; 1: one reply after another)."""
+
+    max_request_bytes: int = 64_000
+    max_messages: int = 64
+    max_message_chars: int = 8_000
+    max_tokens: int = 512
+    max_num_seqs: int = 16
+
+
+#: the deepest JSON nesting a request may have (a chat request needs 3: object, messages list, message object)
+MAX_JSON_DEPTH = 16
+
+
+class Refusal(Exception):
+    """A request refused: its HTTP status, one line, and (OpenAI) the field at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(" ".join(message.split()))
+        self.status, self.param = status, param
+
+
+def _failed(err: Exception) -> Refusal:
+    """An error while generating, as the client's one line (the server keeps running)."""
+    return Refusal(500, f"generation failed: {' '.join(str(err).split())[:200]}")
+
+
+def _from_openai(body: Any) -> dict[str, Any]:
+    """An OpenAI chat-completions request (:class:`lapheads.apps.schema.ChatCompletionBody`) as this server's own
+    (the same checks follow); what it cannot do is refused by name, never silently ignored."""
+    request = validated(ChatCompletionBody, body).checked()
+    given = request.model_dump(exclude_none=True)
+    out = {"messages": _openai_messages(body["messages"])}
+    limit = given.get("max_completion_tokens", given.get("max_tokens"))
+    if limit is not None:
+        out["max_tokens"] = limit
+    for name in ("temperature", "top_k", "seed", "top_p", "n", "logprobs", "top_logprobs"):
+        if name in given:
+            out[name] = given[name]
+    stop = given.get("stop", [])
+    out["stop"] = [stop] if isinstance(stop, str) else stop
+    options = given.get("stream_options", {})
+    return {**out, "stream": given.get("stream", False), "include_usage": bool(options.get("include_usage"))}
+
+
+def _openai_messages(messages: Any) -> Any:
+    """OpenAI's message forms as this server's: ``developer`` is the newer name of ``system``, and ``content`` may be
+    a list of parts, whose text parts are joined (an image or audio part is refused by name)."""
+    if not isinstance(messages, list):
+        return messages
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return messages  # _check_request says what a message is
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                if kind != "text":
+                    raise RequestError(
+                        f"message {i} has a content part of type {kind!r}; allowed: text parts", param="messages"
+                    )
+                if not isinstance(part.get("text"), str):  # a number or a list in "text" was an HTTP 500
+                    raise RequestError(
+                        f"message {i} content part {j}: text {part.get('text')!r:.40}; allowed: a string",
+                        param="messages",
+                    )
+            content = "".join(part["text"] for part in content)
+        role = "system" if message.get("role") == "developer" else message.get("role")
+        out.append({**message, "role": role, "content": content})
+    return out
+
+
+def until_stop(pieces: Iterator[str], stops: list[str], outcome: dict[str, Any]) -> Iterator[str]:
+    """``pieces`` up to the first stop string (never shown; ``outcome["finish_reason"]`` becomes "stop"). A piece
+    that may begin a stop string is held back until the text after it decides."""
+    if not stops:
+        yield from pieces
+        return
+    held = ""
+    for piece in pieces:
+        held += piece
+        found = [held.index(stop) for stop in stops if stop in held]
+        if found:
+            if held[: min(found)]:
+                yield held[: min(found)]
+            outcome["finish_reason"] = "stop"
+            return
+        keep = max((k for stop in stops for k in range(1, len(stop)) if held.endswith(stop[:k])), default=0)
+        if len(held) > keep:
+            yield held[: len(held) - keep]
+            held = held[len(held) - keep :]
+    if held:
+        yield held
+
+
+def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: int) -> dict[str, Any]:
+    """The validated request, or a LapheadsError naming what is wrong."""
+    if not isinstance(body, dict):
+        raise LapheadsError('the request is not a JSON object; allowed: {"messages": [...]}')
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise LapheadsError("'messages' must be a non-empty list of {role, content}")
+    if len(messages) > limits.max_messages:
+        raise LapheadsError(f"{len(messages)} messages; allowed: at most {limits.max_messages}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant"):
+            raise LapheadsError(f"message {i} needs role system, user or assistant")
+        content = message.get("content")
+        if not isinstance(content, str) or not content.strip():
+            raise LapheadsError(f"message {i} has empty or non-text content; allowed: a non-empty string")
+        if len(content) > limits.max_message_chars:
+            raise LapheadsError(
+                f"message {i} has {len(content)} characters; allowed: at most {limits.max_message_chars}"
+            )
+    if messages[-1]["role"] != "user":
+        raise LapheadsError("the last message must be the user's")
+    options = {
+        "temperature": body.get("temperature", temperature),
+        "top_k": body.get("top_k", top_k),
+        "max_tokens": body.get("max_tokens", limits.max_tokens),
+        # no seed: a fresh one, so repeated requests sample afresh (as vLLM, llama.cpp and Ollama do)
+        "seed": body["seed"] if body.get("seed") is not None else secrets.randbelow(2**63),
+        "top_p": body.get("top_p", 1.0),
+        "n": body.get("n", 1),
+        "top_logprobs": body.get("top_logprobs", 0),
+    }
+    bounds = {
+        "temperature": (0.0, 2.0),
+        "top_k": (0, 200),
+        "max_tokens": (1, limits.max_tokens),
+        "seed": (0, 2**63 - 1),
+        "top_p": (0.0, 1.0),  # 0 itself excluded below: no token would be left
+        "n": (1, MAX_CHOICES),
+        "top_logprobs": (0, MAX_TOP_LOGPROBS),
+    }
+    for name, value in options.items():
+        low, high = bounds[name]
+        kind = (int, float) if name in ("temperature", "top_p") else int
+        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+            words = "an integer" if kind is int else "a number"
+            span = "(0, 1]" if name == "top_p" else f"[{low}, {high}]"
+            raise RequestError(f"{name} {value!r}; allowed: {words} in {span}", param=name)
+    if options["top_p"] == 0:
+        raise RequestError("top_p 0; allowed: a number in (0, 1]", param="top_p")
+    logprobs = body.get("logprobs", False)
+    if not isinstance(logprobs, bool) or (options["top_logprobs"] and not logprobs):
+        param = "logprobs" if not isinstance(logprobs, bool) else "top_logprobs"
+        raise RequestError(f"logprobs {logprobs!r} with top_logprobs {options['top_logprobs']}; allowed: logprobs true "
+                           "or false, top_logprobs only with logprobs true", param=param)  # fmt: skip
+    options["logprobs"] = logprobs
+    extra = {key: body.get(key) for key in ("stream", "include_usage")}
+    return {"messages": messages, **options, "stop": body.get("stop") or [], **extra}
+
+
+@dataclass
+class Reply:
+    """One choice being generated: its text after the stop strings (``pieces``) and ``outcome`` (completion_tokens,
+    finish_reason, logprobs)."""
+
+    pieces: Iterator[str]
+    outcome: dict[str, Any]
+
+
+@dataclass
+class ChatServing:
+    """Chat replies: a request checked (:meth:`check`), its choices decoded together (:meth:`start`), then one
+    chat.completion object (:meth:`completion`), OpenAI's chunks (:meth:`chunks`) or the page's events
+    (:meth:`page_events`)."""
+
+    engine: ChatEngine
+    batcher: Batcher
+    name: str
+    limits: ServeLimits
+    temperature: float = 0.6
+    top_k: int = 50
+
+    def check(self, body: Any, openai: bool) -> tuple[dict[str, Any], list[int]]:
+        """(the checked request, its rendered prompt); a :class:`Refusal` naming what is wrong."""
+        try:
+            if openai:
+                if isinstance(body, dict) and body.get("model") not in (None, self.name):
+                    raise Refusal(404, f"model {body.get('model')!r}; allowed: {self.name!r} (GET /v1/models)")
+                body = _from_openai(body)
+            request = _check_request(body, self.limits, self.temperature, self.top_k)
+            prompt = render_for_completion(self.engine.tokenizer, {"messages": request["messages"]})
+            limit = self.engine.model.config.sequence_len
+            if len(prompt) >= limit:
+                raise LapheadsError(
+                    f"the conversation has {len(prompt)} tokens; allowed: fewer than {limit} (start a new chat)"
+                )
+        except RecursionError:
+            raise Refusal(400, 'the request nests too deeply; allowed: {"messages": [{"role", "content"}]}') from None
+        except RequestError as err:
+            raise Refusal(400, str(err), err.param if openai else None) from None
+        except (LapheadsError, ValueError) as err:
+            raise Refusal(400, str(err)) from None
+        return request, prompt
+
+    def start(self, request: dict[str, Any], prompt: list[int]) -> list[Reply]:
+        """Every choice submitted (decoded together; choice i samples with seed + i), then each one's first piece
+        taken (blocking: an error before it is still a JSON error, before any byte)."""
+        outcomes: list[dict[str, Any]] = [{} for _ in range(request["n"])]
+        submitted = [self._submit(request, prompt, outcome, i) for i, outcome in enumerate(outcomes)]
+        try:
+            begun = [(pieces, next(pieces, None)) for pieces in submitted]
+        except Exception as err:  # noqa: BLE001 - the client gets one line
+            raise _failed(err) from None
+        return [
+            Reply(until_stop(_rest(*one), request["stop"], outcome), outcome) for one, outcome in zip(begun, outcomes)
+        ]
+
+    def _submit(self, request: dict[str, Any], prompt: list[int], outcome: dict[str, Any], choice: int):
+        tokens = outcome.setdefault("logprobs", []) if request.get("logprobs") else None
+        turn = self.engine.turn(prompt, request["max_tokens"], request["temperature"], request["top_k"] or None,
+                                seed=(request["seed"] + choice) % 2**63, top_p=request["top_p"], logprobs=tokens,
+                                top_logprobs=request.get("top_logprobs", 0))  # fmt: skip
+        return self.batcher.submit(turn, outcome)
+
+    def completion(self, prompt: list[int], replies: list[Reply]) -> dict[str, Any]:
+        """OpenAI's chat.completion object, once every reply is whole (blocking)."""
+        try:
+            texts = ["".join(reply.pieces) for reply in replies]
+        except Exception as err:  # noqa: BLE001
+            raise _failed(err) from None
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": self.token_logprobs(reply.outcome, 0, len(text)),
+                "finish_reason": reply.outcome.get("finish_reason", "stop"),
+            }
+            for i, (text, reply) in enumerate(zip(texts, replies))
+        ]
+        return {**self._head(), "object": "chat.completion", "choices": choices, "usage": _usage(prompt, replies)}
+
+    def chunks(self, request: dict[str, Any], prompt: list[int], replies: list[Reply]) -> Iterator[str]:
+        """OpenAI's chat.completion.chunk events, choice after choice, then the usage chunk (when asked) and
+        [DONE]; an error mid-stream ends it with OpenAI's error object."""
+        head = self._head()
+
+        def chunk(index: int, delta: dict[str, str], finish: str | None = None, logprobs=None) -> str:
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            return f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': [choice]})}\n\n"
+
+        for index, reply in enumerate(replies):
+            yield chunk(index, {"role": "assistant", "content": ""})
+            try:
+                shown, reported = 0, 0  # characters sent; tokens whose log-probabilities were sent
+                for piece in reply.pieces:
+                    shown += len(piece)
+                    logprobs = self.token_logprobs(reply.outcome, reported, shown)
+                    reported += len(logprobs["content"]) if logprobs else 0
+                    yield chunk(index, {"content": piece}, logprobs=logprobs)
+            except Exception as err:  # noqa: BLE001 - mid-stream: OpenAI's error object as the last event
+                yield f"data: {json.dumps({'error': {'message': str(_failed(err)), 'type': 'server_error'}})}\n\n"
+                return
+            yield chunk(index, {}, reply.outcome.get("finish_reason", "stop"))
+        if request["include_usage"]:  # OpenAI's usage chunk: no choices, after the last choice's
+            last = {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(prompt, replies)}
+            yield f"data: {json.dumps(last)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    @staticmethod
+    def page_events(reply: Reply) -> Iterator[str]:
+        """The web page's server-sent events: {"token"} ... {"done": true}, or {"error"} mid-stream."""
+        try:
+            for piece in reply.pieces:
+                yield f"data: {json.dumps({'token': piece})}\n\n"
+        except Exception as err:  # noqa: BLE001 - mid-stream: end the stream with an error event
+            yield f"data: {json.dumps({'error': str(_failed(err))})}\n\n"
+            return
+        yield f"data: {json.dumps({'done': True})}\n\n"
+
+    def token_logprobs(self, outcome: dict[str, Any], start: int, chars: int) -> dict[str, Any] | None:
+        """OpenAI's ``logprobs`` of the reply's tokens (sampled, and the calculator's forced ones the content shows)
+        from the ``start``-th on whose text lies within the reply's first ``chars`` characters (a stop string's
+        tokens are not reported); each token's text is the one the content shows; None without logprobs."""
+        if "logprobs" not in outcome:
+            return None
+
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            text = self.engine.shown(token)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        content, length = [], 0
+        for index, item in enumerate(outcome["logprobs"]):
+            length += len(self.engine.shown(item["id"]))
+            if length > chars:
+                break
+            if index >= start:  # a stream's earlier chunks carried the tokens before: counted, not built again
+                top = [entry(*t) for t in item["top"]]
+                content.append({**entry(item["id"], item["logprob"]), "top_logprobs": top})
+        return {"content": content}
+
+    def _head(self) -> dict[str, Any]:
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.name}
+
+
+def _rest(pieces: Iterator[str], first: str | None) -> Iterator[str]:
+    """The first piece, then the ones the batcher decodes after it."""
+    if first is not None:
+        yield first
+        yield from pieces
+
+
+def _usage(prompt: list[int], replies: list[Reply]) -> dict[str, int]:
+    done = sum(reply.outcome.get("completion_tokens", 0) for reply in replies)
+    return {"prompt_tokens": len(prompt), "completion_tokens": done, "total_tokens": len(prompt) + done}
+
+
+@dataclass
+class CompletionServing:
+    """OpenAI's legacy completions (:mod:`lapheads.apps.completions`) and vLLM's tokenizer routes, for any run."""
+
+    engine: CompletionEngine
+    name: str
+    limits: ServeLimits
+    temperature: float = 0.6
+    top_k: int = 50
+    model_lock: Any = field(default_factory=threading.Lock)  # shared with the chat batcher's steps
+
+    def complete(self, body: Any) -> dict[str, Any]:
+        """OpenAI's text_completion object (blocking: one completion at a time on the model, other requests
+        interleave between them); a :class:`Refusal` naming what is wrong."""
+        if isinstance(body, dict) and body.get("model") not in (None, self.name):
+            raise Refusal(404, f"model {body.get('model')!r}; allowed: {self.name!r} (GET /v1/models)")
+        tokenizer = self.engine.tokenizer
+        try:
+            checked = completion_request(
+                body, tokenizer, max_tokens=self.limits.max_tokens, temperature=self.temperature, top_k=self.top_k
+            )
+            self.engine.check_fits(checked)
+        except RequestError as err:
+            raise Refusal(400, str(err), err.param) from None
+        try:
+            outs = []
+            for prompt in checked.prompts:  # each prompt's n choices, prompt after prompt (OpenAI's order)
+                for choice in range(checked.n):
+                    with self.model_lock:
+                        outs.append(self.engine.complete(prompt, checked, choice))
+        except Exception as err:  # noqa: BLE001 - the client gets one line; the server keeps running
+            raise _failed(err) from None
+        done = sum(out.pop("completion_tokens") for out in outs)
+        asked = sum(len(prompt) for prompt in checked.prompts)  # once per prompt, whatever n (as OpenAI counts)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.name,
+            "choices": [{"index": i, **out} for i, out in enumerate(outs)],
+            "usage": {"prompt_tokens": asked, "completion_tokens": done, "total_tokens": asked + done},
+        }
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's tokenizer description (lm-eval's remote tokenizer reads it): BOS ends documents, as EOS does."""
+        bos = self.engine.tokenizer.bos
+        return {"eos_token": bos, "bos_token": bos, "pad_token": None,
+                "model_max_length": self.engine.model.config.sequence_len}  # fmt: skip
+
+    def tokenize(self, body: Any) -> dict[str, Any]:
+        """vLLM's ``/tokenize``: {"prompt", "add_special_tokens"} -> {"tokens", "count", "max_model_len"}."""
+        special = body.get("add_special_tokens", True) if isinstance(body, dict) else None
+        if not isinstance(body, dict) or not isinstance(body.get("prompt"), str) or not isinstance(special, bool):
+            raise Refusal(400, 'allowed: {"prompt": text, "add_special_tokens": true or false}', "prompt")
+        tokens = tokenize(self.engine.tokenizer, body["prompt"], special)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": self.engine.model.config.sequence_len}
+
+    def detokenize(self, body: Any) -> dict[str, Any]:
+        """vLLM's ``/detokenize``: {"tokens"} -> {"prompt"}."""
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        size = self.engine.tokenizer.vocab_size
+        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < size for t in tokens):
+            raise Refusal(400, f'allowed: {{"tokens": [ids in [0, {size - 1}]]}}', "tokens")
+        return {"prompt": self.engine.tokenizer.decode(tokens)}
