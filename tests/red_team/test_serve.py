@@ -38,9 +38,10 @@ def _serve_cases() -> list[Request]:
         Request("deep nesting in an object", b'{"a":' * 1_500 + b"1" + b"}" * 1_500, 400, "nests too deeply"),
         Request("30k brackets", b"[" * 30_000 + b"]" * 30_000, 413, "allowed: at most"),
         Request("a big body", {"messages": [{"role": "user", "content": "x" * 30_000}]}, 413, "allowed: at most"),
-        Request("no messages", {}, 400, "'messages' must be a non-empty list"),
-        Request("messages not a list", {"messages": "hi"}, 400, "'messages' must be a non-empty list"),
-        Request("messages an object", {"messages": {"role": "user"}}, 400, "'messages' must be a non-empty list"),
+        # the page's body is validated by its schema (lapheads.apps.schema.PageChatBody), as OpenAI's is
+        Request("no messages", {}, 400, "messages None; allowed: a non-empty list"),
+        Request("messages not a list", {"messages": "hi"}, 400, "messages 'hi'; allowed: a non-empty list"),
+        Request("messages an object", {"messages": {"role": "user"}}, 400, "allowed: a non-empty list"),
         Request("empty messages", {"messages": []}, 400, "'messages' must be a non-empty list"),
         Request("a message not an object", {"messages": [1]}, 400, "message 0 needs role"),
         Request("no role", {"messages": [{"content": "x"}]}, 400, "message 0 needs role"),
@@ -70,10 +71,10 @@ def _serve_cases() -> list[Request]:
             "start a new chat",
         ),
     ]
-    bad_options = {
-        "temperature": [-1, 2.5, "0.5", True, None, [0.5], {"v": 1}, 1e308],
-        "top_k": [2.5, -1, 201, "5", True, None, 1e9, [5]],
-        "max_tokens": [0, -1, 25, 2.5, "10", True, None, 10**20],
+    bad_options = {  # null is no bad value: it asks for the default, as in OpenAI's API
+        "temperature": [-1, 2.5, "0.5", True, [0.5], {"v": 1}, 1e308],
+        "top_k": [2.5, -1, 201, "5", True, 1e9, [5]],
+        "max_tokens": [0, -1, 25, 2.5, "10", True, 10**20],
     }
     for option, values in bad_options.items():
         for value in values:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lapheads.errors import LapheadsError
 
-__all__ = ["ChatCompletionBody", "CompletionBody", "RequestError", "validated"]
+__all__ = ["ChatCompletionBody", "CompletionBody", "PageChatBody", "RequestError", "validated"]
 
 #: the most choices (``n``) and stop strings one request may ask for: OpenAI's own limit on stop strings is 4, but
 #: lm-eval adds its end-of-text string to a task's ``until`` list (a humaneval-style task sends 6) and vLLM takes any
@@ -136,6 +136,17 @@ class ChatCompletionBody(_Sampling):
                 "stream_options",
             )
         return self
+
+
+class PageChatBody(_Sampling):
+    """``POST /chat/completions``: the web page's request (its conversation, and sampling as OpenAI's)."""
+
+    messages: list[Any] = Field(
+        description="a non-empty list of system / user / assistant turns, the last the user's; content a string"
+    )
+    max_tokens: Annotated[int, Field(ge=1)] | None = _field(
+        "an integer from 1 to the server's --max-tokens: the reply's length limit"
+    )
 
 
 class CompletionBody(_Sampling):

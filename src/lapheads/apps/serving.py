@@ -25,7 +25,7 @@ from typing import Any
 from lapheads.apps.batching import Batcher
 from lapheads.apps.chat import ChatEngine
 from lapheads.apps.completions import CompletionEngine, completion_request, tokenize
-from lapheads.apps.schema import MAX_CHOICES, MAX_TOP_LOGPROBS, ChatCompletionBody, RequestError, validated
+from lapheads.apps.schema import ChatCompletionBody, PageChatBody, RequestError, validated
 from lapheads.data.conversations import render_for_completion
 from lapheads.errors import LapheadsError
 
@@ -130,10 +130,10 @@ def until_stop(pieces: Iterator[str], stops: list[str], outcome: dict[str, Any])
         yield held
 
 
-def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: int) -> dict[str, Any]:
-    """The validated request, or a LapheadsError naming what is wrong."""
-    if not isinstance(body, dict):
-        raise LapheadsError('the request is not a JSON object; allowed: {"messages": [...]}')
+def _check_request(body: dict[str, Any], limits: ServeLimits, temperature: float, top_k: int) -> dict[str, Any]:
+    """A request the schema validated (each field's own bounds: :mod:`lapheads.apps.schema`), checked for what the
+    server and the conversation set (message count and size, roles, max_tokens) and completed with the defaults;
+    a LapheadsError naming what is wrong."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise LapheadsError("'messages' must be a non-empty list of {role, content}")
@@ -161,24 +161,10 @@ def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: in
         "n": body.get("n", 1),
         "top_logprobs": body.get("top_logprobs", 0),
     }
-    bounds = {
-        "temperature": (0.0, 2.0),
-        "top_k": (0, 200),
-        "max_tokens": (1, limits.max_tokens),
-        "seed": (0, 2**63 - 1),
-        "top_p": (0.0, 1.0),  # 0 itself excluded below: no token would be left
-        "n": (1, MAX_CHOICES),
-        "top_logprobs": (0, MAX_TOP_LOGPROBS),
-    }
-    for name, value in options.items():
-        low, high = bounds[name]
-        kind = (int, float) if name in ("temperature", "top_p") else int
-        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
-            words = "an integer" if kind is int else "a number"
-            span = "(0, 1]" if name == "top_p" else f"[{low}, {high}]"
-            raise RequestError(f"{name} {value!r}; allowed: {words} in {span}", param=name)
-    if options["top_p"] == 0:
-        raise RequestError("top_p 0; allowed: a number in (0, 1]", param="top_p")
+    if not 1 <= options["max_tokens"] <= limits.max_tokens:  # the server's bound; the schema checked the rest
+        raise RequestError(
+            f"max_tokens {options['max_tokens']!r}; allowed: an integer in [1, {limits.max_tokens}]", "max_tokens"
+        )
     logprobs = body.get("logprobs", False)
     if not isinstance(logprobs, bool) or (options["top_logprobs"] and not logprobs):
         param = "logprobs" if not isinstance(logprobs, bool) else "top_logprobs"
@@ -186,7 +172,8 @@ def _check_request(body: Any, limits: ServeLimits, temperature: float, top_k: in
                            "or false, top_logprobs only with logprobs true", param=param)  # fmt: skip
     options["logprobs"] = logprobs
     extra = {key: body.get(key) for key in ("stream", "include_usage")}
-    return {"messages": messages, **options, "stop": body.get("stop") or [], **extra}
+    stop = body.get("stop") or []
+    return {"messages": messages, **options, "stop": [stop] if isinstance(stop, str) else stop, **extra}
 
 
 @dataclass
@@ -218,6 +205,8 @@ class ChatServing:
                 if isinstance(body, dict) and body.get("model") not in (None, self.name):
                     raise Refusal(404, f"model {body.get('model')!r}; allowed: {self.name!r} (GET /v1/models)")
                 body = _from_openai(body)
+            else:
+                body = validated(PageChatBody, body).model_dump(exclude_none=True)
             request = _check_request(body, self.limits, self.temperature, self.top_k)
             prompt = render_for_completion(self.engine.tokenizer, {"messages": request["messages"]})
             limit = self.engine.model.config.sequence_len
