@@ -21,17 +21,19 @@ Design choices:
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from lapheads.apps.batching import Generated, Generation, generate_together
 from lapheads.apps.schema import CompletionBody, RequestError, validated
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.errors import LapheadsError
-from lapheads.models.gpt import GPT, sample_token
+from lapheads.models.gpt import GPT
 
-__all__ = ["CompletionEngine", "CompletionRequest", "completion_request", "tokenize"]
+__all__ = ["CompletionEngine", "CompletionJob", "CompletionRequest", "completion_request", "tokenize"]
 
 
 @dataclass(frozen=True)
@@ -135,51 +137,80 @@ class CompletionEngine:
                     "prompt",
                 )
 
-    @torch.no_grad()
-    def complete(self, prompt: list[int], request: CompletionRequest, choice: int) -> dict[str, Any]:
-        """One choice: {"text", "logprobs" (legacy shape or None), "finish_reason", "completion_tokens"}; the prompt
-        fits (:meth:`check_fits`)."""
-        model, tok, limit = self.model, self.tokenizer, self.model.config.sequence_len
+    def job(self, prompt: list[int], request: CompletionRequest, choice: int) -> CompletionJob:
+        """One choice to decode (alone: :meth:`complete`; with others: the server's batcher); the prompt fits
+        (:meth:`check_fits`). With ``echo``, the prompt's own log-probabilities come from one forward here."""
+        tok = self.tokenizer
         ids = prompt if prompt[0] == tok.bos_id else [tok.bos_id, *prompt]
-        device = model.lm_head.weight.device
-        generator = torch.Generator(device).manual_seed((request.seed + choice) % 2**63)
-        cache = model.new_kv_cache(1, limit)
-        logits = model(torch.tensor([ids], device=device), kv_cache=cache)[0].float()
-        entries: list[tuple[int, float | None, dict[str, float]]] = []  # (token, logprob, alternatives)
+        generation = Generation(tuple(ids), request.max_tokens, request.temperature, request.top_k or None,
+                                request.top_p, (request.seed + choice) % 2**63, frozenset({tok.bos_id}))  # fmt: skip
+        job = CompletionJob(self, generation, request, prompt)
         if request.echo:
-            skipped = len(ids) - len(prompt)  # the BOS lapheads put in front: not the user's, not reported
-            for position in range(skipped, len(ids)):
-                if position == 0:  # the prompt's own BOS: nothing before it
-                    entries.append((ids[0], None, {}))
-                    continue
-                logp = logits[position - 1].log_softmax(-1)
-                entries.append((ids[position], *self._entry(logp, ids[position], request.logprobs or 0)))
-        completion: list[int] = []
-        finish, last = "length", logits[-1]
-        while len(completion) < request.max_tokens and cache.pos < limit:
-            token = int(sample_token(last[None], request.temperature, request.top_k or None, generator, request.top_p))
-            if token == tok.bos_id:  # the model ended the document
-                finish = "stop"
-                break
-            entries.append((token, *self._entry(last.log_softmax(-1), token, request.logprobs or 0)))
-            completion.append(token)
-            text = tok.decode(completion)
-            if any(stop in text for stop in request.stop):
-                finish = "stop"
-                break
-            if cache.pos >= limit:
-                break
-            last = model(torch.tensor([[token]], device=device), kv_cache=cache)[0, -1].float()
-        prompt_text = tok.decode(prompt) if request.echo else ""
-        text = tok.decode(completion)
+            job.entries = self._prompt_entries(ids, len(ids) - len(prompt), request.logprobs or 0)
+        return job
+
+    def complete(self, prompt: list[int], request: CompletionRequest, choice: int) -> dict[str, Any]:
+        """One choice, decoded alone: {"text", "logprobs" (legacy shape or None), "finish_reason",
+        "completion_tokens"}."""
+        job = self.job(prompt, request, choice)
+        if request.max_tokens > 0:
+            job.finish(generate_together(self.model, [job.generation], job.on_token)[0])
+        return job.result()
+
+    @torch.no_grad()
+    def _prompt_entries(self, ids: list[int], skipped: int, alternatives: int) -> list[tuple]:
+        """(token, logprob, alternatives) of each prompt token the user sent (not the BOS lapheads put in front);
+        the prompt's own BOS has nothing before it."""
+        device = self.model.lm_head.weight.device
+        logits = self.model(torch.tensor([ids], device=device))[0].float()
+        entries: list[tuple] = []
+        for position in range(skipped, len(ids)):
+            if position == 0:
+                entries.append((ids[0], None, {}))
+                continue
+            logp = logits[position - 1].log_softmax(-1)
+            entries.append((ids[position], *self._entry(logp, ids[position], alternatives)))
+        return entries
+
+
+@dataclass
+class CompletionJob:
+    """One completion choice being decoded: its tokens (``reply``), their log-probabilities, and what ends it (BOS
+    from the model, a stop string in the text, its length); :meth:`result` is the choice in OpenAI's shape."""
+
+    engine: CompletionEngine
+    generation: Generation
+    request: CompletionRequest
+    prompt: list[int]
+    reply: list[int] = field(default_factory=list)
+    entries: list[tuple] = field(default_factory=list)  # (token, logprob, alternatives), the echoed prompt's first
+    finish_reason: str = "length"
+
+    def on_token(self, index: int, token: int, logits: torch.Tensor) -> bool:
+        """Record the token; False (end here) once the text holds a stop string."""
+        self.entries.append((token, *self.engine._entry(logits.log_softmax(-1), token, self.request.logprobs or 0)))
+        self.reply.append(token)
+        text = self.engine.tokenizer.decode(self.reply)
+        return not any(stop in text for stop in self.request.stop)
+
+    def pieces(self) -> Iterator[str]:
+        return iter(())  # not streamed: the whole choice at the end
+
+    def finish(self, generated: Generated) -> None:
+        self.finish_reason = generated.finish_reason
+
+    def result(self) -> dict[str, Any]:
+        tok, request = self.engine.tokenizer, self.request
+        prompt_text = tok.decode(self.prompt) if request.echo else ""
+        text = tok.decode(self.reply)
         cut = min([text.index(s) for s in request.stop if s in text] or [len(text)])
         full = prompt_text + text[:cut]
         reported = len(full) if cut < len(text) else None  # a stop string's tokens are not reported
         return {
             "text": full,
-            "logprobs": None if request.logprobs is None else _legacy_logprobs(tok, entries, reported),
-            "finish_reason": finish,
-            "completion_tokens": len(completion),
+            "logprobs": None if request.logprobs is None else _legacy_logprobs(tok, self.entries, reported),
+            "finish_reason": self.finish_reason,
+            "completion_tokens": len(self.reply),
         }
 
 

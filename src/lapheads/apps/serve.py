@@ -11,10 +11,10 @@ Design choices:
   ``data: {"done": true}``); ``GET /health`` says which run is served.
 * **Stateless, so conversations cannot mix**: the browser keeps its conversation and sends it each turn; every
   reply is its own row of the batch's KV cache, its padding kept apart (``lapheads.apps.batching``).
-* **Replies decoded together**: chat replies that arrive together (every choice of ``n`` too) are decoded as one
-  batch by one worker, one forward per step for all of them, each with its own sampling and seed (the same text as
-  alone); a reply sent while a batch runs starts with the next batch. The legacy completions take turns with the
-  batch's steps on one lock around the model.
+* **Replies decoded together**: chat replies and legacy completions that arrive together (every choice of ``n``
+  and every prompt of a list too) are decoded as one batch by one worker, one forward per step for all of them,
+  each with its own sampling and seed (the same text as alone); one sent while a batch runs starts with the next
+  batch. An echoed prompt's own forward takes its turn between the batch's steps.
 * **Limits before any work**: loopback by default (a warning when bound beyond it), a request body of at most
   ``max_request_bytes`` counted as it streams in (chunked bodies too), JSON only (``Content-Type:
   application/json``, so a web page cannot POST a form or text/plain), a Host header naming this server (DNS
@@ -158,13 +158,11 @@ def create_app(
         api_key: the key every route but ``/`` and ``/health`` wants as ``Authorization: Bearer KEY`` (None: none).
     """
     limits = limits or ServeLimits()
-    lock = threading.Lock()  # the chat batcher's steps and the legacy completions take turns on the model
-    completions = CompletionServing(CompletionEngine(engine.model, engine.tokenizer), name, limits, temperature,
-                                    top_k, lock)  # fmt: skip
-    chats = None
-    if isinstance(engine, ChatEngine):
-        chats = ChatServing(engine, Batcher(engine.model, limits.max_num_seqs, model_lock=lock), name, limits,
-                            temperature, top_k)  # fmt: skip
+    lock = threading.Lock()  # the batcher's steps, and an echoed prompt's forward between them
+    batcher = Batcher(engine.model, limits.max_num_seqs, model_lock=lock)
+    completions = CompletionServing(CompletionEngine(engine.model, engine.tokenizer), batcher, name, limits,
+                                    temperature, top_k, lock)  # fmt: skip
+    chats = ChatServing(engine, batcher, name, limits, temperature, top_k) if isinstance(engine, ChatEngine) else None
     app = FastAPI(title=f"lapheads chat: {name}", docs_url=None, redoc_url=None)
     app.add_exception_handler(StarletteHTTPException, _unknown_route)
     app.add_exception_handler(Refusal, _refusal)

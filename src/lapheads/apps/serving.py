@@ -339,15 +339,16 @@ class CompletionServing:
     """OpenAI's legacy completions (:mod:`lapheads.apps.completions`) and vLLM's tokenizer routes, for any run."""
 
     engine: CompletionEngine
+    batcher: Batcher
     name: str
     limits: ServeLimits
     temperature: float = 0.6
     top_k: int = 50
-    model_lock: Any = field(default_factory=threading.Lock)  # shared with the chat batcher's steps
+    model_lock: Any = field(default_factory=threading.Lock)  # the batcher's: an echoed prompt's forward between steps
 
     def complete(self, body: Any) -> dict[str, Any]:
-        """OpenAI's text_completion object (blocking: one completion at a time on the model, other requests
-        interleave between them); a :class:`Refusal` naming what is wrong."""
+        """OpenAI's text_completion object (blocking: every choice of every prompt decoded together, with the
+        requests waiting beside them); a :class:`Refusal` naming what is wrong."""
         if isinstance(body, dict) and body.get("model") not in (None, self.name):
             raise Refusal(404, f"model {body.get('model')!r}; allowed: {self.name!r} (GET /v1/models)")
         tokenizer = self.engine.tokenizer
@@ -359,11 +360,14 @@ class CompletionServing:
         except RequestError as err:
             raise Refusal(400, str(err), err.param) from None
         try:
-            outs = []
-            for prompt in checked.prompts:  # each prompt's n choices, prompt after prompt (OpenAI's order)
-                for choice in range(checked.n):
-                    with self.model_lock:
-                        outs.append(self.engine.complete(prompt, checked, choice))
+            with self.model_lock:  # each prompt's n choices, prompt after prompt (OpenAI's order)
+                jobs = [self.engine.job(prompt, checked, choice) for prompt in checked.prompts
+                        for choice in range(checked.n)]  # fmt: skip
+            readers = [self.batcher.submit(job) for job in jobs if job.generation.max_tokens > 0]
+            for reader in readers:  # to its end: the jobs hold their tokens
+                for _ in reader:
+                    pass
+            outs = [job.result() for job in jobs]
         except Exception as err:  # noqa: BLE001 - the client gets one line; the server keeps running
             raise _failed(err) from None
         done = sum(out.pop("completion_tokens") for out in outs)
