@@ -440,8 +440,33 @@ def test_eager_on_a_laplacian_config_is_lapheads_textbook_path_with_maps_and_gen
     assert torch.equal(model.generate(prompt, cache_implementation="static", **kwargs), dynamic)
     model.set_attn_implementation("lapheads")
     assert torch.equal(model.generate(prompt, **kwargs), dynamic)  # the fused path generates the same tokens
-    with pytest.raises(InputError, match="allowed: 'lapheads', or 'eager'"):
+    with pytest.raises(InputError, match="allowed: 'lapheads', 'eager'"):
         model.set_attn_implementation("sdpa")
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_flex_attention_on_a_laplacian_config_runs_the_same_heads_through_transformers_block_masks(name):
+    """Issue 75: attn_implementation="flex_attention" on a Laplacian config is lapheads' heads with transformers'
+    FlexAttention masks (BlockMasks: causal, Mistral's sliding window), FlexAttention running them where there is
+    no cache (T = 150 > one chunk); the same logits as "lapheads" (SDPA's masks), and the same greedy tokens under
+    a dynamic and a static cache."""
+    big = dict(SMALL, max_position_embeddings=256)
+    if name == "mistral":
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(**big, sliding_window=40))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**big))
+    model = lhf.enable(model.eval(), 2)
+    torch.manual_seed(4)
+    ids = torch.randint(0, 100, (2, 150))
+    prompt, kwargs = ids[:1, :20], dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        sdpa = model(ids).logits
+        dynamic = model.generate(prompt, **kwargs)
+        model.set_attn_implementation("flex_attention")
+        assert model.config._attn_implementation == lhf.FLEX_NAME
+        torch.testing.assert_close(model(ids).logits, sdpa, rtol=1e-4, atol=1e-4)
+        assert torch.equal(model.generate(prompt, **kwargs), dynamic)
+        assert torch.equal(model.generate(prompt, cache_implementation="static", **kwargs), dynamic)
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -17,6 +17,9 @@ Design choices:
   query may attend to, which is the last T keys of a dynamic cache and the filled slots of a static one (the op's
   ``identity="filled"``, computed on the device). Without a mask the queries are the last keys or, for an empty
   static cache's prefill, the first ones, where the keys are cut to the queries as transformers' SDPA path does.
+* **FlexAttention masks too**: ``"flex_attention"`` on a Laplacian config is ``"lapheads_flex"``, the same function
+  with transformers' BlockMasks (sliding windows and padding without a T x S tensor); without a cache the op runs
+  them through FlexAttention (``lapheads.core.masks``), under one each query's own key is read off the mask.
 * **Heads live in the config**: ``enable`` writes ``config.laplacian_heads`` (one bool list per layer, from the one
   spec parser) and ``config.attn_implementation = "lapheads"``, and keeps each layer's mask as a non-persistent
   buffer; :func:`from_pretrained` refuses any other implementation.
@@ -54,6 +57,7 @@ from lapheads.core.attention import laplacian_attention, laplacian_attention_ref
 from lapheads.core.convert import INITS, BlendSchedule, init_heads, set_blend
 from lapheads.core.convert import attention_modules as _named_attention_modules
 from lapheads.core.heads import HeadSpecError, LayerHeads, parse_heads
+from lapheads.core.masks import is_pattern, tensor_mask
 from lapheads.errors import InputError
 
 __all__ = ["BlendSchedule", "NAME", "attention_modules", "enable", "from_pretrained", "register", "set_blend"]
@@ -62,6 +66,9 @@ NAME = "lapheads"
 #: what "eager" means on a config with Laplacian heads: the textbook path (P materialised, attention maps returned),
 #: the same heads; transformers' own eager would silently run ordinary ones
 EAGER_NAME = "lapheads_eager"
+#: the same heads with transformers' FlexAttention masks (BlockMasks, no (T, S) mask tensor): the op runs them through
+#: FlexAttention (lapheads.core.masks), as ``attn_implementation="flex_attention"`` does plain heads
+FLEX_NAME = "lapheads_flex"
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -179,6 +186,11 @@ def lapheads_attention(
     spec = 0 if heads is None else heads.for_op(module.laplacian_mask.to(query.device))
     mix = (module.mix_a, module.mix_b) if heads is not None and "mix" in heads.kinds else None
     identity = "filled" if attention_mask is not None else "aligned"
+    if attention_mask is not None and is_pattern(attention_mask):  # "flex_attention": transformers' BlockMask
+        if key.shape[2] == t:  # no cache: the queries are the keys; FlexAttention runs the mask (lapheads.core.masks)
+            identity = "aligned"
+        else:  # under a cache (dynamic or static) each query's own key is read off the mask, as for SDPA's masks
+            attention_mask = tensor_mask(attention_mask, query.shape[0], t, key.shape[2], query.device)
     options = dict(
         attn_mask=attention_mask,
         is_causal=causal,
@@ -210,13 +222,15 @@ def register() -> None:
     architectures only lapheads resolves, and each ``lapheads_<type>`` read is taught to transformers' Auto classes
     (module docstring)."""
     from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface, flex_attention_mask, sdpa_mask
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     AttentionInterface.register(NAME, lapheads_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
     AttentionInterface.register(EAGER_NAME, _textbook_attention)
     AttentionMaskInterface.register(EAGER_NAME, sdpa_mask)
+    AttentionInterface.register(FLEX_NAME, lapheads_attention)
+    AttentionMaskInterface.register(FLEX_NAME, flex_attention_mask)
     check = getattr(PreTrainedModel, "_check_and_adjust_attn_implementation", None)
     if check is None:  # a transformers without the hook: say so rather than fail the import
         import warnings
@@ -351,11 +365,14 @@ def _keep_laplacian_heads(check):
         if _has_laplacian_heads(getattr(self, "config", None)):
             if attn_implementation in ("eager", EAGER_NAME):  # the same heads on the textbook path, P returned
                 return check(self, EAGER_NAME, *args, **kwargs)
+            if attn_implementation in ("flex_attention", FLEX_NAME):  # the same heads through FlexAttention
+                return check(self, FLEX_NAME, *args, **kwargs)
             if attn_implementation not in (None, NAME):
                 raise InputError(
                     f"attn_implementation={attn_implementation!r} on a model whose config has Laplacian heads would "
-                    f"run plain attention and drop them; allowed: {NAME!r}, or 'eager' (lapheads' textbook path, "
-                    "attention maps returned), or none (it is chosen)"
+                    f"run plain attention and drop them; allowed: {NAME!r}, 'eager' (lapheads' textbook path, "
+                    "attention maps returned), 'flex_attention' (lapheads' heads through FlexAttention), or none (it "
+                    "is chosen)"
                 )
             attn_implementation = NAME
         return check(self, attn_implementation, *args, **kwargs)
