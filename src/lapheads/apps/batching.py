@@ -6,7 +6,9 @@ Design choices:
 * **Left padding kept apart by document ids.** Prompts of different lengths are padded on the left; the padding is
   document 0 and each request's tokens document 1 (``GPT.forward(document_ids=...)``, an id for every key under the
   KV cache), so attention and the smear never cross; rotary positions are relative, so each request's logits are
-  the ones it has alone, to float rounding.
+  the ones it has alone, to float rounding. Where no prompt is padded (one request, equal lengths) there are no
+  ids: plain causal attention. (A padded prefill longer than one chunk runs compiled FlexAttention on the CPU:
+  compiled once for the first length, once more for dynamic lengths, per process.)
 * **Each request samples as it would alone**: its own ``torch.Generator`` seeded with its seed, drawing from its own
   row of logits with its own temperature, top-k and top-p (``sample_token``): the same tokens for the same seed.
 * **Finished requests leave the batch**: their rows are dropped from the KV cache (``KVCache.keep``), so the step
@@ -144,6 +146,8 @@ def _decode(
         ids[row, width - len(request.prompt) :] = torch.tensor(request.prompt, device=device)
         documents[row, width - len(request.prompt) :] = 1
     generators = [torch.Generator(device).manual_seed(r.seed % 2**63) for r in requests]
+    if all(len(r.prompt) == width for r in requests):
+        documents = None  # no padding to keep apart: plain causal attention (one request alone, equal prompts)
     cache = model.new_kv_cache(len(requests), limit)
     with torch.no_grad():
         logits = model(ids, kv_cache=cache, document_ids=documents)[:, -1].float()
@@ -183,9 +187,10 @@ def _decode(
         if len(kept) < len(live):  # finished requests leave the batch
             rows = torch.tensor(kept, device=device)
             cache.keep(rows)
-            documents = documents[rows]
+            documents = documents[rows] if documents is not None else None
             live = [live[p] for p in kept]
-        documents = torch.cat([documents, torch.ones(len(live), 1, dtype=torch.long, device=device)], dim=1)
+        if documents is not None:
+            documents = torch.cat([documents, torch.ones(len(live), 1, dtype=torch.long, device=device)], dim=1)
         step = torch.tensor(fed, device=device)[:, None]
         with torch.no_grad():
             logits = model(step, kv_cache=cache, document_ids=documents)[:, -1].float()
