@@ -21,7 +21,15 @@ def plot_steps(panels: dict[str, dict[str, list[dict]]], path: Path, ylabel: str
     color = {spec: f"C{i}" for i, spec in enumerate(specs)}  # one colour per spec in every panel
     with panel_grid(path, len(panels), cols=2, size=(5.0, 3.4)) as axes:
         for ax, (title, rows_by_spec) in zip(axes, panels.items()):
+            if not any(rows_by_spec.values()):  # nothing measured here: say so, no empty axes or legend
+                ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="gray")
+                ax.set_xticks([])
+                ax.set_yticks([])
+                ax.set_title(title, fontsize=9)
+                continue
             for spec, rows in rows_by_spec.items():
+                if not rows:  # a spec without points gets no legend entry
+                    continue
                 steps = [r["step"] for r in rows]
                 means = [r["mean_difference"] for r in rows]
                 ax.plot(steps, means, marker="o", color=color[spec], label=legend(spec))
