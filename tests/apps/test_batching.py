@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -92,3 +94,35 @@ def test_forced_tokens_are_fed_one_per_step_and_reported_as_alone():
     assert out[0].tokens == first.tokens and out[0].tokens[2:5] == [30, 31, 32] and len(out[0].tokens) == 5
     assert out[1].tokens == _alone(model, requests[1])
     assert [t for i, t in together if i == 0] == out[0].tokens  # every token reported, forced ones included
+
+
+def test_a_reader_that_stops_reading_ends_its_job_and_the_next_batch_runs():
+    """The server's Batcher: a client that stops at a stop string (or disconnects) closes its pieces; its job ends
+    at its next token instead of decoding to its max_tokens; the worker then takes the next batch."""
+    from lapheads.apps.batching import Batcher
+
+    model = _random_weights(GPT(GPTConfig(**EVERY_OPTION)))
+
+    class Job:  # one text piece per token, as a chat turn's
+        def __init__(self, n: int) -> None:
+            self.generation, self.reply, self.sent = Generation((1, 2, 3), n), [], 0
+
+        def on_token(self, index, token, logits):
+            time.sleep(0.01)  # a step slower than the reader's close: the test cannot race past it
+            self.reply.append(token)
+
+        def pieces(self):
+            new, self.sent = len(self.reply) - self.sent, len(self.reply)
+            return iter(["x"] * new)
+
+        def finish(self, generated):
+            self.finished = generated.finish_reason
+
+    batcher = Batcher(model, gather_s=0.0)
+    left, outcome = Job(25), {}
+    pieces = batcher.submit(left, outcome)
+    assert next(pieces) == "x"
+    pieces.close()  # the reader leaves
+    after = Job(3)
+    assert "".join(batcher.submit(after)) == "xxx"  # the next batch ran to its end
+    assert left.finished == "stop" and len(left.reply) < 25
