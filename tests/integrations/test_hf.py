@@ -13,7 +13,6 @@ import torch
 transformers = pytest.importorskip("transformers")
 import lapheads.integrations.hf as lhf  # noqa: E402
 from lapheads.core.convert import attention_modules  # noqa: E402
-from lapheads.core.heads import HeadSpecError  # noqa: E402
 from lapheads.errors import InputError  # noqa: E402
 
 #: the small decoder both Llama and Mistral are built at (GQA: 4 query heads over 2 key/value heads)
@@ -411,9 +410,33 @@ def test_head_kinds_run_in_a_hugging_face_model_and_mix_heads_round_trip(tmp_pat
     assert {p.dtype for p in reloaded.parameters()} == {torch.float16}
 
 
-def test_head_kinds_a_hugging_face_model_cannot_run_are_refused_in_one_line():
-    with pytest.raises(HeadSpecError, match="kind 'local' needs the layer's input tokens"):
-        lhf.enable(_build("llama"), "local:2")
+def test_local_and_untied_heads_run_generate_save_and_reload_in_a_hugging_face_model(tmp_path):
+    """Issue 73: every head kind in transformers too. "untied" heads start as exactly the Laplacian heads (W_V',
+    W_O' copies of their head's, its key/value head's under GQA); "local" heads start as ordinary ones (W_O' zero),
+    their term then trained; a saved model reloads with the same logits and generates the same tokens."""
+    plain = _build("llama")
+    torch.manual_seed(5)
+    ids = torch.randint(0, 100, (2, 12))
+    laplacian = _run(lhf.enable(copy.deepcopy(plain), 2), "llama")
+    untied = lhf.enable(copy.deepcopy(plain), "untied:2")
+    torch.testing.assert_close(_run(untied, "llama"), laplacian, rtol=1e-5, atol=1e-5)
+    local = lhf.enable(copy.deepcopy(plain), "local:1+laplacian:1")
+    start = _run(local, "llama")  # the local head ordinary at the start
+    torch.testing.assert_close(start, _run(lhf.enable(copy.deepcopy(plain), 1), "llama"), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        local.model.layers[0].self_attn.local_o.weight.normal_(0, 0.1)  # a term trained away from zero
+        untied.model.layers[1].self_attn.untied_o.mul_(0.5)  # the tie released
+    for model, name in ((local, "local"), (untied, "untied")):
+        before = _run(model, "llama")
+        generated = model.generate(ids[:1, :5], max_new_tokens=6, do_sample=False, pad_token_id=0)
+        model.save_pretrained(tmp_path / name)
+        loaded = lhf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path / name)
+        torch.testing.assert_close(_run(loaded, "llama"), before, rtol=0, atol=1e-6)
+        assert torch.equal(loaded.generate(ids[:1, :5], max_new_tokens=6, do_sample=False, pad_token_id=0), generated)
+    assert (_run(local, "llama") - start).abs().max() > 1e-4  # the trained local term shows
+
+
+def test_a_head_kind_conversion_that_is_not_a_switch_is_refused_in_one_line():
     with pytest.raises(InputError, match="init='blend' converts Laplacian heads only"):
         lhf.enable(_build("llama"), "negated:2", init="blend")
 

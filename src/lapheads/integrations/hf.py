@@ -32,10 +32,11 @@ Design choices:
   Not covered: a family's class called by name without lapheads (``LlamaForCausalLM.from_pretrained``) only warns
   ("a model of type lapheads_llama ... not supported"); without an ``attn_implementation`` it then fails on the
   unknown "lapheads", with one it loads plain attention after that warning.
-* **Head kinds** (negated, centring, mix) through the same op: ``config.laplacian_head_kinds`` per layer; a mix
-  head's (a, b) are ``mix_a`` / ``mix_b`` parameters of its attention module (ordinary at the start), saved with the
-  model and restored by :func:`from_pretrained`. "local" heads need the layer's input tokens, which the attention
-  interface does not see: refused in one line.
+* **Head kinds**, every one, through the same op: ``config.laplacian_head_kinds`` per layer; a mix head's (a, b)
+  are ``mix_a`` / ``mix_b`` parameters of its attention module (ordinary at the start); "local" and "untied" heads
+  add their token-local term W_O' W_V' x, which needs the layer's input (the attention interface never sees it), by
+  a forward hook on the module (:func:`_add_local_terms`; Llama-style ``v_proj`` / ``o_proj``). Their parameters
+  are saved with the model and restored by :func:`from_pretrained`.
 * **Converting a pretrained model**: ``init="switch"`` turns the heads Laplacian as they are (their output
   changes); ``"signflip"`` also negates those heads' columns of the output projection, so the P V term is exact and
   only -W_O V is added; ``"blend"`` starts at lambda = 0, exactly the pretrained function, and
@@ -123,9 +124,8 @@ def _set_layer_heads(module: nn.Module, heads: LayerHeads, device: torch.device)
     module.register_buffer("laplacian_mask", heads.mask.to(device), persistent=False)
 
 
-#: the head kinds a Hugging Face model can run: "local" and "untied" need the layer's input tokens (W_O' W_V' x),
-#: which transformers' attention interface does not pass
-HF_KINDS = ("ordinary", "laplacian", "negated", "sum", "centring", "exclusive", "mix")
+#: the parameters lapheads adds to an attention module (saved with the model, restored by :func:`from_pretrained`)
+HEAD_PARAMETERS = (".mix_a", ".mix_b", ".local_v.weight", ".local_o.weight", ".untied_v", ".untied_o", ".untied_b")
 
 
 @functools.cache
@@ -435,12 +435,6 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
         )
     num_heads = _num_heads(model)
     layers = parse_heads(laplacian_heads, [num_heads] * len(modules))
-    other = sorted({kind for heads in layers for kind in heads.kinds} - set(HF_KINDS))
-    if other:
-        raise HeadSpecError(
-            f"laplacian_heads={laplacian_heads!r}: kind {other[0]!r} needs the layer's input tokens, which "
-            f"transformers' attention interface does not pass; allowed in Hugging Face models: {', '.join(HF_KINDS)}"
-        )
     plain = all(heads.plain for heads in layers)
     if not plain and init != "switch":
         raise InputError(f"init={init!r} converts Laplacian heads only; allowed with other head kinds: 'switch'")
@@ -450,6 +444,8 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
             like = {"device": weight.device, "dtype": weight.dtype}
             module.mix_a = nn.Parameter(torch.zeros(num_heads, **like))  # a = 0, b = 1: ordinary at the start
             module.mix_b = nn.Parameter(torch.ones(num_heads, **like))
+        _make_local_terms(module, heads, model.config.hidden_size // num_heads if not hasattr(module, "head_dim")
+                          else module.head_dim)  # fmt: skip
     if plain:
         if hasattr(model.config, "laplacian_head_kinds"):
             del model.config.laplacian_head_kinds
@@ -473,6 +469,58 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
             module.register_forward_pre_hook(_note_cross_attention, with_kwargs=True)
             module.laplacian_cross = False
     return model
+
+
+def _make_local_terms(module: nn.Module, heads: LayerHeads, head_dim: int) -> None:
+    """The token-local term W_O' W_V' x of a layer's "local" and "untied" heads, as lapheads' own models have it:
+    "local" heads their own W_V', W_O' (W_O' zero: an ordinary head at the start), "untied" heads copies of their
+    head's rows of v_proj (its key/value head's under GQA, with its bias) and columns of o_proj (the Laplacian head
+    at the start, only the tie released). Added to the module's output by a forward hook that reads the layer's
+    input (the attention interface never sees it)."""
+    local = [h for h, kind in enumerate(heads.kinds) if kind == "local"]
+    untied = [h for h, kind in enumerate(heads.kinds) if kind == "untied"]
+    if getattr(module, "laplacian_local_terms", None) is not None:
+        if module.laplacian_local_terms == (local, untied):
+            return  # enable() again with the same heads: the trained terms stay
+        raise HeadSpecError(f"{type(module).__name__} already has local/untied heads {module.laplacian_local_terms}; "
+                            "allowed: the same ones, or a fresh model")  # fmt: skip
+    if not local and not untied:
+        return
+    v_proj, o_proj = getattr(module, "v_proj", None), getattr(module, "o_proj", None)
+    if not isinstance(v_proj, nn.Linear) or not isinstance(o_proj, nn.Linear):
+        raise HeadSpecError(f"{type(module).__name__} has no v_proj / o_proj Linear; allowed for 'local' and "
+                            "'untied' heads: Llama-style attention (Llama, Qwen, Mistral, ...)")  # fmt: skip
+    like = {"device": o_proj.weight.device, "dtype": o_proj.weight.dtype}
+    hidden = o_proj.out_features
+    if local:
+        module.local_v = nn.Linear(v_proj.in_features, len(local) * head_dim, bias=False, **like)
+        module.local_o = nn.Linear(len(local) * head_dim, hidden, bias=False, **like)
+        nn.init.normal_(module.local_v.weight, std=0.02)
+        nn.init.zeros_(module.local_o.weight)
+    if untied:
+        group = len(heads.kinds) // (v_proj.out_features // head_dim)  # query heads per key/value head
+        rows = torch.cat([torch.arange(h // group * head_dim, (h // group + 1) * head_dim) for h in untied])
+        columns = torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in untied])
+        with torch.no_grad():
+            module.untied_v = nn.Parameter(v_proj.weight[rows].clone())
+            module.untied_o = nn.Parameter(o_proj.weight[:, columns].clone())
+            module.untied_b = nn.Parameter(v_proj.bias[rows].clone()) if v_proj.bias is not None else None
+    module.laplacian_local_terms = (local, untied)
+    module.register_forward_hook(_add_local_terms, with_kwargs=True)
+
+
+def _add_local_terms(module: nn.Module, args: tuple, kwargs: dict, output):
+    """The attention module's output plus its local and untied heads' W_O' W_V' x (x: the layer's input)."""
+    x = args[0] if args else kwargs["hidden_states"]
+    extra = 0
+    if getattr(module, "local_v", None) is not None:
+        extra = module.local_o(module.local_v(x))
+    if getattr(module, "untied_v", None) is not None:
+        values = nn.functional.linear(x, module.untied_v, module.untied_b)
+        extra = extra + nn.functional.linear(values, module.untied_o)
+    if isinstance(output, tuple):
+        return (output[0] + extra, *output[1:])
+    return output + extra
 
 
 def _check_the_interface_is_used(module: nn.Module) -> None:
@@ -512,17 +560,18 @@ def from_pretrained(model_class, path, *args, **kwargs):
     wanted = kwargs.pop("attn_implementation", None)
     if spec is None:
         return model_class.from_pretrained(path, *args, config=config, attn_implementation=wanted, **kwargs)
-    if wanted not in (None, NAME, "eager", EAGER_NAME):
+    if wanted not in (None, NAME, "eager", EAGER_NAME, "flex_attention", FLEX_NAME):
         raise InputError(
             f"{path} has Laplacian heads; attn_implementation={wanted!r} would load it as plain "
             f"attention; allowed: {NAME!r}, 'eager' (lapheads' textbook path) or leave it out"
         )
-    implementation = EAGER_NAME if wanted in ("eager", EAGER_NAME) else NAME
+    implementation = {"eager": EAGER_NAME, EAGER_NAME: EAGER_NAME, "flex_attention": FLEX_NAME}.get(wanted, wanted)
+    implementation = implementation or NAME
     model = model_class.from_pretrained(path, *args, config=config, attn_implementation=implementation, **kwargs)
     kinds = _config_kinds(config)
-    if kinds is not None:  # other head kinds; mix heads' (a, b) are weights transformers does not know
+    if kinds is not None:  # other head kinds; their parameters ((a, b), local terms) transformers does not know
         enable(model, ["/".join(layer) for layer in kinds])
-        _load_mix_weights(model, path)
+        _load_head_weights(model, path)
         return model
     blend = getattr(config, "laplacian_blend", None)  # a model saved mid-schedule keeps its lambda
     if blend is not None and (type(blend) not in (int, float) or not 0 <= blend <= 1):  # "0.5" and true are no lambda
@@ -533,21 +582,24 @@ def from_pretrained(model_class, path, *args, **kwargs):
     return model
 
 
-def _load_mix_weights(model: nn.Module, path) -> None:
-    """Load the mix heads' (a, b) from a saved model's safetensors files (transformers drops keys it does not
-    expect, so ``from_pretrained`` leaves them at their initial values)."""
+def _load_head_weights(model: nn.Module, path) -> None:
+    """Load the head kinds' own parameters (mix heads' (a, b), local and untied heads' W_V', W_O') from a saved
+    model's safetensors files (transformers drops keys it does not expect, so ``from_pretrained`` leaves them at
+    their initial values)."""
     from pathlib import Path
 
     from lapheads.io import load_safetensors
 
-    wanted = {name: p for name, p in model.named_parameters() if name.endswith((".mix_a", ".mix_b"))}
+    wanted = {name: p for name, p in model.named_parameters() if name.endswith(HEAD_PARAMETERS)}
     found: dict[str, torch.Tensor] = {}
     for file in sorted(Path(path).glob("*.safetensors")):
         tensors = load_safetensors(file)
         found.update({k: v for k, v in tensors.items() if k in wanted})
     missing = sorted(set(wanted) - set(found))
     if missing:
-        raise InputError(f"{path} holds no mix weights {missing[0]!r} (and {len(missing) - 1} more); saved by enable?")
+        raise InputError(
+            f"{path} holds no head-kind weights {missing[0]!r} (and {len(missing) - 1} more); saved by enable?"
+        )
     with torch.no_grad():
         for name, value in found.items():
             wanted[name].copy_(value)
