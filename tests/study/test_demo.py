@@ -79,6 +79,7 @@ def test_demo_trains_both_runs_and_writes_the_report(fmnist_root, tmp_path, caps
     assert list(over) == ["baseline (no Laplacian head)", "2 of 3 heads Laplacian in every block"]
     for run in over.values():
         assert len(run["epoch"]) >= 3 and run["epoch"] == sorted(run["epoch"]) and run["epoch"][-1] == 0.5
+        assert run["epoch"][0] == 0.0  # issue 76: the weights as built, where the text says how a head starts
         assert all(0 <= v <= 1 for v in run["within-sequence fraction"] + run["between-class fraction"])
     assert f"report: {tmp_path / 'report' / 'report.md'}" in capsys.readouterr().out
     # issue 76: the model's name said patch 4 while it was built with patch 7; say what was built

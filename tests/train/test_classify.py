@@ -80,6 +80,21 @@ def test_resume_continues_the_same_trajectory(tiny_config, tmp_path):
     ]
 
 
+def test_a_checkpoint_at_start_keeps_the_weights_as_built_and_changes_no_step(tiny_config, tmp_path):
+    """Issue 76: the demo's geometry over training had no point at step 0. --checkpoint-at-start keeps the weights
+    as built as checkpoint step 0; the trajectory is the one without it, bit for bit."""
+    from safetensors.torch import load_file
+
+    cfg = dataclasses.replace(tiny_config, keep_checkpoints=0)
+    train_classify(cfg, tmp_path / "plain")
+    train_classify(dataclasses.replace(cfg, checkpoint_at_start=True), tmp_path / "start")
+    a, b = final_weights(tmp_path / "plain"), final_weights(tmp_path / "start")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    first = load_file(tmp_path / "start" / "checkpoints" / "step-00000000" / "model.safetensors")
+    assert any(not torch.equal(first[k], a[k]) for k in a)  # the weights before any step
+    assert not (tmp_path / "plain" / "checkpoints" / "step-00000000").exists()
+
+
 def test_resume_refuses_a_changed_config(tiny_config, tmp_path):
     tiny_config = dataclasses.replace(tiny_config, checkpoint_every=1)
     train_classify(tiny_config, tmp_path / "run", stop_at_step=1)

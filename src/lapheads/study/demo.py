@@ -275,10 +275,11 @@ def _over_training_section(plot: Path) -> list[str]:
         "## Geometry over training, and what one epoch can show",
         "",
         "The within-sequence fraction (how much of the token variance lies within an image rather than between "
-        "images) and the between-class fraction after the final norm, at every checkpoint both runs kept, on a "
-        "fixed subset of test tokens (over_training.json holds the numbers). A Laplacian head starts as a high-pass "
-        "filter on its attention graph (V - PV keeps what differs from the neighbours), so early in training it "
-        "tends to keep tokens apart; whether the runs cross later is what the curves show. One epoch of one seed is "
+        "images) and the between-class fraction after the final norm, at every checkpoint both runs kept (the first "
+        "is the weights as built, before any step), on a fixed subset of test tokens (over_training.json holds the "
+        "numbers). A Laplacian head starts as a high-pass filter on its attention graph (V - PV keeps what differs "
+        "from the neighbours), so early in training it tends to keep tokens apart; where each run starts and "
+        "whether the runs cross later is what the curves show. One epoch of one seed is "
         "early and noisy: the claims the paper makes are about trained models, and docs/reproduction.md tests them "
         "in pre-registered studies that train to convergence over several seeds and pair arms by seed (its "
         "decomposition study: the fraction after the final norm with 0 to 3 Laplacian heads of 3). Where this pair "
@@ -327,8 +328,9 @@ def geometry_over_training(runs: dict[str, RunDir], out: Path) -> Path:
 
 #: The demo's runs are fmnist-cpu for one epoch (468 steps), to keep the demo within the time README.md states
 #: (measured there); ``--epochs 2`` restores the preset's length. A checkpoint is kept each eighth of an epoch
-#: (58 steps), for the geometry over training.
-DEMO_OVERRIDES = ["--epochs", "1", "--keep-checkpoints", "0", "--checkpoint-every", "58"]
+#: (58 steps) and of the weights as built (step 0), for the geometry over training from its start.
+DEMO_OVERRIDES = ["--epochs", "1", "--keep-checkpoints", "0", "--checkpoint-every", "58",
+                  "--checkpoint-at-start", "true"]  # fmt: skip
 
 
 def run_demo(

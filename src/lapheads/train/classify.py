@@ -32,7 +32,7 @@ from lapheads.evals.classify import evaluate_classifier, evaluate_fit, fit_image
 from lapheads.geometry.anova import within_sequence_fraction
 from lapheads.hardware import activation_bytes, check_fits, training_bytes
 from lapheads.models.vit import vit_head_kinds, vit_laplacian_masks
-from lapheads.runs import RunDir
+from lapheads.runs import RunDir, latest_checkpoint
 from lapheads.runs.checkpoints import save_checkpoint
 from lapheads.train.configs.classify import (
     ClassifyConfig,
@@ -289,6 +289,8 @@ def train_classify(
             "steps": total_steps,
         },
     )
+    if cfg.checkpoint_at_start and start_step == 0 and latest_checkpoint(run) is None:  # the weights as built
+        save_checkpoint(run, 0, dist_, model, optimizer, {"epoch": 0.0}, extra, keep=cfg.keep_checkpoints)
     train_model, forward_model = wrap_for_training(model, dist_, cfg.compile)
     final_tokens = FinalNormTokens(model) if cfg.within_seq_penalty else None  # none at 0: the run as before
 

@@ -83,6 +83,9 @@ class ClassifyConfig(RunConfig):
     # runtime
     num_workers: int = option(0, "data-loader worker processes for evaluation", NON_NEGATIVE)
     eval_every_epochs: float = option(1.0, "epochs between test-set evaluations (and checkpoints)", POSITIVE)
+    checkpoint_at_start: bool = option(
+        False, "also keep the initial weights as checkpoint step 0 (the geometry over training from its start)"
+    )
     deterministic: bool = option(False, "torch.use_deterministic_algorithms")
 
     def check(self) -> None:
