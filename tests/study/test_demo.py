@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -81,6 +82,9 @@ def test_demo_trains_both_runs_and_writes_the_report(fmnist_root, tmp_path, caps
         assert len(run["epoch"]) >= 3 and run["epoch"] == sorted(run["epoch"]) and run["epoch"][-1] == 0.5
         assert run["epoch"][0] == 0.0  # issue 76: the weights as built, where the text says how a head starts
         assert all(0 <= v <= 1 for v in run["within-sequence fraction"] + run["between-class fraction"])
+    # issue 76: the pair against the converged study, in numbers (this checkout holds the study's stats.json)
+    assert re.search(r"The decomposition study, converged, 6 seeds paired, 2 Laplacian heads per block: [+-]\d", report)
+    assert "The signs agree; the study is the answer." in report or "The signs differ; the study" in report
     assert f"report: {tmp_path / 'report' / 'report.md'}" in capsys.readouterr().out
     # issue 76: the model's name said patch 4 while it was built with patch 7; say what was built
     assert "vit_fmnist_patch4 built with patch 7 (model_kwargs)" in report

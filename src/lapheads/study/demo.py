@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from pathlib import Path
 
@@ -287,6 +288,36 @@ def _over_training_section(plot: Path) -> list[str]:
         "pair stands.",
         "",
         f"![geometry over training]({plot.name})",
+        "",
+        *_against_the_study(plot.with_name("over_training.json")),
+    ]
+
+
+#: the converged, pre-registered study the demo's pair is read against (in a checkout of the repository)
+DECOMPOSITION_STATS = Path(__file__).resolve().parents[3] / "docs/reproduction/decomposition/cells/report/stats.json"
+FRACTION_ROW = "within-sequence fraction (after the final norm)"
+
+
+def _against_the_study(series_file: Path) -> list[str]:
+    """This pair's last within-sequence fraction after the final norm (Laplacian - baseline) beside the
+    decomposition study's paired mean for the same number of Laplacian heads, both in numbers, and whether their
+    signs agree; where the study's stats.json is not here (an installed package), where to read it."""
+    series = json.loads(series_file.read_text())
+    (_, base), (label, arm) = list(series.items())[:2]
+    change = arm[FRACTION_ROW.split(" (")[0]][-1] - base[FRACTION_ROW.split(" (")[0]][-1]
+    heads = re.match(r"(\d+) of", label)
+    here = f"This pair at its last checkpoint: {change:+.3f} (Laplacian minus baseline, one seed, one epoch)."
+    if not DECOMPOSITION_STATS.is_file() or heads is None:
+        return [here + " The converged study's number: docs/reproduction.md, the decomposition study.", ""]
+    row = json.loads(DECOMPOSITION_STATS.read_text())["geometry"].get(FRACTION_ROW, {}).get(heads.group(1))
+    if not row or "paired" not in row:
+        return [here + f" The decomposition study has no arm with {heads.group(1)} Laplacian heads to set it by.", ""]
+    paired = row["paired"]
+    agree = "agree" if (change > 0) == (paired["mean_difference"] > 0) else "differ"  # no verdict words: one seed
+    return [
+        f"{here} The decomposition study, converged, {paired['n_pairs']} seeds paired, {heads.group(1)} Laplacian "
+        f"heads per block: {paired['mean_difference']:+.3f} [{paired['ci_low']:+.3f}, {paired['ci_high']:+.3f}]. "
+        f"The signs {agree}; the study is the answer.",
         "",
     ]
 
