@@ -18,7 +18,7 @@ class RunConfig:
     description: str = option("", "what this recipe is (free text, shown in reports)")
     laplacian_heads: str = option(
         "0",
-        "Laplacian heads: k trailing heads per layer, one k per layer, or head kinds (HF: all but local, untied)",
+        "Laplacian heads: k trailing heads per layer, one k per layer, or head kinds",
         HEAD_SPEC,
     )
     seed: int = option(
