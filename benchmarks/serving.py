@@ -8,7 +8,7 @@ request at most (a reply that samples its end-of-turn token ends there: tokens a
    process (``lapheads.bench.time_interleaved``), at N = 1, 4, 8.
 2. The server: N clients at once, each sending its chat requests one after another (OpenAI's chat completions over
    HTTP, uvicorn in this process), against the same server with ``max_num_seqs`` 1 (one reply after another: what
-   the server did before it batched) and 16; tokens counted from the replies' usage.
+   the server did before it batched) and 16, rounds alternating; tokens counted from the replies' usage.
 
 Throughput = generated tokens / wall seconds; the ratio is batched over serial. The replies are the same either way
 (the same seeds: tests/apps/test_batching.py, tests/apps/test_serve.py).
@@ -20,6 +20,7 @@ Throughput = generated tokens / wall seconds; the ratio is batched over serial. 
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--write", default=None)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -110,8 +111,12 @@ def main(argv: list[str] | None = None) -> str:
         )
         print(rows[-1], flush=True)
     for n in args.clients:
-        rates = {seqs: _served_rate(model, n, args.requests_per_client, args.max_tokens, seqs) for seqs in (1, 16)}
-        (tokens, serial), (_, batched) = rates[1], rates[16]
+        rates: dict[int, list[float]] = {1: [], 16: []}
+        for _ in range(args.repeats):  # rounds alternate the two servers, so drift hits both alike
+            for seqs in rates:
+                tokens, rate = _served_rate(model, n, args.requests_per_client, args.max_tokens, seqs)
+                rates[seqs].append(rate)
+        serial, batched = statistics.median(rates[1]), statistics.median(rates[16])
         served_rows.append(f"| {n} | {tokens} | {serial:.0f} | {batched:.0f} | {batched / serial:.2f} |")
         print(served_rows[-1], flush=True)
     return write_section(
@@ -127,7 +132,8 @@ def main(argv: list[str] | None = None) -> str:
             *rows,
             "",
             f"`lapheads serve` (the same model, a character tokenizer, no calculator), N clients at once, "
-            f"{args.requests_per_client} chat requests each, one after another; one run each way:",
+            f"{args.requests_per_client} chat requests each, one after another; median of {args.repeats} rounds "
+            "alternating the two servers (the same seeds: the same tokens either way):",
             "",
             "| clients | tokens | --max-num-seqs 1, tokens/s | --max-num-seqs 16, tokens/s | batched / serial |",
             "|---|---|---|---|---|",

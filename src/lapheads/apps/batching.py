@@ -233,7 +233,7 @@ class Batcher:
         self,
         model: GPT,
         max_batch: int = 16,
-        gather_s: float = 0.01,
+        gather_s: float = 0.002,
         model_lock: AbstractContextManager | None = None,
     ) -> None:
         self.model, self.max_batch, self.gather_s = model, max_batch, gather_s
