@@ -89,6 +89,7 @@ def test_a_streamed_reply_equals_the_engines_greedy_reply(client, engine):
         ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature -1"),
         ({"messages": [{"role": "user", "content": "x" * 3000}]}, 400, "the conversation has"),
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "allowed: at most 4000"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n 2; allowed: 1 here"),
     ],
 )
 def test_bad_requests_are_one_line_errors(client, body, status, message):

@@ -208,6 +208,8 @@ class ChatServing:
             else:
                 body = validated(PageChatBody, body).model_dump(exclude_none=True)
             request = _check_request(body, self.limits, self.temperature, self.top_k)
+            if not openai and request["n"] != 1:  # the page streams one reply: more would be decoded for no one
+                raise RequestError(f"n {request['n']}; allowed: 1 here (n choices: POST /v1/chat/completions)", "n")
             prompt = render_for_completion(self.engine.tokenizer, {"messages": request["messages"]})
             limit = self.engine.model.config.sequence_len
             if len(prompt) >= limit:
