@@ -194,8 +194,10 @@ def test_a_prompt_too_long_among_many_is_refused_before_any_is_generated(engine,
     is checked against the context first; the engine generates nothing."""
     from fastapi.testclient import TestClient
 
-    generated = []
-    monkeypatch.setattr(engine, "complete", lambda *args, **kwargs: generated.append(args) or {})
+    from lapheads.apps.completions import CompletionEngine
+
+    generated = []  # the server's own engine makes a job of each choice it decodes: none may be made
+    monkeypatch.setattr(CompletionEngine, "job", lambda *args, **kwargs: generated.append(args))
     app = create_app(engine, "base", ServeLimits(max_tokens=32), temperature=0.0)
     too_long = [1] * engine.model.config.sequence_len
     body = {"model": "base", "prompt": [[1, 2, 3]] * 63 + [too_long], "max_tokens": 4}

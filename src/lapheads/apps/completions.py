@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from lapheads.apps.batching import Generated, Generation, generate_together
+from lapheads.apps.batching import Generated, Generation
 from lapheads.apps.schema import CompletionBody, RequestError, validated
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.errors import LapheadsError
@@ -138,8 +138,9 @@ class CompletionEngine:
                 )
 
     def job(self, prompt: list[int], request: CompletionRequest, choice: int) -> CompletionJob:
-        """One choice to decode (alone: :meth:`complete`; with others: the server's batcher); the prompt fits
-        (:meth:`check_fits`). With ``echo``, the prompt's own log-probabilities come from one forward here."""
+        """One choice to decode (by the server's batcher, with the requests beside it; alone:
+        ``generate_together(model, [job.generation], job.on_token)``); the prompt fits (:meth:`check_fits`). With
+        ``echo``, the prompt's own log-probabilities come from one forward here."""
         tok = self.tokenizer
         ids = prompt if prompt[0] == tok.bos_id else [tok.bos_id, *prompt]
         generation = Generation(tuple(ids), request.max_tokens, request.temperature, request.top_k or None,
@@ -148,14 +149,6 @@ class CompletionEngine:
         if request.echo:
             job.entries = self._prompt_entries(ids, len(ids) - len(prompt), request.logprobs or 0)
         return job
-
-    def complete(self, prompt: list[int], request: CompletionRequest, choice: int) -> dict[str, Any]:
-        """One choice, decoded alone: {"text", "logprobs" (legacy shape or None), "finish_reason",
-        "completion_tokens"}."""
-        job = self.job(prompt, request, choice)
-        if request.max_tokens > 0:
-            job.finish(generate_together(self.model, [job.generation], job.on_token)[0])
-        return job.result()
 
     @torch.no_grad()
     def _prompt_entries(self, ids: list[int], skipped: int, alternatives: int) -> list[tuple]:
