@@ -357,6 +357,22 @@ def _laplacian_config_class(base: str):
     return config_class
 
 
+#: the oldest transformers whose FlexAttention masks lapheads' heads are tested with (5.4's BlockMasks fail inside
+#: torch's flex_attention, a shape it cannot unpack: tests/integrations/test_floors.py runs the HF tests there)
+FLEX_MASKS_FROM = (5, 25)
+
+
+def _check_flex_masks() -> None:
+    import transformers
+
+    found = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    if found < FLEX_MASKS_FROM:
+        raise InputError(
+            f"attn_implementation='flex_attention' with Laplacian heads on transformers {transformers.__version__}; "
+            f"allowed: transformers >= {'.'.join(map(str, FLEX_MASKS_FROM))}, or 'lapheads' (SDPA's masks)"
+        )
+
+
 def _keep_laplacian_heads(check):
     """transformers' attention-implementation check, first asking: does this config have Laplacian heads?"""
 
@@ -366,6 +382,7 @@ def _keep_laplacian_heads(check):
             if attn_implementation in ("eager", EAGER_NAME):  # the same heads on the textbook path, P returned
                 return check(self, EAGER_NAME, *args, **kwargs)
             if attn_implementation in ("flex_attention", FLEX_NAME):  # the same heads through FlexAttention
+                _check_flex_masks()
                 return check(self, FLEX_NAME, *args, **kwargs)
             if attn_implementation not in (None, NAME):
                 raise InputError(
