@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from lapheads.errors import InputError, LapheadsError
+from lapheads.log import get_verbosity, set_verbosity
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +197,17 @@ def _requeue_when_stopped() -> Iterator[None]:
 
 class _Requeueable:
     """submitit calls ``checkpoint`` at pre-emption or the time limit: requeue the same call (it resumes the run
-    directory it wrote)."""
+    directory it wrote).
+
+    A job shows lapheads' messages at the verbosity of the command that submitted it (``lapheads sweep`` shows its
+    progress and notices): the job's process is not the command, and a library import alone shows warnings only,
+    so its log would lose the lines that say where a pre-empted run stopped and resumed."""
+
+    def __init__(self) -> None:
+        self.verbosity = get_verbosity()  # read where the job is submitted; pickled with it
+
+    def _show_messages(self) -> None:
+        set_verbosity(self.verbosity)
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         from submitit.helpers import DelayedSubmission
@@ -220,6 +231,7 @@ class CellJob(_Requeueable):
     def __call__(self, cell: Any, job: CellJobInput) -> dict[str, Any]:
         from lapheads.study.cells import CellRecorder, train_cell
 
+        self._show_messages()
         threads = _threads_from_slurm()
         began = time.monotonic()
         with _requeue_when_stopped():
@@ -238,6 +250,7 @@ class TrainJob(_Requeueable):
         from lapheads.runs.directory import RunDir
         from lapheads.tasks import get_task
 
+        self._show_messages()
         _threads_from_slurm()
         environment = TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         train = get_task(task).train_function()
