@@ -10,7 +10,10 @@ Forms compared side by side in one process (ratios = median time / median time o
 * ``cat``       fused SDPA then ``torch.cat([y_A, v_L - y_L])``: the authors' form (copies y).
 * ``naive``     ``lapheads.laplacian_attention_reference``: materialise P, multiply by (I - P) explicitly.
 * with ``--kinds``: ``negated``, ``centring``, ``mix`` (the same trailing heads of that head kind, through the op;
-                ``local`` is an ordinary head in the op, its extra matmul lives in the module).
+                ``local`` is an ordinary head in the op, its extra matmul lives in the module), and
+                ``gated-laplacian``: the op, then those heads' gates (a Linear of the layer's input to one logit per
+                gated head, ``lapheads.core.kinds.gate_heads``), as a module runs them; the whole steps then add a
+                model whose Laplacian heads are gated.
 
 Then fixed training shapes where the op's per-call overhead shows most (ViT-S at B = 4, T = 197 and B = 16,
 T = 256, 2 of 6 heads Laplacian): the op (on the CPU its compiled training node where ``lapheads kernel build`` has
@@ -39,6 +42,7 @@ from timm.models.vision_transformer import VisionTransformer
 from lapheads import LaplacianAttention, laplacian_attention, laplacian_attention_reference
 from lapheads.bench import interleaved_ratios, machine_summary, peak_memory_mib, time_interleaved
 from lapheads.core import native
+from lapheads.core.kinds import gate_heads
 
 HEADS, HEAD_DIM = 6, 64  # ViT-S attention: 6 heads of 64
 TOKENS_PER_BATCH = 4096  # batch = 4096 // T, so every T does comparable work per call and T = 4096 still fits
@@ -65,12 +69,21 @@ def kind_forms(n_lap: int, device: torch.device, dtype: torch.dtype) -> dict[str
         torch.full((HEADS,), 0.9, device=device, dtype=dtype),
         torch.full((HEADS,), -1.1, device=device, dtype=dtype),
     )
-    return {
+    forms = {
         kind: lambda q, k, v, kinds=("ordinary",) * (HEADS - n_lap) + (kind,) * n_lap: laplacian_attention(
             q, k, v, kinds, mix=mix
         )
         for kind in KINDS
     }
+    gate = torch.zeros(n_lap, HEADS * HEAD_DIM, device=device, dtype=dtype, requires_grad=True)
+    gated = torch.arange(HEADS - n_lap, HEADS, device=device)
+
+    def gated_laplacian(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        x = q.transpose(1, 2).flatten(2)  # stands in for the layer's input (B, T, C): a view, as wide
+        return gate_heads(laplacian_attention(q, k, v, n_lap), F.linear(x, gate), gated)
+
+    forms["gated-laplacian"] = gated_laplacian
+    return forms
 
 
 def attention_forms(n_lap: int) -> dict[str, Callable[..., torch.Tensor]]:
@@ -186,12 +199,17 @@ def _fixed_lines(fixed: dict[tuple[int, int, int], dict]) -> list[str]:
 
 
 def bench_vit_step(
-    device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 64, compile_model: bool = False
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int,
+    batch: int = 64,
+    compile_model: bool = False,
+    gated: bool = False,
 ) -> dict[str, float]:
-    """A whole ViT training step (6 layers, 192 dim, 3 heads, patch 4, 32 px) with 0, 1 and 3 Laplacian heads
-    (each model ``torch.compile``-d when ``compile_model``)."""
+    """A whole ViT training step (6 layers, 192 dim, 3 heads, patch 4, 32 px) with 0, 1 and 3 Laplacian heads, and
+    with ``gated`` 3 gated Laplacian heads (each model ``torch.compile``-d when ``compile_model``)."""
     steps = {}
-    for n_lap in (0, 1, 3):
+    for n_lap in (0, 1, 3, "gated-laplacian:3") if gated else (0, 1, 3):
         torch.manual_seed(0)
         model = VisionTransformer(
             img_size=32,
@@ -217,7 +235,7 @@ def bench_vit_step(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        steps[f"vit {n_lap}/3 Laplacian"] = run
+        steps[f"vit {n_lap}/3 Laplacian" if isinstance(n_lap, int) else f"vit {n_lap}"] = run
     return interleaved_ratios(steps, "vit 0/3 Laplacian", repeats, device=device)
 
 
@@ -228,16 +246,18 @@ def bench_gpt_step(
     batch: int = 16,
     arch: str = "nanochat-2025",
     compile_model: bool = False,
+    gated: bool = False,
 ) -> dict[str, float]:
     """A whole GPT training step (shakespeare-cpu size: depth 4, 256 dim, 4 heads of 64, T = 256, Muon + AdamW as
-    in training) with 0, 2 and 4 Laplacian heads per layer, in the ``arch`` family (2026: sliding windows of 128
-    in the S layers, value embeddings, smear, ...); each model ``torch.compile``-d when ``compile_model``."""
+    in training) with 0, 2 and 4 Laplacian heads per layer (and with ``gated`` 4 gated Laplacian heads), in the
+    ``arch`` family (2026: sliding windows of 128 in the S layers, value embeddings, smear, ...); each model
+    ``torch.compile``-d when ``compile_model``."""
     from lapheads.models.gpt import GPT, GPTConfig
     from lapheads.train.configs.lm import LMConfig
     from lapheads.train.optimizers import build_optimizers
 
     steps = {}
-    for n_lap in (0, 2, 4):
+    for n_lap in (0, 2, 4, "gated-laplacian:4") if gated else (0, 2, 4):
         torch.manual_seed(0)
         model = GPT(
             GPTConfig(
@@ -263,7 +283,7 @@ def bench_gpt_step(
                 opt.step()
             model.zero_grad(set_to_none=True)
 
-        steps[f"gpt {n_lap}/4 Laplacian"] = run
+        steps[f"gpt {n_lap}/4 Laplacian" if isinstance(n_lap, int) else f"gpt {n_lap}"] = run
     return interleaved_ratios(steps, "gpt 0/4 Laplacian", repeats, device=device)
 
 
@@ -350,11 +370,17 @@ def main(argv: list[str] | None = None) -> str:
         print(f"T={t}: " + ", ".join(f"{n} {r['ratio']:.3f}x" for n, r in op_results[t]["forms"].items()), flush=True)
     fixed = None if args.skip_fixed else bench_fixed_shapes(device, dtype, max(20, round(200 * args.repeats_scale)))
     vit_repeats = gpt_repeats = max(3, round(20 * args.repeats_scale))  # 20 rounds: a 95% interval from 6th to 15th
-    vit = None if args.skip_vit else bench_vit_step(device, dtype, vit_repeats, compile_model=args.compile)
+    vit = (
+        None
+        if args.skip_vit
+        else bench_vit_step(device, dtype, vit_repeats, compile_model=args.compile, gated=args.kinds)
+    )
     gpt = (
         None
         if args.skip_gpt
-        else bench_gpt_step(device, dtype, gpt_repeats, arch=args.gpt_arch, compile_model=args.compile)
+        else bench_gpt_step(
+            device, dtype, gpt_repeats, arch=args.gpt_arch, compile_model=args.compile, gated=args.kinds
+        )
     )
     header = (
         f"{machine_summary(device)}; {args.dtype}; {HEADS} heads x {HEAD_DIM} dims, "

@@ -143,11 +143,12 @@ def test_the_sharded_muon_benchmark_runs_and_halves_the_state():
 
 @pytest.mark.slow
 def test_cpu_attention_benchmark_writes_the_op_and_whole_step_tables():
-    table = _load("attention").main(["--seq-lens", "16", "--repeats-scale", "0.01"])
+    table = _load("attention").main(["--seq-lens", "16", "--repeats-scale", "0.01", "--kinds"])
     row = next(line for line in table.splitlines() if line.startswith("| 16 |"))
-    ratios = [float(cell) for cell in row.split("|")[3:9]]  # sdpa, copy, lapheads, where, cat, naive
-    assert ratios[0] == 1.0 and all(r > 0 for r in ratios)
-    for name in ("vit 0/3 Laplacian", "vit 1/3 Laplacian", "vit 3/3 Laplacian", "gpt 2/4 Laplacian"):
+    ratios = [float(cell) for cell in row.split("|")[3:13]]  # sdpa, copy, lapheads, where, cat, naive, 4 kinds
+    assert ratios[0] == 1.0 and all(r > 0 for r in ratios) and "| gated-laplacian ratio |" in table
+    for name in ("vit 0/3 Laplacian", "vit 1/3 Laplacian", "vit 3/3 Laplacian", "gpt 2/4 Laplacian",
+                 "vit gated-laplacian:3", "gpt gated-laplacian:4"):  # fmt: skip
         assert f"| {name} |" in table
     assert "| model | ms/step | ratio, median of rounds [95% CI] |" in table
     fixed = next(line for line in table.splitlines() if line.startswith("| 4 | 197 | 2 |"))  # ViT-S, B = 4

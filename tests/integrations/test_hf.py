@@ -436,6 +436,48 @@ def test_local_and_untied_heads_run_generate_save_and_reload_in_a_hugging_face_m
     assert (_run(local, "llama") - start).abs().max() > 1e-4  # the trained local term shows
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2", "vit"])
+def test_gated_heads_start_at_half_scale_and_generate_save_and_reload_in_a_hugging_face_model(name, tmp_path):
+    """Issue 73: "gated-<kind>" in transformers too. The gate reads the layer's input (a pre-hook hands it to the
+    attention function); at the start it is sigmoid(0) = 1/2, the same as halving the gated heads' columns of the
+    output projection; trained gates are saved and reloaded, and a plain from_pretrained refuses the model."""
+    plain = _build(name)
+    gated = lhf.enable(copy.deepcopy(plain), "gated-laplacian:1+gated-ordinary:1")
+    halved = lhf.enable(copy.deepcopy(plain), "laplacian:1+ordinary:1")
+    with torch.no_grad():
+        for module in lhf.attention_modules(halved):
+            for head in (2, 3):
+                weight, columns, axis = lhf._output_columns(module, halved, head, 16)
+                (weight[:, columns] if axis == 1 else weight[columns]).mul_(0.5)
+    torch.testing.assert_close(_run(gated, name), _run(halved, name), rtol=1e-5, atol=1e-6)
+    assert gated.config.laplacian_head_kinds[0] == ["ordinary", "ordinary", "gated-laplacian", "gated-ordinary"]
+    with torch.no_grad():
+        for module in lhf.attention_modules(gated):
+            module.head_gate.weight.normal_(0, 0.5)  # gates trained away from their start
+    before = _run(gated, name)
+    assert (before - _run(halved, name)).abs().max() > 1e-4
+    gated.save_pretrained(tmp_path / name)
+    auto = transformers.AutoModel if name == "vit" else transformers.AutoModelForCausalLM
+    loaded = lhf.from_pretrained(auto, tmp_path / name)
+    torch.testing.assert_close(_run(loaded, name), before, rtol=0, atol=1e-6)
+    if name != "vit":
+        ids = torch.randint(0, 100, (1, 5))
+        generated = gated.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(loaded.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0), generated)
+        cached = gated(generated[:, :-1]).logits[:, -1]  # the full forward's last step equals the cached one's
+        with torch.no_grad():
+            out = gated(generated[:, :-2], use_cache=True)
+            step = gated(generated[:, -2:-1], past_key_values=out.past_key_values).logits[:, -1]
+        torch.testing.assert_close(step, cached.detach(), rtol=1e-5, atol=1e-5)
+    family = type(loaded.config).__mro__[1]  # the family's own config class, as plain transformers knows it
+    config = family.from_dict({**loaded.config.to_dict(), "model_type": family.model_type})
+    config.attn_implementation = "lapheads"
+    bare = type(loaded)(config).eval()  # no gates: what a plain from_pretrained builds from the saved config
+    refusal = "has no layer_idx" if name == "vit" else "gated heads' gates, weights a plain from_pretrained does not"
+    with pytest.raises(InputError, match=refusal):
+        _run(bare, name)
+
+
 def test_a_head_kind_conversion_that_is_not_a_switch_is_refused_in_one_line():
     with pytest.raises(InputError, match="init='blend' converts Laplacian heads only"):
         lhf.enable(_build("llama"), "negated:2", init="blend")

@@ -319,8 +319,8 @@ def test_symlinks_never_lead_out_of_a_run_directory(tiny_config, tmp_path, link)
 
 
 def test_a_model_of_several_head_kinds_trains_resumes_identically_and_reloads(tiny_config, tmp_path):
-    # TINY_VIT: 2 layers of 2 heads; four kinds and a learned mix in one model
-    spec = "negated/centring,mix"
+    # TINY_VIT: 2 layers of 2 heads; four kinds, a learned mix and a gated Laplacian head in one model
+    spec = "negated/centring,mix/gated-laplacian"
     cfg = dataclasses.replace(tiny_config, laplacian_heads=spec, checkpoint_every=3)
     full = train_classify(cfg, tmp_path / "full")
     train_classify(cfg, tmp_path / "split", stop_at_step=5)
@@ -328,12 +328,14 @@ def test_a_model_of_several_head_kinds_trains_resumes_identically_and_reloads(ti
     assert resumed["step"] == full["step"]
     a, b = final_weights(tmp_path / "full"), final_weights(tmp_path / "split")
     assert all(torch.equal(a[k], b[k]) for k in a) and "blocks.1.attn.mix_a" in a
+    assert a["blocks.1.attn.head_gate.weight"].abs().sum() > 0  # the gate trained away from its zero start
     record = RunDir(tmp_path / "full").read_config()
-    assert record["head_kinds"] == [["negated", "centring"], ["mix", "mix"]]
-    assert record["laplacian_masks"] == [[False, False], [False, False]]
+    assert record["head_kinds"] == [["negated", "centring"], ["mix", "gated-laplacian"]]
+    assert record["laplacian_masks"] == [[False, False], [False, True]]
     model = load_model(RunDir(tmp_path / "full"))
-    assert [list(block.attn.heads.kinds) for block in model.blocks] == record["head_kinds"]
+    assert [list(block.attn.heads.names) for block in model.blocks] == record["head_kinds"]
     assert torch.equal(model.blocks[1].attn.mix_b.detach(), a["blocks.1.attn.mix_b"])
+    assert torch.equal(model.blocks[1].attn.head_gate.weight.detach(), a["blocks.1.attn.head_gate.weight"])
 
 
 def test_a_cpu_run_says_once_how_to_get_the_compiled_node_where_it_is_not_built(tiny_config, tmp_path, capsys):

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from lapheads.config import Domain
-from lapheads.core.kinds import HEAD_KINDS, is_plain_laplacian
+from lapheads.core.kinds import GATE_PREFIX, GATEABLE_KINDS, HEAD_KINDS, is_plain_laplacian
 from lapheads.errors import LapheadsError
 
 __all__ = [
@@ -48,25 +48,55 @@ class HeadSpecError(LapheadsError, ValueError):
 
 @dataclass(frozen=True)
 class LayerHeads:
-    """One attention layer's heads: each head's kind (:data:`HEAD_KINDS`), in order.
+    """One attention layer's heads: each head's kind (:data:`HEAD_KINDS`), in order, and whether it is gated.
 
     Built by :func:`parse_heads` from any written spec; a model, module or integration keeps this value for the
     layer and reads everything else from it (each answer computed once: the attention call reads them per step).
 
     Args:
         kinds: one kind per head.
+        gated: per head, whether its output is scaled by its own sigmoid gate (written "gated-<kind>"; the module
+            owns the gate's weights, :func:`lapheads.core.kinds.gate_heads` applies it). Left out: none.
     """
 
     kinds: tuple[str, ...]
+    gated: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.kinds, tuple) or not self.kinds or any(kind not in HEAD_KINDS for kind in self.kinds):
             raise HeadSpecError(f"head kinds {self.kinds!r}; allowed: a non-empty tuple of {', '.join(HEAD_KINDS)}")
+        gated = tuple(self.gated) if self.gated else (False,) * len(self.kinds)
+        if len(gated) != len(self.kinds) or not all(isinstance(flag, bool) for flag in gated):
+            raise HeadSpecError(f"gated {self.gated!r}; allowed: {len(self.kinds)} bools, one per head")
+        refused = sorted({kind for kind, flag in zip(self.kinds, gated) if flag and kind not in GATEABLE_KINDS})
+        if refused:
+            raise HeadSpecError(
+                f"head kind {GATE_PREFIX}{refused[0]}: a gate scales a head's output before the output projection, "
+                f"and a {refused[0]} head's token-local term is added after it; allowed gated kinds: "
+                + ", ".join(GATE_PREFIX + kind for kind in GATEABLE_KINDS)
+            )
+        object.__setattr__(self, "gated", gated)  # one value per head: equal specs compare equal
 
     @classmethod
     def of_flags(cls, flags: Sequence[bool]) -> LayerHeads:
         """Ordinary heads, Laplacian where ``flags`` is True."""
         return cls(tuple("laplacian" if flag else "ordinary" for flag in flags))
+
+    @classmethod
+    def of_names(cls, names: Sequence[str]) -> LayerHeads:
+        """Heads from their written names: a kind, or "gated-" and a kind (what :attr:`names` gives back)."""
+        gated = tuple(name.startswith(GATE_PREFIX) for name in names)
+        return cls(tuple(name[len(GATE_PREFIX) :] if flag else name for name, flag in zip(names, gated)), gated)
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        """Each head's written name: its kind, "gated-" before it where the head is gated (what configs save)."""
+        return tuple(GATE_PREFIX + kind if flag else kind for kind, flag in zip(self.kinds, self.gated))
+
+    @cached_property
+    def gated_heads(self) -> tuple[int, ...]:
+        """The indices of the gated heads, in order (the columns of the module's gate)."""
+        return tuple(h for h, flag in enumerate(self.gated) if flag)
 
     @property
     def num_heads(self) -> int:
@@ -89,34 +119,52 @@ class LayerHeads:
 
     @cached_property
     def plain(self) -> bool:
-        """Only ordinary and Laplacian heads: what every model runs, the op's fast paths, and a blend converts."""
+        """Only ordinary and Laplacian heads, none gated: what every model runs, and a blend converts."""
+        return self.plain_kinds and not any(self.gated)
+
+    @cached_property
+    def plain_kinds(self) -> bool:
+        """Only ordinary and Laplacian kinds, gated or not: what the op sees (a gate is the module's) and where its
+        Laplacian fast paths apply."""
         return is_plain_laplacian(self.kinds)
 
     @cached_property
     def trailing(self) -> int | None:
-        """k when the heads are ordinary but the trailing k Laplacian (what the op takes as an int, with no device
+        """k when the kinds are ordinary but the trailing k Laplacian (what the op takes as an int, with no device
         work per call), else None."""
         k = self.num_laplacian
-        return k if self.plain and all(self.flags[self.num_heads - k :]) else None
+        return k if self.plain_kinds and all(self.flags[self.num_heads - k :]) else None
 
     def for_op(self, device_mask: Tensor) -> int | tuple[str, ...] | Tensor:
         """What a module hands the op for this layer, the one rule every model and integration follows: the kinds
         where there are others than ordinary and Laplacian, else k where the Laplacian heads are the trailing k (no
-        device work per call), else ``device_mask``, the module's (H,) bool buffer on its device (no host copy)."""
-        if not self.plain:
+        device work per call), else ``device_mask``, the module's (H,) bool buffer on its device (no host copy).
+        Gates are not the op's: the module applies them to what the op returns."""
+        if not self.plain_kinds:
             return self.kinds
         return self.trailing if self.trailing is not None else device_mask
 
     @property
     def op_spec(self) -> int | tuple[str, ...]:
         """What the op reads for this layer with no device work: k where the Laplacian heads are the trailing k, else
-        the kinds (a module that runs scattered Laplacian heads on a GPU hands the op its device mask instead)."""
+        the kinds (a module that runs scattered Laplacian heads on a GPU hands the op its device mask instead).
+
+        Raises:
+            HeadSpecError: where a head is gated: its gate reads the layer's input, which the op never sees (a
+                module applies it, :func:`lapheads.core.kinds.gate_heads`); the op would run it ungated.
+        """
+        if any(self.gated):
+            raise HeadSpecError(
+                f"{self} are gated; the op alone would run them ungated (a gate reads the layer's input); allowed: "
+                "a module with the spec (lapheads' ViT, GPT, a Hugging Face model), or the heads' kinds without "
+                "'gated-' and lapheads.core.kinds.gate_heads on the op's output"
+            )
         return self.trailing if self.trailing is not None else self.kinds
 
     def __str__(self) -> str:
-        """``'3/6 Laplacian: [3, 4, 5]'``, or the kinds where there are others."""
+        """``'3/6 Laplacian: [3, 4, 5]'``, or the kinds where there are others (or gates)."""
         if not self.plain:
-            return f"head kinds {list(self.kinds)}"
+            return f"head kinds {list(self.names)}"
         laplacian = [h for h, flag in enumerate(self.flags) if flag]
         return f"{len(laplacian)}/{self.num_heads} Laplacian: {laplacian}"
 
@@ -159,8 +207,8 @@ def _short(seq: Sequence) -> str:
 # Head kinds written as text (their vocabulary and arithmetic: lapheads.core.kinds)
 
 
-_KIND_ITEM = re.compile(r"^[a-z]+(:\d+)?(\+[a-z]+:\d+)*$")
-_KIND_NAME = "(" + "|".join(HEAD_KINDS) + ")"
+_KIND_ITEM = re.compile(r"^[a-z-]+(:\d+)?(\+[a-z-]+:\d+)*$")
+_KIND_NAME = f"({GATE_PREFIX})?(" + "|".join(HEAD_KINDS) + ")"
 _SPEC_ITEM = rf"\s*(\d+|{_KIND_NAME}(:\d+)?(\+{_KIND_NAME}:\d+)*|{_KIND_NAME}(/{_KIND_NAME})+)\s*"
 #: The written form of every head spec ``parse_heads`` reads as text: items (a k, a kind, kind:k+kind:j or
 #: kind/kind/...) separated by commas. Configs check it before a model exists; the counts are checked at build.
@@ -169,10 +217,11 @@ HEAD_SPEC_PATTERN = re.compile(rf"{_SPEC_ITEM}(,{_SPEC_ITEM})*")
 
 def _layer_heads(item: object, num_heads: int, where: str) -> LayerHeads:
     """One layer's heads from an int k, a kind name, "kind:k+kind:j" (the trailing heads, in that order; the rest
-    ordinary), "a/b/c" (one per head), a ``LayerHeads``, or a sequence of names / bools / a bool tensor."""
+    ordinary), "a/b/c" (one per head), a ``LayerHeads``, or a sequence of names / bools / a bool tensor. Any kind
+    may be written "gated-<kind>"."""
     allowed = (
-        f"allowed: an int 0..{num_heads}, a kind ({', '.join(HEAD_KINDS)}), kind:k[+kind:j] for the trailing "
-        f"heads, or {num_heads} kinds joined by '/'"
+        f"allowed: an int 0..{num_heads}, a kind ({', '.join(HEAD_KINDS)}; each but local and untied also as "
+        f"{GATE_PREFIX}<kind>), kind:k[+kind:j] for the trailing heads, or {num_heads} kinds joined by '/'"
     )
     if isinstance(item, LayerHeads):
         if item.num_heads != num_heads:
@@ -223,10 +272,13 @@ def _layer_heads(item: object, num_heads: int, where: str) -> LayerHeads:
             kinds = ("ordinary",) * (num_heads - len(trailing)) + tuple(trailing)
     else:
         raise HeadSpecError(f"laplacian_heads{where}={item!r} is not a head spec; {allowed}")
-    unknown = sorted({k for k in kinds if k not in HEAD_KINDS})
+    unknown = sorted({k for k in kinds if k.removeprefix(GATE_PREFIX) not in HEAD_KINDS})
     if unknown:
         raise HeadSpecError(f"laplacian_heads{where}={item!r}: unknown kind {unknown[0]!r}; {allowed}")
-    return LayerHeads(kinds)
+    try:
+        return LayerHeads.of_names(kinds)
+    except HeadSpecError as err:
+        raise HeadSpecError(f"laplacian_heads{where}={item!r}: {err}") from None
 
 
 def parse_heads(spec: object, heads_per_layer: Sequence[int]) -> list[LayerHeads]:
@@ -235,7 +287,8 @@ def parse_heads(spec: object, heads_per_layer: Sequence[int]) -> list[LayerHeads
     Args:
         spec: one of
             * an int k: the trailing k heads of every layer are Laplacian ("kL" in the paper); ``"3"`` the same;
-            * a kind name, every head of every layer: ``"mix"``, ``"negated"``;
+            * a kind name, every head of every layer: ``"mix"``, ``"negated"``; any kind but local and untied may
+              be gated, ``"gated-laplacian"`` (each such head's output scaled by its own sigmoid gate);
             * ``"kind:k"`` or ``"kind:k+kind:j"``: the trailing heads of every layer, in that order, the rest
               ordinary (``"negated:3"``; ``"laplacian:1+local:1"``);
             * ``"a/b/c"``: one kind per head (``"ordinary/negated/laplacian"``);
@@ -291,7 +344,7 @@ def parse_heads(spec: object, heads_per_layer: Sequence[int]) -> list[LayerHeads
 #: ``--laplacian-heads`` in a config: k, one k per layer ("0,2,2,0"), or head kinds ("negated:3", "mix",
 #: "ordinary/negated/laplacian", per layer too); the counts are checked against the model when it is built
 HEAD_SPEC = Domain(
-    "k, a comma list of per-layer k (3 or 0,2,2,0), or head kinds (negated:3, mix, ordinary/negated/laplacian; "
-    "kinds: " + ", ".join(HEAD_KINDS) + ")",
+    "k, a comma list of per-layer k (3 or 0,2,2,0), or head kinds (negated:3, mix, ordinary/negated/laplacian, "
+    "gated-laplacian:3; kinds: " + ", ".join(HEAD_KINDS) + "; any but local and untied as gated-<kind>)",
     lambda v: bool(HEAD_SPEC_PATTERN.fullmatch(v)),
 )

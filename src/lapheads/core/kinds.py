@@ -11,6 +11,11 @@ term). Design choices:
   reference and TorchScript's form all read that one table.
 * **No T x T tensor.** The attended mean is the mean of all keys, a running mean under a causal mask, or SDPA with
   all-equal scores under any other mask.
+* **A gate is not a kind but a switch on one** (``"gated-laplacian"``): the head's output times sigmoid(x w_h), one
+  scalar per head and token from the layer's input x, as gated attention (arXiv 2505.06708, headwise; Qwen3-Next)
+  and the modded-nanogpt speedrun's gated heads have it. w_h starts at zero, so a new gate is the fixed scale 1/2
+  (the papers' zero init). The op never sees x: a module owns the gate's weights and calls :func:`gate_heads` on
+  what the op returns, before the output projection.
 * **Mix heads are pulled to named points** by an optional penalty (:func:`decisiveness_penalty`), so a learned
   (a, b) can be read as a kind (:func:`nearest_kind`).
 """
@@ -27,6 +32,8 @@ from torch import Tensor
 from lapheads.core._autograd import sdpa
 
 __all__ = [
+    "GATEABLE_KINDS",
+    "GATE_PREFIX",
     "HEAD_KINDS",
     "KIND_COEFFICIENTS",
     "LOCAL_TERM_KINDS",
@@ -35,6 +42,7 @@ __all__ = [
     "attended_mean",
     "decisiveness_penalty",
     "exclude_own_value",
+    "gate_heads",
     "is_kinds",
     "is_plain_laplacian",
     "kind_coefficients",
@@ -71,6 +79,10 @@ KIND_COEFFICIENTS = {
 PROJECTING_KINDS = frozenset({"exclusive"})
 #: kinds whose module adds a token-local term W_O' W_V' x beside the op's output (untied from W_V, W_O)
 LOCAL_TERM_KINDS = ("local", "untied")
+#: how a gated head's kind is written ("gated-laplacian"), in specs and in saved configs
+GATE_PREFIX = "gated-"
+#: kinds a gate can scale: the head's whole output comes from the op (a local term is added after W_O, ungated)
+GATEABLE_KINDS = tuple(kind for kind in HEAD_KINDS if kind not in LOCAL_TERM_KINDS)
 
 
 #: The named points of a mix head's (a, b) (a V + b P V): the kinds the paper and its ablations talk about.
@@ -168,6 +180,23 @@ def exclude_own_value(out: Tensor, own: Tensor, kinds: Sequence[str]) -> Tensor:
     n = F.normalize(own, dim=-1)
     exclusive = torch.tensor([kind in PROJECTING_KINDS for kind in kinds], device=out.device).view(1, -1, 1, 1)
     return torch.where(exclusive, out - (out * n).sum(-1, keepdim=True) * n, out)
+
+
+def gate_heads(out: Tensor, gate_logits: Tensor, gated_heads: Tensor) -> Tensor:
+    """Scale each gated head's output by its sigmoid gate: out[:, h, t] * sigmoid(gate_logits[:, t, j]) for the
+    j-th gated head h; the other heads unchanged (one elementwise pass over ``out``).
+
+    Args:
+        out: the heads' outputs (B, H, T, D), as the op returns them.
+        gate_logits: (B, T, G), the layer's input through the module's gate (a Linear without bias, one output per
+            gated head).
+        gated_heads: (G,) int64, the gated heads' indices in order (a module's buffer, on out's device).
+    """
+    gates = torch.sigmoid(gate_logits).transpose(1, 2).unsqueeze(-1).to(out.dtype)  # (B, G, T, 1)
+    if gates.shape[1] == out.shape[1]:  # every head gated
+        return out * gates
+    scale = torch.ones(out.shape[0], out.shape[1], out.shape[2], 1, dtype=out.dtype, device=out.device)
+    return out * scale.index_copy(1, gated_heads, gates)
 
 
 def decisiveness_penalty(model: torch.nn.Module) -> torch.Tensor:

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from lapheads.core.attention import laplacian_attention, laplacian_attention_reference, scripted_attention
 from lapheads.core.heads import HeadSpec, HeadSpecError, LayerHeads, parse_heads
-from lapheads.core.kinds import KIND_COEFFICIENTS, PROJECTING_KINDS
+from lapheads.core.kinds import KIND_COEFFICIENTS, PROJECTING_KINDS, gate_heads
 
 __all__ = ["LaplacianHeadsMixin"]
 
@@ -44,12 +44,16 @@ class LaplacianHeadsMixin:
             "head_exclusive", torch.zeros(num_heads, dtype=torch.bool, device=device), persistent=False
         )
         self.register_buffer("head_is_mix", torch.zeros(num_heads, dtype=torch.bool, device=device), persistent=False)
+        # the gated heads' indices (the columns of head_gate), rebuilt with the mask
+        self.register_buffer("head_gate_index", torch.zeros(0, dtype=torch.long, device=device), persistent=False)
+        self.head_gate: Optional[torch.nn.Linear] = None
         self.set_laplacian_heads(laplacian_heads)
 
     def set_laplacian_heads(self, laplacian_heads: LayerHeads | HeadSpec | Sequence[str]) -> None:
         """Choose which heads are Laplacian (no parameters change), or give every head a kind
         (:data:`HEAD_KINDS`): "mix" heads gain their learnable (a, b) (``mix_a`` = 0, ``mix_b`` = 1: ordinary at
-        the start), "local" and "untied" heads the module's untied local term (:meth:`_make_local`).
+        the start), "local" and "untied" heads the module's untied local term (:meth:`_make_local`), gated heads
+        the module's gate (:meth:`_make_gates`).
 
         Args:
             laplacian_heads: this layer's :class:`LayerHeads`, or any one-layer spec :func:`parse_heads` reads (k,
@@ -61,7 +65,7 @@ class LaplacianHeadsMixin:
         # what forward hands the op: TorchScript-readable attributes, set once here (no per-call work):
         # the kinds where there are others than ordinary and Laplacian heads, else an int k when the Laplacian heads
         # are the trailing k (no device work to build a mask), else None (the on-device buffer)
-        self._kinds: tuple[str, ...] | None = None if heads.plain else heads.kinds
+        self._kinds: tuple[str, ...] | None = None if heads.plain_kinds else heads.kinds
         self._op_heads: int | None = heads.trailing
         device = self.laplacian_mask.device
         if "mix" in heads.kinds:
@@ -71,6 +75,7 @@ class LaplacianHeadsMixin:
         else:
             self.mix_a = self.mix_b = None
         self._make_local(heads.kinds.count("local"), [h for h, kind in enumerate(heads.kinds) if kind == "untied"])
+        self._make_gates(len(heads.gated_heads))
         self._sync_laplacian_mask()
 
     def _sync_laplacian_mask(self) -> None:
@@ -85,12 +90,13 @@ class LaplacianHeadsMixin:
         ).T.contiguous()
         self._buffers["head_exclusive"] = torch.tensor([k in PROJECTING_KINDS for k in kinds], device=device)
         self._buffers["head_is_mix"] = torch.tensor([k == "mix" for k in kinds], device=device)
+        self._buffers["head_gate_index"] = torch.tensor(self._heads.gated_heads, dtype=torch.long, device=device)
 
     def _weights_dtype(self) -> torch.dtype:
         """The dtype of the module's own weights, which the head kinds' parameters take (an fp16 model whose
         kinds are set, or reloaded with them, keeps fp16 mix and local parameters)."""
         for name, parameter in self.named_parameters():
-            if parameter.is_floating_point() and not name.startswith(("mix_", "local_", "untied_")):
+            if parameter.is_floating_point() and not name.startswith(("mix_", "local_", "untied_", "head_gate")):
                 return parameter.dtype
         return torch.get_default_dtype()
 
@@ -105,6 +111,33 @@ class LaplacianHeadsMixin:
             raise HeadSpecError(
                 f"{type(self).__name__} has no local term; allowed kinds here: all but 'local' and 'untied'"
             )
+
+    def _gate_input_features(self) -> int | None:
+        """The width of the layer's input, which gated heads' gates read; None where the module's forward does not
+        apply gates (then gated heads are refused)."""
+        return None
+
+    def _make_gates(self, num_gated: int) -> None:
+        """Gated heads' gate: ``head_gate``, a Linear from the layer's input to one logit per gated head, without
+        bias and at zero, so each new gate is the fixed scale sigmoid(0) = 1/2 (the gated-attention papers' init)."""
+        if not num_gated:
+            self.head_gate = None
+            return
+        features = self._gate_input_features()
+        if features is None:
+            raise HeadSpecError(
+                f"{type(self).__name__} does not apply head gates; allowed kinds here: all without 'gated-' "
+                "(gated heads: lapheads' ViT and GPT, Hugging Face models)"
+            )
+        device = self.laplacian_mask.device
+        self.head_gate = torch.nn.Linear(features, num_gated, bias=False, device=device, dtype=self._weights_dtype())
+        torch.nn.init.zeros_(self.head_gate.weight)
+
+    def _gate(self, out: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The op's output (B, H, T, D) with each gated head scaled by its gate on ``tokens`` (the layer's input)."""
+        if self.head_gate is not None:  # on the attribute itself: TorchScript drops the branch where it is None
+            out = gate_heads(out, self.head_gate(tokens), self.head_gate_index)
+        return out
 
     def _attend(
         self,

@@ -79,15 +79,21 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         if (num_local or untied_heads) and device.type != "meta":
             self.init_weights()
 
+    def _gate_input_features(self) -> int | None:
+        return self.qkv.in_features
+
     def init_weights(self) -> None:
         """The head kinds' own parameters at their start: mix heads ordinary (a = 0, b = 1), local heads' W_V' as
-        timm initialises a Linear and W_O' zero, untied heads' W_V', W_O' copies of their head's W_V, W_O. timm's
+        timm initialises a Linear and W_O' zero, untied heads' W_V', W_O' copies of their head's W_V, W_O, gates at
+        zero (the scale 1/2). timm's
         ``init_weights`` calls this after its own pass over the module's Linears (so a model built on the meta
         device, ``to_empty``-ed and re-initialised starts right); qkv and proj are timm's business and untouched."""
         with torch.no_grad():
             if self.mix_a is not None:
                 self.mix_a.zero_()
                 self.mix_b.fill_(1.0)
+            if self.head_gate is not None:
+                self.head_gate.weight.zero_()
             if self.local_v is not None:
                 torch.nn.init.trunc_normal_(self.local_v.weight, std=0.02)
                 if self.local_v.bias is not None:
@@ -133,6 +139,7 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
         q, k, v = qkv.unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
         x, attn = self._attend(q, k, v, attn_mask, is_causal, return_attn)
+        x = self._gate(x, tokens)  # gated heads: each head's output times sigmoid(tokens w_h)
         x = x.transpose(1, 2).reshape(b, n, self.attn_dim)
         x = self.norm(x)
         if gate is not None:
@@ -148,7 +155,7 @@ class LaplacianAttention(LaplacianHeadsMixin, Attention):
 
     def extra_repr(self) -> str:
         if not self._heads.plain:
-            return f"head_kinds={list(self._heads.kinds)}"
+            return f"head_kinds={list(self._heads.names)}"
         return f"laplacian_heads={self._heads}"
 
 

@@ -147,6 +147,13 @@ def _layer_scale(block: torch.nn.Module) -> torch.Tensor | None:
 
 def head_circuits(model: torch.nn.Module) -> list[HeadCircuits]:
     """Per block: the weights of its heads' whole circuits (timm ViTs and lapheads.GPT)."""
+    gated = next((m.heads for m in model.modules() if isinstance(getattr(m, "heads", None), LayerHeads)
+                  and m.heads.gated_heads), None)  # fmt: skip
+    if gated is not None:  # a gate scales a head per token: no fixed operator M_h A per head to take apart
+        raise InputError(
+            f"{type(model).__name__} has gated heads ({gated}); allowed: models without gates (a gated head's "
+            "operator changes with every token)"
+        )
     out = []
     if hasattr(model, "transformer") and hasattr(model, "lm_head"):
         for block in model.blocks:

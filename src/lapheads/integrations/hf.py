@@ -36,7 +36,10 @@ Design choices:
   are ``mix_a`` / ``mix_b`` parameters of its attention module (ordinary at the start); "local" and "untied" heads
   add their token-local term W_O' W_V' x, which needs the layer's input (the attention interface never sees it), by
   a forward hook on the module (:func:`_add_local_terms`; Llama-style ``v_proj`` / ``o_proj``). Their parameters
-  are saved with the model and restored by :func:`from_pretrained`.
+  are saved with the model and restored by :func:`from_pretrained`. Gated heads ("gated-laplacian") the same way:
+  their gate ``head_gate`` reads the layer's input, which a forward pre-hook hands to the attention function
+  (:func:`_note_gate_input`), and scales each gated head's output there, before ``o_proj``
+  (:func:`lapheads.core.kinds.gate_heads`).
 * **Converting a pretrained model**: ``init="switch"`` turns the heads Laplacian as they are (their output
   changes); ``"signflip"`` also negates those heads' columns of the output projection, so the P V term is exact and
   only -W_O V is added; ``"blend"`` starts at lambda = 0, exactly the pretrained function, and
@@ -58,6 +61,7 @@ from lapheads.core.attention import laplacian_attention, laplacian_attention_ref
 from lapheads.core.convert import INITS, BlendSchedule, init_heads, set_blend
 from lapheads.core.convert import attention_modules as _named_attention_modules
 from lapheads.core.heads import HeadSpecError, LayerHeads, parse_heads
+from lapheads.core.kinds import gate_heads
 from lapheads.core.masks import is_pattern, tensor_mask
 from lapheads.errors import InputError
 
@@ -102,11 +106,17 @@ def _layer_heads(module: nn.Module, num_heads: int) -> LayerHeads | None:
                 f"{type(module).__name__} has no layer_idx to find its Laplacian heads; allowed: load "
                 "with lapheads.integrations.hf.from_pretrained (or call lapheads.integrations.hf.enable)"
             )
-        heads = LayerHeads(tuple(kinds[layer])) if kinds is not None else LayerHeads.of_flags(masks[layer])
-        if "mix" in heads.kinds and getattr(module, "mix_a", None) is None:
+        heads = LayerHeads.of_names(tuple(kinds[layer])) if kinds is not None else LayerHeads.of_flags(masks[layer])
+        unloaded = [
+            what
+            for what, needed, weight in (("mix heads' (a, b)", "mix" in heads.kinds, "mix_a"),
+                                         ("gated heads' gates", any(heads.gated), "head_gate"))
+            if needed and getattr(module, weight, None) is None
+        ]  # fmt: skip
+        if unloaded:
             raise InputError(
-                f"{type(module).__name__} has mix heads whose (a, b) are weights a plain from_pretrained does "
-                "not load; allowed: lapheads.hf.from_pretrained(model_class, path)"
+                f"{type(module).__name__} has {unloaded[0]}, weights a plain from_pretrained does not load; "
+                "allowed: lapheads.hf.from_pretrained(model_class, path)"
             )
         _set_layer_heads(module, heads, next(module.parameters()).device)
         blend = getattr(config, "laplacian_blend", None)
@@ -125,7 +135,16 @@ def _set_layer_heads(module: nn.Module, heads: LayerHeads, device: torch.device)
 
 
 #: the parameters lapheads adds to an attention module (saved with the model, restored by :func:`from_pretrained`)
-HEAD_PARAMETERS = (".mix_a", ".mix_b", ".local_v.weight", ".local_o.weight", ".untied_v", ".untied_o", ".untied_b")
+HEAD_PARAMETERS = (
+    ".mix_a",
+    ".mix_b",
+    ".local_v.weight",
+    ".local_o.weight",
+    ".untied_v",
+    ".untied_o",
+    ".untied_b",
+    ".head_gate.weight",
+)
 
 
 @functools.cache
@@ -206,6 +225,9 @@ def lapheads_attention(
         out, weights = laplacian_attention_reference(query, key, value, spec, return_attn=True, **options)
     else:
         out = laplacian_attention(query, key, value, spec, **options)
+    if heads is not None and heads.gated_heads:  # the layer's input, from the pre-hook (the interface never sees it)
+        x, module.laplacian_gate_input = module.laplacian_gate_input, None
+        out = gate_heads(out, module.head_gate(x), module.head_gate_index)
     return out.transpose(1, 2).contiguous(), weights
 
 
@@ -430,7 +452,7 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
     Args:
         model: a transformers ``PreTrainedModel`` whose attention goes through the attention interface.
         laplacian_heads: any spec :func:`lapheads.core.heads.parse_heads` reads (k, "0,2,2,0", per-layer
-            masks, head kinds but local and untied).
+            masks, every head kind, gated ones too; local and untied: Llama-style attention).
         init: "switch", "signflip" or "blend" (see the module docstring).
 
     Returns:
@@ -463,11 +485,12 @@ def enable(model: nn.Module, laplacian_heads=1, init: str = "switch") -> nn.Modu
             module.mix_b = nn.Parameter(torch.ones(num_heads, **like))
         _make_local_terms(module, heads, model.config.hidden_size // num_heads if not hasattr(module, "head_dim")
                           else module.head_dim)  # fmt: skip
+        _make_gates(module, heads, model.config.hidden_size)
     if plain:
         if hasattr(model.config, "laplacian_head_kinds"):
             del model.config.laplacian_head_kinds
     else:
-        model.config.laplacian_head_kinds = [list(heads.kinds) for heads in layers]
+        model.config.laplacian_head_kinds = [list(heads.names) for heads in layers]
     for module, heads in zip(modules, layers):
         device = next(module.parameters()).device
         _set_layer_heads(module, heads, device)
@@ -524,6 +547,33 @@ def _make_local_terms(module: nn.Module, heads: LayerHeads, head_dim: int) -> No
             module.untied_b = nn.Parameter(v_proj.bias[rows].clone()) if v_proj.bias is not None else None
     module.laplacian_local_terms = (local, untied)
     module.register_forward_hook(_add_local_terms, with_kwargs=True)
+
+
+def _make_gates(module: nn.Module, heads: LayerHeads, hidden: int) -> None:
+    """Gated heads' gate, as lapheads' own models have it: ``head_gate``, a Linear from the layer's input (width
+    ``hidden``) to one logit per gated head, without bias and at zero (each gate the scale 1/2 at the start), and
+    ``head_gate_index``, the gated heads (a non-persistent buffer). A forward pre-hook hands the layer's input to
+    the attention function, which applies the gates."""
+    gated = heads.gated_heads
+    current = getattr(module, "laplacian_gated", None)
+    if current is not None:
+        if current == gated:
+            return  # enable() again with the same heads: the trained gates stay
+        raise HeadSpecError(f"{type(module).__name__} already has gated heads {list(current)}; allowed: the same ones, "
+                            "or a fresh model")  # fmt: skip
+    if not gated:
+        return
+    weight = next(module.parameters())
+    module.head_gate = nn.Linear(hidden, len(gated), bias=False, device=weight.device, dtype=weight.dtype)
+    nn.init.zeros_(module.head_gate.weight)
+    module.register_buffer("head_gate_index", torch.tensor(gated, device=weight.device), persistent=False)
+    module.laplacian_gated = gated
+    module.register_forward_pre_hook(_note_gate_input, with_kwargs=True)
+
+
+def _note_gate_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Keep the layer's input for this call's gates (the attention function reads it once and lets it go)."""
+    module.laplacian_gate_input = args[0] if args else kwargs["hidden_states"]
 
 
 def _add_local_terms(module: nn.Module, args: tuple, kwargs: dict, output):
@@ -600,18 +650,20 @@ def from_pretrained(model_class, path, *args, **kwargs):
 
 
 def _load_head_weights(model: nn.Module, path) -> None:
-    """Load the head kinds' own parameters (mix heads' (a, b), local and untied heads' W_V', W_O') from a saved
-    model's safetensors files (transformers drops keys it does not expect, so ``from_pretrained`` leaves them at
-    their initial values)."""
+    """Load the head kinds' own parameters (mix heads' (a, b), local and untied heads' W_V', W_O', gates) from a
+    saved model's safetensors files (transformers drops keys it does not expect, so ``from_pretrained`` leaves them
+    at their initial values). Each is looked up under the name ``save_pretrained`` wrote it with, which a family's
+    checkpoint conversion may rename (ViT's ``layers.0`` is saved as ``encoder.layer.0``)."""
     from pathlib import Path
 
     from lapheads.io import load_safetensors
 
     wanted = {name: p for name, p in model.named_parameters() if name.endswith(HEAD_PARAMETERS)}
+    saved_as = _saved_names(model, wanted)
     found: dict[str, torch.Tensor] = {}
     for file in sorted(Path(path).glob("*.safetensors")):
         tensors = load_safetensors(file)
-        found.update({k: v for k, v in tensors.items() if k in wanted})
+        found.update({name: tensors[saved] for name, saved in saved_as.items() if saved in tensors})
     missing = sorted(set(wanted) - set(found))
     if missing:
         raise InputError(
@@ -620,6 +672,16 @@ def _load_head_weights(model: nn.Module, path) -> None:
     with torch.no_grad():
         for name, value in found.items():
             wanted[name].copy_(value)
+
+
+def _saved_names(model: nn.Module, parameters: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Each parameter's name in the files ``save_pretrained`` writes: transformers' own reverse of the family's
+    checkpoint conversion, asked one name at a time (a transformers without conversions saves names as they are)."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return {name: name for name in parameters}
+    return {name: next(iter(revert_weight_conversion(model, {name: p.detach()}))) for name, p in parameters.items()}
 
 
 try:  # importing lapheads.hf is enough for transformers (pipelines, lm-eval's "hf" model) to load a saved model

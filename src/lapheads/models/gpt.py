@@ -328,6 +328,9 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
         self.local_v = nn.Linear(self.c_v.in_features, width, bias=False, device=device, dtype=dtype)
         self.local_o = nn.Linear(width, self.c_proj.out_features, bias=False, device=device, dtype=dtype)
 
+    def _gate_input_features(self) -> int | None:
+        return self.c_q.in_features
+
     def forward(
         self,
         x: torch.Tensor,
@@ -360,6 +363,7 @@ class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
             is_causal=pattern is None,
             mix=None if self.mix_a is None else (self.mix_a, self.mix_b),
         )
+        y = self._gate(y, x)  # gated heads: each head's output times sigmoid(x w_h)
         out = self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
         if self.local_v is not None:  # "local" heads' untied token-local term
             out = out + self.local_o(self.local_v(x))
@@ -474,7 +478,7 @@ class GPT(nn.Module):
 
     def head_kinds(self) -> list[list[str]]:
         """Each layer's head kinds, for records and config.json (host truth: works on the meta device too)."""
-        return [list(block.attn.heads.kinds) for block in self.blocks]
+        return [list(block.attn.heads.names) for block in self.blocks]
 
     def laplacian_masks(self) -> list[list[bool]]:
         """Each layer's Laplacian head mask, for records and config.json."""
@@ -536,12 +540,15 @@ class GPT(nn.Module):
         self._init_scalars_and_gates()
 
     def _init_head_kinds(self) -> None:
-        """mix heads start ordinary (a = 0, b = 1); local heads' W_V' like c_v, W_O' at zero."""
+        """mix heads start ordinary (a = 0, b = 1); local heads' W_V' like c_v, W_O' at zero; gates at zero (the
+        scale 1/2)."""
         for block in self.blocks:
             attn = block.attn
             if attn.mix_a is not None:
                 nn.init.zeros_(attn.mix_a)
                 nn.init.ones_(attn.mix_b)
+            if attn.head_gate is not None:
+                nn.init.zeros_(attn.head_gate.weight)
             if attn.local_v is not None:
                 fan_in = attn.local_v.weight.shape[1]
                 nn.init.normal_(attn.local_v.weight, std=1.0 / math.sqrt(fan_in))

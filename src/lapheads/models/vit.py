@@ -52,7 +52,7 @@ def set_laplacian_heads(model: torch.nn.Module, laplacian_heads: object) -> list
 
 def vit_head_kinds(model: torch.nn.Module) -> list[list[str]]:
     """Each attention layer's head kinds, for config.json."""
-    return [list(m.heads.kinds) for m in model.modules() if isinstance(m, LaplacianAttention)]
+    return [list(m.heads.names) for m in model.modules() if isinstance(m, LaplacianAttention)]
 
 
 def vit_laplacian_masks(model: torch.nn.Module) -> list[list[bool]]:

@@ -80,7 +80,7 @@ def _load_base(cfg: ChatTrainConfig, device: torch.device) -> tuple[GPT, Tokeniz
         from lapheads.core.heads import parse_heads
 
         wanted = parse_heads(cfg.laplacian_heads, [model.config.n_head] * model.config.depth)
-        if [list(heads.kinds) for heads in wanted] != model.head_kinds():
+        if [list(heads.names) for heads in wanted] != model.head_kinds():
             base = model.laplacian_masks() if all(b.attn.heads.plain for b in model.blocks) else model.head_kinds()
             raise ConfigError(
                 f"--laplacian-heads {cfg.laplacian_heads!r} differs from the base's heads {base}; allowed: the "
