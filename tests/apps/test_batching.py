@@ -126,3 +126,73 @@ def test_a_reader_that_stops_reading_ends_its_job_and_the_next_batch_runs():
     after = Job(3)
     assert "".join(batcher.submit(after)) == "xxx"  # the next batch ran to its end
     assert left.finished == "stop" and len(left.reply) < 25
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_requests_that_join_a_batch_in_flight_generate_what_each_generates_alone(arch):
+    """Issue 72 (continuous batching): requests join between steps, prefilled to end where the batch is (padding of
+    document 0 before them), greedy and sampled, one whose prompt fills the batch's whole length; each generates
+    the tokens it gets alone. A prompt longer than the batch so far, or an allowance past the context, cannot join."""
+    from lapheads.apps.batching import Decoding
+
+    model = _random_weights(GPT(GPTConfig(**dict(EVERY_OPTION, arch=arch))))
+    prompt = lambda n, seed: tuple(torch.randint(0, 40, (n,), generator=torch.Generator().manual_seed(seed)).tolist())  # noqa: E731
+    first = [Generation(prompt(4, 1), max_tokens=14), Generation(prompt(2, 2), 6, temperature=1.0, seed=3)]
+    later = {3: [Generation(prompt(5, 3), 8, temperature=0.9, top_k=6, seed=4), Generation(prompt(3, 4), 5)],
+             6: [Generation(prompt(9, 5), 7, temperature=1.0, seed=9)]}  # fmt: skip
+    tokens: dict[int, list[int]] = {}
+    decoding = Decoding(model, list(enumerate(first)), lambda i, token, logits: tokens.setdefault(i, []).append(token))
+    requests, step = list(first), 0
+    while True:
+        decoding.sample()
+        if not decoding.live:
+            break
+        decoding.advance()
+        step += 1
+        if step in later:
+            assert decoding.cache.pos == 4 + step
+            assert not decoding.can_join(Generation(prompt(5 + step, 6), 2))  # its prompt is longer than the batch
+            assert not decoding.can_join(Generation(prompt(2, 7), 32))  # it would run past the context
+            joining = [(len(requests) + n, request) for n, request in enumerate(later[step])]
+            assert all(decoding.can_join(request) for _, request in joining)
+            decoding.join(joining)
+            requests += later[step]
+            assert len(decoding.live) == len(decoding.cache.kv[0, 0])
+    assert len(requests) == 5
+    for index, request in enumerate(requests):
+        assert tokens[index] == _alone(model, request), index
+
+
+def test_a_job_submitted_while_a_batch_runs_joins_it_and_ends_before_it():
+    """The server's Batcher: a request that arrives mid-batch joins at the next step instead of waiting for the
+    batch to end, and reads what it reads alone."""
+    from lapheads.apps.batching import Batcher
+
+    model = _random_weights(GPT(GPTConfig(**EVERY_OPTION)))
+
+    class Job:
+        def __init__(self, prompt, n, pause=0.0) -> None:
+            self.generation, self.reply, self.sent, self.pause = Generation(prompt, n), [], 0, pause
+            self.finished = None
+
+        def on_token(self, index, token, logits):
+            time.sleep(self.pause)
+            self.reply.append(token)
+
+        def pieces(self):
+            new, self.sent = self.reply[self.sent :], len(self.reply)
+            return iter(f"{t} " for t in new)
+
+        def finish(self, generated):
+            self.finished = generated.finish_reason
+
+    batcher = Batcher(model, gather_s=0.0)
+    long, short = Job((1, 2, 3, 4, 5), 25, pause=0.02), Job((7, 8), 4)
+    pieces = batcher.submit(long)
+    next(pieces)  # the long job is decoding
+    text = "".join(batcher.submit(short))
+    assert long.finished is None  # the short job joined and ended while the long one still ran
+    assert text.split() == [str(t) for t in generate_together(model, [short.generation])[0].tokens]
+    assert len("".join(pieces).split()) == 24 and long.finished == "length"
+    with pytest.raises(InputError, match="the request: a prompt of 32 tokens; allowed: 1 to 31"):
+        batcher.submit(Job(tuple(range(32)), 2))

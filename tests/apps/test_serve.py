@@ -621,13 +621,14 @@ def test_replies_sent_together_are_decoded_together_and_each_reads_as_alone(engi
 
     import lapheads.apps.batching as batching
 
-    sizes, real = [], batching.decode_steps
+    sizes = []
 
-    def recorded(model, requests, on_token=None):
-        sizes.append(len(requests))
-        return real(model, requests, on_token)
+    class Recorded(batching.Decoding):  # the size of each batch as it starts
+        def __init__(self, model, requests, on_token=None):
+            sizes.append(len(requests))
+            super().__init__(model, requests, on_token)
 
-    monkeypatch.setattr(batching, "decode_steps", recorded)
+    monkeypatch.setattr(batching, "Decoding", Recorded)
     app = create_app(engine, "tiny", ServeLimits(max_request_bytes=4000, max_tokens=16), temperature=1.0)
     ask = {"messages": [{"role": "user", "content": QUESTIONS[1]}], "max_tokens": 16, "temperature": 1.0}
     with served(app) as url:

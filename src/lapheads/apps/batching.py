@@ -19,13 +19,19 @@ Design choices:
   ``on_token`` sees each token and the logits it came from (stop strings, log-probabilities, streaming) and may end
   the request there, or hand back tokens to feed next instead of sampling (a chat's tool output), one per step, each
   reported through ``on_token`` too; forced tokens are bounded by the context only, as a request alone takes them.
-* **A generator underneath**: :func:`decode_steps` yields after every step, so a caller can stream between steps
-  (the chat engine of one request, the server's batches); :func:`generate_together` runs it to the end.
+* **A batch one can join** (:class:`Decoding`): a step is ``sample`` (each live request's next token) then
+  ``advance`` (the forward pass); between them requests join, each prefilled so that its prompt ends where the batch
+  is, after padding of document 0, and its cache rows appended (``KVCache.join``). A request joins only where it
+  can generate all it would alone (its prompt no longer than the batch so far, its allowance within the context).
+  :func:`decode_steps` yields after every step, so a caller can stream between steps (the chat engine of one
+  request); :func:`generate_together` runs it to the end.
 * **The server's batches** (:class:`Batcher`): one worker thread owns decoding; it takes every job waiting (after a
-  short gathering wait, so requests sent together start together), decodes them as one batch and hands each its
-  text through its own queue, with the token count at that piece, so a reader that stops at a stop string counts
-  what it read. A job whose reader stops reading (a stop string, a closed connection) is ended at its next token;
-  requests that arrive while a batch runs start with the next one (no joining mid-batch).
+  short gathering wait, so requests sent together start together) and decodes them as one batch; a job that arrives
+  while it runs joins at the next step (continuous batching, as vLLM's scheduler), up to ``max_batch``, in arrival
+  order: the first that cannot join, and every job after it, start the next batch. Each job gets its text through
+  its own queue, with the token count at that piece, so a reader that stops at a stop string counts what it read,
+  and its end as soon as it ends. A job whose reader stops reading (a stop string, a closed connection) is ended at
+  its next token.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -43,7 +49,7 @@ import torch
 from lapheads.errors import InputError
 from lapheads.models.gpt import GPT, sample_token
 
-__all__ = ["Batcher", "Generated", "Generation", "Job", "decode_steps", "generate_together"]
+__all__ = ["Batcher", "Decoding", "Generated", "Generation", "Job", "decode_steps", "generate_together"]
 
 #: ``on_token(index, token, logits)``: the request's index in the call, its new token (sampled, or forced) and the
 #: logits at that position (V,); returning False ends the request there ("stop"), keeping the token; a non-empty
@@ -99,17 +105,27 @@ def decode_steps(
     ``on_token``; returns each request's :class:`Generated`, in order."""
     limit = model.config.sequence_len
     for i, request in enumerate(requests):
-        if not request.prompt or len(request.prompt) >= limit:
-            raise InputError(
-                f"request {i}: a prompt of {len(request.prompt)} tokens; allowed: 1 to {limit - 1} (the model's "
-                f"sequence_len {limit}, with room for one more)"
-            )
+        _check_prompt(request, limit, f"request {i}")
     results: list[Generated | None] = [None] * len(requests)
     for group in _groups(requests, limit):
-        generated = yield from _decode(model, [requests[i] for i in group], group, on_token)
-        for index, one in zip(group, generated):
-            results[index] = one
+        decoding = Decoding(model, [(i, requests[i]) for i in group], on_token)
+        while True:
+            for index, generated in decoding.sample():
+                results[index] = generated
+            yield
+            if not decoding.live:
+                break
+            decoding.advance()
     return results  # type: ignore[return-value]
+
+
+def _check_prompt(request: Generation, limit: int, name: str) -> None:
+    """Refuse a prompt that leaves no room for one more token in the model's context, in one line."""
+    if not request.prompt or len(request.prompt) >= limit:
+        raise InputError(
+            f"{name}: a prompt of {len(request.prompt)} tokens; allowed: 1 to {limit - 1} (the model's "
+            f"sequence_len {limit}, with room for one more)"
+        )
 
 
 def _allowance(request: Generation, limit: int) -> int:
@@ -132,69 +148,142 @@ def _groups(requests: Sequence[Generation], limit: int) -> list[list[int]]:
     return groups
 
 
-def _decode(
-    model: GPT, requests: list[Generation], indices: list[int], on_token: OnToken | None
-) -> Generator[None, None, list[Generated]]:
-    """One group: left-padded prefill, then one token per live request per step (no autograd: a generator keeps
-    the caller's grad mode between steps, so each forward says it)."""
-    device = model.lm_head.weight.device
-    limit = model.config.sequence_len
-    width = max(len(r.prompt) for r in requests)
-    ids = torch.zeros(len(requests), width, dtype=torch.long, device=device)
-    documents = torch.zeros(len(requests), width, dtype=torch.long, device=device)  # padding: document 0
-    for row, request in enumerate(requests):
-        ids[row, width - len(request.prompt) :] = torch.tensor(request.prompt, device=device)
-        documents[row, width - len(request.prompt) :] = 1
-    generators = [torch.Generator(device).manual_seed(r.seed % 2**63) for r in requests]
-    if all(len(r.prompt) == width for r in requests):
-        documents = None  # no padding to keep apart: plain causal attention (one request alone, equal prompts)
-    cache = model.new_kv_cache(len(requests), limit)
-    with torch.no_grad():
-        logits = model(ids, kv_cache=cache, document_ids=documents)[:, -1].float()
-    out = [Generated([], "length") for _ in requests]
-    forced: list[list[int]] = [[] for _ in requests]  # tokens to feed instead of sampling (a tool's output)
-    live = list(range(len(requests)))  # the rows of the original order still generating, in cache order
-    while live:
-        fed, kept = [], []
-        for position, row in enumerate(live):
-            request, tokens = requests[row], out[row].tokens
-            if cache.pos >= limit:
-                continue  # the context is full: "length" (forced tokens past the group's allowance end here)
-            if forced[row]:
-                token = forced[row].pop(0)
+@dataclass
+class _Row:
+    """One request in a batch: the caller's index for it, what it generated, the tokens forced next, its generator."""
+
+    index: int
+    request: Generation
+    generator: torch.Generator
+    out: Generated = field(default_factory=lambda: Generated([], "length"))
+    forced: list[int] = field(default_factory=list)
+
+
+class Decoding:
+    """A batch in flight: one forward per step for every live request, and requests that join it between steps.
+
+    The first requests are prefilled together, left-padded; each later one (:meth:`join`) is prefilled where its
+    prompt ends at the batch's current position, after padding of document 0, and its cache rows are appended to the
+    batch's (``KVCache.join``): its logits are the ones it has alone, as a padded row's are. A step is
+    :meth:`sample` (each live request's next token, reported through ``on_token``; returns the requests that ended)
+    and then :meth:`advance` (the forward pass on the tokens fed). No autograd: a generator around it keeps the
+    caller's grad mode between steps, so each forward says it.
+
+    Args:
+        model: the GPT.
+        requests: (the caller's index, request) of the first requests; together they fit the context
+            (:func:`_groups`).
+        on_token: :data:`OnToken`, called with the caller's index.
+    """
+
+    def __init__(self, model: GPT, requests: Sequence[tuple[int, Generation]], on_token: OnToken | None = None) -> None:
+        self.model, self.on_token = model, on_token
+        self.device = model.lm_head.weight.device
+        self.limit = model.config.sequence_len
+        self.rows: list[_Row] = []  # the live requests, in cache order
+        self.cache, self.documents, self.logits = self._prefill([request for _, request in requests], 0)
+        self.rows = [self._row(index, request) for index, request in requests]
+        self.fed: list[int] = []  # the tokens sample() chose to feed, in cache order
+
+    def _row(self, index: int, request: Generation) -> _Row:
+        return _Row(index, request, torch.Generator(self.device).manual_seed(request.seed % 2**63))
+
+    def _prefill(self, requests: list[Generation], end: int):
+        """(cache, document ids or None, last logits) of ``requests`` prefilled left-padded so that every prompt
+        ends at position ``end`` (0: at the longest prompt's length)."""
+        width = max(len(r.prompt) for r in requests)
+        end = end or width
+        ids = torch.zeros(len(requests), width, dtype=torch.long, device=self.device)
+        documents = torch.zeros(len(requests), end, dtype=torch.long, device=self.device)  # padding: document 0
+        for row, request in enumerate(requests):
+            ids[row, width - len(request.prompt) :] = torch.tensor(request.prompt, device=self.device)
+            documents[row, end - len(request.prompt) :] = 1
+        if end == width and all(len(r.prompt) == width for r in requests):
+            documents = None  # no padding to keep apart: plain causal attention (one request alone, equal prompts)
+        cache = self.model.new_kv_cache(len(requests), self.limit)
+        cache.pos = end - width  # the keys before stay zero, document 0: never attended
+        with torch.no_grad():
+            logits = self.model(ids, kv_cache=cache, document_ids=documents)[:, -1].float()
+        return cache, documents, logits
+
+    @property
+    def live(self) -> list[int]:
+        """The caller's indices of the requests still generating."""
+        return [row.index for row in self.rows]
+
+    def can_join(self, request: Generation) -> bool:
+        """Whether ``request`` can join now and still generate all it would alone: its prompt fits before the
+        batch's position, and its allowance after it."""
+        position = self.cache.pos
+        return len(request.prompt) <= position and position + _allowance(request, self.limit) <= self.limit
+
+    def join(self, requests: Sequence[tuple[int, Generation]]) -> None:
+        """Add ``requests`` (each :meth:`can_join`) to the batch, between an :meth:`advance` and the next
+        :meth:`sample`."""
+        position = self.cache.pos
+        cache, documents, logits = self._prefill([request for _, request in requests], position)
+        self.cache.join(cache)
+        if documents is None:  # the newcomers' prompts fill the batch's whole length
+            documents = torch.ones(len(requests), position, dtype=torch.long, device=self.device)
+        if self.documents is None:  # the batch had no padding; it has now
+            self.documents = torch.ones(len(self.rows), position, dtype=torch.long, device=self.device)
+        self.documents = torch.cat([self.documents, documents])
+        self.logits = torch.cat([self.logits, logits])
+        self.rows += [self._row(index, request) for index, request in requests]
+
+    def sample(self) -> list[tuple[int, Generated]]:
+        """Each live request's next token (forced, else sampled), reported through ``on_token``; returns (index,
+        :class:`Generated`) of the requests that ended at this step; the others' tokens are fed by :meth:`advance`."""
+        fed, kept, ended = [], [], []
+        for position, row in enumerate(self.rows):
+            request, tokens = row.request, row.out.tokens
+            if self.cache.pos >= self.limit:
+                ended.append(row)  # the context is full: "length" (forced tokens past the allowance end here)
+                continue
+            if row.forced:
+                token = row.forced.pop(0)
             else:
                 if len(tokens) >= request.max_tokens:
-                    continue  # "length", after its forced tokens
-                token = int(sample_token(logits[position : position + 1], request.temperature, request.top_k or None,
-                                         generators[row], request.top_p))  # fmt: skip
+                    ended.append(row)  # "length", after its forced tokens
+                    continue
+                logits = self.logits[position : position + 1]
+                token = int(sample_token(logits, request.temperature, request.top_k or None, row.generator,
+                                         request.top_p))  # fmt: skip
                 if token in request.stop_ids:
-                    out[row].finish_reason = "stop"
+                    row.out.finish_reason = "stop"
+                    ended.append(row)
                     continue
             tokens.append(token)
-            said = on_token(indices[row], token, logits[position]) if on_token is not None else None
+            said = self.on_token(row.index, token, self.logits[position]) if self.on_token is not None else None
             if said is False:
-                out[row].finish_reason = "stop"
+                row.out.finish_reason = "stop"
+                ended.append(row)
                 continue
             if isinstance(said, list) and said:
-                forced[row] += said
-            if not forced[row] and len(tokens) >= request.max_tokens:
-                continue  # "length": nothing more to compute for it
+                row.forced += said
+            if not row.forced and len(tokens) >= request.max_tokens:
+                ended.append(row)  # "length": nothing more to compute for it
+                continue
             fed.append(token)
             kept.append(position)
-        yield
-        if not fed:
-            break
-        if len(kept) < len(live):  # finished requests leave the batch
-            rows = torch.tensor(kept, device=device)
-            cache.keep(rows)
-            documents = documents[rows] if documents is not None else None
-            live = [live[p] for p in kept]
-        if documents is not None:
-            documents = torch.cat([documents, torch.ones(len(live), 1, dtype=torch.long, device=device)], dim=1)
-        step = torch.tensor(fed, device=device)[:, None]
+        if not kept:  # every request ended: the batch is done (nothing to keep)
+            self.rows = []
+        elif len(kept) < len(self.rows):  # ended requests leave the batch
+            rows = torch.tensor(kept, dtype=torch.long, device=self.device)
+            self.cache.keep(rows)
+            self.documents = self.documents[rows] if self.documents is not None else None
+            self.rows = [self.rows[p] for p in kept]
+        self.fed = fed
+        return [(row.index, row.out) for row in ended]
+
+    def advance(self) -> None:
+        """The forward pass on the tokens :meth:`sample` fed: every live request's logits one step on."""
+        if self.documents is not None:
+            ones = torch.ones(len(self.rows), 1, dtype=torch.long, device=self.device)
+            self.documents = torch.cat([self.documents, ones], dim=1)
+        step = torch.tensor(self.fed, device=self.device)[:, None]
         with torch.no_grad():
-            logits = model(step, kv_cache=cache, document_ids=documents)[:, -1].float()
-    return out
+            self.logits = self.model(step, kv_cache=self.cache, document_ids=self.documents)[:, -1].float()
 
 
 class Job(Protocol):
@@ -244,7 +333,9 @@ class Batcher:
     def submit(self, job: Job, outcome: dict[str, Any] | None = None) -> Iterator[str]:
         """The job's text, piece by piece, as the worker decodes it (blocking); ``outcome`` gains
         ``completion_tokens`` as each piece is read and ``finish_reason`` at the end. Closing the iterator early
-        ends the job at its next token."""
+        ends the job at its next token. A prompt that leaves no room is refused here, in one line (not in the
+        batch it would have joined)."""
+        _check_prompt(job.generation, self.model.config.sequence_len, "the request")  # refused alone, not its batch
         submitted = _Submitted(job, queue.SimpleQueue())
         self.waiting.put(submitted)
         return self._read(submitted, outcome if outcome is not None else {})
@@ -265,46 +356,84 @@ class Batcher:
             submitted.cancelled = True  # read to the end, or left early: either way nothing more is wanted
 
     def _work(self) -> None:
+        held: list[_Submitted] = []  # jobs that could not join the batch in flight: they start the next one
         while True:
-            batch = [self.waiting.get()]
+            batch = held or [self.waiting.get()]
             deadline = time.monotonic() + self.gather_s
             while len(batch) < self.max_batch:
                 try:
                     batch.append(self.waiting.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
-            self._decode([s for s in batch if not s.cancelled])
+            held = self._decode([s for s in batch if not s.cancelled])
 
-    def _decode(self, batch: list[_Submitted]) -> None:
+    def _decode(self, batch: list[_Submitted]) -> list[_Submitted]:
+        """Decode ``batch`` (those of it that fit the context together) and every job that can join it while it
+        runs; returns the jobs left for the next batch."""
         if not batch:
-            return
+            return []
+        limit = self.model.config.sequence_len
+        jobs: dict[int, _Submitted] = {}  # the caller's index of a request in the batch -> its job
+        held: list[_Submitted] = []
+        first, *rest = _groups([s.job.generation for s in batch], limit)
+        held = [batch[i] for group in rest for i in group]
 
         def on_token(index: int, token: int, logits: torch.Tensor) -> object:
-            submitted = batch[index]
+            submitted = jobs[index]
             if submitted.cancelled:
                 return False
             return submitted.job.on_token(index, token, logits)
 
         try:
-            steps = decode_steps(self.model, [s.job.generation for s in batch], on_token)
+            jobs.update({n: batch[i] for n, i in enumerate(first)})
+            with self.model_lock:
+                decoding = Decoding(self.model, [(n, batch[i].job.generation) for n, i in enumerate(first)], on_token)
             while True:
-                try:
+                with self.model_lock:
+                    ended = decoding.sample()
+                self._flush(jobs.values())
+                for index, generated in ended:
+                    self._finish(jobs.pop(index), generated)
+                if not decoding.live:
+                    return held
+                with self.model_lock:
+                    decoding.advance()
+                joining = self._joining(decoding, len(jobs), held)
+                if joining:
+                    start = max(jobs, default=-1) + 1
+                    jobs.update({start + n: submitted for n, submitted in enumerate(joining)})
                     with self.model_lock:
-                        next(steps)
-                except StopIteration as done:
-                    generated = done.value
-                    break
-                self._flush(batch)
-            self._flush(batch)
-            for submitted, one in zip(batch, generated):
-                submitted.job.finish(one)
-                submitted.out.put(("done", one.finish_reason, len(submitted.job.reply)))
+                        decoding.join([(start + n, s.job.generation) for n, s in enumerate(joining)])
         except Exception as err:  # noqa: BLE001 - every reader of the batch gets the error, the worker keeps going
-            for submitted in batch:
+            for submitted in jobs.values():
                 submitted.out.put(("error", err, 0))
+            return held
+
+    def _joining(self, decoding: Decoding, running: int, held: list[_Submitted]) -> list[_Submitted]:
+        """The waiting jobs that join the batch in flight now, in arrival order, up to ``max_batch`` running; the
+        first that cannot join (its prompt longer than the batch's position, or its allowance past the context)
+        and every job after it wait for the next batch (``held``), so none overtakes an earlier one."""
+        joining: list[_Submitted] = []
+        while not held and running + len(joining) < self.max_batch:
+            try:
+                submitted = self.waiting.get_nowait()
+            except queue.Empty:
+                break
+            if submitted.cancelled:
+                continue
+            if decoding.can_join(submitted.job.generation):
+                joining.append(submitted)
+            else:
+                held.append(submitted)
+        return joining
 
     @staticmethod
-    def _flush(batch: list[_Submitted]) -> None:
+    def _finish(submitted: _Submitted, generated: Generated) -> None:
+        submitted.job.finish(generated)
+        submitted.out.put(("done", generated.finish_reason, len(submitted.job.reply)))
+
+    @staticmethod
+    def _flush(batch: Iterable[_Submitted]) -> None:
         for submitted in batch:
             for piece in submitted.job.pieces():
                 submitted.out.put(("piece", piece, len(submitted.job.reply)))

@@ -294,6 +294,20 @@ class KVCache:
         if self.prev_embedding is not None:
             self.prev_embedding = self.prev_embedding[rows]
 
+    def join(self, other: KVCache) -> None:
+        """Append ``other``'s batch rows after this cache's: sequences that join a batch being decoded. Both hold
+        the same number of positions (a joining sequence is prefilled to end where the batch is)."""
+        if other.pos != self.pos or other.kv.shape[:2] + other.kv.shape[3:] != self.kv.shape[:2] + self.kv.shape[3:]:
+            raise InputError(
+                f"a KV cache at position {other.pos} of shape {tuple(other.kv.shape)} cannot join one at position "
+                f"{self.pos} of shape {tuple(self.kv.shape)}; allowed: the same position, layers, heads and length"
+            )
+        self.kv = torch.cat([self.kv, other.kv], dim=2)
+        if (self.prev_embedding is None) != (other.prev_embedding is None):
+            raise InputError("a KV cache with the smear's previous embedding cannot join one without it")
+        if self.prev_embedding is not None:
+            self.prev_embedding = torch.cat([self.prev_embedding, other.prev_embedding])
+
 
 class CausalSelfAttention(LaplacianHeadsMixin, nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int, heads: LayerHeads) -> None:
