@@ -307,15 +307,21 @@ PLANNED_CALLS = [
 def test_each_call_takes_its_planned_path_and_gives_the_references_numbers(
     name, spec, options, h, hkv, t, s, grad, path
 ):
-    """The module docstring's table of paths, pinned call by call: the plan names the path, and the op's output
-    and gradients on it equal the textbook reference's."""
-    from lapheads.core.attention import _plan, _prepare
+    """The module docstring's table of paths, pinned call by call: ``explain_attention`` names the path the call
+    takes (the op runs it: recorded), and the op's output and gradients on it equal the textbook reference's."""
+    import lapheads.core.attention as attention
 
     q, k, v = (x.requires_grad_(grad) for x in qkv(h, hkv, t, s))
-    defaults = dict(attn_mask=None, is_causal=False, dropout_p=0.0, scale=None, identity="aligned", blend=None)
-    call = _prepare(q, k, v, spec, **{**defaults, **options}, mix=None)
-    assert _plan(q, k, v, call) == path
-    out = laplacian_attention(q, k, v, spec, **options)
+    plan = attention.explain_attention(q, k, v, spec, **options)
+    assert plan == (path, None, False) and str(plan).startswith(f"path {path}: ")
+    taken = []
+    recorded = {
+        name: (lambda *a, name=name, run=run: taken.append(name) or run(*a)) for name, run in attention._PATHS.items()
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "_PATHS", recorded)
+        out = laplacian_attention(q, k, v, spec, **options)
+    assert taken == [path]
     reference = laplacian_attention_reference(q, k, v, spec, **options)
     torch.testing.assert_close(out, reference, rtol=1e-10, atol=1e-10)
     if grad:
@@ -640,3 +646,23 @@ def test_torch_func_grad_and_vmap_run_through_the_op(spec):
     torch.testing.assert_close(
         batched, laplacian_attention(q, k[:1].expand(2, -1, -1, -1), v[:1].expand(2, -1, -1, -1), spec)
     )
+
+
+@pytest.mark.parametrize(
+    "t, grad, backend",
+    [(512, False, "flex"), (512, True, "banded"), (96, False, "banded"), (1, False, "banded")],
+    ids=["a long forward", "a CPU gradient", "one chunk", "decoding"],
+)
+def test_explain_names_the_backend_of_a_pattern_mask(t, grad, backend):
+    """A sliding window's backend as ``lapheads.core.masks`` chooses it: FlexAttention for a long forward, T x W
+    bands for a CPU gradient (FlexAttention has none there) and for a chunk or fewer queries (no compile)."""
+    from lapheads.core import explain_attention
+    from lapheads.core.masks import Documents, SlidingWindow
+
+    q, k, v = qkv(4, 4, t, 512)
+    q.requires_grad_(grad)
+    plan = explain_attention(q, k, v, 2, attn_mask=SlidingWindow(64))
+    assert plan.mask_backend == backend and f"; mask {backend}: " in str(plan)
+    documents = Documents(torch.zeros(2, 512, dtype=torch.long))  # no band: a small or differentiable call is dense
+    assert explain_attention(q, k, v, 2, attn_mask=documents).mask_backend == ("flex" if t > 128 and not grad
+                                                                               else "dense")  # fmt: skip

@@ -8,7 +8,13 @@ Each name is imported when first used (module ``__getattr__``), so ``from laphea
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the public names, for readers and type checkers; at run time __getattr__ imports them on use
-    from lapheads.core.attention import IDENTITIES, laplacian_attention, laplacian_attention_reference
+    from lapheads.core.attention import (
+        IDENTITIES,
+        AttentionPlan,
+        explain_attention,
+        laplacian_attention,
+        laplacian_attention_reference,
+    )
     from lapheads.core.heads import HEAD_SPEC, HEAD_SPEC_PATTERN, HeadSpec, HeadSpecError, LayerHeads, parse_heads
     from lapheads.core.kinds import HEAD_KINDS, KIND_COEFFICIENTS, is_plain_laplacian
     from lapheads.core.mixin import LaplacianHeadsMixin
@@ -16,7 +22,10 @@ if TYPE_CHECKING:  # the public names, for readers and type checkers; at run tim
 
 #: each public name's module
 _PUBLIC = {
-    **dict.fromkeys(("IDENTITIES", "laplacian_attention", "laplacian_attention_reference"), "attention"),
+    **dict.fromkeys(
+        ("IDENTITIES", "AttentionPlan", "explain_attention", "laplacian_attention", "laplacian_attention_reference"),
+        "attention",
+    ),
     **dict.fromkeys(
         ("HEAD_SPEC", "HEAD_SPEC_PATTERN", "HeadSpec", "HeadSpecError", "LayerHeads", "parse_heads"), "heads"
     ),
@@ -26,6 +35,7 @@ _PUBLIC = {
 }
 
 __all__ = [
+    "AttentionPlan",
     "HEAD_KINDS",
     "HEAD_SPEC",
     "HEAD_SPEC_PATTERN",
@@ -36,6 +46,7 @@ __all__ = [
     "LaplacianAttention",
     "LaplacianHeadsMixin",
     "LayerHeads",
+    "explain_attention",
     "is_plain_laplacian",
     "laplacian_attention",
     "laplacian_attention_reference",

@@ -73,10 +73,17 @@ from lapheads.core.kinds import (
     kind_coefficients,
     kinds_output,
 )
-from lapheads.core.masks import check_pattern, is_pattern, tensor_mask
+from lapheads.core.masks import attention_backend, check_pattern, is_pattern, tensor_mask
 from lapheads.errors import InputError
 
-__all__ = ["IDENTITIES", "laplacian_attention", "laplacian_attention_reference", "scripted_attention"]
+__all__ = [
+    "IDENTITIES",
+    "AttentionPlan",
+    "explain_attention",
+    "laplacian_attention",
+    "laplacian_attention_reference",
+    "scripted_attention",
+]
 
 #: Where the identity term reads each query's own value (``identity=``): "aligned", the queries are the last T of the
 #: S keys; "filled", the same when T == S, else the last T of the keys any query may attend to (a static cache's
@@ -137,6 +144,71 @@ def laplacian_attention(
         k, v, attn_mask, is_causal, identity = _sink_key(q, k, v, attn_mask, is_causal, identity, sinks)
     call = _prepare(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, scale, identity, blend, mix)
     return _PATHS[_plan(q, k, v, call)](q, k, v, call)
+
+
+#: what each path runs, in a sentence (the module docstring's table)
+PATH_DESCRIPTIONS = {
+    "sdpa": "plain F.scaled_dot_product_attention (no head is Laplacian)",
+    "kinds": "SDPA and one expression of V, P V and the attended mean per head kind, differentiated by autograd",
+    "node": "one autograd node: SDPA's backward unchanged, then in-place fix-ups of the Laplacian heads",
+    "all_laplacian": "v - SDPA's output: one subtraction (every head Laplacian)",
+    "in_place": "SDPA's output made Laplacian in place (no gradient wanted: no copy, no graph)",
+    "traced": "one expression for torch.compile or a torch.func transform to fuse or differentiate",
+    "combine": "SDPA, then a per-head sign and the masked value, one pass each way",
+}
+#: what each mask backend of ``lapheads.core.masks`` runs, in a sentence
+MASK_DESCRIPTIONS = {
+    "flex": "FlexAttention with a block mask (cost grows with the keys each query sees)",
+    "banded": "queries in chunks, each against the keys its band reaches (T x W work, differentiable)",
+    "dense": "SDPA with the pattern's (B, 1, T, S) bool mask",
+}
+
+
+class AttentionPlan(NamedTuple):
+    """What :func:`laplacian_attention` runs for one call, as :func:`explain_attention` answers it.
+
+    Attributes:
+        path: the op's path (``PATH_DESCRIPTIONS``: sdpa, kinds, node, all_laplacian, in_place, traced, combine).
+        mask_backend: where ``attn_mask`` is a pattern or a FlexAttention block mask, the backend that runs it
+            (flex, banded, dense: ``lapheads.core.masks``); None for a tensor mask or none.
+        sinks: whether learned sinks ran as a key of zeros in front of the keys (an explicit mask then).
+    """
+
+    path: str
+    mask_backend: str | None
+    sinks: bool
+
+    def __str__(self) -> str:
+        text = f"path {self.path}: {PATH_DESCRIPTIONS[self.path]}"
+        if self.mask_backend is not None:
+            text += f"; mask {self.mask_backend}: {MASK_DESCRIPTIONS[self.mask_backend]}"
+        return text + ("; learned sinks as a key of zeros in front" if self.sinks else "")
+
+
+def explain_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    laplacian_heads: HeadSpec,
+    *,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    identity: str = "aligned",
+    blend: float | Tensor | None = None,
+    mix: tuple[Tensor, Tensor] | None = None,
+    sinks: Tensor | None = None,
+) -> AttentionPlan:
+    """The path :func:`laplacian_attention` takes for these arguments, and the backend of a pattern mask, without
+    running it (the same checks, the same one-line errors). Grad mode and ``requires_grad`` decide as in the call:
+    ask where the call will run (inside ``torch.no_grad()`` for decoding)."""
+    if sinks is not None:
+        _check_call(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks)
+        k, v, attn_mask, is_causal, identity = _sink_key(q, k, v, attn_mask, is_causal, identity, sinks)
+    call = _prepare(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, scale, identity, blend, mix)
+    backend = attention_backend(q, k, call.attn_mask) if is_pattern(call.attn_mask) else None
+    return AttentionPlan(_plan(q, k, v, call), backend, sinks is not None)
 
 
 def laplacian_attention_reference(
