@@ -14,7 +14,8 @@ import pytest
 
 from lapheads.errors import InputError, LapheadsError
 from lapheads.runs.records import RecordError, load_records, read_record
-from lapheads.study.records import load_plan, records_sweep
+from lapheads.study.records import load_plan
+from lapheads.study.recordset import RecordSet
 
 PATCH4 = Path(__file__).resolve().parents[2] / "docs" / "reproduction" / "patch4" / "cells"
 DECOMPOSITION = PATCH4.parent.parent / "decomposition" / "cells"
@@ -166,12 +167,12 @@ def test_an_arm_the_plan_does_not_have_is_not_taken_in(tmp_path):
     plan["contrasts"] = []
     (folder / "plan.json").write_text(json.dumps(plan))
     with pytest.raises(RecordError, match=r"L3-s0 \(classify\), which the plan in .* does not have"):
-        records_sweep(folder)
+        RecordSet.from_folder(folder)
 
 
 def test_the_committed_records_pass_every_check():
     for folder in (PATCH4, DECOMPOSITION):
-        assert records_sweep(folder)["cells"] and all(read_record(r.path) for r in load_records(folder))
+        assert RecordSet.from_folder(folder).cells and all(read_record(r.path) for r in load_records(folder))
 
 
 def test_a_report_cannot_change_the_plans_primary(tmp_path):

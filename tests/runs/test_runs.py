@@ -148,10 +148,8 @@ def test_a_record_says_when_its_code_was_not_a_commit(monkeypatch):
         env = {"git_revision": "a" * 40, "git_uncommitted": uncommitted}
         return SimpleNamespace(name=name, data={"environment": env})
 
-    monkeypatch.setattr(statistics, "reader", lambda c: c)
-    revisions = statistics.code_revisions(
-        [cell("L0-s0", []), cell("L3-s0", ["src/lapheads/x.py"]), cell("L1-s0", None)]
-    )
+    cells = (cell("L0-s0", []), cell("L3-s0", ["src/lapheads/x.py"]), cell("L1-s0", None))
+    revisions = statistics.code_revisions(SimpleNamespace(cells=cells))  # a RecordSet's cells are all it reads
     assert revisions == {"a" * 40: ["L0-s0", "L1-s0"], "a" * 40 + "+uncommitted": ["L3-s0"]}
 
 

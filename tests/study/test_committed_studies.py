@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from lapheads.runs.records import load_records
-from lapheads.study.records import check_record, load_plan, records_sweep
+from lapheads.study.records import check_record, load_plan
+from lapheads.study.recordset import RecordSet
 
 STUDIES = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
 PLANS = sorted(STUDIES.glob("**/plan.json"))
@@ -48,7 +49,7 @@ def test_each_seeds_arms_share_one_environment(plan_path):
     """A seed's arms are compared with each other, so they ran in one environment (torch, kernels, threads,
     precision, GPU): the rule every plan here states, so the report leaves no committed seed out."""
     if load_records(plan_path.parent):
-        assert records_sweep(plan_path.parent)["mixed_environments"] == {}
+        assert RecordSet.from_folder(plan_path.parent).mixed_environments == {}
 
 
 @pytest.mark.parametrize("plan_path", PLANS, ids=lambda p: str(p.parent.relative_to(STUDIES)))

@@ -217,16 +217,18 @@ def test_a_margin_must_be_a_positive_number(margin, tmp_path, capsys):
 
 def test_a_non_finite_metric_is_refused_by_name(tmp_path, capsys):
     from lapheads.runs.records import CellRecord
+    from lapheads.study.recordset import RecordSet
     from lapheads.study.report import collect
     from lapheads.tasks.metrics import TEST_TOP1
 
-    cells = {
-        f"L0-s{seed}": {"spec": "0", "seed": seed, "status": "recorded",
-                        "source": CellRecord({"metrics": [{"step": 1, "eval_top1": value}]})}
-        for seed, value in ((0, 80.0), (1, float("nan")))
-    }  # fmt: skip
+    cells = tuple(
+        CellRecord(
+            {"cell": {"name": f"L0-s{seed}", "spec": "0", "seed": seed}, "metrics": [{"step": 1, "eval_top1": v}]}
+        )
+        for seed, v in ((0, 80.0), (1, float("nan")))
+    )
     with pytest.raises(Exception, match="cell 0 seed 1: test top-1 \\(%\\) is nan; allowed: a finite number"):
-        collect({"specs": ["0"], "cells": cells}, TEST_TOP1)
+        collect(RecordSet("p", "classify", (), ("0",), (0, 1), cells), TEST_TOP1)
 
 
 def test_cells_pair_by_the_kernels_they_ran_not_the_cpu_they_ran_on():

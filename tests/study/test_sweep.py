@@ -395,11 +395,19 @@ def test_report_restates_a_stats_json_with_todays_statistics(tmp_path, capsys):
     assert main(["report", str(tmp_path / "bad.json")]) == 2
 
 
-def _recorded_cell(spec: str, seed: int, metrics: list[dict]) -> dict:
-    """A finished cell as the report's statistics read it: its record (here only its metrics.jsonl entries)."""
+def _recorded_cell(spec: str, seed: int, metrics: list[dict]):
+    """A finished cell as the report's statistics read it: its record (here only its name and metrics.jsonl)."""
     from lapheads.runs.records import CellRecord
 
-    return {"spec": spec, "seed": seed, "status": "recorded", "source": CellRecord({"metrics": metrics})}
+    return CellRecord({"cell": {"name": f"L{spec}-s{seed}", "spec": spec, "seed": seed}, "metrics": metrics})
+
+
+def _study(specs: list[str], cells: list):
+    """The finished cells as a report reads them (lapheads.study.recordset.RecordSet)."""
+    from lapheads.study.recordset import RecordSet
+
+    seeds = tuple(sorted({cell.seed for cell in cells}))
+    return RecordSet("p", "classify", (), tuple(specs), seeds, tuple(cells))
 
 
 def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step():
@@ -413,12 +421,12 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step()
         ("2", 1): {100: 2.58, 200: 2.22},
         ("2", 2): {100: 2.55},
     }
-    cells = {}
+    cells = []
     for (spec, seed), by_step in values.items():
         lines = [{"step": step, "loss": 1.0} for step in by_step]  # training records are skipped
         lines += [{"step": step, "val_bpb": v} for step, v in by_step.items()]
-        cells[f"L{spec}-s{seed}"] = _recorded_cell(spec, seed, lines)
-    record = {"specs": ["0", "2"], "cells": cells}
+        cells.append(_recorded_cell(spec, seed, lines))
+    record = _study(["0", "2"], cells)
     gaps = gap_over_training(record, VAL_BPB)
     first, last = gaps["2"]
     assert [first["step"], last["step"]] == [100, 200] and [first["n_pairs"], last["n_pairs"]] == [3, 2]
@@ -433,10 +441,10 @@ def test_the_gap_over_training_pairs_arms_seed_by_seed_at_every_evaluated_step()
     assert changes["0"]["from_step"] == 100 and changes["0"]["to_step"] == 200 and changes["0"]["n_pairs"] == 3
     assert changes["0"]["mean_difference"] == pytest.approx((-0.30 - 0.31 - 0.28) / 3)
     assert changes["2"]["n_pairs"] == 2 and changes["2"]["still_improving"] and changes["0"]["still_improving"]
-    flat = {"specs": ["0"], "cells": {name: c for name, c in cells.items() if c["spec"] == "0"}}
+    flat = _study(["0"], [c for c in cells if c.spec == "0"])
     flat_values = late_change(flat, Metric("top-1 (%)", "metrics", ("val_bpb",)))  # higher is better: falling is not
     assert flat_values["0"]["still_improving"] is False
-    one_seed = {"specs": ["0"], "cells": {name: c for name, c in cells.items() if c["spec"] == "0" and c["seed"] == 0}}
+    one_seed = _study(["0"], [c for c in cells if c.spec == "0" and c.seed == 0])
     assert late_change(one_seed, VAL_BPB)["0"]["still_improving"] is None
     # the table never reads an interval that holds 0 as a plateau
     table = "\n".join(late_change_lines("top-1 (%)", flat_values))
@@ -452,14 +460,14 @@ def test_fit_against_test_pairs_each_cells_training_and_test_top1_and_the_losses
         ("3", 0): (99.0, 84.0, 0.05, 0.45),
         ("3", 1): (98.0, 84.5, 0.07, 0.43),
     }
-    cells = {}
+    cells = []
     for (spec, seed), (fit, test, fit_loss, test_loss) in finals.items():
         lines = [
             {"step": 10, "eval_top1": 50.0, "fit_top1": 40.0, "fit_loss": 2.0, "eval_loss": 2.0},
             {"step": 20, "eval_top1": test, "fit_top1": fit, "fit_loss": fit_loss, "eval_loss": test_loss},
         ]
-        cells[f"L{spec}-s{seed}"] = _recorded_cell(spec, seed, lines)
-    record = {"specs": ["0", "3"], "cells": cells}
+        cells.append(_recorded_cell(spec, seed, lines))
+    record = _study(["0", "3"], cells)
     rows = fit_against_test(record)
     diff = np.array([2.0, 2.5, 1.3])  # the last evaluation of each cell
     low, high = stats.t.interval(0.95, 2, loc=diff.mean(), scale=stats.sem(diff))
@@ -474,7 +482,7 @@ def test_fit_against_test_pairs_each_cells_training_and_test_top1_and_the_losses
     assert fit_against_test(record, baseline="3")["0"]["against_baseline"]["fit top-1"]["mean_difference"] == (
         pytest.approx(-13.0)
     )
-    assert fit_against_test({"specs": ["0"], "cells": {}}) == {}  # cells without --fit-subset: no section
+    assert fit_against_test(_study(["0"], [])) == {}  # cells without --fit-subset: no section
 
 
 def test_heads_settle_on_a_side_of_zero_from_the_first_step_after_which_every_interval_lies_there():

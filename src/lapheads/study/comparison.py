@@ -10,9 +10,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, TypedDict
 
-__all__ = ["Comparison", "Equivalence", "Judgement", "ZeroTest", "per_seed_values", "rows_json"]
+__all__ = ["Comparison", "Equivalence", "Judgement", "PairedTest", "ZeroTest", "per_seed_values", "rows_json"]
+
+
+class PairedTest(TypedDict):
+    """A paired comparison of a[s] - b[s] over the seeds both have (``report.statistics.paired_test``), as
+    stats.json stores it: NaN where fewer than two seeds pair up."""
+
+    n_pairs: int
+    mean_difference: float
+    ci_low: float
+    ci_high: float
+    t: float
+    df: float
+    p: float
+    mde: float
 
 
 @dataclass
@@ -60,7 +74,7 @@ class Comparison:
     std: float
     values: dict[int, float]  # seed -> value
     baseline: str
-    paired: dict[str, Any] | None = None  # paired_test against the baseline (None: the baseline's own row)
+    paired: PairedTest | None = None  # paired_test against the baseline (None: the baseline's own row)
     welch: dict[str, float] | None = None
     baseline_mean: float | None = None
     test: str | None = None  # the test the rule reads: "paired", or "welch" where fewer than two seeds pair up

@@ -33,12 +33,11 @@ from lapheads.runs.records import (
     RecordError,
     config_difference,
     environment,
-    environment_key,
     file_sha256,
     read_record,
     record_in_memory,
 )
-from lapheads.study.verdicts import MIN_ALPHA
+from lapheads.study.verdicts import MIN_ALPHA, Declaration
 from lapheads.tasks import get_task
 
 __all__ = [
@@ -52,8 +51,6 @@ __all__ = [
     "install_plan",
     "load_plan",
     "record_or_none",
-    "records_sweep",
-    "sweep_with_records",
 ]
 
 #: the tokens per layer a record's analysis reads (a random subset of the evaluation set)
@@ -324,72 +321,7 @@ def build_record(
     }
 
 
-def sweep_with_records(sweep: dict[str, Any], max_tokens: int, analysed: bool = True) -> dict[str, Any]:
-    """A sweep folder's record (sweep.json) as ``lapheads report`` reads it: each finished cell carries, as its
-    ``"source"``, the record the sweep's own builder (:func:`build_record`) makes of its run directory, in memory and
-    checked as a record file is, so the report reads records only, from either kind of folder. A cell trained
-    elsewhere (status "recorded", no run directory here) carries its committed record; a built one keeps the plan
-    stamp of its committed record, if the sweep's records folder holds one."""
-    definition = {key: sweep[key] for key in ("preset", "task", "specs", "seeds", "overrides")}
-    records = Path(sweep["records"]) if sweep.get("records") else None
-    cells = {}
-    for name, cell in sweep["cells"].items():
-        committed = None if records is None else records / record_file(name)
-        committed = committed if committed is not None and committed.exists() else None
-        if cell.get("status") not in ("done", "recorded"):
-            cells[name] = cell
-        elif not RunDir(cell["run_dir"]).finished() and committed is not None:
-            cells[name] = {**cell, "source": read_record(committed)}
-        else:
-            stamp = None if committed is None else read_record(committed).data.get("plan_sha256")
-            data = build_record(cell["run_dir"], name=name, spec=cell["spec"], seed=cell["seed"], sweep=definition,
-                                plan_sha256=stamp, max_tokens=max_tokens, analysed=analysed)  # fmt: skip
-            cells[name] = {**cell, "source": record_in_memory(data, str(cell["run_dir"]))}
-    return {**sweep, "cells": cells}
-
-
-def records_sweep(folder: str | Path) -> dict[str, Any]:
-    """A folder of records as the sweep record ``lapheads report`` reads (cells carry their record as "source"),
-    with the plan it was declared under; records of different presets, tasks or overrides are refused."""
-    from lapheads.runs.records import load_records
-
-    found = load_records(folder)
-    if not found:
-        raise RecordError(f"{folder} holds no cell records; allowed: a sweep directory or a --records folder")
-    recipes = {json.dumps(r.data["sweep"], sort_keys=True) for r in found}
-    if len(recipes) > 1:
-        raise RecordError(f"{folder} mixes records of {len(recipes)} sweeps (preset, task, overrides differ)")
-    plan_file = Path(folder) / PLAN_FILE
-    plan = load_plan(plan_file) if plan_file.exists() else None
-    specs: list[str] = list(plan.arms) if plan else []
-    seeds: list[int] = list(plan.seeds) if plan else []
-    for r in found if plan else []:  # a plan's folder holds its cells only: no arm or seed joins after the fact
-        if r.spec not in plan.arms or r.seed not in plan.seeds or r.data["sweep"].get("task") != plan.task:
-            raise RecordError(
-                f"{r.path} is cell {r.name} ({r.data['sweep'].get('task')}), which the plan in {folder} does not have "
-                f"(task {plan.task}, arms {plan.arms}, seeds {plan.seeds}); allowed: the plan's cells"
-            )
-    for r in found:
-        specs += [r.spec] if r.spec not in specs else []
-        seeds += [r.seed] if r.seed not in seeds else []
-    sweep = found[0].data["sweep"]
-    mixed = {}  # a seed whose arms ran in different environments pairs nothing: reported apart, left out
-    for seed in {r.seed for r in found}:
-        keys = {environment_key(r.data["environment"]) for r in found if r.seed == seed}
-        if len(keys) > 1:
-            mixed[seed] = " / ".join(sorted(", ".join(map(str, key)) for key in keys))
-    kept = [r for r in found if r.seed not in mixed]
-    return {
-        **sweep,
-        "specs": [spec for spec in specs if any(r.spec == spec for r in kept)],
-        "seeds": sorted(seed for seed in seeds if seed not in mixed),
-        "records": str(folder),
-        "mixed_environments": mixed,
-        "cells": {r.name: {"spec": r.spec, "seed": r.seed, "status": "recorded", "source": r} for r in kept},
-    }
-
-
-def declaration(records_folder: str | Path | None, cells: list[dict[str, Any]]) -> dict[str, Any]:
+def declaration(records_folder: str | Path | None, cells: tuple[CellRecord, ...]) -> Declaration:
     """Whether a report's family was declared before the data: a plan.json in the records folder whose sha256
     every reported cell's record carries. Anything else (no plan, a record without its hash, cells reported from
     run directories alone) is "declared after the data"."""
@@ -397,7 +329,7 @@ def declaration(records_folder: str | Path | None, cells: list[dict[str, Any]]) 
     if plan_file is None or not plan_file.exists() or not cells:
         return {"before_data": False, "plan_sha256": None, "why": "no plan in a records folder"}
     sha = file_sha256(plan_file)
-    stamped = [cell["source"].data.get("plan_sha256") for cell in cells]
+    stamped = [cell.data.get("plan_sha256") for cell in cells]
     unstamped = sum(s != sha for s in stamped)
     why = "every record carries the plan's sha256" if not unstamped else f"{unstamped} cell(s) without the plan's hash"
     return {"before_data": not unstamped, "plan_sha256": sha, "why": why}

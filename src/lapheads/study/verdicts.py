@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -40,8 +40,10 @@ __all__ = [
     "mechanism_verdict",
     "ALPHA",
     "DECLARED_GEOMETRY",
+    "Declaration",
     "PAPER_RELATIVE_ERROR_REDUCTION",
     "POWER",
+    "RuleRecord",
     "apply_rule",
     "default_margin",
     "holm_steps",
@@ -217,6 +219,30 @@ def mechanism_verdict(
     return _untested_or_not_detected(p_holm, pairs or 0, "the values")
 
 
+class Declaration(TypedDict):
+    """Whether a report's family was declared before the data (``study.records.declaration``)."""
+
+    before_data: bool
+    plan_sha256: str | None
+    why: str
+
+
+class RuleRecord(TypedDict, total=False):
+    """The verdict rule's record in stats.json: the alpha and power every row faced, the primary and declared
+    families and their sizes, each margin, the plan, and the declaration (:func:`apply_rule` and the report fill
+    it)."""
+
+    alpha: float
+    power: float
+    primary: list[str]
+    declared: list[str]
+    margin: dict[str, float | None]
+    primary_family_size: int
+    declared_family_size: int
+    plan: Any
+    declaration: Declaration
+
+
 def apply_rule(
     primary: dict[str, dict[str, Comparison]],
     others: dict[str, dict[str, Comparison]],
@@ -228,7 +254,7 @@ def apply_rule(
     planned: set[str] | None = None,
     margins: dict[str, float] | None = None,
     alpha: float = ALPHA,
-) -> dict[str, Any]:
+) -> RuleRecord:
     """Give every compared row (label -> key -> ``report.summarize`` row, compared with its ``baseline``) its
     :class:`Judgement` (role, alpha, MDE at that alpha, permutation p, sign count), :class:`Equivalence` where a margin
     applies, and verdict, in place; returns the rule's record for stats.json.
@@ -248,7 +274,7 @@ def apply_rule(
         alpha: every family's familywise alpha, and each secondary row's (a plan's ``alpha``; default 0.05).
     """
     rule = _Rule({**primary, **others}, claims, baseline, directions, planned, margins or {}, alpha)
-    record: dict[str, Any] = {"alpha": alpha, "power": POWER, "primary": list(primary), "declared": [], "margin": {}}
+    record: RuleRecord = {"alpha": alpha, "power": POWER, "primary": list(primary), "declared": [], "margin": {}}
     rule.primary_family(primary, margin, record)
     declared_labels = DECLARED_GEOMETRY if family is None else tuple(family)
     rule.declared_family({label: rows for label, rows in others.items() if label in declared_labels}, record)
@@ -334,7 +360,7 @@ class _Rule:
             row.judgement.holm_alpha = faced[(label, key)]
         return len(members)
 
-    def primary_family(self, primary, margin: float | None, record: dict[str, Any]) -> None:
+    def primary_family(self, primary, margin: float | None, record: RuleRecord) -> None:
         """The primary metric's planned rows, Holm across them; its other rows secondary; its margin's TOST."""
         members = {(label, k): row for label in primary for k, row in self.compared(label) if self.in_plan(k)}
         record["primary_family_size"] = self.holm_family(members, "primary")
@@ -351,7 +377,7 @@ class _Rule:
                 p = row.judgement.p_holm if (label, key) in members else self.test_of(row)[1]
                 row.verdict = _verdict(self.test_of(row)[0], p, row, self.claims.get(label), self.alpha)
 
-    def declared_family(self, declared, record: dict[str, Any]) -> None:
+    def declared_family(self, declared, record: RuleRecord) -> None:
         """The declared geometry rows, Holm across the family; a plan's margin gives a row its TOST."""
         record["declared"] = list(declared)
         members = {(label, k): row for label in declared for k, row in self.compared(label) if self.in_plan(k)}
@@ -362,7 +388,7 @@ class _Rule:
                 _equivalence(row, self.differences(label, row), self.fixed[label])
             row.verdict = _verdict(self.test_of(row)[0], row.judgement.p_holm, row, self.claims.get(label), self.alpha)
 
-    def secondary_rows(self, record: dict[str, Any]) -> None:
+    def secondary_rows(self, record: RuleRecord) -> None:
         """Every row no family took: tested at alpha, uncorrected, and worded so."""
         for label in self.tables:
             for key, row in self.compared(label):

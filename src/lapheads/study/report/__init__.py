@@ -46,12 +46,14 @@ from lapheads.io import json_loads, read_regular_text
 from lapheads.runs import SWEEP_FILE, SweepError, load_sweep, spec_dir_name
 from lapheads.runs.layout import writable_report_folder
 from lapheads.study.comparison import Comparison, per_seed_values, rows_json
+from lapheads.study.recordset import RecordSet, finished_run_dirs, sweep_seeds
 from lapheads.study.report.figures import plot_metric, plot_steps
 from lapheads.study.report.statistics import (
+    FitRow,
+    LateChange,
     code_revisions,
     collect,
     diffusion_against_zero,
-    done_cells,
     dose_response,
     fit_against_test,
     gap_over_training,
@@ -77,7 +79,7 @@ from lapheads.study.report.tables import (
     table_header,
     table_row,
 )
-from lapheads.study.verdicts import ALPHA, apply_rule, mechanism_verdict
+from lapheads.study.verdicts import ALPHA, RuleRecord, apply_rule, mechanism_verdict
 from lapheads.tasks import get_task
 from lapheads.tasks.metrics import Metric, claim, logged
 
@@ -110,7 +112,7 @@ def _judge(
     margin: float | None,
     plan: Any = None,
     claims: dict[str, int | None] | None = None,
-) -> tuple[dict[str, dict[str, Comparison]], dict[str, Any]]:
+) -> tuple[dict[str, dict[str, Comparison]], RuleRecord]:
     """Apply the verdict rule to every row (``primary_label`` the primary test; a plan's primary, family and
     contrasts where the sweep has one); a row's claim is the one in ``claims``, else its label's declared metric's
     (``tasks.metrics.claim``). Returns the rows in table order (primary, declared family, secondary) and the rule's
@@ -162,23 +164,12 @@ def _check_finite(rows: dict[str, Comparison], label: str) -> None:
                              "values (rerun or remove those cells)")  # fmt: skip
 
 
-def _plan_of(record: dict[str, Any]) -> Any:
-    """The plan of the sweep's records folder, where it has one (``lapheads sweep --plan``)."""
-    from lapheads.runs.layout import PLAN_FILE
-    from lapheads.study.records import load_plan
-
-    folder = record.get("records")
-    if folder is None or not (Path(folder) / PLAN_FILE).exists():
-        return None
-    return load_plan(Path(folder) / PLAN_FILE)
-
-
 def _table_keys(stats: dict[str, Comparison], specs: list[str]) -> list[str]:
     """A metric's rows in table order: every arm against the report's baseline, then a plan's other contrasts."""
     return [s for s in specs if s in stats] + [key for key in stats if key not in specs]
 
 
-def rule_and_table(rule: dict[str, Any], table: dict[str, dict[str, Comparison]], baseline: str, keys) -> list[str]:
+def rule_and_table(rule: RuleRecord, table: dict[str, dict[str, Comparison]], baseline: str, keys) -> list[str]:
     """The rule's words and the statistics table (``keys(rows)``: the keys of a label's rows, in table order): one
     renderer for ``lapheads report`` and for a stats.json restated."""
     rows = [table_row(label, key, by_key[key]) for label, by_key in table.items() for key in keys(by_key)]
@@ -292,23 +283,20 @@ def mechanism_report(sweep_dir: str | Path, max_tokens: int = 1_000_000) -> Path
     """SWEEP_DIR/report/mechanism.md and mechanism.json: the mechanism section alone (every finished cell analysed,
     or its cached analysis reused), for a question asked of trained models after a study's plan was written: it
     states no headline or geometry verdict, so it reads nothing a pre-registered report has yet to read."""
-    from lapheads.study.records import sweep_with_records
-
     sweep_dir = Path(sweep_dir)
-    record = load_sweep(sweep_dir)
-    if not get_task(record["task"]).geometry:
-        raise SweepError(f"{sweep_dir}: {record['task']} runs have no geometry analysis; allowed: classify, dino, lm")
-    cells = done_cells(record)
-    if not cells:
+    sweep = load_sweep(sweep_dir)
+    if not get_task(sweep["task"]).geometry:
+        raise SweepError(f"{sweep_dir}: {sweep['task']} runs have no geometry analysis; allowed: classify, dino, lm")
+    if not finished_run_dirs(sweep):
         raise SweepError(f"{sweep_dir}: no finished cell; run or resume the sweep first")
-    record = sweep_with_records(record, max_tokens)
-    _, mechanism_values = geometry_values(record)
+    study = RecordSet.from_sweep(sweep, max_tokens)
+    _, mechanism_values = geometry_values(study)
     stats = diffusion_against_zero(mechanism_values)
-    seeds = sorted({c["seed"] for c in cells})
+    seeds, cells = sorted({cell.seed for cell in study.cells}), study.cells
     lines = [
-        f"# Mechanism: {record['preset']} ({record['task']})",
+        f"# Mechanism: {study.preset} ({study.task})",
         "",
-        f"Arms {', '.join(record['specs'])}; the finished cells of seeds {', '.join(map(str, seeds))} "
+        f"Arms {', '.join(study.specs)}; the finished cells of seeds {', '.join(map(str, seeds))} "
         f"({len(cells)} cells); analysed with `lapheads analyze` (its defaults), reported by `lapheads mechanism`. "
         "No headline or geometry row is computed here.",
         *_mechanism_lines(stats),
@@ -322,22 +310,8 @@ def mechanism_report(sweep_dir: str | Path, max_tokens: int = 1_000_000) -> Path
     return path
 
 
-def only_seeds(record: dict[str, Any], seeds: list[int], where: Path) -> dict[str, Any]:
-    """The sweep record restricted to ``seeds`` (each one the sweep has); the others with a finished cell are named
-    in the report as left out (a declared seed that never ran is not)."""
-    have = record["seeds"]
-    unknown = [seed for seed in seeds if seed not in have]
-    if unknown:
-        allowed = ", ".join(map(str, have))
-        raise SweepError(f"--seeds {','.join(map(str, unknown))}: not a seed of {where}; allowed: {allowed}")
-    cells = {name: cell for name, cell in record["cells"].items() if cell["seed"] in seeds}
-    ran = {cell["seed"] for cell in record["cells"].values() if cell.get("status") in ("done", "recorded")}
-    left_out = [seed for seed in have if seed in ran and seed not in seeds]
-    return {**record, "seeds": [seed for seed in have if seed in seeds], "cells": cells, "left_out": left_out}
-
-
-def _left_out(record: dict[str, Any]) -> str:
-    left_out = record.get("left_out")
+def _left_out(study: RecordSet) -> str:
+    left_out = study.left_out
     return f" (--seeds; left out: {', '.join(map(str, left_out))})" if left_out else ""
 
 
@@ -364,44 +338,53 @@ def write_report(
             the paper's effect on this baseline, where known).
         seeds: report only these seeds (a plan's pre-registered stop: e.g. its first 6 pairs); None: every seed.
     """
-    record, out, pictures = _read_for_report(Path(sweep_dir), metric, geometry, max_tokens, baseline, seeds)
-    stats = compute_report(record, metric, geometry, baseline, margin)
+    study, out, pictures = _read_for_report(Path(sweep_dir), metric, geometry, max_tokens, baseline, seeds)
+    stats = compute_report(study, metric, geometry, baseline, margin)
     if not any(row.n for rows in stats.headline.values() for row in rows.values()):
         names = ", ".join(stats.headline)
         raise SweepError(f"{sweep_dir}: no finished cell has {names}; run or resume the sweep first")
     out.mkdir(parents=True, exist_ok=True)
-    images = plot_report(stats, record["specs"], out)
+    images = plot_report(stats, list(study.specs), out)
     (out / "stats.json").write_text(json.dumps(stats.to_json(), indent=1, default=str) + "\n")
     path = out / "report.md"
-    path.write_text("\n".join(render_report(record, stats, images, pictures)) + "\n")
+    path.write_text("\n".join(render_report(study, stats, images, pictures)) + "\n")
     return path
 
 
-def _read_for_report(sweep_dir: Path, metric, geometry: bool, max_tokens: int, baseline: str, seeds):
-    """(the sweep record with every finished cell's record as its "source", the report folder, whether it shows
-    PCA pictures): a records folder's records, or a sweep folder's cells' records built in memory."""
-    from lapheads.study.records import records_sweep, sweep_with_records
-
-    from_records = not (sweep_dir / SWEEP_FILE).exists() and sweep_dir.is_dir() and any(sweep_dir.glob("*.json"))
-    record = records_sweep(sweep_dir) if from_records else load_sweep(sweep_dir)
+def _read_for_report(
+    sweep_dir: Path, metric, geometry: bool, max_tokens: int, baseline: str, seeds
+) -> tuple[RecordSet, Path, bool]:
+    """(the finished cells' records, the report folder, whether it shows PCA pictures): a records folder's records,
+    or a sweep folder's cells' records built in memory."""
+    if not (sweep_dir / SWEEP_FILE).exists() and sweep_dir.is_dir() and any(sweep_dir.glob("*.json")):
+        study = RecordSet.from_folder(sweep_dir)
+        study = study if seeds is None else study.only_seeds(seeds, sweep_dir)
+        _check_baseline(baseline, study.specs)
+        return study, _report_folder(sweep_dir, baseline), False
+    sweep = load_sweep(sweep_dir)
     if seeds is not None:
-        record = only_seeds(record, seeds, sweep_dir)
-    task, specs = record["task"], record["specs"]
-    if baseline != "0" and baseline not in specs:  # a sweep without k = 0 still reports its arms, untested
-        raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
-    out = writable_report_folder(sweep_dir, None if baseline == "0" else spec_dir_name(baseline))
-    pictures = (
-        get_task(task).pictures and metric is None and bool(done_cells(record)) and not from_records
-    )  # pictures need the weights
+        sweep = sweep_seeds(sweep, seeds, sweep_dir)
+    _check_baseline(baseline, sweep["specs"])
+    out = _report_folder(sweep_dir, baseline)
+    task = get_task(sweep["task"])
+    run_dirs = finished_run_dirs(sweep)
+    pictures = task.pictures and metric is None and bool(run_dirs)  # pictures need the weights
     if pictures:  # before the records are built: the evaluation writes each run's report/eval_dino.json they read
         from lapheads.evals.dino import eval_dino
         from lapheads.evals.options import DinoEvalOptions
 
-        run_dirs = tuple(str(c["run_dir"]) for c in done_cells(record))
-        eval_dino(DinoEvalOptions(run_dirs=run_dirs, out=str(out), reuse=True))
-    if not from_records:  # each finished cell's record, built in memory: one way of reading a cell
-        record = sweep_with_records(record, max_tokens, analysed=geometry and bool(get_task(task).geometry))
-    return record, out, pictures
+        eval_dino(DinoEvalOptions(run_dirs=tuple(run_dirs), out=str(out), reuse=True))
+    # each finished cell's record, built in memory: one way of reading a cell
+    return RecordSet.from_sweep(sweep, max_tokens, analysed=geometry and bool(task.geometry)), out, pictures
+
+
+def _check_baseline(baseline: str, specs) -> None:
+    if baseline != "0" and baseline not in specs:  # a sweep without k = 0 still reports its arms, untested
+        raise SweepError(f"--baseline {baseline!r} is not a spec of this sweep; choose one of {', '.join(specs)}")
+
+
+def _report_folder(sweep_dir: Path, baseline: str) -> Path:
+    return writable_report_folder(sweep_dir, None if baseline == "0" else spec_dir_name(baseline))
 
 
 @dataclass
@@ -410,14 +393,14 @@ class ReportStats:
 
     baseline: str
     metrics: list[Metric]  # the headline metrics (or the one ``--metric``), the primary first
-    rule: dict[str, Any]  # the verdict rule's record (alpha, families, margins, the declaration)
+    rule: RuleRecord  # the verdict rule's record (alpha, families, margins, the declaration)
     table: dict[str, dict[str, Comparison]]  # every row by label, judged (the headline and geometry rows)
     headline: dict[str, dict[str, Comparison]]
     geometry: dict[str, dict[str, Comparison]]
     mechanism: dict[str, dict[str, Comparison]]
     over_training: dict[str, Any]
-    late_change: dict[str, Any]
-    fit: dict[str, Any]
+    late_change: dict[str, dict[str, LateChange]]  # by metric label, by arm
+    fit: dict[str, FitRow]
     dose: dict[str, Any]
     mechanism_over_training: dict[str, Any]
     code_revisions: dict[str, list[str]]
@@ -440,23 +423,23 @@ class ReportStats:
         }
 
 
-def compute_report(record: dict[str, Any], metric: str | None, geometry: bool, baseline: str,
+def compute_report(study: RecordSet, metric: str | None, geometry: bool, baseline: str,
                    margin: float | None) -> ReportStats:  # fmt: skip
-    """Every statistic of the report, from the records of the sweep's finished cells."""
+    """Every statistic of the report, from the records of the study's finished cells."""
     from lapheads.study.records import declaration
 
-    task = record["task"]
+    task = study.task
     metrics = [logged(metric)] if metric else list(get_task(task).headline)
-    headline = {m.label: summarize(collect(record, m), baseline) for m in metrics}
+    headline = {m.label: summarize(collect(study, m), baseline) for m in metrics}
     geometry_stats: dict[str, dict[str, Comparison]] = {}
     mechanism_stats: dict[str, dict[str, Comparison]] = {}
     if geometry and get_task(task).geometry:  # mid/sft runs: their bases' geometry is the pre-training report's
-        by_row, mechanism_values = geometry_values(record)
+        by_row, mechanism_values = geometry_values(study)
         geometry_stats = {name: summarize(by_spec, baseline) for name, by_spec in by_row.items()}
         mechanism_stats = diffusion_against_zero(mechanism_values)
     claims = {m.label: m.claim for m in metrics}  # a --metric KEY row keeps its declared metric's claim
-    table, rule = _judge({**headline, **geometry_stats}, metrics[0].label, baseline, margin, _plan_of(record), claims)
-    rule["declaration"] = declaration(record.get("records"), done_cells(record))
+    table, rule = _judge({**headline, **geometry_stats}, metrics[0].label, baseline, margin, study.plan, claims)
+    rule["declaration"] = declaration(study.records_folder, study.cells)
     fitted = list(dict.fromkeys([*rule["primary"], *headline, *rule["declared"]]))
     return ReportStats(
         baseline=baseline,
@@ -466,13 +449,13 @@ def compute_report(record: dict[str, Any], metric: str | None, geometry: bool, b
         headline=headline,
         geometry=geometry_stats,
         mechanism=mechanism_stats,
-        over_training={m.label: g for m in metrics if (g := gap_over_training(record, m, baseline))},
-        late_change={m.label: c for m in metrics if (c := late_change(record, m))},
-        fit=fit_against_test(record, baseline) if metric is None else {},
+        over_training={m.label: g for m in metrics if (g := gap_over_training(study, m, baseline))},
+        late_change={m.label: c for m in metrics if (c := late_change(study, m))},
+        fit=fit_against_test(study, baseline) if metric is None else {},
         dose=dose_response(table, fitted, metrics[0].label, [g for g in fitted if g in geometry_stats]),
-        mechanism_over_training=mechanism_over_training(record) if mechanism_stats else {},
-        code_revisions=code_revisions(done_cells(record)),
-        seeds_left_out=record.get("left_out"),
+        mechanism_over_training=mechanism_over_training(study) if mechanism_stats else {},
+        code_revisions=code_revisions(study),
+        seeds_left_out=list(study.left_out) or None,
     )
 
 
@@ -495,19 +478,19 @@ def plot_report(stats: ReportStats, specs: list[str], out: Path) -> set[str]:
     return drawn
 
 
-def render_report(record: dict[str, Any], stats: ReportStats, images: set[str], pictures: bool) -> list[str]:
+def render_report(study: RecordSet, stats: ReportStats, images: set[str], pictures: bool) -> list[str]:
     """report.md's lines: the sweep, the rule, the table, then each section the statistics hold."""
-    baseline, specs = stats.baseline, record["specs"]
+    baseline, specs = stats.baseline, list(study.specs)
     lines = [
-        f"# Sweep report: {record['preset']} ({record['task']})",
+        f"# Sweep report: {study.preset} ({study.task})",
         "",
-        f"Specs {', '.join(specs)}; seeds {', '.join(map(str, record['seeds']))}{_left_out(record)}; overrides "
-        f"`{' '.join(record['overrides']) or 'none'}`. Difference = spec - {baseline}, paired by seed, with its "
+        f"Specs {', '.join(specs)}; seeds {', '.join(map(str, study.seeds))}{_left_out(study)}; overrides "
+        f"`{' '.join(study.overrides) or 'none'}`. Difference = spec - {baseline}, paired by seed, with its "
         "t-based 95% interval; p = two-sided paired t-test; verdict: held / opposite (p below the row's alpha, "
         "with / against the paper's direction), excluded (a paper-sized gain ruled out) or not detected.",
         "",
     ]
-    for seed, environments in (record.get("mixed_environments") or {}).items():
+    for seed, environments in study.mixed_environments.items():
         lines += [f"Seed {seed} left out: its arms ran in different environments ({environments}).", ""]
     if stats.code_revisions:  # what trained each cell, as its record says: never a plan's intention
         lines += [revisions_line(stats.code_revisions), ""]

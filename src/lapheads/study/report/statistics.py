@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from lapheads.errors import SweepError
-from lapheads.study.comparison import Comparison, ZeroTest
+from lapheads.study.comparison import Comparison, PairedTest, ZeroTest
+from lapheads.study.recordset import RecordSet
 from lapheads.study.verdicts import ALPHA, POWER, holm_steps, mde, mechanism_verdict
 from lapheads.tasks import get_task
 from lapheads.tasks.metrics import Metric, claim, logged
@@ -32,14 +33,30 @@ def welch_t_test(a: list[float], b: list[float]) -> dict[str, float]:
     return {"t": float(t), "df": float(df), "p": float(2 * stdtr(df, -abs(t)))}
 
 
-def paired_test(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
+class LateChange(PairedTest):
+    """One arm's change over the last part of training (:func:`late_change`): each seed's last evaluation minus its
+    first at or after the window's start, tested against 0."""
+
+    from_step: int
+    to_step: int
+    still_improving: bool | None  # the interval excludes 0 in the better direction; None: one seed
+
+
+class FitRow(PairedTest):
+    """One arm's fit against test (:func:`fit_against_test`): fit top-1 minus test top-1, tested over seeds."""
+
+    fit_top1: float
+    against_baseline: dict[str, PairedTest] | None  # fit top-1, fit loss, test loss minus the baseline's
+
+
+def paired_test(a: dict[int, float], b: dict[int, float]) -> PairedTest:
     """Paired comparison of a[s] - b[s] over the seeds s both have: mean difference, its t-based 95% interval, the
     two-sided paired t-test, and the minimum detectable effect (80% power, alpha 0.05) at the observed spread."""
     from scipy import stats
 
     seeds = sorted(set(a) & set(b))
     diff = np.array([a[s] - b[s] for s in seeds], dtype=float)
-    out: dict[str, Any] = {
+    out: PairedTest = {
         "n_pairs": len(seeds),
         "mean_difference": float(diff.mean()) if len(diff) else math.nan,
         "ci_low": math.nan,
@@ -72,12 +89,6 @@ def holm(p_values: dict[str, float]) -> dict[str, float]:
     return holm_steps(p_values)[0]
 
 
-def reader(cell: dict[str, Any]) -> Any:
-    """What a cell's numbers are read from: its record (``"source"``, a ``lapheads.runs.records.CellRecord``, read
-    from a records folder or built in memory from a run directory by ``study.records.sweep_with_records``)."""
-    return cell["source"]
-
-
 def _final(run: Any, metric: Metric) -> float | None:
     """One finished cell's value of ``metric``, or None where the run has not produced it."""
     if metric.source == "metrics":
@@ -88,71 +99,64 @@ def _final(run: Any, metric: Metric) -> float | None:
     return value
 
 
-def done_cells(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """Finished cells, seed-major in spec order (the order of the PCA grid's columns)."""
-    cells = [c for c in record["cells"].values() if c.get("status") in ("done", "recorded")]
-    return sorted(cells, key=lambda c: (c["seed"], record["specs"].index(c["spec"])))
-
-
 #: what follows a revision in a report's code revisions when a cell's code was not that commit
 UNCOMMITTED_MARK = "+uncommitted"
 
 
-def code_revisions(cells: list[dict[str, Any]]) -> dict[str, list[str]]:
+def code_revisions(study: RecordSet) -> dict[str, list[str]]:
     """The lapheads revisions that trained the cells (``environment.git_revision``, which the training process wrote
     into config.json and a record copies), each with its cells' names; {} where no cell says. A cell whose code had
     uncommitted changes (``environment.git_uncommitted``) is listed under ``<revision>+uncommitted``: it was trained
     by no commit."""
     by_revision: dict[str, list[str]] = {}
-    for cell in cells:
-        env = reader(cell).data.get("environment") or {}
+    for cell in study.cells:
+        env = cell.data.get("environment") or {}
         revision = env.get("git_revision")
         if revision:
             key = f"{revision}{UNCOMMITTED_MARK}" if env.get("git_uncommitted") else str(revision)
-            by_revision.setdefault(key, []).append(reader(cell).name)
+            by_revision.setdefault(key, []).append(cell.name)
     return by_revision
 
 
-def collect(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, float]]:
-    """{spec: {seed: value of metric}} over the sweep's finished cells."""
-    values: dict[str, dict[int, float]] = {spec: {} for spec in record["specs"]}
-    for cell in done_cells(record):
-        value = _final(reader(cell), metric)
+def collect(cells: RecordSet, metric: Metric) -> dict[str, dict[int, float]]:
+    """{spec: {seed: value of metric}} over the study's finished cells."""
+    values: dict[str, dict[int, float]] = {spec: {} for spec in cells.specs}
+    for cell in cells.cells:
+        value = _final(cell, metric)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise SweepError(
-                    f"cell {cell['spec']} seed {cell['seed']}: {metric.label} is {value!r}; allowed: a finite number "
+                    f"cell {cell.spec} seed {cell.seed}: {metric.label} is {value!r}; allowed: a finite number "
                     "(a run that diverged has no value to compare: rerun it or leave its arm out)"
                 )
             if metric.label.endswith("(%)") and not 0 <= value <= 100:  # a hand-edited or corrupt record
                 raise SweepError(
-                    f"cell {cell['spec']} seed {cell['seed']}: {metric.label} is {value!r}; allowed: a percentage "
-                    "in [0, 100]"
+                    f"cell {cell.spec} seed {cell.seed}: {metric.label} is {value!r}; allowed: a percentage in [0, 100]"
                 )
-            values[cell["spec"]][cell["seed"]] = value
+            values[cell.spec][cell.seed] = value
     return values
 
 
-def _series(record: dict[str, Any], metric: Metric) -> dict[str, dict[int, dict[int, float]]]:
+def _series(cells: RecordSet, metric: Metric) -> dict[str, dict[int, dict[int, float]]]:
     """{spec: {step: {seed: value}}} of a metric logged in metrics.jsonl at every evaluation ({} for others)."""
     if metric.source != "metrics":
         return {}
     key = metric.path[0]
-    series: dict[str, dict[int, dict[int, float]]] = {spec: {} for spec in record["specs"]}
-    for cell in done_cells(record):
-        for entry in reader(cell).read_metrics():
+    series: dict[str, dict[int, dict[int, float]]] = {spec: {} for spec in cells.specs}
+    for cell in cells.cells:
+        for entry in cell.read_metrics():
             if key in entry and "step" in entry:
-                series[cell["spec"]].setdefault(int(entry["step"]), {})[cell["seed"]] = float(entry[key])
+                series[cell.spec].setdefault(int(entry["step"]), {})[cell.seed] = float(entry[key])
     return series
 
 
-def late_change(record: dict[str, Any], metric: Metric, fraction: float = 0.25) -> dict[str, dict[str, Any]]:
+def late_change(cells: RecordSet, metric: Metric, fraction: float = 0.25) -> dict[str, LateChange]:
     """Is the metric still moving at the end? Per spec, each seed's change over the last ``fraction`` of training
     (last evaluation minus the first evaluation at or after (1 - fraction) of the last step), its mean over seeds,
     t-based 95% interval, and "still improving" when that interval excludes 0 in the metric's better direction."""
     better = metric.better
-    out = {}
-    for spec, by_step in _series(record, metric).items():
+    out: dict[str, LateChange] = {}
+    for spec, by_step in _series(cells, metric).items():
         steps = sorted(by_step)
         if len(steps) < 2:
             continue
@@ -183,15 +187,15 @@ AGAINST_BASELINE = {
 }
 
 
-def fit_against_test(record: dict[str, Any], baseline: str = "0") -> dict[str, dict[str, Any]]:
+def fit_against_test(cells: RecordSet, baseline: str = "0") -> dict[str, FitRow]:
     """Per spec, the final top-1 on training images without augmentation (``--fit-subset``) and on the test set,
     their paired difference over seeds (fit - test; near 0: the model does not even fit its training data), and
     under "against_baseline" the paired differences from the baseline spec of the fit top-1, the fit loss and the
     test loss (None for the baseline itself, or without baseline cells). {} when no finished cell logged a fit
     score."""
-    fit, test = collect(record, _FIT), collect(record, _TEST)
-    others = {name: collect(record, metric) for name, metric in AGAINST_BASELINE.items()}
-    out = {}
+    fit, test = collect(cells, _FIT), collect(cells, _TEST)
+    others = {name: collect(cells, metric) for name, metric in AGAINST_BASELINE.items()}
+    out: dict[str, FitRow] = {}
     for spec, by_seed in fit.items():
         if by_seed:
             against = None
@@ -202,10 +206,10 @@ def fit_against_test(record: dict[str, Any], baseline: str = "0") -> dict[str, d
     return out
 
 
-def gap_over_training(record: dict[str, Any], metric: Metric, baseline: str = "0") -> dict[str, list[dict]]:
+def gap_over_training(cells: RecordSet, metric: Metric, baseline: str = "0") -> dict[str, list[dict]]:
     """{spec: [paired_test of spec - baseline at one step, with "step"], ...} for a metric logged in metrics.jsonl
     at every evaluation; a step is listed where at least one seed has both arms."""
-    series = _series(record, metric)
+    series = _series(cells, metric)
     if baseline not in series:
         return {}
     gaps = {}
@@ -222,21 +226,21 @@ def gap_over_training(record: dict[str, Any], metric: Metric, baseline: str = "0
     return gaps
 
 
-def mechanism_over_training(record: dict[str, Any]) -> dict[str, dict[str, list[dict]]]:
+def mechanism_over_training(cells: RecordSet) -> dict[str, dict[str, list[dict]]]:
     """When do heads turn diffusive? {"diffusion score, Laplacian heads" / "... ordinary heads": {spec: [the
     seeds' mean score over blocks at one step, tested against 0 (``paired_test`` against a zero arm), with
     "step"], ...}} at every checkpoint the finished cells kept. Read from the weights alone (no data), so each
     kept step costs one model load."""
     scores: dict[str, dict[str, dict[int, dict[int, float]]]] = {}
-    for cell in done_cells(record):
-        by_step = reader(cell).checkpoint_heads  # a record keeps every kept checkpoint's scores
+    for cell in cells.cells:
+        by_step = cell.checkpoint_heads  # a record keeps every kept checkpoint's scores
         for step, blocks in sorted(by_step.items()):
             heads = [head for block in blocks for head in block]
             for kind in ("Laplacian", "ordinary"):
                 kind_scores = [_diffusion_of(head) for head in heads if _kind_of(head) == kind.lower()]
                 if kind_scores:
-                    series = scores.setdefault(f"diffusion score, {kind} heads", {}).setdefault(cell["spec"], {})
-                    series.setdefault(step, {})[cell["seed"]] = float(np.mean(kind_scores))
+                    series = scores.setdefault(f"diffusion score, {kind} heads", {}).setdefault(cell.spec, {})
+                    series.setdefault(step, {})[cell.seed] = float(np.mean(kind_scores))
 
     def against_zero(by_seed: dict[int, float]) -> dict[str, Any]:
         return paired_test(by_seed, dict.fromkeys(by_seed, 0.0))
@@ -289,15 +293,15 @@ def summarize(values: dict[str, dict[int, float]], baseline: str = "0") -> dict[
 Values = dict[str, dict[str, dict[int, float]]]  # row label -> spec -> seed -> value
 
 
-def geometry_values(record: dict[str, Any]) -> tuple[Values, Values]:
+def geometry_values(study: RecordSet) -> tuple[Values, Values]:
     """(geometry rows, mechanism rows) from every finished cell's analysis (its record's ``lapheads analyze``)."""
-    task = get_task(record["task"])
+    task = get_task(study.task)
     metrics, where = task.geometry, task.geometry_layers
-    out: Values = {f"{m.label} ({w})": {s: {} for s in record["specs"]} for w in where for m in metrics}
+    out: Values = {f"{m.label} ({w})": {s: {} for s in study.specs} for w in where for m in metrics}
     mechanism: Values = {}
     twins: dict[tuple[str, int], dict[tuple[str, int], dict[str, Any]]] = {}
-    cells = done_cells(record)
-    missing = [reader(cell).name for cell in cells if reader(cell).analysis is None]
+    cells = study.cells
+    missing = [cell.name for cell in cells if cell.analysis is None]
     if missing and len(missing) < len(cells):  # some analysed, some not: the rows would drop seeds without a word
         raise SweepError(
             f"{len(missing)} of {len(cells)} cells have no analysis ({', '.join(missing[:4])}"
@@ -305,12 +309,12 @@ def geometry_values(record: dict[str, Any]) -> tuple[Values, Values]:
             "or none (--no-geometry)"
         )
     for cell in cells:
-        analysis = reader(cell).analysis
+        analysis = cell.analysis
         if analysis is None:
             continue
         for label, value in _diffusion_scores(analysis).items():
-            mechanism.setdefault(label, {s: {} for s in record["specs"]})[cell["spec"]][cell["seed"]] = value
-        twins[(cell["spec"], cell["seed"])] = _measured_heads(analysis)
+            mechanism.setdefault(label, {s: {} for s in study.specs})[cell.spec][cell.seed] = value
+        twins[(cell.spec, cell.seed)] = _measured_heads(analysis)
         layers = {"last block": [n for n in analysis["layers"] if n.isdigit()][-1], "after the final norm": "norm"}
         for w in where:
             for metric in metrics:
@@ -318,7 +322,7 @@ def geometry_values(record: dict[str, Any]) -> tuple[Values, Values]:
                 for key in metric.path:
                     value = value.get(key) if isinstance(value, dict) else None
                 if value is not None:
-                    out[f"{metric.label} ({w})"][cell["spec"]][cell["seed"]] = float(value)
+                    out[f"{metric.label} ({w})"][cell.spec][cell.seed] = float(value)
     _against_k0(mechanism)
     _against_twins(mechanism, twins)
     # a metric no cell's analysis holds (an analysis version before it: the LM's within-sequence fraction before

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from lapheads.study.comparison import Comparison
-from lapheads.study.report.statistics import AGAINST_BASELINE, settled_from
+from lapheads.study.comparison import Comparison, PairedTest
+from lapheads.study.report.statistics import AGAINST_BASELINE, FitRow, LateChange, settled_from
+from lapheads.study.verdicts import RuleRecord
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -22,13 +23,13 @@ def _mean_std(row: Comparison, spec: str) -> str:
 _IMPROVING = {True: "yes", False: "not detected"}
 
 
-def _with_interval(row: dict[str, Any]) -> str:
+def _with_interval(row: PairedTest) -> str:
     """A ``paired_test`` row as "+mean [low, high]" ("+mean" alone where there is no interval: one pair)."""
     interval = "" if math.isnan(row["ci_low"]) else f" [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
     return f"{row['mean_difference']:+.3g}{interval}"
 
 
-def late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[str]:
+def late_change_lines(label: str, changes: dict[str, LateChange]) -> list[str]:
     lines = [
         "",
         f"{label}, change over the last quarter of training (each seed's last evaluation minus its evaluation at "
@@ -46,7 +47,7 @@ def late_change_lines(label: str, changes: dict[str, dict[str, Any]]) -> list[st
     return lines
 
 
-def fit_lines(rows: dict[str, dict[str, Any]], baseline: str) -> list[str]:
+def fit_lines(rows: dict[str, FitRow], baseline: str) -> list[str]:
     lines = [
         "",
         "Fit: final top-1 on the first training images without augmentation (`--fit-subset`) against the test "
@@ -159,7 +160,7 @@ def table_header(baseline: str) -> list[str]:
     ]
 
 
-def rule_lines(rule: dict[str, Any]) -> list[str]:
+def rule_lines(rule: RuleRecord) -> list[str]:
     """The verdict rule in words, with this report's family and margins (lapheads.study.verdicts)."""
     margins = "; ".join(
         f"{label}: {'none (the paper reports no such effect)' if m is None else f'{m:.3g}'}"
