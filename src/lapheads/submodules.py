@@ -19,3 +19,17 @@ def submodule_getattr(package: str) -> Callable[[str], Any]:
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+def public_getattr(package: str, public: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``package`` whose public names live in its modules (``public``: name -> module,
+    relative to the package): each is imported on first use, so importing the package (or one torch-free module of
+    it) loads nothing else; any other name may be one of its modules (:func:`submodule_getattr`)."""
+    modules = submodule_getattr(package)
+
+    def __getattr__(name: str) -> Any:
+        if name in public:
+            return getattr(importlib.import_module(f"{package}.{public[name]}"), name)
+        return modules(name)
+
+    return __getattr__

@@ -11,7 +11,8 @@ import torch
 
 import lapheads
 from lapheads.core import HeadSpecError, LayerHeads, laplacian_attention, parse_heads
-from lapheads.core.kinds import GATEABLE_KINDS, HEAD_KINDS, gate_heads
+from lapheads.core.kinds import gate_heads
+from lapheads.core.vocabulary import GATEABLE_KINDS, HEAD_KINDS
 from lapheads.models.vit import vit_head_kinds
 
 SPEC = "ordinary/gated-laplacian/gated-exclusive/laplacian"  # gated and ungated heads of two kinds side by side

@@ -424,7 +424,8 @@ def cmd_across(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from lapheads.data.images import DATASETS, fetch_fashion_mnist, find_fashion_mnist
+    from lapheads.data.catalog import DATASETS
+    from lapheads.data.images import fetch_fashion_mnist, find_fashion_mnist
     from lapheads.data.text import TEXT_DATASETS
 
     if args.action == "list":

@@ -15,10 +15,11 @@ if TYPE_CHECKING:  # the public names, for readers and type checkers; at run tim
         laplacian_attention,
         laplacian_attention_reference,
     )
-    from lapheads.core.heads import HEAD_SPEC, HEAD_SPEC_PATTERN, HeadSpec, HeadSpecError, LayerHeads, parse_heads
-    from lapheads.core.kinds import HEAD_KINDS, KIND_COEFFICIENTS, is_plain_laplacian
+    from lapheads.core.heads import HeadSpec, HeadSpecError, LayerHeads, parse_heads
+    from lapheads.core.kinds import KIND_COEFFICIENTS, is_plain_laplacian
     from lapheads.core.mixin import LaplacianHeadsMixin
     from lapheads.core.modules import LaplacianAttention
+    from lapheads.core.vocabulary import HEAD_KINDS, HEAD_SPEC, HEAD_SPEC_PATTERN
 
 #: each public name's module
 _PUBLIC = {
@@ -26,10 +27,9 @@ _PUBLIC = {
         ("IDENTITIES", "AttentionPlan", "explain_attention", "laplacian_attention", "laplacian_attention_reference"),
         "attention",
     ),
-    **dict.fromkeys(
-        ("HEAD_SPEC", "HEAD_SPEC_PATTERN", "HeadSpec", "HeadSpecError", "LayerHeads", "parse_heads"), "heads"
-    ),
-    **dict.fromkeys(("HEAD_KINDS", "KIND_COEFFICIENTS", "is_plain_laplacian"), "kinds"),
+    **dict.fromkeys(("HeadSpec", "HeadSpecError", "LayerHeads", "parse_heads"), "heads"),
+    **dict.fromkeys(("KIND_COEFFICIENTS", "is_plain_laplacian"), "kinds"),
+    **dict.fromkeys(("HEAD_KINDS", "HEAD_SPEC", "HEAD_SPEC_PATTERN"), "vocabulary"),
     "LaplacianHeadsMixin": "mixin",
     "LaplacianAttention": "modules",
 }

@@ -65,7 +65,6 @@ from lapheads.core._autograd import (
 )
 from lapheads.core.heads import HeadSpec, HeadSpecError, LayerHeads, check_count, check_mask_tensor
 from lapheads.core.kinds import (
-    HEAD_KINDS,
     PROJECTING_KINDS,
     exclude_own_value,
     is_kinds,
@@ -74,6 +73,7 @@ from lapheads.core.kinds import (
     kinds_output,
 )
 from lapheads.core.masks import attention_backend, check_pattern, is_pattern, tensor_mask
+from lapheads.core.vocabulary import HEAD_KINDS
 from lapheads.errors import InputError
 
 __all__ = [

@@ -8,8 +8,8 @@ thing and fails with the same one-line error everywhere, and every layer keeps w
 * **One grammar, one value.** ``parse_heads`` turns every written spec (an int k, "0,2,2,0" per layer, a kind name,
   "kind:k+kind:j", "a/b/c" per head, per-layer lists, bool masks) into one frozen ``LayerHeads`` per layer; its
   mask, its trailing k (what the op takes with no device work) and whether it is only ordinary and Laplacian heads
-  are read from that value, never re-parsed. :data:`HEAD_SPEC_PATTERN` is the grammar as text, so a config can be
-  checked before a model exists (:data:`HEAD_SPEC`).
+  are read from that value, never re-parsed. The grammar as text (``HEAD_SPEC_PATTERN``, ``HEAD_SPEC``) is
+  ``lapheads.core.vocabulary``'s, without torch, so a config can be checked before a model exists.
 * **The op checks its own arguments.** ``laplacian_attention`` takes k, a mask or kinds per call and validates them
   with :func:`check_count` and :func:`check_mask_tensor` (plain functions: no value built per call).
 * **Masks are host truth.** A ``LayerHeads``' mask is a CPU bool tensor; a module keeps its device copy.
@@ -26,13 +26,11 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from lapheads.config import Domain
-from lapheads.core.kinds import GATE_PREFIX, GATEABLE_KINDS, HEAD_KINDS, is_plain_laplacian
+from lapheads.core.kinds import is_plain_laplacian
+from lapheads.core.vocabulary import GATE_PREFIX, GATEABLE_KINDS, HEAD_KINDS
 from lapheads.errors import LapheadsError
 
 __all__ = [
-    "HEAD_SPEC",
-    "HEAD_SPEC_PATTERN",
     "HeadSpec",
     "HeadSpecError",
     "LayerHeads",
@@ -208,11 +206,6 @@ def _short(seq: Sequence) -> str:
 
 
 _KIND_ITEM = re.compile(r"^[a-z-]+(:\d+)?(\+[a-z-]+:\d+)*$")
-_KIND_NAME = f"({GATE_PREFIX})?(" + "|".join(HEAD_KINDS) + ")"
-_SPEC_ITEM = rf"\s*(\d+|{_KIND_NAME}(:\d+)?(\+{_KIND_NAME}:\d+)*|{_KIND_NAME}(/{_KIND_NAME})+)\s*"
-#: The written form of every head spec ``parse_heads`` reads as text: items (a k, a kind, kind:k+kind:j or
-#: kind/kind/...) separated by commas. Configs check it before a model exists; the counts are checked at build.
-HEAD_SPEC_PATTERN = re.compile(rf"{_SPEC_ITEM}(,{_SPEC_ITEM})*")
 
 
 def _layer_heads(item: object, num_heads: int, where: str) -> LayerHeads:
@@ -339,12 +332,3 @@ def parse_heads(spec: object, heads_per_layer: Sequence[int]) -> list[LayerHeads
     if len(set(counts)) == 1:  # one value for all layers (frozen: shared safely)
         return [_layer_heads(spec, counts[0], "")] * num_layers
     return [_layer_heads(spec, n, f"[layer {i}]") for i, n in enumerate(counts)]
-
-
-#: ``--laplacian-heads`` in a config: k, one k per layer ("0,2,2,0"), or head kinds ("negated:3", "mix",
-#: "ordinary/negated/laplacian", per layer too); the counts are checked against the model when it is built
-HEAD_SPEC = Domain(
-    "k, a comma list of per-layer k (3 or 0,2,2,0), or head kinds (negated:3, mix, ordinary/negated/laplacian, "
-    "gated-laplacian:3; kinds: " + ", ".join(HEAD_KINDS) + "; any but local and untied as gated-<kind>)",
-    lambda v: bool(HEAD_SPEC_PATTERN.fullmatch(v)),
-)

@@ -32,11 +32,7 @@ from torch import Tensor
 from lapheads.core._autograd import sdpa
 
 __all__ = [
-    "GATEABLE_KINDS",
-    "GATE_PREFIX",
-    "HEAD_KINDS",
     "KIND_COEFFICIENTS",
-    "LOCAL_TERM_KINDS",
     "NAMED_POINTS",
     "PROJECTING_KINDS",
     "attended_mean",
@@ -50,14 +46,6 @@ __all__ = [
     "nearest_kind",
 ]
 
-#: Every kind a head can be. A Laplacian head is an ordinary head with its P V term negated plus a token-local
-#: term V (W_V x through W_O), the two tied by sharing W_V and W_O; the other kinds take those parts apart:
-#: negated (the P V sign alone: an ordinary head with W_O negated, hence a placebo, kept only as one), local (an
-#: ordinary head plus an untied local term that starts at zero), untied (the Laplacian head with only the tie
-#: released: its own W_V', W_O' start equal to W_V, W_O), sum (V + P V: the same tied local term without the
-#: cancellation (I - P) 1 = 0 the paper names as the mechanism), centring (V minus the attended mean: no attention),
-#: exclusive (XSA, arXiv 2603.09078: P V minus its projection on the token's own value) and mix (learnable a, b).
-HEAD_KINDS = ("ordinary", "laplacian", "negated", "local", "untied", "sum", "centring", "exclusive", "mix")
 #: Per kind, the coefficients of (the head's own value V, P V, the mean of the attended values): ordinary P V;
 #: laplacian V - P V; negated -P V; local P V, plus an untied token-local term its module adds; untied -P V, plus
 #: its module's local term (started as W_O W_V); sum V + P V; centring V - mean(V) over the attended positions;
@@ -77,12 +65,6 @@ KIND_COEFFICIENTS = {
 #: kinds whose output is not linear in (V, P V, mean): exclusive heads remove P V's component along the token's own
 #: value, z = y - (y . v / |v|^2) v
 PROJECTING_KINDS = frozenset({"exclusive"})
-#: kinds whose module adds a token-local term W_O' W_V' x beside the op's output (untied from W_V, W_O)
-LOCAL_TERM_KINDS = ("local", "untied")
-#: how a gated head's kind is written ("gated-laplacian"), in specs and in saved configs
-GATE_PREFIX = "gated-"
-#: kinds a gate can scale: the head's whole output comes from the op (a local term is added after W_O, ungated)
-GATEABLE_KINDS = tuple(kind for kind in HEAD_KINDS if kind not in LOCAL_TERM_KINDS)
 
 
 #: The named points of a mix head's (a, b) (a V + b P V): the kinds the paper and its ablations talk about.

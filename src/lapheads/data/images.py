@@ -26,16 +26,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from lapheads.config import ConfigError
+from lapheads.data.catalog import DATASETS
 from lapheads.errors import InputError, LapheadsError
 
 __all__ = [
-    "DATASETS",
     "DataError",
     "ImageData",
     "IdxDataset",
     "build_image_data",
-    "check_data_root",
     "fetch_fashion_mnist",
     "find_fashion_mnist",
     "read_idx",
@@ -58,13 +56,6 @@ FASHION_MNIST_CLASSES = (
     "Bag",
     "Ankle boot",
 )
-#: name -> (channels, native image size, number of classes, mean, std)
-DATASETS = {
-    "fashion-mnist": (1, 28, 10, (0.2860,), (0.3530,)),
-    "cifar10": (3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": (3, 32, 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-    "imagefolder": (3, 224, None, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-}
 
 
 class DataError(LapheadsError, RuntimeError):
@@ -320,20 +311,6 @@ def _field(entry: dict, key: str, path: Path):
         if candidate in entry:
             return entry[candidate]
     raise KeyError(f"{path} has no {key!r} entry")
-
-
-def check_data_root(data_root: str | None, download: bool) -> None:
-    """An image data root must be an existing directory, or one to create with --download."""
-    if data_root is None:
-        return
-    path = Path(data_root)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--data-root {data_root!r} is a file; allowed: a directory")
-    if not path.exists() and not download:
-        raise ConfigError(
-            f"--data-root {data_root!r} does not exist; allowed: an existing directory (or add "
-            "--download to fetch the data into it)"
-        )
 
 
 @dataclass

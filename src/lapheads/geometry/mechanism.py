@@ -61,7 +61,8 @@ from typing import Any
 import torch
 
 from lapheads.core.heads import LayerHeads
-from lapheads.core.kinds import KIND_COEFFICIENTS, LOCAL_TERM_KINDS, PROJECTING_KINDS, kind_coefficients
+from lapheads.core.kinds import KIND_COEFFICIENTS, PROJECTING_KINDS, kind_coefficients
+from lapheads.core.vocabulary import LOCAL_TERM_KINDS
 from lapheads.errors import InputError
 from lapheads.geometry.anova import AnovaAccumulator
 

@@ -17,27 +17,50 @@ One module per half: ``layout`` (every file name), ``directory`` (``RunDir``: pa
 ``sweep`` (sweep.json). The layout itself is documented in docs/design.md ("The run directory").
 """
 
-from lapheads.runs.directory import (
-    RunDir,
-    checkpoint_folder,
-    checkpoint_steps,
-    latest_checkpoint,
-    read_jsonl,
-)
-from lapheads.runs.layout import SWEEP_FILE, WEIGHTS
-from lapheads.runs.models import (
-    FACTORIES,
-    build_model,
-    load_gpt_run,
-    load_model,
-    load_nanochat_model,
-    load_run_tokenizer,
-    load_token_shards,
-    load_weights,
-    model_record,
-    trained_on_conversations,
-)
-from lapheads.runs.sweep import SweepError, load_sweep, spec_dir_name
+from typing import TYPE_CHECKING
+
+from lapheads.submodules import public_getattr
+
+if TYPE_CHECKING:  # for readers and type checkers; at run time __getattr__ imports each name on first use, so a
+    # reader of the layout alone (a config's --help) loads no torch
+    from lapheads.runs.directory import RunDir, checkpoint_folder, checkpoint_steps, latest_checkpoint, read_jsonl
+    from lapheads.runs.layout import SWEEP_FILE, WEIGHTS
+    from lapheads.runs.models import (
+        FACTORIES,
+        build_model,
+        load_gpt_run,
+        load_model,
+        load_nanochat_model,
+        load_run_tokenizer,
+        load_token_shards,
+        load_weights,
+        model_record,
+        trained_on_conversations,
+    )
+    from lapheads.runs.sweep import SweepError, load_sweep, spec_dir_name
+
+_PUBLIC = {
+    **dict.fromkeys(
+        ("RunDir", "checkpoint_folder", "checkpoint_steps", "latest_checkpoint", "read_jsonl"), "directory"
+    ),
+    **dict.fromkeys(("SWEEP_FILE", "WEIGHTS"), "layout"),
+    **dict.fromkeys(
+        (
+            "FACTORIES",
+            "build_model",
+            "load_gpt_run",
+            "load_model",
+            "load_nanochat_model",
+            "load_run_tokenizer",
+            "load_token_shards",
+            "load_weights",
+            "model_record",
+            "trained_on_conversations",
+        ),
+        "models",
+    ),
+    **dict.fromkeys(("SweepError", "load_sweep", "spec_dir_name"), "sweep"),
+}
 
 __all__ = [
     "FACTORIES",
@@ -61,3 +84,5 @@ __all__ = [
     "WEIGHTS",
     "trained_on_conversations",
 ]
+
+__getattr__ = public_getattr(__name__, _PUBLIC)

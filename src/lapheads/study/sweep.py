@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lapheads.core.heads import HEAD_SPEC_PATTERN
+from lapheads.core.vocabulary import HEAD_SPEC_PATTERN
 from lapheads.distributed import Interrupted, StoppedError
 from lapheads.io import json_loads, read_regular_text, sole_owner
 from lapheads.runs import SWEEP_FILE, SweepError

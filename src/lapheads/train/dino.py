@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from lapheads.config import validate_config
-from lapheads.data.images import DATASETS, build_image_data
+from lapheads.data.catalog import DATASETS
+from lapheads.data.images import build_image_data
 from lapheads.data.multicrop import MultiCropAugmentation, collate_crops
 from lapheads.distributed import StopRequests, setup_distributed
 from lapheads.errors import InputError

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lapheads.config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, ConfigError, Domain, option
-from lapheads.core.heads import HEAD_SPEC
+from lapheads.core.vocabulary import HEAD_SPEC
 from lapheads.data.conversations import parse_mixture
 from lapheads.train.configs.run import RunConfig
 

@@ -4,17 +4,16 @@ config.json). No training code: presets, ``--help`` and a sweep's dry run import
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from lapheads.config import NON_NEGATIVE, POSITIVE, RATE, ConfigError, interval, one_of, option
-from lapheads.data.images import DATASETS, check_data_root
+from lapheads.data.catalog import DATASETS, check_data_root
 from lapheads.errors import InputError
-from lapheads.runs import build_model as build_from_record
-from lapheads.runs import model_record
 from lapheads.runs.layout import CONFIG_FILE
 from lapheads.train.configs.run import RunConfig
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ClassifyConfig", "model_spec", "build_model", "recorded_model", "check_model"]
 
@@ -114,6 +113,8 @@ class ClassifyConfig(RunConfig):
 
 def model_spec(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> dict[str, Any]:
     """The ViT's constructor arguments as config.json records them (``lapheads.runs.model_record``)."""
+    from lapheads.runs.models import model_record  # with torch: only when a model is described
+
     kwargs = dict(cfg.model_kwargs)
     if cfg.layer_scale is not None:
         kwargs["init_values"] = cfg.layer_scale
@@ -136,6 +137,8 @@ def model_spec(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> dict[str
 
 
 def build_model(cfg: ClassifyConfig, num_classes: int, in_chans: int) -> torch.nn.Module:
+    from lapheads.runs.models import build_model as build_from_record
+
     return build_from_record(model_spec(cfg, num_classes, in_chans))
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from lapheads.config import FRACTION, NON_NEGATIVE, POSITIVE, RATE, ConfigError, Domain, one_of, option
-from lapheads.data.images import DATASETS, check_data_root
+from lapheads.data.catalog import DATASETS, check_data_root
 from lapheads.runs import build_model as build_from_record
 from lapheads.runs import model_record
 from lapheads.runs.layout import CONFIG_FILE
@@ -112,6 +112,6 @@ def recorded_model(record: dict[str, Any]) -> dict[str, Any]:
 def check_model(cfg: DINOConfig) -> None:
     """Build the backbone once (a sweep does, before its first cell): a head spec that does not fit fails in one
     line."""
-    from lapheads.data.images import DATASETS
+    from lapheads.data.catalog import DATASETS
 
     build_backbone(cfg, DATASETS.get(cfg.dataset, (3,))[0])

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lapheads.config import NON_NEGATIVE, POSITIVE, Domain, one_of, option
-from lapheads.core.heads import HEAD_SPEC
+from lapheads.core.vocabulary import HEAD_SPEC
 
 __all__ = ["RunConfig", "RESUME_FREE"]
 
