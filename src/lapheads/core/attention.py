@@ -139,11 +139,18 @@ def laplacian_attention(
     Returns:
         (B, H, T, D) head outputs.
     """
-    if sinks is not None:  # checked as given, then the sink key in front (section "Sinks" below)
+    k, v, call = _prepare_with_sinks(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, scale, identity,
+                                     blend, mix, sinks)  # fmt: skip
+    return _PATHS[_plan(q, k, v, call)](q, k, v, call)
+
+
+def _prepare_with_sinks(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, scale, identity, blend, mix, sinks):
+    """(k, v, the checked call) as the paths read them; learned sinks checked as given, then run as a key in front
+    (section "Sinks" below)."""
+    if sinks is not None:
         _check_call(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks)
         k, v, attn_mask, is_causal, identity = _sink_key(q, k, v, attn_mask, is_causal, identity, sinks)
-    call = _prepare(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, scale, identity, blend, mix)
-    return _PATHS[_plan(q, k, v, call)](q, k, v, call)
+    return k, v, _prepare(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, scale, identity, blend, mix)
 
 
 #: what each path runs, in a sentence (the module docstring's table)
@@ -203,10 +210,8 @@ def explain_attention(
     """The path :func:`laplacian_attention` takes for these arguments, and the backend of a pattern mask, without
     running it (the same checks, the same one-line errors). Grad mode and ``requires_grad`` decide as in the call:
     ask where the call will run (inside ``torch.no_grad()`` for decoding)."""
-    if sinks is not None:
-        _check_call(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, identity, blend, sinks)
-        k, v, attn_mask, is_causal, identity = _sink_key(q, k, v, attn_mask, is_causal, identity, sinks)
-    call = _prepare(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, scale, identity, blend, mix)
+    k, v, call = _prepare_with_sinks(q, k, v, laplacian_heads, attn_mask, is_causal, dropout_p, scale, identity,
+                                     blend, mix, sinks)  # fmt: skip
     backend = attention_backend(q, k, call.attn_mask) if is_pattern(call.attn_mask) else None
     return AttentionPlan(_plan(q, k, v, call), backend, sinks is not None)
 
