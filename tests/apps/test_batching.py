@@ -196,3 +196,22 @@ def test_a_job_submitted_while_a_batch_runs_joins_it_and_ends_before_it():
     assert len("".join(pieces).split()) == 24 and long.finished == "length"
     with pytest.raises(InputError, match="the request: a prompt of 32 tokens; allowed: 1 to 31"):
         batcher.submit(Job(tuple(range(32)), 2))
+
+
+def test_a_cache_keeps_and_joins_rows_by_their_filled_positions():
+    """KVCache.keep and .join move the live rows' filled positions only; the batch's keys and values so far are the
+    rows kept, then the rows joined, whatever the storage held before (a left row's stale positions are overwritten
+    before they are read)."""
+    from lapheads.models.gpt import KVCache
+
+    cache, other = KVCache(3, 1, 8, 2, 1), KVCache(2, 1, 8, 2, 1)
+    rows = torch.arange(3 * 5 * 2, dtype=torch.float32).view(1, 3, 1, 5, 2)
+    for c, values in ((cache, rows), (other, -rows[:, :2])):
+        c.insert(0, values[0].view(-1, 1, 5, 2), values[0].view(-1, 1, 5, 2) + 100)
+    cache.keep(torch.tensor([2, 0]))
+    cache.join(other)
+    k, v = cache.insert(0, torch.zeros(4, 1, 1, 2), torch.zeros(4, 1, 1, 2))
+    expected = torch.cat([rows[0, [2, 0]], -rows[0, :2]]).view(4, 1, 5, 2)
+    assert cache.pos == 6 and k.shape == (4, 1, 6, 2)
+    assert torch.equal(k[:, :, :5], expected) and torch.equal(v[:, :, :5], expected + 100)
+    assert torch.equal(k[:, :, 5], torch.zeros(4, 1, 2))

@@ -256,6 +256,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class KVCache:
     """Pre-allocated keys and values of every layer for incremental decoding, and the smear's previous embedding.
 
+    ``kv`` holds the live batch rows: a view of the first rows of a storage with room for more, so sequences that
+    leave (:meth:`keep`) or join (:meth:`join`) a batch being decoded move only their filled positions, never the
+    whole pre-allocated length. Positions at and after ``pos`` are written before they are read.
+
     Args:
         batch_size, num_kv_heads, max_len, head_dim, num_layers: the cache's shape.
         device, dtype: where and in what precision keys and values are stored.
@@ -272,7 +276,8 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
     ) -> None:
         shape = (num_layers, 2, batch_size, num_kv_heads, max_len, head_dim)
-        self.kv = torch.zeros(shape, device=device, dtype=dtype)
+        self._storage = torch.zeros(shape, device=device, dtype=dtype)
+        self.kv = self._storage
         self.max_len = max_len
         self.pos = 0  # tokens already stored (the next token's position)
         self.prev_embedding: torch.Tensor | None = None  # the last token's embedding before the smear (B, 1, C)
@@ -289,8 +294,11 @@ class KVCache:
         return self.kv[layer, 0, :, :, :end], self.kv[layer, 1, :, :, :end]
 
     def keep(self, rows: torch.Tensor) -> None:
-        """Keep only the batch rows ``rows`` (indices), in that order: sequences that finished leave the batch."""
-        self.kv = self.kv[:, :, rows]
+        """Keep only the batch rows ``rows`` (indices), in that order: sequences that finished leave the batch (their
+        filled positions move to the front rows; the storage stays)."""
+        n = len(rows)
+        self._storage[:, :, :n, :, : self.pos] = self.kv[:, :, rows, :, : self.pos]
+        self.kv = self._storage[:, :, :n]
         if self.prev_embedding is not None:
             self.prev_embedding = self.prev_embedding[rows]
 
@@ -302,9 +310,17 @@ class KVCache:
                 f"a KV cache at position {other.pos} of shape {tuple(other.kv.shape)} cannot join one at position "
                 f"{self.pos} of shape {tuple(self.kv.shape)}; allowed: the same position, layers, heads and length"
             )
-        self.kv = torch.cat([self.kv, other.kv], dim=2)
         if (self.prev_embedding is None) != (other.prev_embedding is None):
             raise InputError("a KV cache with the smear's previous embedding cannot join one without it")
+        n, m = self.kv.shape[2], other.kv.shape[2]
+        if n + m > self._storage.shape[2]:  # room for the newcomers, and as many again
+            shape = list(self._storage.shape)
+            shape[2] = 2 * (n + m)
+            storage = self._storage.new_zeros(shape)
+            storage[:, :, :n, :, : self.pos] = self.kv[:, :, :, :, : self.pos]
+            self._storage = storage
+        self._storage[:, :, n : n + m, :, : self.pos] = other.kv[:, :, :, :, : self.pos]
+        self.kv = self._storage[:, :, : n + m]
         if self.prev_embedding is not None:
             self.prev_embedding = torch.cat([self.prev_embedding, other.prev_embedding])
 
