@@ -373,8 +373,7 @@ class Batcher:
         if not batch:
             return []
         limit = self.model.config.sequence_len
-        jobs: dict[int, _Submitted] = {}  # the caller's index of a request in the batch -> its job
-        held: list[_Submitted] = []
+        jobs: dict[int, _Submitted] = {}  # the index of a request in the batch -> its job (never reused)
         first, *rest = _groups([s.job.generation for s in batch], limit)
         held = [batch[i] for group in rest for i in group]
 
@@ -386,6 +385,7 @@ class Batcher:
 
         try:
             jobs.update({n: batch[i] for n, i in enumerate(first)})
+            joined = len(first)  # the next index to give a job that joins
             with self.model_lock:
                 decoding = Decoding(self.model, [(n, batch[i].job.generation) for n, i in enumerate(first)], on_token)
             while True:
@@ -400,7 +400,7 @@ class Batcher:
                     decoding.advance()
                 joining = self._joining(decoding, len(jobs), held)
                 if joining:
-                    start = max(jobs, default=-1) + 1
+                    start, joined = joined, joined + len(joining)
                     jobs.update({start + n: submitted for n, submitted in enumerate(joining)})
                     with self.model_lock:
                         decoding.join([(start + n, s.job.generation) for n, s in enumerate(joining)])
