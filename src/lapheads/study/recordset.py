@@ -28,7 +28,7 @@ from lapheads.runs.records import CellRecord, RecordError, environment_key, read
 from lapheads.study.cells import CellStatus
 from lapheads.study.records import Plan, build_record, load_plan
 
-__all__ = ["FINISHED", "RecordSet", "finished_run_dirs"]
+__all__ = ["FINISHED", "RecordSet", "finished_run_dirs", "sweep_seeds"]
 
 #: the statuses of a cell that has its numbers: trained here to its last step, or recorded elsewhere
 FINISHED = (CellStatus.DONE.value, CellStatus.RECORDED.value)
