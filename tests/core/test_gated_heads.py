@@ -87,8 +87,9 @@ def test_gate_heads_scales_only_the_gated_heads_token_by_token():
             for t in range(5):
                 expected[b, h, t] = out[b, h, t] / (1 + torch.exp(-logits[b, t, j]))
     torch.testing.assert_close(gated, expected, rtol=1e-14, atol=0)
-    every = gate_heads(out, torch.randn(2, 5, 4, dtype=torch.float64), torch.arange(4))  # the all-gated path
-    assert every.shape == out.shape
+    logits = torch.randn(2, 5, 4, dtype=torch.float64)
+    every = gate_heads(out, logits, torch.arange(4))  # the all-gated path: no scale tensor built
+    torch.testing.assert_close(every, out * torch.sigmoid(logits).transpose(1, 2).unsqueeze(-1), rtol=1e-14, atol=0)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -124,7 +125,7 @@ def test_a_gated_vit_scripts_reports_its_kinds_and_reloads_from_them():
     assert vit_head_kinds(model) == [["ordinary", "gated-laplacian", "gated-exclusive", "laplacian"]] * 2
     with torch.no_grad():
         model.blocks[1].attn.head_gate.weight.normal_(0, 0.5)
-    rebuilt = _vit([",".join("/".join(layer) for layer in vit_head_kinds(model))][0], seed=1)
+    rebuilt = _vit(",".join("/".join(layer) for layer in vit_head_kinds(model)), seed=1)  # from the saved names
     rebuilt.load_state_dict(model.state_dict())  # strict: the same parameters, gates included
     x = torch.randn(2, 1, 28, 28, dtype=torch.float64)
     torch.testing.assert_close(rebuilt(x), model(x), rtol=0, atol=0)

@@ -311,7 +311,10 @@ class KVCache:
                 f"{self.pos} of shape {tuple(self.kv.shape)}; allowed: the same position, layers, heads and length"
             )
         if (self.prev_embedding is None) != (other.prev_embedding is None):
-            raise InputError("a KV cache with the smear's previous embedding cannot join one without it")
+            raise InputError(
+                "a KV cache with the smear's previous embedding cannot join one without it; allowed: caches of one "
+                "model, both prefilled (the smear keeps each row's last embedding)"
+            )
         n, m = self.kv.shape[2], other.kv.shape[2]
         if n + m > self._storage.shape[2]:  # room for the newcomers, and as many again
             shape = list(self._storage.shape)
