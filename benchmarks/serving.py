@@ -6,9 +6,11 @@ request at most (a reply that samples its end-of-turn token ends there: tokens a
 
 1. The engine: N requests (prompts of 24-40 tokens) decoded as one batch against one at a time, interleaved in one
    process (``lapheads.bench.time_interleaved``), at N = 1, 4, 8.
-2. The server: N clients at once, each sending its chat requests one after another (OpenAI's chat completions over
-   HTTP, uvicorn in this process), against the same server with ``max_num_seqs`` 1 (one reply after another: what
-   the server did before it batched) and 16, rounds alternating; tokens counted from the replies' usage.
+2. The server: N clients at once share a list of N x 4 chat requests, each taking the next when its reply has ended
+   (vLLM's ``benchmark_serving --max-concurrency N``; OpenAI's chat completions over HTTP, the clients in their own
+   process, uvicorn in this one), against the same server with ``max_num_seqs`` 1 (one reply after another: what
+   the server did before it batched) and 16, rounds alternating; tokens counted from the replies' usage. The model
+   runs on the threads ``lapheads serve`` gives it (``model_threads``: the CPUs less the one the HTTP side keeps).
 
 Throughput = generated tokens / wall seconds; the ratio is batched over serial. The replies are the same either way
 (the same seeds: tests/apps/test_batching.py, tests/apps/test_serve.py).
@@ -42,12 +44,35 @@ def _tokenizer():
     return Tokenizer.char("abcdefghijklmnopqrstuvwxyz ?.")
 
 
-def _served_rate(model, clients: int, per_client: int, max_tokens: int, max_num_seqs: int) -> tuple[int, float]:
-    """(tokens, tokens/s) of ``clients`` clients at once against ``lapheads serve``'s app with ``max_num_seqs``."""
+def _load(url: str, clients: int, requests: int, max_tokens: int) -> tuple[int, float]:
+    """(tokens, seconds) of ``requests`` chat requests sent by ``clients`` clients at once, each taking the next
+    request when its reply has ended (vLLM's ``benchmark_serving --max-concurrency``); run in its own process, as a
+    server's clients are, so they do not share the server's interpreter lock."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
+
+    with httpx.Client(timeout=600) as http:
+
+        def ask(seed: int) -> int:
+            body = {"messages": [{"role": "user", "content": "what is the capital of france?"}],
+                    "max_tokens": max_tokens, "seed": seed}  # fmt: skip
+            return http.post(f"{url}/v1/chat/completions", json=body).json()["usage"]["completion_tokens"]
+
+        ask(10**6)  # warm-up
+        start = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            tokens = sum(pool.map(ask, range(requests)))
+        return tokens, time.perf_counter() - start
+
+
+def _served_rate(model, clients: int, per_client: int, max_tokens: int, max_num_seqs: int) -> tuple[int, float]:
+    """(tokens, tokens/s) of ``clients`` clients at once against ``lapheads serve``'s app with ``max_num_seqs``; the
+    clients are this script again (``--load``), in its own process."""
+    import json
+    import subprocess
+    import sys
 
     from lapheads.apps.chat import ChatEngine
     from lapheads.apps.serve import create_app, served
@@ -55,25 +80,16 @@ def _served_rate(model, clients: int, per_client: int, max_tokens: int, max_num_
 
     engine = ChatEngine(model, _tokenizer(), tools=False)
     app = create_app(engine, "bench", ServeLimits(max_tokens=max_tokens, max_num_seqs=max_num_seqs), 0.8)
-    with served(app) as url, httpx.Client(timeout=600) as http:
-
-        def client(index: int) -> int:
-            done = 0
-            for turn in range(per_client):
-                body = {"messages": [{"role": "user", "content": "what is the capital of france?"}],
-                        "max_tokens": max_tokens, "seed": index * 1000 + turn}  # fmt: skip
-                done += http.post(f"{url}/v1/chat/completions", json=body).json()["usage"]["completion_tokens"]
-            return done
-
-        client(0)  # warm-up
-        start = time.perf_counter()
-        with ThreadPoolExecutor(clients) as pool:
-            tokens = sum(pool.map(client, range(clients)))
-        return tokens, tokens / (time.perf_counter() - start)
+    with served(app) as url:
+        load = [url, str(clients), str(clients * per_client), str(max_tokens)]
+        done = subprocess.run([sys.executable, __file__, "--load", *load], capture_output=True, text=True, check=True)
+    tokens, seconds = json.loads(done.stdout.splitlines()[-1])
+    return tokens, tokens / seconds
 
 
 def main(argv: list[str] | None = None) -> str:
     from lapheads.apps.batching import generate_together
+    from lapheads.apps.serve import model_threads
     from lapheads.bench import cpu_description, time_interleaved, write_section
     from lapheads.models.gpt import GPT, GPTConfig
 
@@ -83,8 +99,17 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests-per-client", type=int, default=4)
+    parser.add_argument(
+        "--model-threads", type=int, default=None, help="the served model's threads (default: as lapheads serve)"
+    )
     parser.add_argument("--write", default=None)
+    parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)  # URL CLIENTS REQUESTS MAX_TOKENS: the clients
     args = parser.parse_args(argv)
+    if args.load:
+        import json
+
+        url, clients, requests, max_tokens = args.load
+        return json.dumps(_load(url, int(clients), int(requests), int(max_tokens)))
     torch.manual_seed(0)
     vocab = _tokenizer().vocab_size  # the served model speaks its tokenizer's ids
     shape = dict(depth=args.depth, vocab_size=vocab, sequence_len=512, head_dim=64)
@@ -110,6 +135,8 @@ def main(argv: list[str] | None = None) -> str:
             f"{times['one by one'] / times['together']:.2f} |"
         )
         print(rows[-1], flush=True)
+    engine_threads = torch.get_num_threads()
+    torch.set_num_threads(args.model_threads or model_threads(engine_threads))  # as lapheads serve runs the model
     for n in args.clients:
         rates: dict[int, list[float]] = {1: [], 16: []}
         for _ in range(args.repeats):  # rounds alternate the two servers, so drift hits both alike
@@ -124,16 +151,18 @@ def main(argv: list[str] | None = None) -> str:
         [
             f"`python benchmarks/serving.py`: a d{args.depth} GPT ({config.n_embd} wide, {config.n_head // 2} of "
             f"{config.n_head} heads Laplacian, {vocab} tokens), {args.max_tokens} sampled tokens per request, fp32; "
-            f"the engine: median of {args.repeats} interleaved rounds; {torch.get_num_threads()} threads. CPU: "
+            f"the engine: median of {args.repeats} interleaved rounds; {engine_threads} threads. CPU: "
             f"{cpu_description()}.",
             "",
             "| requests | tokens | one by one, tokens/s | together, tokens/s | together / one by one |",
             "|---|---|---|---|---|",
             *rows,
             "",
-            f"`lapheads serve` (the same model, a character tokenizer, no calculator), N clients at once, "
-            f"{args.requests_per_client} chat requests each, one after another; median of {args.repeats} rounds "
-            "alternating the two servers (the same seeds: the same tokens either way):",
+            f"`lapheads serve` (the same model on {torch.get_num_threads()} thread(s)"
+            f"{'' if args.model_threads else ', as the server runs it'}; a "
+            f"character tokenizer, no calculator), N clients at once sharing N x {args.requests_per_client} chat "
+            "requests, each taking the next when its reply has ended (the clients in their own process); median of "
+            f"{args.repeats} rounds alternating the two servers (the same seeds: the same tokens either way):",
             "",
             "| clients | tokens | --max-num-seqs 1, tokens/s | --max-num-seqs 16, tokens/s | batched / serial |",
             "|---|---|---|---|---|",

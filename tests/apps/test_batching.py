@@ -130,16 +130,18 @@ def test_a_reader_that_stops_reading_ends_its_job_and_the_next_batch_runs():
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_requests_that_join_a_batch_in_flight_generate_what_each_generates_alone(arch):
-    """Issue 72 (continuous batching): requests join between steps, prefilled to end where the batch is (padding of
-    document 0 before them), greedy and sampled, one whose prompt fills the batch's whole length; each generates
-    the tokens it gets alone. A prompt longer than the batch so far, or an allowance past the context, cannot join."""
+    """Issue 72 (continuous batching): requests join between steps whatever their lengths and the batch's: greedy
+    and sampled, a prompt longer than every row so far, one whose allowance runs to the end of the context; each row
+    of the cache holds its own length, and each request generates the tokens it gets alone (the 2026 family:
+    windows, smear, value embeddings, GQA, Laplacian heads)."""
     from lapheads.apps.batching import Decoding
 
     model = _random_weights(GPT(GPTConfig(**dict(EVERY_OPTION, arch=arch))))
     prompt = lambda n, seed: tuple(torch.randint(0, 40, (n,), generator=torch.Generator().manual_seed(seed)).tolist())  # noqa: E731
     first = [Generation(prompt(4, 1), max_tokens=14), Generation(prompt(2, 2), 6, temperature=1.0, seed=3)]
     later = {3: [Generation(prompt(5, 3), 8, temperature=0.9, top_k=6, seed=4), Generation(prompt(3, 4), 5)],
-             6: [Generation(prompt(9, 5), 7, temperature=1.0, seed=9)]}  # fmt: skip
+             6: [Generation(prompt(19, 5), 7, temperature=1.0, seed=9),  # longer than every row so far
+                 Generation(prompt(2, 6), 40, temperature=1.0, seed=2)]}  # fmt: skip  # the context ends it
     tokens: dict[int, list[int]] = {}
     decoding = Decoding(model, list(enumerate(first)), lambda i, token, logits: tokens.setdefault(i, []).append(token))
     requests, step = list(first), 0
@@ -150,17 +152,15 @@ def test_requests_that_join_a_batch_in_flight_generate_what_each_generates_alone
         decoding.advance()
         step += 1
         if step in later:
-            assert decoding.cache.pos == 4 + step
-            assert not decoding.can_join(Generation(prompt(5 + step, 6), 2))  # its prompt is longer than the batch
-            assert not decoding.can_join(Generation(prompt(2, 7), 32))  # it would run past the context
             joining = [(len(requests) + n, request) for n, request in enumerate(later[step])]
-            assert all(decoding.can_join(request) for _, request in joining)
             decoding.join(joining)
             requests += later[step]
             assert len(decoding.live) == len(decoding.cache.kv[0, 0])
-    assert len(requests) == 5
+            assert decoding.cache.lengths is not None  # rows of their own lengths
+    assert len(requests) == 6
     for index, request in enumerate(requests):
         assert tokens[index] == _alone(model, request), index
+    assert len(tokens[5]) == 32 - 2
 
 
 def test_a_job_submitted_while_a_batch_runs_joins_it_and_ends_before_it():
@@ -215,3 +215,29 @@ def test_a_cache_keeps_and_joins_rows_by_their_filled_positions():
     assert cache.pos == 6 and k.shape == (4, 1, 6, 2)
     assert torch.equal(k[:, :, :5], expected) and torch.equal(v[:, :, :5], expected + 100)
     assert torch.equal(k[:, :, 5], torch.zeros(4, 1, 2))
+
+
+def test_rows_of_their_own_lengths_write_at_their_own_positions_and_see_only_them():
+    """A cache joined by rows at another position holds each row's own length: a step writes each row's key at its
+    own position and in the query's column (the last), ``attended`` marks each row's own positions (within a window)
+    and itself, and when the longest row leaves, the last column moves back to the longest left."""
+    from lapheads.models.gpt import KVCache
+
+    cache, other = KVCache(1, 1, 8, 1, 1), KVCache(2, 1, 8, 1, 1)
+    cache.insert(0, torch.ones(1, 1, 4, 1), torch.ones(1, 1, 4, 1))  # one row of 4 positions
+    other.insert(0, torch.full((2, 1, 2, 1), 2.0), torch.full((2, 1, 2, 1), 2.0))  # two rows of 2
+    cache.join(other)
+    assert cache.pos == 4 and cache.lengths.tolist() == [4, 2, 2]
+    assert cache.attended().tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 1], [1, 1, 0, 0, 1]]
+    assert cache.attended(window=1).tolist() == [[0, 0, 0, 1, 1], [0, 1, 0, 0, 1], [0, 1, 0, 0, 1]]
+    k, _ = cache.insert(0, torch.tensor([7.0, 8.0, 9.0]).view(3, 1, 1, 1), torch.zeros(3, 1, 1, 1))
+    assert k[:, 0, :, 0].tolist() == [[1, 1, 1, 1, 7], [2, 2, 8, 0, 8], [2, 2, 9, 0, 9]]
+    assert cache.pos == 5 and cache.lengths.tolist() == [5, 3, 3]
+    cache.keep(torch.tensor([1, 2]))  # the longest row leaves: the rest are of one length again
+    assert cache.pos == 3 and cache.lengths is None
+    with pytest.raises(InputError, match="one token a row"):
+        from lapheads.models.gpt import GPT, GPTConfig
+
+        model = GPT(GPTConfig(depth=1, vocab_size=8, sequence_len=8, head_dim=4, aspect_ratio=4))
+        ragged, _ = model.prefill([[1, 2, 3], [1]])
+        model(torch.ones(2, 2, dtype=torch.long), kv_cache=ragged)

@@ -44,6 +44,10 @@ class ScriptedModel(torch.nn.Module):
     def new_kv_cache(self, batch_size, max_len):
         return SimpleNamespace(pos=0, max_len=max_len)
 
+    def prefill(self, prompts, max_len=None):  # one reply at a time, as GPT.prefill: its cache and its last logits
+        cache = self.new_kv_cache(1, self.config.sequence_len)
+        return cache, self(torch.tensor([list(prompts[0])]), kv_cache=cache)[:, -1]
+
     def forward(self, idx, kv_cache=None, document_ids=None):
         if kv_cache.pos == 0:  # a new reply: its prompt
             self.fed, self.prompt = [], idx.shape[1]

@@ -643,3 +643,31 @@ def test_replies_sent_together_are_decoded_together_and_each_reads_as_alone(engi
         with ThreadPoolExecutor(4) as pool:
             at_once = list(pool.map(lambda i: reply({**ask, "seed": 7 + i})[0], range(4)))
     assert at_once == alone and len(set(alone)) > 1  # sampled: the seeds differ, so do the replies
+
+
+def test_serve_runs_the_model_on_the_cpus_the_http_side_leaves(monkeypatch):
+    """``lapheads serve --threads auto`` keeps one CPU for the HTTP side (as vLLM's reserved CPU); an explicit
+    --threads, or OMP_NUM_THREADS, is taken as it is."""
+    import torch
+
+    from lapheads.apps import serve as serve_module
+    from lapheads.apps.serve import model_threads
+    from lapheads.cli import commands
+    from lapheads.cli.parser import build_parser
+
+    assert [model_threads(n) for n in (1, 2, 16)] == [1, 1, 15]
+    seen: list[int] = []
+    monkeypatch.setattr(serve_module, "serve", lambda *args, **kwargs: seen.append(torch.get_num_threads()))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        for argv, expected in ((["serve", "RUN"], 1), (["serve", "RUN", "--threads", "1"], 2)):
+            torch.set_num_threads(2)  # what the command's thread policy chose before
+            commands.cmd_serve(build_parser().parse_args(argv))
+            assert seen[-1] == expected, argv
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        torch.set_num_threads(2)
+        commands.cmd_serve(build_parser().parse_args(["serve", "RUN"]))
+        assert seen[-1] == 2
+    finally:
+        torch.set_num_threads(before)

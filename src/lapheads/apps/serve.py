@@ -10,11 +10,14 @@ Design choices:
   "max_tokens"}``) and streams the reply as server-sent events (``data: {"token": "..."}`` then
   ``data: {"done": true}``); ``GET /health`` says which run is served.
 * **Stateless, so conversations cannot mix**: the browser keeps its conversation and sends it each turn; every
-  reply is its own row of the batch's KV cache, its padding kept apart (``lapheads.apps.batching``).
+  reply is its own row of the batch's KV cache, at its own positions (``lapheads.apps.batching``).
 * **Replies decoded together**: chat replies and legacy completions that arrive together (every choice of ``n``
   and every prompt of a list too) are decoded as one batch by one worker, one forward per step for all of them,
-  each with its own sampling and seed (the same text as alone); one sent while a batch runs starts with the next
-  batch. An echoed prompt's own forward takes its turn between the batch's steps.
+  each with its own sampling and seed (the same text as alone); a chat reply sent while a batch runs joins it at
+  the next step (continuous batching). An echoed prompt's own forward takes its turn between the batch's steps.
+* **The model leaves the HTTP side a CPU** (:func:`model_threads`): with ``--threads auto`` the model runs on the
+  CPUs less one, as vLLM's CPU backend reserves one for its API server (``VLLM_CPU_NUM_OF_RESERVED_CPU``); on two
+  cores a second model thread made the server slower, batched or not (docs/benchmarks.md).
 * **Limits before any work**: loopback by default (a warning when bound beyond it), a request body of at most
   ``max_request_bytes`` counted as it streams in (chunked bodies too), JSON only (``Content-Type:
   application/json``, so a web page cannot POST a form or text/plain), a Host header naming this server (DNS
@@ -52,7 +55,7 @@ from lapheads.apps.completions import CompletionEngine
 from lapheads.apps.serving import MAX_JSON_DEPTH, ChatServing, CompletionServing, Refusal, ServeLimits
 from lapheads.io import json_depth
 
-__all__ = ["create_app", "serve", "served"]
+__all__ = ["create_app", "model_threads", "serve", "served"]
 
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -212,6 +215,12 @@ def create_app(
     models = {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "lapheads"}]}
     app.get("/v1/models")(lambda: models)
     return app
+
+
+def model_threads(cpus: int) -> int:
+    """Torch's threads for the served model when the user did not choose (module docstring): ``cpus`` less the one
+    the HTTP side keeps, at least one."""
+    return max(1, cpus - 1)
 
 
 @contextlib.contextmanager

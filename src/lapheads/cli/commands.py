@@ -193,6 +193,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError:
         raise UserError("serve needs FastAPI and uvicorn; allowed: pip install 'lapheads[serve]'") from None
+    if args.threads == "auto" and "OMP_NUM_THREADS" not in os.environ:  # the HTTP side keeps a CPU
+        import torch
+
+        from lapheads.apps.serve import model_threads
+
+        torch.set_num_threads(model_threads(torch.get_num_threads()))
     serve(
         args.run_dir,
         host=args.host,

@@ -258,7 +258,14 @@ class KVCache:
 
     ``kv`` holds the live batch rows: a view of the first rows of a storage with room for more, so sequences that
     leave (:meth:`keep`) or join (:meth:`join`) a batch being decoded move only their filled positions, never the
-    whole pre-allocated length. Positions at and after ``pos`` are written before they are read.
+    whole pre-allocated length. Positions at and after a row's length are written before they are read.
+
+    **Rows of their own lengths** (``lengths``; a batch of requests that started apart): each row holds its own
+    first ``lengths[b]`` positions, and a step (one new token a row) writes each row's key and value at its own
+    position and, as well, in the batch's last column (``pos``, the longest row's position): the op reads the query's
+    own value there (queries are the last keys), and for a shorter row that column lies past its length, where
+    nothing of it is kept. :meth:`attended` says which columns each row sees. Where every row holds the same
+    number of positions, ``lengths`` is None and ``pos`` is that number.
 
     Args:
         batch_size, num_kv_heads, max_len, head_dim, num_layers: the cache's shape.
@@ -279,36 +286,73 @@ class KVCache:
         self._storage = torch.zeros(shape, device=device, dtype=dtype)
         self.kv = self._storage
         self.max_len = max_len
-        self.pos = 0  # tokens already stored (the next token's position)
+        self.pos = 0  # tokens already stored (the next token's position); with lengths: the longest row's
+        self.lengths: torch.Tensor | None = None  # (B,) each row's own positions where rows differ
         self.prev_embedding: torch.Tensor | None = None  # the last token's embedding before the smear (B, 1, C)
+
+    def row_lengths(self) -> torch.Tensor:
+        """(B,) the positions each row holds."""
+        if self.lengths is not None:
+            return self.lengths
+        return torch.full((self.kv.shape[2],), self.pos, dtype=torch.long, device=self.kv.device)
+
+    def set_lengths(self, lengths: torch.Tensor) -> None:
+        """Each row holds its first ``lengths[b]`` positions (the rest of its columns are not read): rows of
+        their own lengths where they differ, else every row at that one position."""
+        lengths = lengths.to(device=self.kv.device, dtype=torch.long)
+        longest = int(lengths.max()) if len(lengths) else 0
+        if longest > self.max_len:
+            raise InputError(f"KV cache rows of up to {longest} positions > its max_len {self.max_len}")
+        self.pos = longest
+        self.lengths = None if not len(lengths) or bool((lengths == longest).all()) else lengths
+
+    def attended(self, window: int | None = None) -> torch.Tensor:
+        """(B, pos + 1) document ids for a step of rows of their own lengths (``lapheads.core.masks.Documents``):
+        1 where a row's query (the last column) sees a key: its own positions (within ``window`` of its own
+        position where given) and itself; 0 elsewhere."""
+        lengths = self.row_lengths()[:, None]
+        column = torch.arange(self.pos + 1, device=self.kv.device)[None]
+        seen = column < lengths
+        if window is not None:
+            seen &= column >= lengths - window  # a query at position n sees n - window and after, as SlidingWindow
+        return (seen | (column == self.pos)).long()
 
     def insert(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v (B, Hkv, T, D) for ``layer``; return all keys and values so far."""
         end = self.pos + k.shape[2]
         if end > self.max_len:
             raise InputError(f"KV cache full: {end} tokens > its max_len {self.max_len}")
+        if self.lengths is not None:  # one token a row, at its own position and in the query's column
+            rows = torch.arange(k.shape[0], device=k.device)
+            for i, new in ((0, k), (1, v)):
+                self.kv[layer, i][rows, :, self.lengths] = new[:, :, 0]
         self.kv[layer, 0, :, :, self.pos : end] = k
         self.kv[layer, 1, :, :, self.pos : end] = v
         if layer == self.kv.shape[0] - 1:  # the last layer moves the cache forward
             self.pos = end
+            if self.lengths is not None:
+                self.set_lengths(self.lengths + k.shape[2])
         return self.kv[layer, 0, :, :, :end], self.kv[layer, 1, :, :, :end]
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only the batch rows ``rows`` (indices), in that order: sequences that finished leave the batch (their
         filled positions move to the front rows; the storage stays)."""
-        n = len(rows)
+        n, lengths = len(rows), self.row_lengths()[rows]
         self._storage[:, :, :n, :, : self.pos] = self.kv[:, :, rows, :, : self.pos]
         self.kv = self._storage[:, :, :n]
+        self.set_lengths(lengths)  # the longest row may have left: the batch's last column moves back
         if self.prev_embedding is not None:
             self.prev_embedding = self.prev_embedding[rows]
 
     def join(self, other: KVCache) -> None:
-        """Append ``other``'s batch rows after this cache's: sequences that join a batch being decoded. Both hold
-        the same number of positions (a joining sequence is prefilled to end where the batch is)."""
-        if other.pos != self.pos or other.kv.shape[:2] + other.kv.shape[3:] != self.kv.shape[:2] + self.kv.shape[3:]:
+        """Append ``other``'s batch rows after this cache's, each with its own length: sequences that join a batch
+        being decoded, wherever they are (``other`` may be only as long as they are: its filled positions move)."""
+        layout = lambda kv: (kv.shape[:2], kv.shape[3], kv.shape[5])  # noqa: E731 - layers, k/v, heads, head size
+        if layout(other.kv) != layout(self.kv) or other.pos > self.max_len:
             raise InputError(
-                f"a KV cache at position {other.pos} of shape {tuple(other.kv.shape)} cannot join one at position "
-                f"{self.pos} of shape {tuple(self.kv.shape)}; allowed: the same position, layers, heads and length"
+                f"a KV cache of shape {tuple(other.kv.shape)} at position {other.pos} cannot join one of shape "
+                f"{tuple(self.kv.shape)}; allowed: the same layers, heads and head size, at most {self.max_len} "
+                "positions"
             )
         if (self.prev_embedding is None) != (other.prev_embedding is None):
             raise InputError(
@@ -316,14 +360,16 @@ class KVCache:
                 "model, both prefilled (the smear keeps each row's last embedding)"
             )
         n, m = self.kv.shape[2], other.kv.shape[2]
+        lengths = torch.cat([self.row_lengths(), other.row_lengths()])
         if n + m > self._storage.shape[2]:  # room for the newcomers, and as many again
             shape = list(self._storage.shape)
             shape[2] = 2 * (n + m)
             storage = self._storage.new_zeros(shape)
             storage[:, :, :n, :, : self.pos] = self.kv[:, :, :, :, : self.pos]
             self._storage = storage
-        self._storage[:, :, n : n + m, :, : self.pos] = other.kv[:, :, :, :, : self.pos]
+        self._storage[:, :, n : n + m, :, : other.pos] = other.kv[:, :, :, :, : other.pos]
         self.kv = self._storage[:, :, : n + m]
+        self.set_lengths(lengths)
         if self.prev_embedding is not None:
             self.prev_embedding = torch.cat([self.prev_embedding, other.prev_embedding])
 
@@ -669,8 +715,19 @@ class GPT(nn.Module):
                 f"sequence of {start + T} tokens is longer than the model's sequence_len "
                 f"{c.sequence_len}; allowed: at most {c.sequence_len}"
             )
-        cos_sin = self.cos[:, start : start + T].to(idx.device), self.sin[:, start : start + T].to(idx.device)
-        patterns = self._attention_patterns(start + T, kv_cache, document_ids)
+        if kv_cache is not None and kv_cache.lengths is not None:  # rows of their own lengths: one step each
+            if T != 1 or document_ids is not None:
+                raise InputError(
+                    f"{T} tokens a row{' with document_ids' if document_ids is not None else ''} into a KV cache whose "
+                    "rows hold their own lengths; allowed: one token a row, no document_ids (a step of a batch "
+                    "decoded together)"
+                )
+            at = kv_cache.lengths  # each row's own position: its rotary angle
+            cos_sin = self.cos[0, at][:, None].to(idx.device), self.sin[0, at][:, None].to(idx.device)
+            patterns = {w: Documents(kv_cache.attended(w)) for w in (None, *self.windows)}
+        else:
+            cos_sin = self.cos[:, start : start + T].to(idx.device), self.sin[:, start : start + T].to(idx.device)
+            patterns = self._attention_patterns(start + T, kv_cache, document_ids)
         x = rms_norm(self.transformer["wte"](idx))
         if self.smear_gate is not None:
             x = self._smear(x, kv_cache, document_ids)
@@ -707,6 +764,26 @@ class GPT(nn.Module):
             device=self.lm_head.weight.device,
             dtype=dtype or self.lm_head.weight.dtype,
         )
+
+    @torch.no_grad()
+    def prefill(
+        self, prompts: list[list[int]] | list[tuple[int, ...]], max_len: int | None = None
+    ) -> tuple[KVCache, torch.Tensor]:
+        """Prompts of any lengths in one forward: a KV cache (``max_len`` long, default ``sequence_len``) whose rows
+        hold their own lengths, and each prompt's last logits (B, V) in float32, the ones it has alone.
+
+        Each prompt is right-padded with its own last token: a causal query never sees what comes after it, the
+        padded columns lie past the row's length (never read, overwritten as it grows), and the smear's previous
+        embedding, taken from the last column, is the row's own last token's.
+        """
+        lengths = [len(prompt) for prompt in prompts]
+        width, device = max(lengths), self.lm_head.weight.device
+        ids = torch.tensor([[*prompt, *[prompt[-1]] * (width - len(prompt))] for prompt in prompts], device=device)
+        cache = self.new_kv_cache(len(prompts), max_len)
+        logits = self(ids, kv_cache=cache)
+        at = torch.tensor(lengths, device=device)
+        cache.set_lengths(at)
+        return cache, logits[torch.arange(len(prompts), device=device), at - 1].float()
 
     @torch.no_grad()
     def generate(
