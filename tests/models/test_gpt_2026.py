@@ -209,6 +209,37 @@ def test_kv_cache_decoding_equals_the_full_forward_with_every_option_on(arch):
     assert torch.equal(out, ids)
 
 
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_rows_of_their_own_lengths_decode_the_logits_each_has_alone(arch):
+    """GPT.prefill of prompts of three lengths (one longer than the 2026 family's window of 5), then steps at each
+    row's own position, a row that joins with a longer prompt, and the longest row leaving: every row's logits are
+    its full forward's, with every option on (windows, smear, value embeddings, GQA, Laplacian heads)."""
+    model = _random_weights(GPT(GPTConfig(**dict(EVERY_OPTION, arch=arch))))
+    seqs = [torch.randint(0, 40, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (12, 6, 9, 16)]
+    lengths = [9, 3, 6]  # the prompts; then tokens follow one a step
+    with torch.no_grad():
+        cache, last = model.prefill([s[:n] for s, n in zip(seqs, lengths)])
+        assert cache.lengths.tolist() == lengths and cache.pos == 9
+        alone = lambda row, n: model(torch.tensor([seqs[row][:n]]))[0, -1]  # noqa: E731
+        for row, n in enumerate(lengths):
+            torch.testing.assert_close(last[row], alone(row, n), atol=2e-4, rtol=1e-4)
+        rows = [0, 1, 2]
+        for step in range(3):
+            if step == 1:  # a longer prompt joins
+                joining, joined = model.prefill([seqs[3][:12]], 12)
+                cache.join(joining)
+                rows, lengths, last = rows + [3], lengths + [12], torch.cat([last, joined])
+            if step == 2:  # the longest row leaves: the rest attend over fewer keys
+                cache.keep(torch.tensor([1, 2, 3]))
+                rows, lengths, last = rows[1:], lengths[1:], last[1:]
+            tokens = torch.tensor([[seqs[row][n]] for row, n in zip(rows, lengths)])
+            lengths = [n + 1 for n in lengths]
+            last = model(tokens, kv_cache=cache)[:, -1]
+            for slot, (row, n) in enumerate(zip(rows, lengths)):
+                torch.testing.assert_close(last[slot], alone(row, n), atol=2e-4, rtol=1e-4)
+        assert cache.lengths.tolist() == lengths
+
+
 def test_the_2026_family_builds_on_meta_like_a_direct_build():
     torch.manual_seed(0)
     direct = GPT(GPTConfig(**EVERY_OPTION))

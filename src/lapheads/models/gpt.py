@@ -30,7 +30,8 @@ its checkpoints load with ``strict=True``):
 * **Built on the meta device** like nanochat (``with torch.device("meta")``, ``to_empty``, ``init_weights``): the
   head masks live beside the module and survive it (``LaplacianHeadsMixin``).
 * **Generation** with a pre-allocated KV cache (which also carries the smear's previous embedding), temperature and
-  top-k; cached logits equal full-forward logits with every option on.
+  top-k; cached logits equal full-forward logits with every option on. Requests decoded together (``prefill``) keep
+  their own lengths in one cache: each row's step at its own position and rotary angle, attending to its own keys.
 
 The residual stream is exposed as ``blocks`` (the layers) and ``norm`` (the final norm) for
 ``lapheads.geometry.ResidualStream``.
