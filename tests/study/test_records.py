@@ -345,3 +345,19 @@ def test_an_arm_can_be_a_training_setting_paired_by_seed_like_any_arm(tiny_prese
     (records / "L0-s2.json").write_text(json.dumps(moved))
     with pytest.raises(RecordError, match=r"cell arm '0', trained with|same training log"):
         load_records(records)
+
+
+def test_a_gated_arm_is_recorded_with_its_geometry_and_without_a_mechanism(tiny_preset, tmp_path, capsys):
+    """Issue 73's pilot: a gated head has no fixed operator per head, so its cell's record holds the geometry and no
+    per-head mechanism (the sweep stopped at the gated cell's analysis before); the report reads it beside k = 1."""
+    out, records = tmp_path / "sweep", tmp_path / "records"
+    args = ["sweep", str(tiny_preset), "--task", "classify", "--laplacian-heads", "1;gated-laplacian:1", "--seeds"]
+    assert main([*args, "0", "--out", str(out), "--records", str(records), "--set", "amp=false"]) == 0
+    gated, plain = (
+        read_record(records / f"{name}-s0.json").analysis["per_layer"] for name in ("Lgated-laplacian-1", "L1")
+    )
+    assert gated.keys() == plain.keys()
+    for layer in gated:
+        assert gated[layer].keys() == plain[layer].keys() - {"mechanism"}
+    assert any("mechanism" in layer for layer in plain.values())
+    assert main(["report", str(records)]) == 0

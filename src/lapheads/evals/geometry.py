@@ -19,6 +19,7 @@ without the classifier rows (the teacher backbone, with the dataset's labels as 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from lapheads.geometry.collapse import neural_collapse
 from lapheads.geometry.features import ResidualStream, select_layers
 from lapheads.geometry.layers import LayerGeometry, LMLayerGeometry
 from lapheads.geometry.linguistic import top_k_classes
-from lapheads.geometry.mechanism import HeadEffects, ov_circuits
+from lapheads.geometry.mechanism import HeadEffects, gated_heads, ov_circuits
 from lapheads.hardware import full_fp32
 from lapheads.runs import RunDir, checkpoint_folder, load_model
 
@@ -85,12 +86,14 @@ def lm_geometry(model: torch.nn.Module, val_tokens, seq_len: int, options: Analy
     geometry = {layer: LMLayerGeometry(options.fraction) for layer in layers}
     nats = 0.0
     batch = max(1, options.batch_size // 8)
-    with ResidualStream(model, layers) as stream, HeadEffects(model) as effects, torch.no_grad():
+    effects = _head_effects(model)
+    with ResidualStream(model, layers) as stream, effects or contextlib.nullcontext(), torch.no_grad():
         for start in tqdm(range(0, len(windows), batch), desc=f"analyze {name}", dynamic_ncols=True, leave=False):
             x = torch.cat([w[0] for w in windows[start : start + batch]]).to(device)
             y = targets[start : start + batch]
             nats += float(model(x, y.to(device), loss_reduction="sum"))
-            effects.update()
+            if effects is not None:
+                effects.update()
             for layer in layers:
                 geometry[layer].update(stream.tokens[layer], classes[start : start + batch])
     per_layer = {layer: geometry[layer].compute() for layer in layers}
@@ -107,11 +110,19 @@ def lm_geometry(model: torch.nn.Module, val_tokens, seq_len: int, options: Analy
     }
 
 
-def _add_mechanism(per_layer: dict[str, dict[str, Any]], model: torch.nn.Module, effects: HeadEffects) -> None:
+def _head_effects(model: torch.nn.Module) -> HeadEffects | None:
+    """The per-head measures to take while analysing, or None for a model with gated heads (no fixed operator per
+    head: ``geometry.mechanism.gated_heads``; its analysis has geometry and no mechanism)."""
+    return HeadEffects(model) if gated_heads(model) is None else None
+
+
+def _add_mechanism(per_layer: dict[str, dict[str, Any]], model: torch.nn.Module, effects: HeadEffects | None) -> None:
     """Each analysed block gains its heads' scores (``geometry.mechanism``: the output-value circuit from the
     weights, and ``tau``, ``p_diffusion``, ``fraction_drop`` from the data just analysed) and the mean diffusion
     score of its Laplacian and of its ordinary heads (None where the block has none of a kind: JSON keeps it, and a
-    cached analysis compares equal to a fresh one)."""
+    cached analysis compares equal to a fresh one); nothing for a model with gated heads (``effects`` None)."""
+    if effects is None:
+        return
     circuits = ov_circuits(model)
     for i, (heads, measured) in enumerate(zip(circuits, effects.compute(circuits))):
         if str(i + 1) not in per_layer:
@@ -178,10 +189,16 @@ def _labelled_geometry(
 
     geometry = {name: LayerGeometry(options.fraction) for name in layers}
     head_inputs, labels_all, predictions_all = [], [], []
-    with ResidualStream(model, layers, head_input=classifier) as stream, HeadEffects(model) as effects, torch.no_grad():
+    effects = _head_effects(model)
+    with (
+        ResidualStream(model, layers, head_input=classifier) as stream,
+        effects or contextlib.nullcontext(),
+        torch.no_grad(),
+    ):
         for images, labels in tqdm(loader, desc=f"analyze {run_path.name}", dynamic_ncols=True, leave=False):
             logits = model(images.to(device))
-            effects.update()
+            if effects is not None:
+                effects.update()
             for name in layers:
                 geometry[name].update(stream.tokens[name], labels)
             labels_all.append(labels)

@@ -71,6 +71,7 @@ __all__ = [
     "HeadEffects",
     "circuit_scores",
     "expected_sign",
+    "gated_heads",
     "head_circuits",
     "head_effects",
     "ov_circuits",
@@ -146,10 +147,17 @@ def _layer_scale(block: torch.nn.Module) -> torch.Tensor | None:
     return getattr(scale, "gamma", None) if scale is not None else None
 
 
+def gated_heads(model: torch.nn.Module) -> LayerHeads | None:
+    """The heads of the first attention module with gated heads, or None. A gate scales a head per token, so such a
+    model has no fixed operator M_h A per head: :func:`head_circuits` refuses it, and an analysis leaves its
+    mechanism out."""
+    return next((m.heads for m in model.modules() if isinstance(getattr(m, "heads", None), LayerHeads)
+                 and m.heads.gated_heads), None)  # fmt: skip
+
+
 def head_circuits(model: torch.nn.Module) -> list[HeadCircuits]:
     """Per block: the weights of its heads' whole circuits (timm ViTs and lapheads.GPT)."""
-    gated = next((m.heads for m in model.modules() if isinstance(getattr(m, "heads", None), LayerHeads)
-                  and m.heads.gated_heads), None)  # fmt: skip
+    gated = gated_heads(model)
     if gated is not None:  # a gate scales a head per token: no fixed operator M_h A per head to take apart
         raise InputError(
             f"{type(model).__name__} has gated heads ({gated}); allowed: models without gates (a gated head's "

@@ -281,7 +281,7 @@ def build_record(
     """Everything a report reads from one finished cell's run directory (see the module docstring); with
     ``analysed`` False, no geometry analysis and no checkpoint's heads (a report without geometry reads neither)."""
     from lapheads.evals.geometry import AnalyzeOptions
-    from lapheads.geometry.mechanism import ov_circuits
+    from lapheads.geometry.mechanism import gated_heads, ov_circuits
     from lapheads.study.analyze import analyze_run
 
     run = RunDir(run_dir)
@@ -297,7 +297,9 @@ def build_record(
     heads = {}
     if analysed and task.analyzer is not None:
         for step in checkpoint_steps(run):
-            heads[str(step)] = ov_circuits(load_model(run, task.analyzed_weights, step))
+            model = load_model(run, task.analyzed_weights, step)
+            if gated_heads(model) is None:  # a gated head has no fixed circuit to score
+                heads[str(step)] = ov_circuits(model)
     reports = {}
     if run.report_dir.is_dir():
         for path in sorted(run.report_dir.glob("eval_*.json")):
