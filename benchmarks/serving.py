@@ -87,40 +87,28 @@ def _served_rate(model, clients: int, per_client: int, max_tokens: int, max_num_
     return tokens, tokens / seconds
 
 
-def main(argv: list[str] | None = None) -> str:
-    from lapheads.apps.batching import generate_together
-    from lapheads.apps.serve import model_threads
-    from lapheads.bench import cpu_description, time_interleaved, write_section
+def _model(depth: int):
+    """A GPT of ``depth`` (width 64 x depth, heads of 64, half of them Laplacian) speaking the tokenizer's ids, with
+    random non-zero weights (so generation is not a constant)."""
     from lapheads.models.gpt import GPT, GPTConfig
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--requests-per-client", type=int, default=4)
-    parser.add_argument(
-        "--model-threads", type=int, default=None, help="the served model's threads (default: as lapheads serve)"
-    )
-    parser.add_argument("--write", default=None)
-    parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)  # URL CLIENTS REQUESTS MAX_TOKENS: the clients
-    args = parser.parse_args(argv)
-    if args.load:
-        import json
-
-        url, clients, requests, max_tokens = args.load
-        return json.dumps(_load(url, int(clients), int(requests), int(max_tokens)))
     torch.manual_seed(0)
-    vocab = _tokenizer().vocab_size  # the served model speaks its tokenizer's ids
-    shape = dict(depth=args.depth, vocab_size=vocab, sequence_len=512, head_dim=64)
-    config = GPTConfig(**shape, laplacian_heads=GPTConfig(**shape).n_head // 2)  # half the heads Laplacian
-    model = GPT(config).eval()
-    with torch.no_grad():  # non-zero output projections, so generation is not a constant
+    shape = dict(depth=depth, vocab_size=_tokenizer().vocab_size, sequence_len=512, head_dim=64)
+    model = GPT(GPTConfig(**shape, laplacian_heads=GPTConfig(**shape).n_head // 2)).eval()
+    with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
-    rows, served_rows = [], []
+    return model
+
+
+def _engine_rows(model, args: argparse.Namespace) -> list[str]:
+    """N requests decoded together against one by one, interleaved, at each N of ``--clients``."""
+    from lapheads.apps.batching import generate_together
+    from lapheads.bench import time_interleaved
+
+    rows = []
     for n in args.clients:
-        requests = _requests(n, config.vocab_size, args.max_tokens)
+        requests = _requests(n, model.config.vocab_size, args.max_tokens)
         tokens = sum(len(g.tokens) for g in generate_together(model, requests))
         times = time_interleaved(
             {
@@ -135,8 +123,12 @@ def main(argv: list[str] | None = None) -> str:
             f"{times['one by one'] / times['together']:.2f} |"
         )
         print(rows[-1], flush=True)
-    engine_threads = torch.get_num_threads()
-    torch.set_num_threads(args.model_threads or model_threads(engine_threads))  # as lapheads serve runs the model
+    return rows
+
+
+def _served_rows(model, args: argparse.Namespace) -> list[str]:
+    """The serial and the batched server under N clients at each N of ``--clients``, rounds alternating."""
+    rows = []
     for n in args.clients:
         rates: dict[int, list[float]] = {1: [], 16: []}
         for _ in range(args.repeats):  # rounds alternate the two servers, so drift hits both alike
@@ -144,32 +136,70 @@ def main(argv: list[str] | None = None) -> str:
                 tokens, rate = _served_rate(model, n, args.requests_per_client, args.max_tokens, seqs)
                 rates[seqs].append(rate)
         serial, batched = statistics.median(rates[1]), statistics.median(rates[16])
-        served_rows.append(f"| {n} | {tokens} | {serial:.0f} | {batched:.0f} | {batched / serial:.2f} |")
-        print(served_rows[-1], flush=True)
-    return write_section(
-        "serving.py",
-        [
-            f"`python benchmarks/serving.py`: a d{args.depth} GPT ({config.n_embd} wide, {config.n_head // 2} of "
-            f"{config.n_head} heads Laplacian, {vocab} tokens), {args.max_tokens} sampled tokens per request, fp32; "
-            f"the engine: median of {args.repeats} interleaved rounds; {engine_threads} threads. CPU: "
-            f"{cpu_description()}.",
-            "",
-            "| requests | tokens | one by one, tokens/s | together, tokens/s | together / one by one |",
-            "|---|---|---|---|---|",
-            *rows,
-            "",
-            f"`lapheads serve` (the same model on {torch.get_num_threads()} thread(s)"
-            f"{'' if args.model_threads else ', as the server runs it'}; a "
-            f"character tokenizer, no calculator), N clients at once sharing N x {args.requests_per_client} chat "
-            "requests, each taking the next when its reply has ended (the clients in their own process); median of "
-            f"{args.repeats} rounds alternating the two servers (the same seeds: the same tokens either way):",
-            "",
-            "| clients | tokens | --max-num-seqs 1, tokens/s | --max-num-seqs 16, tokens/s | batched / serial |",
-            "|---|---|---|---|---|",
-            *served_rows,
-        ],
-        args.write,
+        rows.append(f"| {n} | {tokens} | {serial:.0f} | {batched:.0f} | {batched / serial:.2f} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> str:
+    from lapheads.apps.serve import model_threads
+    from lapheads.bench import cpu_description, write_section
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--depth", type=int, nargs="+", default=[4, 8], help="models: the chat-cpu preset's, larger")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests-per-client", type=int, default=4)
+    parser.add_argument(
+        "--model-threads", type=int, default=None, help="the served model's threads (default: as lapheads serve)"
     )
+    parser.add_argument("--write", default=None)
+    parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)  # URL CLIENTS REQUESTS MAX_TOKENS: the clients
+    args = parser.parse_args(argv)
+    if args.load:
+        import json
+
+        url, clients, requests, max_tokens = args.load
+        return json.dumps(_load(url, int(clients), int(requests), int(max_tokens)))
+    engine_threads = torch.get_num_threads()
+    served_threads = args.model_threads or model_threads(engine_threads)  # as lapheads serve runs the model
+    lines = [
+        f"`python benchmarks/serving.py`: GPTs of depth {', '.join(map(str, args.depth))} (width 64 x depth, heads "
+        f"of 64, half of them Laplacian, {_tokenizer().vocab_size} tokens), random weights, {args.max_tokens} "
+        f"sampled tokens per request at most, fp32. CPU: {cpu_description()}.",
+        "",
+        f"The engine (no HTTP, {engine_threads} threads): N requests decoded together against the same N one after "
+        f"another, median of {args.repeats} interleaved rounds. `lapheads serve` (the model on {served_threads} "
+        f"thread(s){'' if args.model_threads else ', as the server runs it'}; a character tokenizer, no calculator): "
+        f"N clients at once sharing N x {args.requests_per_client} chat requests, each taking the next when its "
+        "reply has ended (the clients in their own process): batched (--max-num-seqs 16) against the same server "
+        f"decoding one reply after another (serial: --max-num-seqs 1); median of {args.repeats} rounds alternating "
+        "the two (the same seeds: the same tokens either way).",
+    ]
+    for depth in args.depth:
+        model = _model(depth)
+        config = model.config
+        torch.set_num_threads(engine_threads)
+        engine = _engine_rows(model, args)
+        torch.set_num_threads(served_threads)
+        served = _served_rows(model, args)
+        params = sum(p.numel() for p in model.parameters()) / 1e6
+        lines += [
+            "",
+            f"d{depth} ({config.n_embd} wide, {config.n_head // 2} of {config.n_head} heads Laplacian, "
+            f"{params:.1f}M parameters):",
+            "",
+            "| requests | tokens | engine one by one, tokens/s | engine together, tokens/s | together / one by one |",
+            "|---|---|---|---|---|",
+            *engine,
+            "",
+            "| clients | tokens | serial server, tokens/s | batched server, tokens/s | batched / serial |",
+            "|---|---|---|---|---|",
+            *served,
+        ]
+    torch.set_num_threads(engine_threads)
+    return write_section("serving.py", lines, args.write)
 
 
 if __name__ == "__main__":

@@ -227,7 +227,7 @@ def test_the_serving_benchmark_times_requests_together_and_one_by_one(tmp_path):
             str(doc),
         ]  # fmt: skip
     )
-    engine, server = text.split("`lapheads serve`")
+    engine, server = text.split("| clients | tokens |")
     rows = [line for line in engine.splitlines() if line.startswith(("| 1 | 3 |", "| 3 | 9 |"))]
     assert len(rows) == 2 and all(len(row.split("|")) == 7 for row in rows)  # every request ran to its 3 tokens
     served = [line for line in server.splitlines() if line.startswith(("| 1 |", "| 3 |"))]

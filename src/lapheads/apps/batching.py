@@ -21,16 +21,14 @@ Design choices:
   reported through ``on_token`` too; forced tokens are bounded by the context only, as a request alone takes them.
 * **A batch one can join** (:class:`Decoding`): a step is ``sample`` (each live request's next token) then
   ``advance`` (the forward pass); between them requests join, prefilled together and their cache rows appended
-  (``KVCache.join``), whatever their lengths and the batch's.
-  :func:`decode_steps` yields after every step, so a caller can stream between steps (the chat engine of one
-  request); :func:`generate_together` runs it to the end.
+  (``KVCache.join``), whatever their lengths and the batch's. :func:`decode_steps` yields after every step, so a
+  caller can stream between steps (the chat engine of one request); :func:`generate_together` runs it to the end.
 * **The server's batches** (:class:`Batcher`): one worker thread owns decoding; it takes every job waiting (after a
   short gathering wait, so requests sent together start together) and decodes them as one batch; a job that arrives
   while it runs joins at the next step (continuous batching, as vLLM's scheduler), up to ``max_batch``, in arrival
-  order. Each job gets its text through
-  its own queue, with the token count at that piece, so a reader that stops at a stop string counts what it read,
-  and its end as soon as it ends. A job whose reader stops reading (a stop string, a closed connection) is ended at
-  its next token.
+  order. Each job gets its text through its own queue, with the token count at that piece, so a reader that stops
+  at a stop string counts what it read, and its end as soon as it ends. A job whose reader stops reading (a stop
+  string, a closed connection) is ended at its next token.
 """
 
 from __future__ import annotations
