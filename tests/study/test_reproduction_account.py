@@ -35,6 +35,8 @@ LM = _report("lm")
 #: the fair-tuning folders by learning-rate factor, and the plans' cross-lr reading over them and the decomposition
 FAIR = {factor: _report(f"fair-tuning/lr-{factor}") for factor in ("0.5x", "2x")}
 ACROSS = json.loads((ROOT / "docs" / "reproduction" / "fair-tuning" / "across" / "across.json").read_text())
+#: appendix D's exploratory pilot of gated heads (issue 73): 2 seeds, no plan
+GATED = _report("gated-pilot")
 #: the intervention study's penalised arm (its plan's one contrast against plain k = 0)
 PENALTY = "0+within_seq_penalty=0.0015"
 FINAL = "(after the final norm)"
@@ -420,6 +422,20 @@ def _across_quotes() -> dict[str, str]:
         if not any(row["detected"] for row in ACROSS["interactions"])
         else "a k = 3-specific handicap is detected"
     )
+    quotes.update(_gated_pilot_quotes())
+    return quotes
+
+
+def _gated_pilot_quotes() -> dict[str, str]:
+    """Appendix D: the gated pilot's means and paired differences, as printed."""
+    arms = {"3": "Laplacian", "gated-ordinary:3": "gated ordinary", "gated-laplacian:3": "gated Laplacian"}
+    means = {arm: f"{top1(GATED, arm)['mean']:.2f}" for arm in ("0", *arms)}
+    quotes = {"gated pilot top-1": f"k = 0 {means['0']}, Laplacian {means['3']}, gated ordinary "
+              f"{means['gated-ordinary:3']}, gated Laplacian {means['gated-laplacian:3']}"}  # fmt: skip
+    for arm, name in arms.items():
+        quotes[f"gated pilot top-1 {arm}"] = f"{name} {interval(top1(GATED, arm), 2)}"
+        for metric in ("within-sequence fraction", "between-class fraction"):
+            quotes[f"gated pilot {metric} {arm}"] = f"{name} {interval(geometry(GATED, metric, arm), 4)}"
     return quotes
 
 
