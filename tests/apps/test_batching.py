@@ -241,3 +241,49 @@ def test_rows_of_their_own_lengths_write_at_their_own_positions_and_see_only_the
         model = GPT(GPTConfig(depth=1, vocab_size=8, sequence_len=8, head_dim=4, aspect_ratio=4))
         ragged, _ = model.prefill([[1, 2, 3], [1]])
         model(torch.ones(2, 2, dtype=torch.long), kv_cache=ragged)
+
+
+def test_a_joining_job_is_prefilled_while_the_batch_goes_on_decoding(monkeypatch):
+    """The server prefills a job that joins on its own thread, so the batch's steps go on meanwhile: here the
+    prefill waits until the running job has decoded 3 more tokens (on the batch's own thread it would wait out its
+    timeout), and the job that joined reads what it reads alone."""
+    import threading
+
+    from lapheads.apps import batching
+
+    model = _random_weights(GPT(GPTConfig(**EVERY_OPTION)))
+    progressed, waited, started = threading.Event(), [], []
+
+    class Job:
+        def __init__(self, prompt, n, pause=0.0) -> None:
+            self.generation, self.reply, self.sent, self.pause = Generation(prompt, n), [], 0, pause
+
+        def on_token(self, index, token, logits):
+            time.sleep(self.pause)
+            self.reply.append(token)
+            if started and len(self.reply) >= started[0] + 3:
+                progressed.set()
+
+        def pieces(self):
+            new, self.sent = self.reply[self.sent :], len(self.reply)
+            return iter(f"{t} " for t in new)
+
+        def finish(self, generated):
+            pass
+
+    long, short = Job((1, 2, 3, 4, 5), 25, pause=0.01), Job((7, 8), 4)
+    real = batching.prefilled
+
+    def waiting_prefill(model, requests):
+        started.append(len(long.reply))
+        waited.append(progressed.wait(30))
+        return real(model, requests)
+
+    monkeypatch.setattr(batching, "prefilled", waiting_prefill)
+    batcher = batching.Batcher(model, gather_s=0.0)
+    pieces = batcher.submit(long)
+    next(pieces)  # the long job is decoding
+    text = "".join(batcher.submit(short))
+    assert waited == [True]  # the batch decoded while the joining job was prefilled
+    assert text.split() == [str(t) for t in generate_together(model, [short.generation])[0].tokens]
+    assert len("".join(pieces).split()) == 24

@@ -42,7 +42,7 @@ class ScriptedModel(torch.nn.Module):
         self.script, self.vocab, self.fed, self.prompt = list(script), vocab, [], 0
 
     def new_kv_cache(self, batch_size, max_len):
-        return SimpleNamespace(pos=0, max_len=max_len)
+        return SimpleNamespace(pos=0, max_len=max_len, keep=lambda rows: None)  # one reply: nothing to move
 
     def prefill(self, prompts, max_len=None):  # one reply at a time, as GPT.prefill: its cache and its last logits
         cache = self.new_kv_cache(1, self.config.sequence_len)

@@ -25,10 +25,12 @@ Design choices:
   caller can stream between steps (the chat engine of one request); :func:`generate_together` runs it to the end.
 * **The server's batches** (:class:`Batcher`): one worker thread owns decoding; it takes every job waiting (after a
   short gathering wait, so requests sent together start together) and decodes them as one batch; a job that arrives
-  while it runs joins at the next step (continuous batching, as vLLM's scheduler), up to ``max_batch``, in arrival
-  order. Each job gets its text through its own queue, with the token count at that piece, so a reader that stops
-  at a stop string counts what it read, and its end as soon as it ends. A job whose reader stops reading (a stop
-  string, a closed connection) is ended at its next token.
+  while it runs joins it (continuous batching, as vLLM's scheduler), up to ``max_batch``, in arrival order: it is
+  prefilled on a second thread while the batch goes on decoding, and attached at the first step after (a prefill
+  of a long prompt would otherwise stall every reply in the batch). Each job gets its text through its own queue,
+  with the token count at that piece, so a reader that stops at a stop string counts what it read, and its end as
+  soon as it ends. A job whose reader stops reading (a stop string, a closed connection) is ended at its next
+  token.
 """
 
 from __future__ import annotations
@@ -37,16 +39,17 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from lapheads.errors import InputError
-from lapheads.models.gpt import GPT, sample_token
+from lapheads.models.gpt import GPT, KVCache, sample_token
 
-__all__ = ["Batcher", "Decoding", "Generated", "Generation", "Job", "decode_steps", "generate_together"]
+__all__ = ["Batcher", "Decoding", "Generated", "Generation", "Job", "decode_steps", "generate_together", "prefilled"]
 
 #: ``on_token(index, token, logits)``: the request's index in the call, its new token (sampled, or forced) and the
 #: logits at that position (V,); returning False ends the request there ("stop"), keeping the token; a non-empty
@@ -171,8 +174,11 @@ class Decoding:
     def join(self, requests: Sequence[tuple[int, Generation]]) -> None:
         """Add ``requests`` (each prompt within the context) to the batch, between an :meth:`advance` and the next
         :meth:`sample`."""
-        prompts = [request.prompt for _, request in requests]
-        cache, logits = self.model.prefill(prompts, max(map(len, prompts)))  # as long as they are: they move
+        self.attach(requests, *prefilled(self.model, [request for _, request in requests]))
+
+    def attach(self, requests: Sequence[tuple[int, Generation]], cache: KVCache, logits: torch.Tensor) -> None:
+        """:meth:`join` with the requests' :func:`prefilled` cache and logits, computed elsewhere (the server
+        prefills on its own thread while the batch decodes)."""
         self.cache.join(cache)
         self.logits = torch.cat([self.logits, logits])
         self.rows += [self._row(index, request) for index, request in requests]
@@ -212,10 +218,10 @@ class Decoding:
                 continue
             fed.append(token)
             kept.append(slot)
-        if not kept:  # every request ended: the batch is done (nothing to keep)
-            self.rows = []
-        elif len(kept) < len(self.rows):  # ended requests leave the batch
-            self.cache.keep(torch.tensor(kept, dtype=torch.long, device=self.device))
+        if len(kept) < len(self.rows):  # ended requests leave the batch (all of them: requests may still join it)
+            rows = torch.tensor(kept, dtype=torch.long, device=self.device)
+            self.cache.keep(rows)
+            self.logits = self.logits[rows]
             self.rows = [self.rows[slot] for slot in kept]
         self.fed = fed
         return [(row.index, row.out) for row in ended]
@@ -227,6 +233,13 @@ class Decoding:
         step = torch.tensor(self.fed, device=self.device)[:, None]
         with torch.no_grad():
             self.logits = self.model(step, kv_cache=self.cache)[:, -1].float()
+
+
+def prefilled(model: GPT, requests: Sequence[Generation]) -> tuple[KVCache, torch.Tensor]:
+    """``requests`` prefilled together into a cache only as long as their prompts (its filled positions move when
+    they join a batch: :meth:`Decoding.attach`), and their last logits."""
+    prompts = [request.prompt for request in requests]
+    return model.prefill(prompts, max(map(len, prompts)))
 
 
 class Job(Protocol):
@@ -258,20 +271,26 @@ class Batcher:
         model: the GPT every job runs on.
         max_batch: jobs decoded together at most.
         gather_s: how long the worker waits, once a job arrived, for others sent with it.
-        model_lock: held around each step (other users of the model interleave between steps).
     """
 
-    def __init__(
-        self,
-        model: GPT,
-        max_batch: int = 16,
-        gather_s: float = 0.002,
-        model_lock: AbstractContextManager | None = None,
-    ) -> None:
+    def __init__(self, model: GPT, max_batch: int = 16, gather_s: float = 0.002) -> None:
         self.model, self.max_batch, self.gather_s = model, max_batch, gather_s
-        self.model_lock = model_lock if model_lock is not None else nullcontext()
+        self.step_lock = threading.Lock()  # held around each step
+        self.prefill_lock = threading.Lock()  # held around each prefill on the prefill thread
+        self.prefills = ThreadPoolExecutor(1, thread_name_prefix="lapheads-prefill")
         self.waiting: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._work, name="lapheads-batcher", daemon=True).start()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Neither a step nor a prefill runs while this is held: for a forward of the model outside the batch (an
+        echoed prompt's log-probabilities), between steps."""
+        with self.step_lock, self.prefill_lock:
+            yield
+
+    def _prefill(self, generations: list[Generation]) -> tuple[KVCache, torch.Tensor]:
+        with self.prefill_lock:
+            return prefilled(self.model, generations)
 
     def submit(self, job: Job, outcome: dict[str, Any] | None = None) -> Iterator[str]:
         """The job's text, piece by piece, as the worker decodes it (blocking); ``outcome`` gains
@@ -310,11 +329,14 @@ class Batcher:
             self._decode([s for s in batch if not s.cancelled])
 
     def _decode(self, batch: list[_Submitted]) -> None:
-        """Decode ``batch`` and every job that joins it while it runs, until none is left."""
+        """Decode ``batch`` and every job that joins it while it runs, until none is left. A job that joins is
+        prefilled on the prefill thread while the batch goes on decoding, and attached at the first step after its
+        prefill is done (the batch waits for it only when nothing else is live)."""
         if not batch:
             return
         jobs: dict[int, _Submitted] = dict(enumerate(batch))  # the index of a request in the batch -> its job
         joined = len(batch)  # the next index to give a job that joins (never reused)
+        pending: list[tuple[list[tuple[int, Generation]], Future]] = []  # prefills under way, in arrival order
 
         def on_token(index: int, token: int, logits: torch.Tensor) -> object:
             submitted = jobs[index]
@@ -323,24 +345,29 @@ class Batcher:
             return submitted.job.on_token(index, token, logits)
 
         try:
-            with self.model_lock:
+            with self.step_lock, self.prefill_lock:  # the batch's own first prefill, then its steps
                 decoding = Decoding(self.model, [(n, s.job.generation) for n, s in jobs.items()], on_token)
             while True:
-                with self.model_lock:
+                with self.step_lock:
                     ended = decoding.sample()
                 self._flush(jobs.values())
                 for index, generated in ended:
                     self._finish(jobs.pop(index), generated)
-                if not decoding.live:
+                if decoding.live:
+                    with self.step_lock:
+                        decoding.advance()
+                elif not pending:
                     return
-                with self.model_lock:
-                    decoding.advance()
                 joining = self._joining(len(jobs))
                 if joining:
                     start, joined = joined, joined + len(joining)
                     jobs.update({start + n: submitted for n, submitted in enumerate(joining)})
-                    with self.model_lock:
-                        decoding.join([(start + n, s.job.generation) for n, s in enumerate(joining)])
+                    requests = [(start + n, s.job.generation) for n, s in enumerate(joining)]
+                    pending.append((requests, self.prefills.submit(self._prefill, [r for _, r in requests])))
+                while pending and (pending[0][1].done() or not decoding.live):  # in order; wait only when idle
+                    requests, prefill = pending.pop(0)
+                    with self.step_lock:
+                        decoding.attach(requests, *prefill.result())
         except Exception as err:  # noqa: BLE001 - every reader of the batch gets the error, the worker keeps going
             for submitted in jobs.values():
                 submitted.out.put(("error", err, 0))

@@ -161,10 +161,9 @@ def create_app(
         api_key: the key every route but ``/`` and ``/health`` wants as ``Authorization: Bearer KEY`` (None: none).
     """
     limits = limits or ServeLimits()
-    lock = threading.Lock()  # the batcher's steps, and an echoed prompt's forward between them
-    batcher = Batcher(engine.model, limits.max_num_seqs, model_lock=lock)
+    batcher = Batcher(engine.model, limits.max_num_seqs)
     completions = CompletionServing(CompletionEngine(engine.model, engine.tokenizer), batcher, name, limits,
-                                    temperature, top_k, lock)  # fmt: skip
+                                    temperature, top_k)  # fmt: skip
     chats = ChatServing(engine, batcher, name, limits, temperature, top_k) if isinstance(engine, ChatEngine) else None
     app = FastAPI(title=f"lapheads chat: {name}", docs_url=None, redoc_url=None)
     app.add_exception_handler(StarletteHTTPException, _unknown_route)

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from lapheads.apps.batching import Batcher
@@ -346,7 +345,6 @@ class CompletionServing:
     limits: ServeLimits
     temperature: float = 0.6
     top_k: int = 50
-    model_lock: Any = field(default_factory=threading.Lock)  # the batcher's: an echoed prompt's forward between steps
 
     def complete(self, body: Any) -> dict[str, Any]:
         """OpenAI's text_completion object (blocking: every choice of every prompt decoded together, with the
@@ -362,7 +360,7 @@ class CompletionServing:
         except RequestError as err:
             raise Refusal(400, str(err), err.param) from None
         try:
-            with self.model_lock:  # each prompt's n choices, prompt after prompt (OpenAI's order)
+            with self.batcher.exclusive():  # an echoed prompt's forward between steps; choices in OpenAI's order
                 jobs = [self.engine.job(prompt, checked, choice) for prompt in checked.prompts
                         for choice in range(checked.n)]  # fmt: skip
             readers = [self.batcher.submit(job) for job in jobs if job.generation.max_tokens > 0]
