@@ -238,6 +238,8 @@ def test_rows_of_their_own_lengths_decode_the_logits_each_has_alone(arch):
             for slot, (row, n) in enumerate(zip(rows, lengths)):
                 torch.testing.assert_close(last[slot], alone(row, n), atol=2e-4, rtol=1e-4)
         assert cache.lengths.tolist() == lengths
+    with pytest.raises(InputError, match="logits_at with targets; allowed: one of them"):
+        model(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long), logits_at=torch.tensor([2]))
 
 
 def test_the_2026_family_builds_on_meta_like_a_direct_build():

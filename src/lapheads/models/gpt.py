@@ -695,6 +695,7 @@ class GPT(nn.Module):
         kv_cache: KVCache | None = None,
         loss_reduction: str = "mean",
         document_ids: torch.Tensor | None = None,
+        logits_at: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Args:
         idx: token ids (B, T).
@@ -705,8 +706,12 @@ class GPT(nn.Module):
             attention and the smear stay within each document, so with rotary positions each document's logits are
             those it has alone. Under a KV cache, (B, cached + T): an id for every key (a left-padded batch decoded
             together keeps its padding apart). None: one causal sequence per row (nanochat's packing).
+        logits_at: (B,) the one position of each row whose logits are wanted (B, 1, V): a prefill's last tokens,
+            without the (B, T, V) logits of every position (gigabytes at a 65,536-token vocabulary). No targets.
         """
         B, T = idx.shape
+        if logits_at is not None and targets is not None:
+            raise InputError("logits_at with targets; allowed: one of them (a loss needs every position's logits)")
         c = self.config
         if document_ids is None and c.document_bos is not None and kv_cache is None:  # the model's own packing rule
             document_ids = (idx == c.document_bos).cumsum(-1)
@@ -745,6 +750,8 @@ class GPT(nn.Module):
         if backout is not None:
             x = x - self.backout_lambda.to(x.dtype) * backout
         x = self.norm(x)
+        if logits_at is not None:
+            x = x[torch.arange(B, device=x.device), logits_at.to(x.device)][:, None]
         logits = self.lm_head(x)[..., : c.vocab_size].float()  # padded rows are never predicted
         if c.softcap:
             logits = c.softcap * torch.tanh(logits / c.softcap)
@@ -781,10 +788,10 @@ class GPT(nn.Module):
         width, device = max(lengths), self.lm_head.weight.device
         ids = torch.tensor([[*prompt, *[prompt[-1]] * (width - len(prompt))] for prompt in prompts], device=device)
         cache = self.new_kv_cache(len(prompts), max_len)
-        logits = self(ids, kv_cache=cache)
         at = torch.tensor(lengths, device=device)
+        logits = self(ids, kv_cache=cache, logits_at=at - 1)[:, 0]
         cache.set_lengths(at)
-        return cache, logits[torch.arange(len(prompts), device=device), at - 1].float()
+        return cache, logits
 
     @torch.no_grad()
     def generate(
@@ -803,7 +810,8 @@ class GPT(nn.Module):
         if max_new_tokens < 0:
             raise InputError(f"max_new_tokens must be >= 0; got {max_new_tokens}")
         cache = self.new_kv_cache(idx.shape[0], idx.shape[1] + max_new_tokens)
-        logits = self(idx, kv_cache=cache)[:, -1]
+        last = torch.full((idx.shape[0],), idx.shape[1] - 1, device=idx.device)
+        logits = self(idx, kv_cache=cache, logits_at=last)[:, -1]  # the prompt's last position only
         out, done = [idx], torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
         for step in range(max_new_tokens):
             token = sample_token(logits, temperature, top_k, generator)
