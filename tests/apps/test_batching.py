@@ -241,6 +241,8 @@ def test_rows_of_their_own_lengths_write_at_their_own_positions_and_see_only_the
         model = GPT(GPTConfig(depth=1, vocab_size=8, sequence_len=8, head_dim=4, aspect_ratio=4))
         ragged, _ = model.prefill([[1, 2, 3], [1]])
         model(torch.ones(2, 2, dtype=torch.long), kv_cache=ragged)
+    with pytest.raises(InputError, match=r"prompts of lengths \[2, 0\]; allowed: one or more prompts of at least"):
+        model.prefill([[1, 2], []])
 
 
 def test_a_joining_job_is_prefilled_while_the_batch_goes_on_decoding(monkeypatch):

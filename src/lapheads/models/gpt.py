@@ -781,10 +781,12 @@ class GPT(nn.Module):
         hold their own lengths, and each prompt's last logits (B, V) in float32, the ones it has alone.
 
         Each prompt is right-padded with its own last token: a causal query never sees what comes after it, the
-        padded columns lie past the row's length (never read, overwritten as it grows), and the smear's previous
+        padded columns lie past the row's length (never attended, overwritten as it grows), and the smear's previous
         embedding, taken from the last column, is the row's own last token's.
         """
         lengths = [len(prompt) for prompt in prompts]
+        if not lengths or min(lengths) == 0:
+            raise InputError(f"prompts of lengths {lengths}; allowed: one or more prompts of at least one token")
         width, device = max(lengths), self.lm_head.weight.device
         ids = torch.tensor([[*prompt, *[prompt[-1]] * (width - len(prompt))] for prompt in prompts], device=device)
         cache = self.new_kv_cache(len(prompts), max_len)
