@@ -97,6 +97,25 @@ def test_generate_until_is_greedy_and_stops_at_the_stop_strings(harness_lm):
     assert cut == full[: full.find(stop)]
 
 
+def test_generate_until_decodes_a_batch_of_requests_as_each_alone(harness_lm, monkeypatch):
+    """Requests are decoded batch_size at a time (lapheads.apps.batching): prompts of different lengths, stop
+    strings, lengths and a sampled request give, in one call, what each gives alone; repeats of one sampled request
+    differ (each its own seed) and a rerun repeats them."""
+    requests = [
+        ("ROMEO:\n", {"until": [], "max_gen_toks": 12}),
+        ("JULIET:\nO Romeo, Romeo", {"until": ["\n"], "max_gen_toks": 20}),
+        ("A", {"until": ["e", "o"], "max_gen_toks": 16}),
+        ("KING:\n", {"until": [], "max_gen_toks": 5, "do_sample": True, "temperature": 1.0}),
+        ("KING:\n", {"until": [], "max_gen_toks": 5, "do_sample": True, "temperature": 1.0}),
+    ]
+    monkeypatch.setattr(harness_lm, "batch_size", 3)  # two batches, the second of a greedy and sampled mix
+    together = harness_lm.generate_until([_request("generate_until", r) for r in requests])
+    alone = [harness_lm.generate_until([_request("generate_until", r)])[0] for r in requests[:3]]
+    assert together[:3] == alone
+    assert together[3] != together[4]  # lm-eval's repeats of a sampled request are different samples
+    assert harness_lm.generate_until([_request("generate_until", r) for r in requests])[3:] == together[3:]
+
+
 @pytest.mark.slow
 def test_the_shipped_tasks_run_offline_through_the_cli(lm_run, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -187,37 +187,43 @@ class LapheadsLM(TemplateLM):
 
     @torch.no_grad()
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Each request's continuation, to its first stop string (cut there), the end of an assistant turn or of a
+        document, or its length; ``batch_size`` requests decoded together (``lapheads.apps.batching``: each text is
+        the one it gets alone). Greedy, or with ``do_sample`` sampled at its temperature from a generator seeded by
+        its place among the requests (lm-eval's repeats of one context differ; a rerun gives the same)."""
+        from lapheads.apps.batching import Generation, generate_together
         from lapheads.data.tokenizers import TokenizerError
-        from lapheads.models.gpt import sample_token
 
         try:  # the end of an assistant turn ends a generation, as the server's chat engine stops there (issue 72)
-            ends = {self.eot_token_id, self.lapheads_tokenizer.special_id("<|assistant_end|>")}
+            ends = frozenset({self.eot_token_id, self.lapheads_tokenizer.special_id("<|assistant_end|>")})
         except TokenizerError:  # a tokenizer without chat tokens: its end of text alone
-            ends = {self.eot_token_id}
-        out = []
-        for request in tqdm(requests, disable=disable_tqdm, desc="generate_until"):
+            ends = frozenset({self.eot_token_id})
+        jobs: list[tuple[Generation, list[str]]] = []
+        for seed, request in enumerate(requests):
             context, gen_kwargs = request.args
             until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
             temperature = float(gen_kwargs.get("temperature", 0.0)) if gen_kwargs.get("do_sample") else 0.0
             ids = [self.eot_token_id, *self.tok_encode(context)][-(self.max_length - 1) :]
-            steps = min(max_new, self.max_length - len(ids))
-            cache = self.model.new_kv_cache(1, len(ids) + steps)
-            logits = self.model(torch.tensor([ids], device=self.device), kv_cache=cache)[:, -1]
-            new: list[int] = []
-            text = ""
-            for i in range(steps):
-                token = int(sample_token(logits, temperature))
-                if token in ends:
-                    break
-                new.append(token)
-                text = self.lapheads_tokenizer.decode(new)
-                if any(stop in text for stop in until) or i + 1 == steps:
-                    break
-                logits = self.model(torch.tensor([[token]], device=self.device), kv_cache=cache)[:, -1]
-            cut = min([text.find(stop) for stop in until if stop in text] or [len(text)])
-            out.append(text[:cut])
+            steps = max(0, min(max_new, self.max_length - len(ids)))
+            jobs.append((Generation(tuple(ids), steps, temperature, seed=seed, stop_ids=ends), until))
+        decode = self.lapheads_tokenizer.decode
+        out = []
+        with tqdm(total=len(jobs), disable=disable_tqdm, desc="generate_until") as progress:
+            for start in range(0, len(jobs), self.batch_size):
+                chunk = jobs[start : start + self.batch_size]
+                tokens: list[list[int]] = [[] for _ in chunk]
+
+                def on_token(index: int, token: int, logits: torch.Tensor) -> bool:
+                    tokens[index].append(token)
+                    return not any(stop in decode(tokens[index]) for stop in chunk[index][1])  # False: stop here
+
+                generate_together(self.model, [generation for generation, _ in chunk], on_token)
+                for (_, until), new in zip(chunk, tokens):
+                    text = decode(new)
+                    out.append(text[: min([text.find(stop) for stop in until if stop in text] or [len(text)])])
+                progress.update(len(chunk))
         return out
 
 
