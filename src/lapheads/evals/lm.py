@@ -422,30 +422,33 @@ def load_lm(
 
 
 def stream_text(lm: LoadedLM, prompt: str, max_tokens: int, temperature: float, top_k: int, seed: int):
-    """Yield ``prompt``, then the text of each new token as soon as it is sampled (KV cache; the whole tail is
-    decoded each time, so characters spread over several tokens come out whole)."""
-    from lapheads.models.gpt import sample_token
+    """Yield ``prompt``, then the text of each new token as soon as it is sampled (``lapheads.apps.batching``'s
+    decoder, a batch of one; the whole tail is decoded each time, so characters spread over several tokens come out
+    whole)."""
+    from lapheads.apps.batching import Generation, decode_steps
 
     model, tokenizer = lm.model, lm.tokenizer
-    device = model.lm_head.weight.device
     ids = tokenizer.encode(prompt, bos=True)
     steps = min(max_tokens, model.config.sequence_len - len(ids))
     if steps < 0:
         raise InputError(f"the prompt has {len(ids)} tokens; allowed: at most sequence_len {model.config.sequence_len}")
-    generator = torch.Generator(device).manual_seed(seed)
     yield prompt
-    with torch.no_grad():
-        cache = model.new_kv_cache(1, len(ids) + steps)
-        logits = model(torch.tensor([ids], device=device), kv_cache=cache)[:, -1]
-        text, new = tokenizer.decode(ids[1:]), []
-        for i in range(steps):
-            token = sample_token(logits, temperature, top_k, generator)
-            new.append(int(token))
-            full = tokenizer.decode(ids[1:] + new)
-            yield full[len(text) :]
-            text = full
-            if i + 1 < steps:
-                logits = model(token, kv_cache=cache)[:, -1]
+    if steps == 0:
+        return
+    new: list[int] = []
+    shown = tokenizer.decode(ids[1:])  # the text so far, prompt included: a new piece is what it adds
+    pieces: list[str] = []
+
+    def on_token(index: int, token: int, logits: torch.Tensor) -> None:
+        nonlocal shown
+        new.append(token)
+        full = tokenizer.decode(ids[1:] + new)
+        pieces.append(full[len(shown) :])
+        shown = full
+
+    for _ in decode_steps(model, [Generation(tuple(ids), steps, temperature, top_k or None, seed=seed)], on_token):
+        yield from pieces
+        pieces.clear()
 
 
 def run_evals(options: LMEvalOptions, progress: bool = True) -> dict[str, Any]:
