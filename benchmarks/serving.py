@@ -1,8 +1,9 @@
 """Benchmark: requests decoded together (``lapheads.apps.batching``) against one after another, as an engine and
 as ``lapheads serve`` under concurrent clients.
 
-One model (a d4 GPT, 256 wide, half its heads Laplacian, sequence_len 512, random weights), 64 sampled tokens per
-request at most (a reply that samples its end-of-turn token ends there: tokens are counted), each its own seed.
+Models of ``--depth`` 4 and 8 (width 64 x depth: the chat-cpu preset's d4 and a 25.5M-parameter d8; half their heads
+Laplacian, sequence_len 512, random weights), 64 sampled tokens per request at most (a reply that samples its
+end-of-turn token ends there: tokens are counted), each its own seed. For each model:
 
 1. The engine: N requests (prompts of 24-40 tokens) decoded as one batch against one at a time, interleaved in one
    process (``lapheads.bench.time_interleaved``), at N = 1, 4, 8.
@@ -15,7 +16,7 @@ request at most (a reply that samples its end-of-turn token ends there: tokens a
 Throughput = generated tokens / wall seconds; the ratio is batched over serial. The replies are the same either way
 (the same seeds: tests/apps/test_batching.py, tests/apps/test_serve.py).
 
-    python benchmarks/serving.py                                   # ~2 minutes on 2 cores, machine otherwise idle
+    python benchmarks/serving.py                                   # ~4 minutes on 2 cores, machine otherwise idle
     python benchmarks/serving.py --write docs/benchmarks.md
 """
 
