@@ -95,6 +95,20 @@ def test_decoding_through_a_pattern_without_a_band_takes_its_small_dense_mask(t)
     torch.testing.assert_close(out, laplacian_attention_reference(q, k, v, 3, attn_mask=pattern), atol=2e-6, rtol=0)
 
 
+def test_the_layers_of_one_forward_build_a_patterns_dense_mask_once(monkeypatch):
+    """A pattern keeps its last dense mask: the layers of a step (sharing the step's documents pattern) build it once,
+    and a call of another shape builds its own (the mask equal to the pattern's, either way)."""
+    pattern, built = _documents(), []
+    dense = Documents.dense
+    monkeypatch.setattr(Documents, "dense", lambda self, *args: built.append(args) or dense(self, *args))
+    q, k, v = _qkv(t=1, s=T)
+    with torch.no_grad():
+        outs = [laplacian_attention(q, k, v, 3, attn_mask=pattern) for _ in range(4)]  # four layers' calls
+        assert len(built) == 1 and all(torch.equal(out, outs[0]) for out in outs)
+        laplacian_attention(*_qkv(t=2, s=T), 3, attn_mask=pattern)
+    assert len(built) == 2
+
+
 def test_head_kinds_with_a_pattern_take_its_backend_for_the_attended_mean_too():
     pattern = SlidingWindow(40)
     kinds = ["ordinary", "centring", "exclusive", "laplacian"]

@@ -26,7 +26,8 @@ Design choices:
 * **Every pattern lets a query see itself**, so no query is left with nothing to attend to and a Laplacian head's
   identity term is always one of its keys.
 * **Block masks are cached per pattern and shape**: a model that keeps its patterns (the GPT keeps one per window)
-  builds each block mask once per sequence length.
+  builds each block mask once per sequence length; a pattern keeps its last dense mask, so the layers of one forward
+  (which share its pattern) build it once.
 """
 
 from __future__ import annotations
@@ -280,8 +281,13 @@ def tensor_mask(attn_mask: Any, batch: int, t: int, s: int, device: torch.device
     tensor mask or None as it is."""
     if attn_mask is None or isinstance(attn_mask, Tensor):
         return attn_mask
-    if isinstance(attn_mask, AttentionPattern):
-        return attn_mask.dense(batch, t, s, device)
+    if isinstance(attn_mask, AttentionPattern):  # the last shape's mask kept: a model's layers share one pattern
+        key = (batch, t, s, str(device))
+        last = attn_mask.__dict__.get("_last_dense")
+        if last is None or last[0] != key:
+            last = (key, attn_mask.dense(batch, t, s, device))
+            object.__setattr__(attn_mask, "_last_dense", last)  # frozen dataclasses keep it outside their fields
+        return last[1]
     from torch.nn.attention.flex_attention import create_mask
 
     rows = attn_mask.shape[0]
