@@ -345,7 +345,7 @@ class Batcher:
             return submitted.job.on_token(index, token, logits)
 
         try:
-            with self.step_lock, self.prefill_lock:  # the batch's own first prefill, then its steps
+            with self.step_lock, self.prefill_lock:  # the batch's first prefill: no step or prefill beside it
                 decoding = Decoding(self.model, [(n, s.job.generation) for n, s in jobs.items()], on_token)
             while True:
                 with self.step_lock:
