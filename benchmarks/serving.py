@@ -16,6 +16,13 @@ end-of-turn token ends there: tokens are counted), each its own seed. For each m
 Throughput = generated tokens / wall seconds; the ratio is batched over serial. The replies are the same either way
 (the same seeds: tests/apps/test_batching.py, tests/apps/test_serve.py).
 
+3. Where a served round's time goes, from the server's own ``GET /metrics`` (``lapheads:step_seconds{phase}``,
+   read by the clients just before and just after their timed requests, summed over the rounds): the steps, the
+   rows a step decodes, and the phases as shares of the wall time: the worker's ``decode`` (the forwards),
+   ``sample`` (sampling, text, the readers' queues) and ``prefill`` (a batch's first prompts), and the rest, the
+   worker waiting (for requests, and for the CPU the HTTP side and the clients share with it); beside them the
+   joiners' prefills, which run on their own thread while the worker steps.
+
     python benchmarks/serving.py                                   # ~4 minutes on 2 cores, machine otherwise idle
     python benchmarks/serving.py --write docs/benchmarks.md
 """
@@ -45,10 +52,28 @@ def _tokenizer():
     return Tokenizer.char("abcdefghijklmnopqrstuvwxyz ?.")
 
 
-def _load(url: str, clients: int, requests: int, max_tokens: int) -> tuple[int, float]:
-    """(tokens, seconds) of ``requests`` chat requests sent by ``clients`` clients at once, each taking the next
-    request when its reply has ended (vLLM's ``benchmark_serving --max-concurrency``); run in its own process, as a
-    server's clients are, so they do not share the server's interpreter lock."""
+def _counters(http, url: str) -> dict[str, float]:
+    """The server's counters now (``GET /metrics``): each phase's seconds and count (``decode_sum``,
+    ``decode_count``, ...), the tokens of every forward (``forwarded``) and of the prompts (``prompts``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counters = {"forwarded": 0.0, "prompts": 0.0}
+    for family in text_string_to_metric_families(http.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            if sample.name in ("lapheads:step_seconds_sum", "lapheads:step_seconds_count"):
+                counters[f"{sample.labels['phase']}_{sample.name.rsplit('_', 1)[1]}"] = sample.value
+        if family.name == "lapheads:iteration_tokens_total":
+            counters["forwarded"] = next(s.value for s in family.samples if s.name.endswith("_sum"))
+        elif family.name == "lapheads:prompt_tokens":
+            counters["prompts"] = family.samples[0].value
+    return counters
+
+
+def _load(url: str, clients: int, requests: int, max_tokens: int) -> tuple[int, float, dict[str, float]]:
+    """(tokens, seconds, the server's counters' change) of ``requests`` chat requests sent by ``clients`` clients
+    at once, each taking the next request when its reply has ended (vLLM's ``benchmark_serving
+    --max-concurrency``); run in its own process, as a server's clients are, so they do not share the server's
+    interpreter lock."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -62,15 +87,21 @@ def _load(url: str, clients: int, requests: int, max_tokens: int) -> tuple[int, 
             return http.post(f"{url}/v1/chat/completions", json=body).json()["usage"]["completion_tokens"]
 
         ask(10**6)  # warm-up
+        before = _counters(http, url)
         start = time.perf_counter()
         with ThreadPoolExecutor(clients) as pool:
             tokens = sum(pool.map(ask, range(requests)))
-        return tokens, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        after = _counters(http, url)
+        return tokens, seconds, {key: after[key] - before.get(key, 0.0) for key in after}
 
 
-def _served_rate(model, clients: int, per_client: int, max_tokens: int, max_num_seqs: int) -> tuple[int, float]:
-    """(tokens, tokens/s) of ``clients`` clients at once against ``lapheads serve``'s app with ``max_num_seqs``; the
-    clients are this script again (``--load``), in its own process."""
+def _served_rate(
+    model, clients: int, per_client: int, max_tokens: int, max_num_seqs: int
+) -> tuple[int, float, dict[str, float]]:
+    """(tokens, seconds, the server's counters' change: :func:`_counters`) of ``clients`` clients at once against
+    ``lapheads serve``'s app with ``max_num_seqs``; the clients are this script again (``--load``), in its own
+    process."""
     import json
     import subprocess
     import sys
@@ -84,8 +115,8 @@ def _served_rate(model, clients: int, per_client: int, max_tokens: int, max_num_
     with served(app) as url:
         load = [url, str(clients), str(clients * per_client), str(max_tokens)]
         done = subprocess.run([sys.executable, __file__, "--load", *load], capture_output=True, text=True, check=True)
-    tokens, seconds = json.loads(done.stdout.splitlines()[-1])
-    return tokens, tokens / seconds
+    tokens, seconds, counters = json.loads(done.stdout.splitlines()[-1])
+    return tokens, seconds, counters
 
 
 def _model(depth: int):
@@ -127,19 +158,41 @@ def _engine_rows(model, args: argparse.Namespace) -> list[str]:
     return rows
 
 
-def _served_rows(model, args: argparse.Namespace) -> list[str]:
-    """The serial and the batched server under N clients at each N of ``--clients``, rounds alternating."""
-    rows = []
+def _served_rows(model, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The serial and the batched server under N clients at each N of ``--clients``, rounds alternating: the
+    throughput rows, and the rows of where their time went (the counters summed over the rounds)."""
+    rows, profile = [], []
     for n in args.clients:
         rates: dict[int, list[float]] = {1: [], 16: []}
+        spent: dict[int, dict[str, float]] = {1: {}, 16: {}}
         for _ in range(args.repeats):  # rounds alternate the two servers, so drift hits both alike
             for seqs in rates:
-                tokens, rate = _served_rate(model, n, args.requests_per_client, args.max_tokens, seqs)
-                rates[seqs].append(rate)
+                tokens, seconds, counters = _served_rate(model, n, args.requests_per_client, args.max_tokens, seqs)
+                rates[seqs].append(tokens / seconds)
+                for key, value in {**counters, "wall": seconds}.items():
+                    spent[seqs][key] = spent[seqs].get(key, 0.0) + value
         serial, batched = statistics.median(rates[1]), statistics.median(rates[16])
         rows.append(f"| {n} | {tokens} | {serial:.0f} | {batched:.0f} | {batched / serial:.2f} |")
         print(rows[-1], flush=True)
-    return rows
+        for seqs, name in ((1, "serial"), (16, "batched")):
+            profile.append(_profile_row(n, name, spent[seqs], args.repeats))
+            print(profile[-1], flush=True)
+    return rows, profile
+
+
+def _profile_row(clients: int, server: str, spent: dict[str, float], rounds: int) -> str:
+    """One server's row of where the time went: steps a round, rows a step, ms a step of decode and of sample,
+    and each phase's share of the wall time."""
+    steps = spent.get("decode_count", 0.0)
+    rows = (spent.get("forwarded", 0.0) - spent.get("prompts", 0.0)) / max(steps, 1.0)
+    share = lambda phase: f"{100 * spent.get(f'{phase}_sum', 0.0) / spent['wall']:.0f} %"  # noqa: E731
+    per_step = lambda phase: f"{1e3 * spent.get(f'{phase}_sum', 0.0) / max(steps, 1.0):.2f}"  # noqa: E731
+    rest = 1 - sum(spent.get(f"{phase}_sum", 0.0) for phase in ("decode", "sample", "prefill")) / spent["wall"]
+    return (
+        f"| {clients} | {server} | {steps / rounds:.0f} | {rows:.1f} | {per_step('decode')} | {per_step('sample')} | "
+        f"{share('decode')} | {share('sample')} | {share('prefill')} | {100 * rest:.0f} % | "
+        f"{share('prefill_joining')} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -184,7 +237,7 @@ def main(argv: list[str] | None = None) -> str:
         torch.set_num_threads(engine_threads)
         engine = _engine_rows(model, args)
         torch.set_num_threads(served_threads)
-        served = _served_rows(model, args)
+        served, profile = _served_rows(model, args)
         params = sum(p.numel() for p in model.parameters()) / 1e6
         lines += [
             "",
@@ -198,6 +251,15 @@ def main(argv: list[str] | None = None) -> str:
             "| clients | tokens | serial server, tokens/s | batched server, tokens/s | batched / serial |",
             "|---|---|---|---|---|",
             *served,
+            "",
+            f"Where the served rounds' time went (the server's `/metrics`, summed over the {args.repeats} rounds; "
+            "the shares are of the wall time: the worker's phases, the rest it waited, and beside them the joiners' "
+            "prefills on their own thread):",
+            "",
+            "| clients | server | steps a round | rows a step | decode ms a step | sample ms a step | decode | "
+            "sample | prefill | rest | joiners' prefill |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+            *profile,
         ]
     torch.set_num_threads(engine_threads)
     return write_section("serving.py", lines, args.write)

@@ -228,8 +228,16 @@ def test_the_serving_benchmark_times_requests_together_and_one_by_one(tmp_path):
         ]  # fmt: skip
     )
     engine, server = text.split("| clients | tokens |")
+    server, profile = server.split("Where the served rounds' time went")
     rows = [line for line in engine.splitlines() if line.startswith(("| 1 | 3 |", "| 3 | 9 |"))]
     assert len(rows) == 2 and all(len(row.split("|")) == 7 for row in rows)  # every request ran to its 3 tokens
     served = [line for line in server.splitlines() if line.startswith(("| 1 |", "| 3 |"))]
     assert len(served) == 2 and all(float(row.split("|")[-2]) > 0 for row in served)  # batched / serial
+    # the server's own /metrics: a serial step decodes one row; 3 replies of at most 3 tokens take 2 steps each
+    spent = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:-1]]
+             for line in profile.splitlines() if line.startswith(("| 1 |", "| 3 |"))}  # fmt: skip
+    assert sorted(spent) == [("1", "batched"), ("1", "serial"), ("3", "batched"), ("3", "serial")]
+    assert spent["3", "serial"][1] == "1.0" and 1 <= int(spent["3", "serial"][0]) <= 6
+    assert 1.0 <= float(spent["3", "batched"][1]) <= 3.0
+    assert all(float(row[2]) > 0 and row[4].endswith("%") for row in spent.values())  # decode ms a step
     assert doc.read_text().strip() == text.strip()

@@ -671,3 +671,70 @@ def test_serve_runs_the_model_on_the_cpus_the_http_side_leaves(monkeypatch):
         assert seen[-1] == 2
     finally:
         torch.set_num_threads(before)
+
+
+def _scrape(client, **headers) -> dict[tuple[str, tuple], float]:
+    """``GET /metrics`` parsed by prometheus_client's own parser: (sample name, its labels but model_name) ->
+    value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    answer = client.get("/metrics", headers=headers)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            assert sample.labels.pop("model_name") == "tiny"
+            samples[sample.name, tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def test_metrics_count_what_the_replies_say_under_vllms_names(engine):
+    """``GET /metrics`` (Prometheus, vLLM's metric names under ``lapheads:``): after chat replies sent together and
+    one by one, the token counters equal the replies' usage, every request has one time to first token, one
+    end-to-end latency and one queue time, its other tokens one inter-token latency each, and every forward (a
+    prefill, a step) its token count; the worker's phases are counted, and nothing is left running."""
+    app = create_app(engine, "tiny", ServeLimits(max_tokens=12), temperature=1.0)
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+    ask = {"messages": [{"role": "user", "content": QUESTIONS[1]}], "max_tokens": 12}
+    usages = [client.post("/v1/chat/completions", json={**ask, "seed": seed}).json()["usage"] for seed in range(2)]
+    with ThreadPoolExecutor(3) as pool:  # together: one batch, joiners prefilled beside it
+        usages += pool.map(lambda s: client.post("/v1/chat/completions", json={**ask, "seed": s}).json()["usage"],
+                           range(2, 5))  # fmt: skip
+    m = _scrape(client)
+    requests, generated = len(usages), sum(u["completion_tokens"] for u in usages)
+    assert m["lapheads:generation_tokens_total", ()] == generated
+    assert m["lapheads:prompt_tokens_total", ()] == sum(u["prompt_tokens"] for u in usages)
+    ended = {k[1][0][1]: v for k, v in m.items() if k[0] == "lapheads:request_success_total"}
+    assert sum(ended.values()) == requests and set(ended) <= {"stop", "length"}
+    for latency in ("time_to_first_token", "e2e_request_latency", "request_queue_time"):
+        assert m[f"lapheads:{latency}_seconds_count", ()] == requests, latency
+    assert m["lapheads:inter_token_latency_seconds_count", ()] == generated - requests
+    phases = ("prefill", "prefill_joining", "decode", "sample")
+    steps = {phase: m.get(("lapheads:step_seconds_count", (("phase", phase),)), 0) for phase in phases}
+    forwards = m["lapheads:iteration_tokens_total_count", ()]
+    assert forwards == steps["prefill"] + steps["prefill_joining"] + steps["decode"]
+    assert steps["decode"] >= 12 - 1 and steps["sample"] >= steps["decode"]  # a reply of 12 tokens: 11 steps
+    decoded_rows = m["lapheads:iteration_tokens_total_sum", ()] - m["lapheads:prompt_tokens_total", ()]
+    assert generated - requests <= decoded_rows <= generated  # each token fed once, but a reply's last
+    assert m["lapheads:num_requests_running", ()] == 0 and m["lapheads:num_requests_waiting", ()] == 0
+    other = TestClient(create_app(engine, "tiny", ServeLimits(max_tokens=12)), base_url="http://127.0.0.1:8000")
+    assert _scrape(other)["lapheads:generation_tokens_total", ()] == 0  # each server counts its own
+
+
+def test_metrics_count_a_reader_that_left_as_aborted_and_want_the_api_key(engine):
+    """A reply whose reader left (a closed stream) counts as finished_reason "abort", as vLLM's; with an API key
+    ``/metrics`` wants it too (vLLM leaves it open; Prometheus sends it)."""
+    app = create_app(engine, "tiny", ServeLimits(max_tokens=24), temperature=0.0, api_key="s3cret")
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+    key = {"Authorization": "Bearer s3cret"}
+    assert client.get("/metrics").status_code == 401
+    body = {"messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 24, "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json=body, headers=key) as stream:
+        next(stream.iter_lines())  # the first chunk, then the reader leaves
+    for _ in range(200):  # the job ends at its next token
+        m = _scrape(client, **key)
+        if m.get(("lapheads:request_success_total", (("finished_reason", "abort"),))) == 1:
+            break
+        time.sleep(0.05)
+    assert m["lapheads:request_success_total", (("finished_reason", "abort"),)] == 1
+    assert m["lapheads:generation_tokens_total", ()] < 24

@@ -30,7 +30,9 @@ Design choices:
   of a long prompt would otherwise stall every reply in the batch). Each job gets its text through its own queue,
   with the token count at that piece, so a reader that stops at a stop string counts what it read, and its end as
   soon as it ends. A job whose reader stops reading (a stop string, a closed connection) is ended at its next
-  token.
+  token. What it did is counted as vLLM counts it (:class:`lapheads.apps.metrics.ServingMetrics`: queue time, time
+  to first token, inter-token latency, tokens per forward), with the time of each phase (decode, sample, prefill,
+  a joiner's prefill) beside it.
 """
 
 from __future__ import annotations
@@ -42,12 +44,15 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from lapheads.errors import InputError
 from lapheads.models.gpt import GPT, KVCache, sample_token
+
+if TYPE_CHECKING:  # prometheus_client is the 'serve' extra's; lm-eval and generate use this module without it
+    from lapheads.apps.metrics import RequestClock, ServingMetrics
 
 __all__ = ["Batcher", "Decoding", "Generated", "Generation", "Job", "decode_steps", "generate_together", "prefilled"]
 
@@ -261,6 +266,7 @@ class Job(Protocol):
 class _Submitted:
     job: Job
     out: queue.SimpleQueue
+    clock: RequestClock
     cancelled: bool = False
 
 
@@ -271,10 +277,16 @@ class Batcher:
         model: the GPT every job runs on.
         max_batch: jobs decoded together at most.
         gather_s: how long the worker waits, once a job arrived, for others sent with it.
+        metrics: where it counts what it did (default: its own, labelled "lapheads").
     """
 
-    def __init__(self, model: GPT, max_batch: int = 16, gather_s: float = 0.002) -> None:
+    def __init__(
+        self, model: GPT, max_batch: int = 16, gather_s: float = 0.002, metrics: ServingMetrics | None = None
+    ) -> None:
+        from lapheads.apps.metrics import ServingMetrics  # the 'serve' extra (TYPE_CHECKING above)
+
         self.model, self.max_batch, self.gather_s = model, max_batch, gather_s
+        self.metrics = metrics if metrics is not None else ServingMetrics("lapheads")
         self.step_lock = threading.Lock()  # held around each step
         self.prefill_lock = threading.Lock()  # held around each prefill on the prefill thread
         self.prefills = ThreadPoolExecutor(1, thread_name_prefix="lapheads-prefill")
@@ -289,8 +301,24 @@ class Batcher:
             yield
 
     def _prefill(self, generations: list[Generation]) -> tuple[KVCache, torch.Tensor]:
-        with self.prefill_lock:
+        with self.prefill_lock, self._timed("prefill_joining"):  # on the prefill thread, beside the steps
             return prefilled(self.model, generations)
+
+    @contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        """Count the time of the worker's ``phase`` (:meth:`ServingMetrics.step`)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.metrics.step(phase, time.perf_counter() - start)
+
+    def _started(self, jobs: list[_Submitted]) -> None:
+        """``jobs``' prefill begins now: their queue times, their prompt tokens, the prefill's size."""
+        prompts = [len(s.job.generation.prompt) for s in jobs]
+        for submitted, tokens in zip(jobs, prompts):
+            self.metrics.started(submitted.clock, tokens)
+        self.metrics.iteration_tokens.observe(sum(prompts))
 
     def submit(self, job: Job, outcome: dict[str, Any] | None = None) -> Iterator[str]:
         """The job's text, piece by piece, as the worker decodes it (blocking); ``outcome`` gains
@@ -298,8 +326,11 @@ class Batcher:
         ends the job at its next token. A prompt that leaves no room is refused here, in one line (not in the
         batch it would have joined)."""
         _check_prompt(job.generation, self.model.config.sequence_len, "the request")  # refused alone, not its batch
-        submitted = _Submitted(job, queue.SimpleQueue())
+        from lapheads.apps.metrics import RequestClock
+
+        submitted = _Submitted(job, queue.SimpleQueue(), RequestClock())
         self.waiting.put(submitted)
+        self.metrics.waiting.set(self.waiting.qsize())
         return self._read(submitted, outcome if outcome is not None else {})
 
     @staticmethod
@@ -342,19 +373,25 @@ class Batcher:
             submitted = jobs[index]
             if submitted.cancelled:
                 return False
+            self.metrics.token(submitted.clock)
             return submitted.job.on_token(index, token, logits)
 
         try:
-            with self.step_lock, self.prefill_lock:  # the batch's first prefill: no step or prefill beside it
+            self._started(batch)
+            with self.step_lock, self.prefill_lock, self._timed("prefill"):  # no step or prefill beside it
                 decoding = Decoding(self.model, [(n, s.job.generation) for n, s in jobs.items()], on_token)
             while True:
-                with self.step_lock:
-                    ended = decoding.sample()
-                self._flush(jobs.values())
-                for index, generated in ended:
-                    self._finish(jobs.pop(index), generated)
-                if decoding.live:
+                self.metrics.running.set(len(jobs))
+                self.metrics.waiting.set(self.waiting.qsize())
+                with self._timed("sample"):  # the per-token Python side: sampling, text, the readers' queues
                     with self.step_lock:
+                        ended = decoding.sample()
+                    self._flush(jobs.values())
+                    for index, generated in ended:
+                        self._finish(jobs.pop(index), generated)
+                if decoding.live:
+                    with self.step_lock, self._timed("decode"):
+                        self.metrics.iteration_tokens.observe(len(decoding.live))
                         decoding.advance()
                 elif not pending:
                     return
@@ -363,6 +400,7 @@ class Batcher:
                     start, joined = joined, joined + len(joining)
                     jobs.update({start + n: submitted for n, submitted in enumerate(joining)})
                     requests = [(start + n, s.job.generation) for n, s in enumerate(joining)]
+                    self._started(joining)
                     pending.append((requests, self.prefills.submit(self._prefill, [r for _, r in requests])))
                 while pending and (pending[0][1].done() or not decoding.live):  # in order; wait only when idle
                     requests, prefill = pending.pop(0)
@@ -371,6 +409,8 @@ class Batcher:
         except Exception as err:  # noqa: BLE001 - every reader of the batch gets the error, the worker keeps going
             for submitted in jobs.values():
                 submitted.out.put(("error", err, 0))
+        finally:
+            self.metrics.running.set(0)
 
     def _joining(self, running: int) -> list[_Submitted]:
         """The waiting jobs that join the batch in flight now, in arrival order, up to ``max_batch`` running."""
@@ -384,9 +424,9 @@ class Batcher:
                 joining.append(submitted)
         return joining
 
-    @staticmethod
-    def _finish(submitted: _Submitted, generated: Generated) -> None:
+    def _finish(self, submitted: _Submitted, generated: Generated) -> None:
         submitted.job.finish(generated)
+        self.metrics.finished(submitted.clock, "abort" if submitted.cancelled else generated.finish_reason)
         submitted.out.put(("done", generated.finish_reason, len(submitted.job.reply)))
 
     @staticmethod

@@ -30,6 +30,10 @@ Design choices:
   wants ``Authorization: Bearer KEY`` (compared in constant time), else HTTP 401 in OpenAI's error object; the
   page asks for the key once and sends it. Without one, a server bound beyond loopback says it has no
   authentication.
+* **Prometheus metrics, as vLLM's** (``GET /metrics``, :mod:`lapheads.apps.metrics`): vLLM's request metrics
+  under the prefix ``lapheads:`` (running and waiting requests, tokens, time to first token, inter-token latency,
+  end-to-end and queue times, tokens per forward), and the worker's time per phase. Behind the API key when there
+  is one (Prometheus sends it as ``authorization: {credentials: KEY}``); vLLM leaves it open.
 """
 
 from __future__ import annotations
@@ -45,13 +49,15 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request  # the optional extra 'serve'; lapheads imports this module only to serve
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lapheads.apps.batching import Batcher
 from lapheads.apps.chat import ChatEngine
 from lapheads.apps.completions import CompletionEngine
+from lapheads.apps.metrics import ServingMetrics
 from lapheads.apps.serving import MAX_JSON_DEPTH, ChatServing, CompletionServing, Refusal, ServeLimits
 from lapheads.io import json_depth
 
@@ -161,7 +167,8 @@ def create_app(
         api_key: the key every route but ``/`` and ``/health`` wants as ``Authorization: Bearer KEY`` (None: none).
     """
     limits = limits or ServeLimits()
-    batcher = Batcher(engine.model, limits.max_num_seqs)
+    metrics = ServingMetrics(name)
+    batcher = Batcher(engine.model, limits.max_num_seqs, metrics=metrics)
     completions = CompletionServing(CompletionEngine(engine.model, engine.tokenizer), batcher, name, limits,
                                     temperature, top_k)  # fmt: skip
     chats = ChatServing(engine, batcher, name, limits, temperature, top_k) if isinstance(engine, ChatEngine) else None
@@ -213,6 +220,7 @@ def create_app(
     app.get("/health")(lambda: {"status": "ok", "run": name})
     models = {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "lapheads"}]}
     app.get("/v1/models")(lambda: models)
+    app.get("/metrics")(lambda: Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST))
     return app
 
 
