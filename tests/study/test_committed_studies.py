@@ -56,16 +56,16 @@ def test_each_seeds_arms_share_one_environment(plan_path):
 def test_a_committed_report_tests_the_margins_its_plan_fixed(plan_path):
     """A record-based report is judged under its own plan: its sha256, and each margin the plan fixed before the
     data (not the paper's default recomputed on the study's baseline, which moves with the data)."""
-    stats = plan_path.parent / "report" / "stats.json"
-    if not stats.exists():
+    reports = sorted(plan_path.parent.glob("report*/stats.json"))  # report/, or report-vs-<arm>/ with --baseline
+    if not reports:
         pytest.skip("no report yet: the study has not reached its stop")
-    plan, rule = load_plan(plan_path), json.loads(stats.read_text())["rule"]
+    plan, rule = load_plan(plan_path), json.loads(reports[0].read_text())["rule"]
     assert rule["plan"]["sha256"] == plan.sha256
     for label, margin in plan.margins.items():
         assert rule["margin"][label] == margin, label
 
 
-REPORTS = sorted(STUDIES.glob("**/cells/report/stats.json"))
+REPORTS = sorted(STUDIES.glob("**/cells/report*/stats.json"))  # report-vs-<arm>/: built with --baseline
 #: the appendix's sweeps from before records existed: a stats.json each, restated once into its verdicts.md
 RESTATED = sorted(p.parent for p in STUDIES.glob("*/verdicts.md"))
 
@@ -108,8 +108,9 @@ def test_a_report_restated_away_from_its_plan_is_refused_not_read_without_it(tmp
     assert main(["report", str(copy)]) == 2
 
 
-#: the arguments docs/reproduction.md gives each report's rebuild (patch 4 stopped by its rule at seed 5)
-REBUILD_ARGS = {"patch4": ["--seeds", "0,1,2,3,4,5"]}
+#: the arguments docs/reproduction.md gives each report's rebuild (patch 4 stopped by its rule at seed 5; stage B's
+#: plan reads it against k = 0 at its own lr)
+REBUILD_ARGS = {"patch4": ["--seeds", "0,1,2,3,4,5"], "best-lr": ["--baseline", "0+lr=1.2e-2"]}
 
 
 @pytest.mark.parametrize("stats_file", REPORTS, ids=lambda p: str(p.parents[2].relative_to(STUDIES)))
@@ -123,10 +124,11 @@ def test_rebuilding_a_committed_report_from_its_records_is_byte_identical(stats_
 
     folder = stats_file.parents[1]
     copy = tmp_path / "cells"
-    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("report"))
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("report*"))
     study = str(folder.parent.relative_to(STUDIES))
     assert main(["report", str(copy), *REBUILD_ARGS.get(study, [])]) == 0
+    rebuilt = copy / stats_file.parent.name
     committed = sorted(p.name for p in stats_file.parent.iterdir())
-    assert sorted(p.name for p in (copy / "report").iterdir()) == committed
+    assert sorted(p.name for p in rebuilt.iterdir()) == committed
     for name in committed:
-        assert (copy / "report" / name).read_bytes() == (stats_file.parent / name).read_bytes(), name
+        assert (rebuilt / name).read_bytes() == (stats_file.parent / name).read_bytes(), name

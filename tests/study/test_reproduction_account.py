@@ -35,6 +35,13 @@ LM = _report("lm")
 #: the fair-tuning folders by learning-rate factor, and the plans' cross-lr reading over them and the decomposition
 FAIR = {factor: _report(f"fair-tuning/lr-{factor}") for factor in ("0.5x", "2x")}
 ACROSS = json.loads((ROOT / "docs" / "reproduction" / "fair-tuning" / "across" / "across.json").read_text())
+#: the fair tuning's stage B (issue 70): each arm at its own bracketed best lr, fresh seeds, read with --baseline
+BEST = json.loads(
+    (ROOT / "docs" / "reproduction" / "best-lr" / "cells" / "report-vs-L0+lr=1.2e-2" / "stats.json").read_text()
+)
+#: stage A's bracket (lapheads across over 0.5x-32x, seeds 0-4): the means the selection rule read
+BRACKET = json.loads((ROOT / "docs" / "reproduction" / "fair-tuning" / "bracket" / "across.json").read_text())
+TUNED, PLAIN = "3+lr=6e-3", "0+lr=1.2e-2"
 #: appendix D's exploratory pilot of gated heads (issue 73): 2 seeds, no plan
 GATED = _report("gated-pilot")
 #: the intervention study's penalised arm (its plan's one contrast against plain k = 0)
@@ -423,6 +430,43 @@ def _across_quotes() -> dict[str, str]:
         else "a k = 3-specific handicap is detected"
     )
     quotes.update(_gated_pilot_quotes())
+    quotes.update(_best_lr_quotes())
+    return quotes
+
+
+def _best_lr_quotes() -> dict[str, str]:
+    """The fair tuning's stage B (the short answer, the claims row, its section), as printed."""
+    primary = top1(BEST, TUNED)
+    fraction = geometry(BEST, "within-sequence fraction", TUNED)
+    quotes = {
+        "stage B top-1": interval(primary, 2),
+        "stage B top-1 tests": f"(p {p(primary['paired']['p'])}, sign-flip {p(primary['permutation_p'])}, "
+        f"{primary['signs']} seeds",
+        "stage B MDE": f"MDE {primary['mde_at_alpha']:.2f} at the observed SD",
+        "stage B TOST upper": f"upper p {p(primary['tost_p'])} by t, {p(primary['tost_sign_flip_p'])} by sign flips",
+        "stage B TOST lower": f"lower p {p(primary['tost_lower_p'])}, {p(primary['tost_lower_sign_flip_p'])}",
+        "stage B margin": f"{primary['margin']:.3f}",
+        "stage B means": f"k = 0 at 1.2e-2 {top1(BEST, PLAIN)['mean']:.2f} +- {top1(BEST, PLAIN)['std']:.2f}, k = 3 "
+        f"at 6e-3 {primary['mean']:.2f} +- {primary['std']:.2f}",
+        "stage B fraction": f"{interval(fraction, 3)} (p {p(fraction['paired']['p'])}, {fraction['signs']} seeds)",
+        "stage B fraction, short": f"{interval(fraction, 3)}, {fraction['signs']}",
+        "stage B fraction means": f"k = 0 {geometry(BEST, 'within-sequence fraction', PLAIN)['mean']:.3f}, k = 3 "
+        f"{fraction['mean']:.3f}",
+        "stage B between": interval(geometry(BEST, "between-class fraction", TUNED), 3),
+        "stage B NC1": interval(geometry(BEST, "NC1, sequence means", TUNED), 2),
+        "stage B per-seq": interval(geometry(BEST, "components for 99%, per sequence", TUNED), 2),
+        "stage B pooled": interval(geometry(BEST, "components for 99%, pooled", TUNED), 2),
+        "stage B fit": f"{interval(BEST['fit'][TUNED]['against_baseline']['fit top-1'], 2)} over k = 0's "
+        f"{BEST['fit'][PLAIN]['fit_top1']:.2f}",
+        "stage B late k=3": interval(BEST["late_change"]["test top-1 (%)"][TUNED], 2),
+        "stage B late k=0": interval(BEST["late_change"]["test top-1 (%)"][PLAIN], 2),
+        "stage A best means": f"({BRACKET['means']['0']['8x']:.2f} on seeds 0-4) and k = 3 above its "
+        f"({BRACKET['means']['3']['4x']:.2f})",
+        "stage A best lrs": f"k = 0's best at {BRACKET['best']['0']} and k = 3's at {BRACKET['best']['3']}",
+    }
+    assert fraction["verdict"] == primary["verdict"] == "held"  # the words the account prints with them
+    assert BEST["late_change"]["test top-1 (%)"][TUNED]["still_improving"]
+    assert not BEST["late_change"]["test top-1 (%)"][PLAIN]["still_improving"]
     return quotes
 
 
@@ -541,6 +585,8 @@ CONSTANTS = {
     "430.4": "the paper's all-Laplacian LM count of components for 99 % (paper.md)",
     "21.4": "the paper's relative spectral effect, 547.7 -> 430.4 (the LM plan's notes: 21.42 %)",
     "11.2": "nanochat d20's 11.2B training tokens in the paper (paper.md)",
+    "0.45": "the stage-B plan's design MDE at the committed paired SD 0.39 (best-lr/cells/plan.json notes)",
+    "0.0078": "the exact two-sided sign-flip floor 2/2^n with 8 pairs",
 }
 
 
