@@ -306,7 +306,7 @@ class Batcher:
 
     @contextmanager
     def _timed(self, phase: str) -> Iterator[None]:
-        """Count the time of the worker's ``phase`` (:meth:`ServingMetrics.step`)."""
+        """Count the time of ``phase`` (:meth:`ServingMetrics.step`), on the worker or the prefill thread."""
         start = time.perf_counter()
         try:
             yield
