@@ -738,3 +738,14 @@ def test_metrics_count_a_reader_that_left_as_aborted_and_want_the_api_key(engine
         time.sleep(0.05)
     assert m["lapheads:request_success_total", (("finished_reason", "abort"),)] == 1
     assert m["lapheads:generation_tokens_total", ()] < 24
+
+
+def test_serve_without_the_metrics_library_says_which_extra_to_install(monkeypatch, capsys):
+    """`lapheads serve` where prometheus-client is missing (an install from before /metrics): one line naming the
+    extra, exit 2, before any model loads."""
+    from lapheads.cli import main
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import prometheus_client raises ImportError
+    assert main(["serve", "no-such-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "prometheus-client" in err and "lapheads[serve]" in err

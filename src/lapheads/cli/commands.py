@@ -190,9 +190,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise UserError("serve needs FastAPI and uvicorn; allowed: pip install 'lapheads[serve]'") from None
+        raise UserError(
+            "serve needs FastAPI, uvicorn and prometheus-client; allowed: pip install 'lapheads[serve]'"
+        ) from None
     if args.threads == "auto" and "OMP_NUM_THREADS" not in os.environ:  # the HTTP side keeps a CPU
         import torch
 
