@@ -108,7 +108,7 @@ class ServingMetrics:
         self.generation_tokens.inc()
 
     def finished(self, clock: RequestClock, reason: str) -> None:
-        """A request ended, for ``reason`` ("stop", "length", "abort" for a reader that left, "error")."""
+        """A request ended, for ``reason`` ("stop", "length", or "abort" for a reader that left)."""
         self.e2e_latency.observe(time.perf_counter() - clock.submitted)
         self._success.labels(self._model_name, reason).inc()
 
