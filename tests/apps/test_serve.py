@@ -266,7 +266,7 @@ def test_an_error_during_generation_ends_the_stream_with_an_error_event(engine, 
     client = TestClient(app, base_url="http://127.0.0.1")
     import lapheads.apps.batching as batching  # where a reply's tokens are sampled: the second draw fails
 
-    calls, original = [], batching.sample_token
+    calls, original = [], batching.sample_rows
 
     def failing(*args, **kwargs):
         calls.append(1)
@@ -274,7 +274,7 @@ def test_an_error_during_generation_ends_the_stream_with_an_error_event(engine, 
             raise RuntimeError("device lost\nsecond line")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(batching, "sample_token", failing)
+    monkeypatch.setattr(batching, "sample_rows", failing)
     with client.stream("POST", "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}) as r:
         events = [json.loads(line[len("data: ") :]) for line in r.iter_lines() if line.startswith("data: ")]
     assert "token" in events[0] and events[-1] == {"error": "generation failed: device lost second line"}
@@ -541,19 +541,17 @@ def test_chat_logprobs_cover_exactly_the_content_when_the_calculator_writes_into
     """Issue 72: with the calculator on (the default), the content showed the tool's inserted output while the
     logprobs listed only the sampled tokens (5 entries against 8 counted in usage). The model is steered into one
     calculator call; every token of the content, the tool's included, has an entry whose text is the content's."""
-    import torch
-
     import lapheads.apps.batching as chat_module  # where a reply's tokens are sampled
 
-    ids, real = engine.ids, chat_module.sample_token
+    ids, real = engine.ids, chat_module.sample_rows
     script = [ids["python_start"], *engine.tokenizer.encode("2+2"), ids["python_end"]]
     calls = {"n": 0}
 
-    def calculator_first(logits, *args, **kwargs):
+    def calculator_first(logits, *args, **kwargs):  # one request: one row
         calls["n"] += 1
-        return torch.tensor([[script[calls["n"] - 1]]]) if calls["n"] <= len(script) else real(logits, *args, **kwargs)
+        return [script[calls["n"] - 1]] if calls["n"] <= len(script) else real(logits, *args, **kwargs)
 
-    monkeypatch.setattr(chat_module, "sample_token", calculator_first)
+    monkeypatch.setattr(chat_module, "sample_rows", calculator_first)
     app = create_app(engine, "tiny", ServeLimits(max_request_bytes=4000, max_tokens=24), temperature=0.0)
     body = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 12, "logprobs": True}
     reply = TestClient(app, base_url="http://127.0.0.1:8000").post("/v1/chat/completions", json=body).json()
@@ -575,13 +573,13 @@ def test_a_long_non_streamed_reply_does_not_hold_the_event_loop(engine, monkeypa
 
     import lapheads.apps.batching as chat_module  # where a reply's tokens are sampled
 
-    real = chat_module.sample_token
+    real = chat_module.sample_rows
 
     def slow(*args, **kwargs):
         time.sleep(0.1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(chat_module, "sample_token", slow)
+    monkeypatch.setattr(chat_module, "sample_rows", slow)
     app = create_app(engine, "tiny", ServeLimits(max_request_bytes=4000, max_tokens=24), temperature=0.0)
     with served(app) as url:
         body = {"messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 24}

@@ -219,8 +219,7 @@ def test_in_process_generation_ends_at_the_assistant_turn_as_the_server_does(sft
     while the server's chat engine stopped there. A 4-step SFT model rarely ends its turn by itself, so the sampler
     is wrapped to end it at the k-th token of each reply (the model's own greedy tokens before it): both paths give
     the same text, ended there."""
-    import lapheads.apps.batching as chat_module  # where the chat engine samples a reply's tokens
-    import lapheads.models.gpt as gpt_module
+    import lapheads.apps.batching as batching  # where both paths sample a reply's tokens
     from lapheads.apps.chat import ChatEngine
     from lapheads.data.conversations import render_for_completion
     from lapheads.runs import load_gpt_run
@@ -228,14 +227,13 @@ def test_in_process_generation_ends_at_the_assistant_turn_as_the_server_does(sft
     lm = LapheadsLM(str(sft_run), device="cpu")
     _, model, tokenizer = load_gpt_run(sft_run, "cpu")
     engine = ChatEngine(model, tokenizer, tools=False)
-    end, greedy, calls = tokenizer.special_id("<|assistant_end|>"), gpt_module.sample_token, {"n": 0, "at": 0}
+    end, greedy, calls = tokenizer.special_id("<|assistant_end|>"), batching.sample_rows, {"n": 0, "at": 0}
 
-    def ends_at_k(logits, *args, **kwargs):
+    def ends_at_k(logits, *args, **kwargs):  # one reply at a time: one row
         calls["n"] += 1
-        return torch.tensor([[end]]) if calls["n"] == calls["at"] else greedy(logits, *args, **kwargs)
+        return [end] if calls["n"] == calls["at"] else greedy(logits, *args, **kwargs)
 
-    monkeypatch.setattr(gpt_module, "sample_token", ends_at_k)
-    monkeypatch.setattr(chat_module, "sample_token", ends_at_k)
+    monkeypatch.setattr(batching, "sample_rows", ends_at_k)
     for at in (1, 3, 7, 12):
         history = [{"role": "user", "content": f"What is {at} + {at}?"}]
         calls.update(n=0, at=at)

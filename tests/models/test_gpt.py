@@ -149,3 +149,36 @@ def test_a_nucleus_below_float32_resolution_keeps_the_likeliest_token(top_p):
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
     picked = sample_token(logits, 1.0, None, torch.Generator().manual_seed(1), top_p)
     assert torch.equal(picked, logits.argmax(-1, keepdim=True))
+
+
+def test_the_draw_is_torch_multinomials_own():
+    """The written-out exponential race draws what torch.multinomial draws from the same generator state (so a
+    seed samples what it sampled through torch.multinomial)."""
+    from lapheads.models.gpt import sample_token
+
+    logits = torch.randn(3, 97, generator=torch.Generator().manual_seed(0))
+    for seed in range(20):
+        ours = sample_token(logits, 0.9, None, torch.Generator().manual_seed(seed))
+        theirs = torch.multinomial((logits / 0.9).softmax(-1), 1, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(ours, theirs)
+
+
+def test_sample_rows_gives_each_row_the_token_it_samples_alone():
+    """The batched sampler (the server's step) against the textbook one a row at a time: greedy and sampled rows,
+    top-k (one past the vocabulary), top-p (one below float32's resolution), both, rows that share a setting (and
+    are filtered together), each its own generator, over many steps of the same generators."""
+    from lapheads.models.gpt import sample_rows, sample_token
+
+    settings = [(0.0, None, None), (1.0, None, None), (0.8, 5, None), (1.2, None, 0.9), (0.7, 3, 0.5),
+                (1.0, 500, None), (1.0, None, 1e-300), (1e-6, 4, 0.5), (0.6, 0, 1.0), (0.8, 5, None),
+                (1.0, None, None), (0.8, 5, None), (1.2, None, 0.9)]  # fmt: skip
+    batch, alone = ([torch.Generator().manual_seed(seed) for seed in range(len(settings))] for _ in range(2))
+    temperatures, top_ks, top_ps = (list(column) for column in zip(*settings))
+    logits = torch.randn(len(settings), 97, generator=torch.Generator().manual_seed(0)) * 0.5  # flat: tails get drawn
+    for _ in range(50):
+        together = sample_rows(logits, temperatures, top_ks, top_ps, batch)
+        one_by_one = [int(sample_token(logits[row : row + 1], *settings[row][:2], alone[row], settings[row][2]))
+                      for row in range(len(settings))]  # fmt: skip
+        assert together == one_by_one
+    greedy = sample_rows(logits[:2], [0.0, 0.0], [None, None], [None, None], [None, None])
+    assert greedy == logits[:2].argmax(-1).tolist()

@@ -10,7 +10,8 @@ Design choices:
   alone, to float rounding, no request waits for another's length, and a step's keys are the longest row's, not a
   padded batch's. Where every row holds the same length (one request alone) it is plain causal attention.
 * **Each request samples as it would alone**: its own ``torch.Generator`` seeded with its seed, drawing from its own
-  row of logits with its own temperature, top-k and top-p (``sample_token``): the same tokens for the same seed.
+  row of logits with its own temperature, top-k and top-p (``sample_rows``: ``sample_token`` for every row at
+  once): the same tokens for the same seed.
 * **Finished requests leave the batch**: their rows are dropped from the KV cache (``KVCache.keep``), so the step
   costs what the live requests need.
 * **Each request's context is its own**: a row ends at the model's ``sequence_len`` as it does alone, whatever
@@ -49,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from lapheads.errors import InputError
-from lapheads.models.gpt import GPT, KVCache, sample_token
+from lapheads.models.gpt import GPT, KVCache, sample_rows
 
 if TYPE_CHECKING:  # prometheus_client is the 'serve' extra's; lm-eval and generate use this module without it
     from lapheads.apps.metrics import RequestClock, ServingMetrics
@@ -192,6 +193,7 @@ class Decoding:
         """Each live request's next token (forced, else sampled), reported through ``on_token``; returns (index,
         :class:`Generated`) of the requests that ended at this step; the others' tokens are fed by :meth:`advance`."""
         fed, kept, ended = [], [], []
+        drawn = self._draw()
         for slot, row in enumerate(self.rows):
             request, tokens = row.request, row.out.tokens
             if row.position >= self.limit:
@@ -203,9 +205,7 @@ class Decoding:
                 if len(tokens) >= request.max_tokens:
                     ended.append(row)  # "length", after its forced tokens
                     continue
-                logits = self.logits[slot : slot + 1]
-                token = int(sample_token(logits, request.temperature, request.top_k or None, row.generator,
-                                         request.top_p))  # fmt: skip
+                token = drawn[slot]
                 if token in request.stop_ids:
                     row.out.finish_reason = "stop"
                     ended.append(row)
@@ -230,6 +230,26 @@ class Decoding:
             self.rows = [self.rows[slot] for slot in kept]
         self.fed = fed
         return [(row.index, row.out) for row in ended]
+
+    def _draw(self) -> dict[int, int]:
+        """The sampled token of each row that samples at this step (not forced, not at its end), by its slot: one
+        :func:`sample_rows` call for them all (each with its own settings and generator, as alone)."""
+        slots = [
+            slot
+            for slot, row in enumerate(self.rows)
+            if row.position < self.limit and not row.forced and len(row.out.tokens) < row.request.max_tokens
+        ]
+        if not slots:
+            return {}
+        requests = [self.rows[slot].request for slot in slots]
+        tokens = sample_rows(
+            self.logits[slots],
+            [request.temperature for request in requests],
+            [request.top_k for request in requests],
+            [request.top_p for request in requests],
+            [self.rows[slot].generator for slot in slots],
+        )
+        return dict(zip(slots, tokens))
 
     def advance(self) -> None:
         """The forward pass on the tokens :meth:`sample` fed: every live request's logits one step on."""

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,7 @@ from lapheads.core.mixin import LaplacianHeadsMixin
 from lapheads.errors import InputError
 from lapheads.hardware import check_fits
 
-__all__ = ["ARCHS", "GPT", "GPTConfig", "KVCache", "sample_token"]
+__all__ = ["ARCHS", "GPT", "GPTConfig", "KVCache", "sample_rows", "sample_token"]
 
 #: Architecture families: the value of every per-feature option that is left as None.
 ARCHS: dict[str, dict[str, Any]] = {
@@ -496,9 +497,46 @@ def sample_token(
 ) -> torch.Tensor:
     """One next token (B, 1) from logits (B, V): greedy at temperature 0 (and below ``GREEDY_BELOW``), else
     sampled from the top-k (None/0: all), then from the smallest set of likeliest tokens whose probability reaches
-    ``top_p`` (nucleus sampling; None or 1: all), as vLLM and transformers apply them."""
+    ``top_p`` (nucleus sampling; None or 1: all), as vLLM and transformers apply them. One setting and one
+    generator for every row (:func:`sample_rows` gives each row its own)."""
     if temperature < GREEDY_BELOW:
         return logits.argmax(-1, keepdim=True)
+    return _draw(_filtered(logits, temperature, top_k, top_p).softmax(-1), generator)
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    temperatures: Sequence[float],
+    top_ks: Sequence[int | None],
+    top_ps: Sequence[float | None],
+    generators: Sequence[torch.Generator | None],
+) -> list[int]:
+    """:func:`sample_token` for each row of ``logits`` (B, V) with the row's own temperature, top-k, top-p and
+    generator: the token each row samples alone, with the filtering done once for the rows that share a setting
+    (a server's requests mostly do) and the draws raced in one division (:func:`_draw`), each row's noise from its
+    own generator.
+
+    Args:
+        logits: (B, V), one row a request.
+        temperatures, top_ks, top_ps, generators: one a row, as :func:`sample_token` takes them.
+    """
+    tokens = logits.argmax(-1).tolist()  # the greedy rows' tokens; the sampled rows' are replaced below
+    sharing: dict[tuple[float, int | None, float | None], list[int]] = {}
+    for row, setting in enumerate(zip(temperatures, top_ks, top_ps)):
+        if setting[0] >= GREEDY_BELOW:
+            sharing.setdefault(setting, []).append(row)
+    for (temperature, top_k, top_p), rows in sharing.items():
+        probs = _filtered(logits[rows], temperature, top_k, top_p).softmax(-1)
+        noise = torch.empty_like(probs)
+        for n, row in enumerate(rows):
+            noise[n].exponential_(generator=generators[row])  # what _draw draws for this row alone
+        for row, token in zip(rows, (probs / noise).argmax(-1).tolist()):
+            tokens[row] = token
+    return tokens
+
+
+def _filtered(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """``logits`` / ``temperature``, the tokens outside the top-k and then outside the nucleus at -inf."""
     scaled = logits / temperature
     if top_k:
         kth = scaled.topk(min(top_k, scaled.size(-1))).values[:, -1:]
@@ -509,7 +547,15 @@ def sample_token(
         beyond = probs.cumsum(-1) - probs >= top_p  # the likelier tokens already hold top_p
         beyond[..., 0] = False  # never the likeliest: a top_p below float32's resolution (1e-300) compares as 0
         scaled = scaled.masked_fill(torch.zeros_like(beyond).scatter(-1, order, beyond), float("-inf"))
-    return torch.multinomial(scaled.softmax(-1), 1, generator=generator)
+    return scaled
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token (B, 1) a row from ``probs`` (B, V): ``torch.multinomial(probs, 1, generator=generator)``'s own
+    one-draw path written out (the exponential race: the argmax of p / E, E ~ Exp(1) from the generator; the same
+    tokens: tests/models/test_gpt.py), so that :func:`sample_rows` can draw each row's noise from its own
+    generator and race the rows together."""
+    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1, keepdim=True)
 
 
 class GPT(nn.Module):
