@@ -747,3 +747,30 @@ def test_serve_without_the_metrics_library_says_which_extra_to_install(monkeypat
     assert main(["serve", "no-such-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "prometheus-client" in err and "lapheads[serve]" in err
+
+
+def test_a_character_split_over_byte_tokens_keeps_the_reply_after_it(engine, monkeypatch):
+    """A reply with a character the tokenizer spells in byte tokens ('€' after 'ab', then more text): the server
+    streamed U+FFFD for its first byte and then nothing more, and a non-streamed reply lost everything after it. The
+    model is steered into those tokens; both forms give the whole text."""
+    import lapheads.apps.batching as batching  # where a reply's tokens are sampled
+
+    script = [*engine.tokenizer.encode("ab€cd"), engine.ids["assistant_end"]]
+    assert len(script) > len("ab€cd") + 1  # '€' is byte tokens in this tokenizer
+    calls = {"n": 0}
+
+    def scripted(logits, *args, **kwargs):  # one request: one row
+        calls["n"] += 1
+        return [script[(calls["n"] - 1) % len(script)]]
+
+    monkeypatch.setattr(batching, "sample_rows", scripted)
+    client = TestClient(create_app(engine, "tiny", ServeLimits(max_tokens=24)), base_url="http://127.0.0.1:8000")
+    messages = [{"role": "user", "content": "hi"}]
+    text, _ = _reply(client, messages)
+    assert text == "ab€cd"
+    calls["n"] = 0
+    reply = client.post("/v1/chat/completions", json={"messages": messages}).json()
+    assert reply["choices"][0]["message"]["content"] == "ab€cd" and reply["choices"][0]["finish_reason"] == "stop"
+    calls["n"] = 0
+    cut = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4}).json()
+    assert cut["choices"][0]["message"]["content"] == "ab\ufffd"  # cut inside '€': shown as decoding shows it

@@ -269,8 +269,9 @@ def prefilled(model: GPT, requests: Sequence[Generation]) -> tuple[KVCache, torc
 
 class Job(Protocol):
     """What the :class:`Batcher` decodes: a request (``generation``), what each new token does (``on_token``, as
-    :data:`OnToken` for this one request), the text added since the last call (``pieces``) and the reply's end
-    (``finish``); ``reply`` holds its tokens so far. The chat engine's :class:`lapheads.apps.chat.ChatTurn` is one."""
+    :data:`OnToken` for this one request), the text added since the last call (``pieces``, read once more after
+    ``finish``) and the reply's end (``finish``); ``reply`` holds its tokens so far. The chat engine's
+    :class:`lapheads.apps.chat.ChatTurn` is one."""
 
     generation: Generation
     reply: list[int]
@@ -446,6 +447,7 @@ class Batcher:
 
     def _finish(self, submitted: _Submitted, generated: Generated) -> None:
         submitted.job.finish(generated)
+        self._flush([submitted])  # what the job held back until its end (a character cut short)
         self.metrics.finished(submitted.clock, "abort" if submitted.cancelled else generated.finish_reason)
         submitted.out.put(("done", generated.finish_reason, len(submitted.job.reply)))
 

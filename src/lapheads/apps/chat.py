@@ -11,8 +11,10 @@ Design choices:
   sequence before sampling resumes (one token per step, each reported with the model's log-probability there).
   Only arithmetic (digits, ``+ - * / ( ) .``) and ``'word'.count('x')`` are accepted, and they run in
   :mod:`lapheads.sandbox` (a separate, resource-limited process), never in ours.
-* **Streamed text is the decoded tail**: the whole reply is decoded after each token and the new suffix is yielded,
-  so characters spread over several byte tokens come out whole; tool calls are shown as ``[calc: expr = result]``.
+* **Streamed text is decoded a few tokens at a time** (:class:`lapheads.apps.detokenize.IncrementalText`, as
+  vLLM's): a token costs the same at the end of a long reply as at its start, characters spread over several byte
+  tokens come out whole, and the pieces add up to the whole reply's text; tool calls are shown as
+  ``[calc: expr = result]``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 from lapheads.apps.batching import Generated, Generation, decode_steps
+from lapheads.apps.detokenize import IncrementalText
 from lapheads.data.conversations import render_for_completion
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.data.turns import Conversation
@@ -161,14 +164,18 @@ class ChatTurn:
     logprobs: list[dict[str, Any]] | None = None
     top_logprobs: int = 0
     reply: list[int] = field(default_factory=list)
-    shown: str = ""
     call: list[int] | None = None  # the tokens of an open tool call
+
+    def __post_init__(self) -> None:
+        self.text = IncrementalText(self.engine.display)  # the reply's text, as its tokens arrive
+        self.unread = ""  # the text of the tokens since the last piece
 
     def on_token(self, index: int, token: int, logits: torch.Tensor) -> list[int] | None:
         """The decoder's report of the reply's next token (sampled or forced): the tool's output to force in when
         the token closes a tool call, else None."""
         engine, ids = self.engine, self.engine.ids
         self.reply.append(token)
+        self.unread += self.text.add(token)
         if self.logprobs is not None:
             self.logprobs.append(_logprob_entry(logits, token, self.top_logprobs))
         if self.outcome is not None:
@@ -186,13 +193,14 @@ class ChatTurn:
 
     def pieces(self) -> Iterator[str]:
         """The text added since the last piece (none while a character is still incomplete)."""
-        text = self.engine.display(self.reply)
-        if text.startswith(self.shown) and len(text) > len(self.shown):
-            yield text[len(self.shown) :]
-            self.shown = text
+        if self.unread:
+            yield self.unread
+            self.unread = ""
 
     def finish(self, generated: Generated) -> None:
-        """The reply ended: say why in ``outcome``."""
+        """The reply ended: its held-back text (a character cut short) becomes the last piece; say why in
+        ``outcome``."""
+        self.unread += self.text.flush()
         if self.outcome is not None:
             self.outcome.update(finish_reason=generated.finish_reason, completion_tokens=len(self.reply))
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from lapheads.apps.batching import Generated, Generation
+from lapheads.apps.detokenize import IncrementalText
 from lapheads.apps.schema import CompletionBody, RequestError, validated
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.errors import LapheadsError
@@ -179,12 +180,19 @@ class CompletionJob:
     entries: list[tuple] = field(default_factory=list)  # (token, logprob, alternatives), the echoed prompt's first
     finish_reason: str = "length"
 
+    def __post_init__(self) -> None:
+        self.text = IncrementalText(self.engine.tokenizer.decode)  # the reply's text so far, for the stop strings
+
     def on_token(self, index: int, token: int, logits: torch.Tensor) -> bool:
-        """Record the token; False (end here) once the text holds a stop string."""
+        """Record the token; False (end here) once the text holds a stop string (looked for where the new text can
+        complete one: its last characters before it and the new text)."""
         self.entries.append((token, *self.engine._entry(logits.log_softmax(-1), token, self.request.logprobs or 0)))
         self.reply.append(token)
-        text = self.engine.tokenizer.decode(self.reply)
-        return not any(stop in text for stop in self.request.stop)
+        new = self.text.add(token)
+        if not new or not self.request.stop:
+            return True
+        tail = self.text.text[-(len(new) + max(map(len, self.request.stop)) - 1) :]
+        return not any(stop in tail for stop in self.request.stop)
 
     def pieces(self) -> Iterator[str]:
         return iter(())  # not streamed: the whole choice at the end
