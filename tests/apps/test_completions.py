@@ -205,3 +205,30 @@ def test_a_prompt_too_long_among_many_is_refused_before_any_is_generated(engine,
     error = response.json()["error"]
     assert response.status_code == 400 and error["param"] == "prompt" and "prompt 63 has" in error["message"], error
     assert generated == []
+
+
+def test_legacy_logprobs_cover_a_character_split_over_byte_tokens(engine, monkeypatch):
+    """A completion 'ab€cd' ('€' three byte tokens of the character tokenizer), echoed after a prompt that holds
+    one too: every token has an entry, the tokens' texts join to the text (a character's on its last byte, "" on
+    its first) and each offset is the characters before it (each byte counted as a U+FFFD before)."""
+    from fastapi.testclient import TestClient
+
+    import lapheads.apps.batching as batching  # where a completion's tokens are sampled
+
+    tok = engine.tokenizer
+    script = tok.encode("ab€cd")
+    assert len(script) == 7  # '€': three byte tokens
+    calls = {"n": 0}
+
+    def scripted(logits, *args, **kwargs):  # one choice: one row
+        calls["n"] += 1
+        return [script[(calls["n"] - 1) % len(script)]]
+
+    monkeypatch.setattr(batching, "sample_rows", scripted)
+    app = create_app(engine, "base", ServeLimits(max_tokens=32), temperature=0.0)
+    body = {"model": "base", "prompt": "x€y", "max_tokens": 7, "echo": True, "logprobs": 1}
+    (choice,) = TestClient(app, base_url="http://127.0.0.1:8000").post("/v1/completions", json=body).json()["choices"]
+    logprobs = choice["logprobs"]
+    assert choice["text"] == "x€yab€cd" and "".join(logprobs["tokens"]) == choice["text"]
+    assert logprobs["tokens"] == ["x", "", "", "€", "y", "a", "b", "", "", "€", "c", "d"]
+    assert logprobs["text_offset"] == [0, 1, 1, 1, 2, 3, 4, 5, 5, 5, 6, 7]

@@ -266,13 +266,13 @@ def test_an_error_during_generation_ends_the_stream_with_an_error_event(engine, 
     client = TestClient(app, base_url="http://127.0.0.1")
     import lapheads.apps.batching as batching  # where a reply's tokens are sampled: the second draw fails
 
-    calls, original = [], batching.sample_rows
+    calls, first = [], engine.tokenizer.encode("h")  # a first token with text of its own (one row: one request)
 
     def failing(*args, **kwargs):
         calls.append(1)
         if len(calls) > 1:
             raise RuntimeError("device lost\nsecond line")
-        return original(*args, **kwargs)
+        return first
 
     monkeypatch.setattr(batching, "sample_rows", failing)
     with client.stream("POST", "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}) as r:
@@ -774,3 +774,35 @@ def test_a_character_split_over_byte_tokens_keeps_the_reply_after_it(engine, mon
     calls["n"] = 0
     cut = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4}).json()
     assert cut["choices"][0]["message"]["content"] == "ab\ufffd"  # cut inside '€': shown as decoding shows it
+
+
+def test_logprobs_cover_a_character_split_over_byte_tokens(engine, monkeypatch):
+    """The reply 'ab€cd' ('€' three byte tokens): its logprobs listed 5 of its 7 tokens (each byte counted as a
+    U+FFFD character, so 'c' and 'd' fell past the content's length), with U+FFFD's bytes for each byte. Every token
+    has an entry, the entries' texts join to the content (the character's text on its last byte), their bytes to
+    the content's UTF-8, streamed or not."""
+    import lapheads.apps.batching as batching  # where a reply's tokens are sampled
+
+    script = [*engine.tokenizer.encode("ab€cd"), engine.ids["assistant_end"]]
+    calls = {"n": 0}
+
+    def scripted(logits, *args, **kwargs):  # one request: one row
+        calls["n"] += 1
+        return [script[(calls["n"] - 1) % len(script)]]
+
+    monkeypatch.setattr(batching, "sample_rows", scripted)
+    client = TestClient(create_app(engine, "tiny", ServeLimits(max_tokens=24)), base_url="http://127.0.0.1:8000")
+    body = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2}
+    reply = client.post("/v1/chat/completions", json=body).json()
+    entries = reply["choices"][0]["logprobs"]["content"]
+    assert len(entries) == reply["usage"]["completion_tokens"] == len(script) - 1
+    assert [e["token"] for e in entries] == ["a", "b", "", "", "€", "c", "d"]
+    assert bytes(b for e in entries for b in e["bytes"]) == "ab€cd".encode()
+    assert all(len(e["top_logprobs"]) == 2 for e in entries)
+    calls["n"] = 0
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    choices = [choice for c in chunks for choice in c["choices"]]
+    streamed = [e for choice in choices if choice["logprobs"] for e in choice["logprobs"]["content"]]
+    assert [e["token"] for e in streamed] == [e["token"] for e in entries]
+    assert "".join(choice["delta"].get("content", "") for choice in choices) == "ab€cd"

@@ -164,3 +164,19 @@ def test_a_split_regex_that_backtracks_past_its_limit_is_refused_on_load_and_one
         crafted.encode("a" * 50)
     with pytest.raises(TokenizerError, match="a backtracking split regex"):
         crafted.encode_batch(["fine", "a" * 50])
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "gpt2", "nanochat"])
+def test_each_tokens_bytes_join_to_the_texts_utf8(tokenizers, kind, tmp_path):
+    """piece_bytes: what OpenAI's logprobs report as a token's bytes; a split character's byte tokens each have
+    their own byte (decode shows each alone as U+FFFD), and a special token its name."""
+    import pickle
+
+    if kind == "nanochat":
+        (tmp_path / "tokenizer.pkl").write_bytes(pickle.dumps(_nanochat_encoding()))
+        tokenizer = Tokenizer.nanochat(tmp_path)
+    else:
+        tokenizer = tokenizers[kind]
+    text = "naïve 東京 🌍 € them"
+    assert b"".join(tokenizer.piece_bytes(i) for i in tokenizer.encode(text)) == text.encode("utf-8")
+    assert tokenizer.piece_bytes(tokenizer.bos_id) == tokenizer.bos.encode("utf-8")

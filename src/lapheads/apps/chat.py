@@ -86,6 +86,10 @@ class ChatEngine:
         """One token's text as :meth:`display` shows it (a tool marker as its bracket, not its special name)."""
         return self._shown.get(token, self.tokenizer.decode([token]))
 
+    def shown_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for in what :meth:`display` shows (a byte of a split character: that byte)."""
+        return self._shown[token].encode("utf-8") if token in self._shown else self.tokenizer.piece_bytes(token)
+
     def display(self, ids: list[int]) -> str:
         """The reply's text with tool calls written ``[calc: expr = result]``."""
         out, run = [], []
@@ -134,7 +138,8 @@ class ChatEngine:
         ``top_p``; ``logprobs``, when given, gains one entry per token of the reply before its text is yielded, the
         tool's forced tokens included (the content shows them): ``{"id", "logprob", "top": [(id, logprob), ...]}``,
         the model's log-softmax at that position (untempered, as OpenAI reports it), with its ``top_logprobs``
-        likeliest tokens.
+        likeliest tokens, and ``"text"``: the content it completes (the entries' texts join to the reply's; a
+        character spread over byte tokens belongs to its last byte's entry).
         """
         turn = self.turn(prompt_ids, *args, **kwargs)
         steps = decode_steps(self.model, [turn.generation], turn.on_token)
@@ -175,9 +180,10 @@ class ChatTurn:
         the token closes a tool call, else None."""
         engine, ids = self.engine, self.engine.ids
         self.reply.append(token)
-        self.unread += self.text.add(token)
-        if self.logprobs is not None:
-            self.logprobs.append(_logprob_entry(logits, token, self.top_logprobs))
+        piece = self.text.add(token)
+        self.unread += piece
+        if self.logprobs is not None:  # the entry's text: what it completes ("" for a split character's first bytes)
+            self.logprobs.append({**_logprob_entry(logits, token, self.top_logprobs), "text": piece})
         if self.outcome is not None:
             self.outcome["completion_tokens"] = len(self.reply)
         if token == ids["python_start"]:
@@ -200,7 +206,10 @@ class ChatTurn:
     def finish(self, generated: Generated) -> None:
         """The reply ended: its held-back text (a character cut short) becomes the last piece; say why in
         ``outcome``."""
-        self.unread += self.text.flush()
+        rest = self.text.flush()
+        self.unread += rest
+        if self.logprobs and rest:
+            self.logprobs[-1]["text"] += rest  # the last entry completes what was held back
         if self.outcome is not None:
             self.outcome.update(finish_reason=generated.finish_reason, completion_tokens=len(self.reply))
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from lapheads.apps.batching import Generated, Generation
-from lapheads.apps.detokenize import IncrementalText
+from lapheads.apps.detokenize import IncrementalText, completed_pieces
 from lapheads.apps.schema import CompletionBody, RequestError, validated
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.errors import LapheadsError
@@ -209,21 +209,26 @@ class CompletionJob:
         reported = len(full) if cut < len(text) else None  # a stop string's tokens are not reported
         return {
             "text": full,
-            "logprobs": None if request.logprobs is None else _legacy_logprobs(tok, self.entries, reported),
+            "logprobs": None
+            if request.logprobs is None
+            else _legacy_logprobs(tok, self.entries, len(self.entries) - len(self.reply), reported),
             "finish_reason": self.finish_reason,
             "completion_tokens": len(self.reply),
         }
 
 
-def _legacy_logprobs(tok: Tokenizer, entries: list, chars: int | None) -> dict[str, list]:
-    """OpenAI's legacy logprobs object for every token, or (``chars``: the text was cut at a stop string) for those
-    whose text begins within its first ``chars`` characters."""
+def _legacy_logprobs(tok: Tokenizer, entries: list, echoed: int, chars: int | None) -> dict[str, list]:
+    """OpenAI's legacy logprobs object for every token (the first ``echoed`` entries are the echoed prompt's), or
+    (``chars``: the text was cut at a stop string) for those whose text begins within its first ``chars``
+    characters. A token's text is what it completes in the prompt's or the reply's text (:func:`completed_pieces`:
+    "" for a split character's first bytes), so the texts join to the choice's and the offsets count characters."""
+    ids = [token for token, _, _ in entries]
+    pieces = completed_pieces(tok.decode, ids[:echoed]) + completed_pieces(tok.decode, ids[echoed:])
     out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     offset = 0
-    for token, logprob, top in entries:
+    for (_, logprob, top), piece in zip(entries, pieces):
         if chars is not None and offset >= chars:
             break
-        piece = tok.decode([token])
         out["tokens"].append(piece)
         out["token_logprobs"].append(logprob)
         out["top_logprobs"].append(top or None)

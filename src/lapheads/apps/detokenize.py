@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["IncrementalText"]
+__all__ = ["IncrementalText", "completed_pieces"]
 
 REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that are not (yet) a whole character
 
@@ -58,3 +58,13 @@ class IncrementalText:
         self.text += piece
         self.prefix, self.read = self.read, len(self.ids)
         return piece
+
+
+def completed_pieces(decode: Callable[[list[int]], str], ids: list[int]) -> list[str]:
+    """The text each of ``ids`` completes, as :class:`IncrementalText` emits it ("" for a split character's first
+    bytes; what is held back at the end goes to the last): the pieces join to ``decode(ids)``."""
+    text = IncrementalText(decode)
+    pieces = [text.add(token) for token in ids]
+    if pieces:
+        pieces[-1] += text.flush()
+    return pieces

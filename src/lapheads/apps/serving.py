@@ -301,22 +301,23 @@ class ChatServing:
     def token_logprobs(self, outcome: dict[str, Any], start: int, chars: int) -> dict[str, Any] | None:
         """OpenAI's ``logprobs`` of the reply's tokens (sampled, and the calculator's forced ones the content shows)
         from the ``start``-th on whose text lies within the reply's first ``chars`` characters (a stop string's
-        tokens are not reported); each token's text is the one the content shows; None without logprobs."""
+        tokens are not reported); each token's text is the content it completes (the texts join to the content: a
+        split character's first bytes have ""), its ``bytes`` the ones it stands for (OpenAI's field for joining
+        such tokens); None without logprobs."""
         if "logprobs" not in outcome:
             return None
 
-        def entry(token: int, logprob: float) -> dict[str, Any]:
-            text = self.engine.shown(token)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        def entry(token: int, logprob: float, text: str) -> dict[str, Any]:
+            return {"token": text, "logprob": logprob, "bytes": list(self.engine.shown_bytes(token))}
 
         content, length = [], 0
         for index, item in enumerate(outcome["logprobs"]):
-            length += len(self.engine.shown(item["id"]))
+            length += len(item["text"])
             if length > chars:
                 break
             if index >= start:  # a stream's earlier chunks carried the tokens before: counted, not built again
-                top = [entry(*t) for t in item["top"]]
-                content.append({**entry(item["id"], item["logprob"]), "top_logprobs": top})
+                top = [entry(token, logprob, self.engine.shown(token)) for token, logprob in item["top"]]
+                content.append({**entry(item["id"], item["logprob"], item["text"]), "top_logprobs": top})
         return {"content": content}
 
     def _head(self) -> dict[str, Any]:

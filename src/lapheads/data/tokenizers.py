@@ -21,6 +21,7 @@ Design choices:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -218,6 +219,21 @@ class Tokenizer:
             out.append(pending.decode("utf-8", errors="replace"))
         return "".join(out)
 
+    def piece_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a byte token of a split character: its one byte, which ``decode`` alone
+        shows as U+FFFD); a special token: its name's UTF-8. What OpenAI's logprobs report as a token's bytes."""
+        if self.kind == "char":
+            if token_id >= self._byte_base:
+                return bytes([token_id - self._byte_base])
+            return self.decode([token_id]).encode("utf-8")
+        if self.kind == "tiktoken":
+            return self.backend.decode_single_token_bytes(token_id)
+        token = self.backend.id_to_token(token_id)
+        byte_decoder = _byte_decoder()
+        if token is None or not all(c in byte_decoder for c in token):  # an added (special) token: its text
+            return self.decode([token_id]).encode("utf-8")
+        return bytes(byte_decoder[c] for c in token)
+
     def token_bytes(self) -> torch.Tensor:
         """(vocab,) UTF-8 bytes each token stands for; 0 for special tokens (left out of bits-per-byte)."""
         if self.kind == "char":
@@ -231,7 +247,7 @@ class Tokenizer:
             )
         specials = {t.content for t in self.backend.get_added_tokens_decoder().values() if t.special}
         counts = torch.zeros(self.vocab_size, dtype=torch.int64)
-        byte_decoder = {c: b for b, c in _bytes_to_unicode().items()}
+        byte_decoder = _byte_decoder()
         for token, token_id in self.backend.get_vocab(with_added_tokens=True).items():
             if token not in specials:
                 counts[token_id] = sum(1 for c in token if c in byte_decoder) or len(token.encode("utf-8"))
@@ -398,3 +414,9 @@ def _bytes_to_unicode() -> dict[int, str]:
             chars[b] = chr(256 + extra)
             extra += 1
     return chars
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """:func:`_bytes_to_unicode` inverted: a byte-level BPE token's characters -> its bytes."""
+    return {c: b for b, c in _bytes_to_unicode().items()}
