@@ -749,14 +749,14 @@ def test_serve_without_the_metrics_library_says_which_extra_to_install(monkeypat
     assert len(err.splitlines()) == 1 and "prometheus-client" in err and "lapheads[serve]" in err
 
 
-def test_a_character_split_over_byte_tokens_keeps_the_reply_after_it(engine, monkeypatch):
-    """A reply with a character the tokenizer spells in byte tokens ('€' after 'ab', then more text): the server
-    streamed U+FFFD for its first byte and then nothing more, and a non-streamed reply lost everything after it. The
-    model is steered into those tokens; both forms give the whole text."""
+@pytest.fixture
+def steered(engine, monkeypatch):
+    """A client of a server whose model is steered into the reply 'ab€cd' and the end of its turn, one request at a
+    time ('€' is three byte tokens in this tokenizer); every whole reply replays the script from its start."""
     import lapheads.apps.batching as batching  # where a reply's tokens are sampled
 
     script = [*engine.tokenizer.encode("ab€cd"), engine.ids["assistant_end"]]
-    assert len(script) > len("ab€cd") + 1  # '€' is byte tokens in this tokenizer
+    assert len(script) == len("ab€cd") + 3
     calls = {"n": 0}
 
     def scripted(logits, *args, **kwargs):  # one request: one row
@@ -764,42 +764,34 @@ def test_a_character_split_over_byte_tokens_keeps_the_reply_after_it(engine, mon
         return [script[(calls["n"] - 1) % len(script)]]
 
     monkeypatch.setattr(batching, "sample_rows", scripted)
-    client = TestClient(create_app(engine, "tiny", ServeLimits(max_tokens=24)), base_url="http://127.0.0.1:8000")
+    return TestClient(create_app(engine, "tiny", ServeLimits(max_tokens=24)), base_url="http://127.0.0.1:8000")
+
+
+def test_a_character_split_over_byte_tokens_keeps_the_reply_after_it(steered):
+    """A reply with a character the tokenizer spells in byte tokens: the server streamed U+FFFD for its first byte
+    and then nothing more, and a non-streamed reply lost everything after it. Both forms give the whole text."""
     messages = [{"role": "user", "content": "hi"}]
-    text, _ = _reply(client, messages)
+    text, _ = _reply(steered, messages)
     assert text == "ab€cd"
-    calls["n"] = 0
-    reply = client.post("/v1/chat/completions", json={"messages": messages}).json()
+    reply = steered.post("/v1/chat/completions", json={"messages": messages}).json()
     assert reply["choices"][0]["message"]["content"] == "ab€cd" and reply["choices"][0]["finish_reason"] == "stop"
-    calls["n"] = 0
-    cut = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4}).json()
+    cut = steered.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4}).json()  # the last
     assert cut["choices"][0]["message"]["content"] == "ab\ufffd"  # cut inside '€': shown as decoding shows it
 
 
-def test_logprobs_cover_a_character_split_over_byte_tokens(engine, monkeypatch):
+def test_logprobs_cover_a_character_split_over_byte_tokens(steered):
     """The reply 'ab€cd' ('€' three byte tokens): its logprobs listed 5 of its 7 tokens (each byte counted as a
     U+FFFD character, so 'c' and 'd' fell past the content's length), with U+FFFD's bytes for each byte. Every token
     has an entry, the entries' texts join to the content (the character's text on its last byte), their bytes to
     the content's UTF-8, streamed or not."""
-    import lapheads.apps.batching as batching  # where a reply's tokens are sampled
-
-    script = [*engine.tokenizer.encode("ab€cd"), engine.ids["assistant_end"]]
-    calls = {"n": 0}
-
-    def scripted(logits, *args, **kwargs):  # one request: one row
-        calls["n"] += 1
-        return [script[(calls["n"] - 1) % len(script)]]
-
-    monkeypatch.setattr(batching, "sample_rows", scripted)
-    client = TestClient(create_app(engine, "tiny", ServeLimits(max_tokens=24)), base_url="http://127.0.0.1:8000")
+    client = steered
     body = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2}
     reply = client.post("/v1/chat/completions", json=body).json()
     entries = reply["choices"][0]["logprobs"]["content"]
-    assert len(entries) == reply["usage"]["completion_tokens"] == len(script) - 1
+    assert len(entries) == reply["usage"]["completion_tokens"] == 7
     assert [e["token"] for e in entries] == ["a", "b", "", "", "€", "c", "d"]
     assert bytes(b for e in entries for b in e["bytes"]) == "ab€cd".encode()
     assert all(len(e["top_logprobs"]) == 2 for e in entries)
-    calls["n"] = 0
     with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     choices = [choice for c in chunks for choice in c["choices"]]
