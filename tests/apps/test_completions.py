@@ -5,6 +5,8 @@ model scores the run on disk."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -81,10 +83,41 @@ def test_seeds_reproduce_n_choices_differ_and_stop_strings_stop(server):
     assert [c.index for c in batch.choices] == [0, 1, 2, 3]
 
 
+def test_a_stream_is_the_completion_in_chunks(server):
+    """stream true: text_completion chunks whose texts, legacy logprobs and finish reasons join, choice by choice,
+    to what the same request (the same seed) gets without stream: two prompts, n 2, echo, a stop string, logprobs
+    with alternatives; the usage chunk last (stream_options), then [DONE]. The openai client reads it."""
+    import httpx
+
+    openai = pytest.importorskip("openai")
+    body = {"model": "base", "prompt": ["ROMEO:\nWhat", "JULIET:\nO"], "n": 2, "max_tokens": 24, "echo": True,
+            "logprobs": 2, "stop": ["a "], "temperature": 1.0, "seed": 7}  # fmt: skip
+    whole = httpx.post(f"{server}/v1/completions", json=body).json()
+    with httpx.stream("POST", f"{server}/v1/completions", json={**body, "stream": True,
+                      "stream_options": {"include_usage": True}}) as r:  # fmt: skip
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert {c["object"] for c in chunks} == {"text_completion"} and len({c["id"] for c in chunks}) == 1
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert any(choice["finish_reason"] == "stop" for choice in whole["choices"])  # the stop string is exercised
+    for expected in whole["choices"]:
+        mine = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["index"] == expected["index"]]
+        assert "".join(choice["text"] for choice in mine) == expected["text"]
+        assert mine[-1]["finish_reason"] == expected["finish_reason"] and not any(c["finish_reason"] for c in mine[:-1])
+        for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            assert [x for choice in mine for x in choice["logprobs"][key]] == expected["logprobs"][key], key
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="none")
+    streamed = client.completions.create(model="base", prompt="ROMEO:", max_tokens=8, temperature=0, stream=True)
+    alone = client.completions.create(model="base", prompt="ROMEO:", max_tokens=8, temperature=0)
+    assert "".join(chunk.choices[0].text for chunk in streamed) == alone.choices[0].text
+
+
 @pytest.mark.parametrize(
     "options, param, says",
     [
-        ({"stream": True}, "stream", "stream=True is not supported by this server; allowed: false only"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "allowed: only with stream true"),
         ({"suffix": "x"}, "suffix", "suffix='x' is not supported"),
         ({"logprobs": 21}, "logprobs", "logprobs 21; allowed: an integer in [0, 20]"),
         ({"prompt": [10**9]}, "prompt", "prompt token 1000000000; allowed: token ids in"),
@@ -232,3 +265,25 @@ def test_legacy_logprobs_cover_a_character_split_over_byte_tokens(engine, monkey
     assert choice["text"] == "x€yab€cd" and "".join(logprobs["tokens"]) == choice["text"]
     assert logprobs["tokens"] == ["x", "", "", "€", "y", "a", "b", "", "", "€", "c", "d"]
     assert logprobs["text_offset"] == [0, 1, 1, 1, 2, 3, 4, 5, 5, 5, 6, 7]
+
+
+def test_an_error_mid_stream_ends_the_completion_stream_with_openais_error_object(engine, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    import lapheads.apps.batching as batching  # where a completion's tokens are sampled: the second draw fails
+
+    calls, first = [], engine.tokenizer.encode("h")  # a first token with text of its own (one choice: one row)
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("device lost\nsecond line")
+        return first
+
+    monkeypatch.setattr(batching, "sample_rows", failing)
+    app = create_app(engine, "base", ServeLimits(max_tokens=32), temperature=0.0)
+    body = {"model": "base", "prompt": "A", "max_tokens": 8, "stream": True}
+    with TestClient(app, base_url="http://127.0.0.1:8000").stream("POST", "/v1/completions", json=body) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert events[0]["choices"][0]["text"] == "h"
+    assert events[-1] == {"error": {"message": "generation failed: device lost second line", "type": "server_error"}}

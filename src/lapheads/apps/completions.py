@@ -15,7 +15,12 @@ Design choices:
   ``text_offset``); ``max_tokens`` 0 with ``echo`` scores the prompt alone.
 * **Sampling as the chat endpoint**: temperature, top_k, top_p, seed (choice i of n with seed + i), stop strings
   (the text ends before the first; finish_reason "stop"); BOS from the model ends the document ("stop").
-* **Refused by name**: ``stream``, ``suffix``, ``best_of`` > 1 and penalties / biases other than their defaults.
+* **Streamed as vLLM streams it** (``stream``): text_completion chunks, choice after choice (every choice decodes
+  together; the later ones' text waits in their queues), each with the text decoded since the last (a stop string
+  and what may begin one held back) and, with ``logprobs``, the legacy entries of the tokens that text completes;
+  an echoed prompt is a choice's first chunk; then each choice's finish_reason, the usage (``stream_options``) and
+  ``[DONE]``. The chunks' texts and entries join to the object a request without ``stream`` gets.
+* **Refused by name**: ``suffix``, ``best_of`` > 1 and penalties / biases other than their defaults.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ class CompletionRequest:
     stop: list[str]
     echo: bool
     logprobs: int | None
+    stream: bool = False
+    include_usage: bool = False  # with stream: a last chunk with the usage
 
 
 def _prompts(prompt: str | list, tokenizer: Tokenizer) -> list[list[int]]:
@@ -77,7 +84,7 @@ def completion_request(
 ) -> CompletionRequest:
     """The checked request (:class:`lapheads.apps.schema.CompletionBody`, then the bounds this server sets), or a
     RequestError naming the field."""
-    request = validated(CompletionBody, body)
+    request = validated(CompletionBody, body).checked()
     prompts = _prompts(request.prompt, tokenizer)
     if len(prompts) > max_prompts:
         raise RequestError(f"{len(prompts)} prompts; allowed: at most {max_prompts}", "prompt")
@@ -100,6 +107,8 @@ def completion_request(
         stop=[stop] if isinstance(stop, str) else stop,
         echo=echo,
         logprobs=request.logprobs,
+        stream=bool(request.stream),
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
     )
 
 
@@ -169,8 +178,9 @@ class CompletionEngine:
 
 @dataclass
 class CompletionJob:
-    """One completion choice being decoded: its tokens (``reply``), their log-probabilities, and what ends it (BOS
-    from the model, a stop string in the text, its length); :meth:`result` is the choice in OpenAI's shape."""
+    """One completion choice being decoded: its tokens (``reply``), their log-probabilities, the text each token
+    completes, and what ends it (BOS from the model, a stop string in the text, its length); :meth:`result` is the
+    choice in OpenAI's shape, :meth:`pieces` its text as it is decoded (for a stream)."""
 
     engine: CompletionEngine
     generation: Generation
@@ -181,7 +191,11 @@ class CompletionJob:
     finish_reason: str = "length"
 
     def __post_init__(self) -> None:
-        self.text = IncrementalText(self.engine.tokenizer.decode)  # the reply's text so far, for the stop strings
+        decode = self.engine.tokenizer.decode
+        self.text = IncrementalText(decode)  # the reply's text so far, for the stop strings and the stream
+        self.unread = ""  # the text of the tokens since the last piece
+        # the text each entry completes ("" for a split character's first bytes): they join to the choice's text
+        self.texts: list[str] = completed_pieces(decode, self.prompt) if self.request.echo else []
 
     def on_token(self, index: int, token: int, logits: torch.Tensor) -> bool:
         """Record the token; False (end here) once the text holds a stop string (looked for where the new text can
@@ -189,15 +203,25 @@ class CompletionJob:
         self.entries.append((token, *self.engine._entry(logits.log_softmax(-1), token, self.request.logprobs or 0)))
         self.reply.append(token)
         new = self.text.add(token)
+        self.texts.append(new)
+        self.unread += new
         if not new or not self.request.stop:
             return True
         tail = self.text.text[-(len(new) + max(map(len, self.request.stop)) - 1) :]
         return not any(stop in tail for stop in self.request.stop)
 
     def pieces(self) -> Iterator[str]:
-        return iter(())  # not streamed: the whole choice at the end
+        """The text added since the last piece (none while a character is still incomplete)."""
+        if self.unread:
+            yield self.unread
+            self.unread = ""
 
     def finish(self, generated: Generated) -> None:
+        """The choice ended: its held-back text (a character cut short) becomes the last piece."""
+        rest = self.text.flush()
+        if rest:
+            self.texts[-1] += rest
+            self.unread += rest
         self.finish_reason = generated.finish_reason
 
     def result(self) -> dict[str, Any]:
@@ -209,29 +233,24 @@ class CompletionJob:
         reported = len(full) if cut < len(text) else None  # a stop string's tokens are not reported
         return {
             "text": full,
-            "logprobs": None
-            if request.logprobs is None
-            else _legacy_logprobs(tok, self.entries, len(self.entries) - len(self.reply), reported),
+            "logprobs": None if request.logprobs is None else self.logprobs(0, 0, reported, begun=True)[0],
             "finish_reason": self.finish_reason,
             "completion_tokens": len(self.reply),
         }
 
-
-def _legacy_logprobs(tok: Tokenizer, entries: list, echoed: int, chars: int | None) -> dict[str, list]:
-    """OpenAI's legacy logprobs object for every token (the first ``echoed`` entries are the echoed prompt's), or
-    (``chars``: the text was cut at a stop string) for those whose text begins within its first ``chars``
-    characters. A token's text is what it completes in the prompt's or the reply's text (:func:`completed_pieces`:
-    "" for a split character's first bytes), so the texts join to the choice's and the offsets count characters."""
-    ids = [token for token, _, _ in entries]
-    pieces = completed_pieces(tok.decode, ids[:echoed]) + completed_pieces(tok.decode, ids[echoed:])
-    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    offset = 0
-    for (_, logprob, top), piece in zip(entries, pieces):
-        if chars is not None and offset >= chars:
-            break
-        out["tokens"].append(piece)
-        out["token_logprobs"].append(logprob)
-        out["top_logprobs"].append(top or None)
-        out["text_offset"].append(offset)
-        offset += len(piece)
-    return out
+    def logprobs(self, start: int, offset: int, chars: int | None, begun: bool) -> tuple[dict[str, list], int, int]:
+        """OpenAI's legacy logprobs object for the entries from the ``start``-th (whose text begins at ``offset``
+        characters into the choice's text) whose text ends (``begun``: begins) within the choice's first ``chars``
+        characters (None: all); with the next entry's index and offset. A token's text is what it completes (the
+        texts join to the choice's; the offsets count characters)."""
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for (_, logprob, top), piece in zip(self.entries[start:], self.texts[start:]):
+            if chars is not None and (offset >= chars if begun else offset + len(piece) > chars):
+                break
+            out["tokens"].append(piece)
+            out["token_logprobs"].append(logprob)
+            out["top_logprobs"].append(top or None)
+            out["text_offset"].append(offset)
+            offset += len(piece)
+            start += 1
+        return out, start, offset

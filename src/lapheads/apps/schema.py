@@ -130,12 +130,7 @@ class ChatCompletionBody(_Sampling):
 
     def checked(self) -> ChatCompletionBody:
         """What no single field says: ``stream_options`` only with ``stream`` true, as OpenAI refuses it."""
-        if self.stream_options is not None and not self.stream:
-            raise RequestError(
-                f"stream_options {self.stream_options.model_dump(exclude_none=True)}; allowed: only with stream true",
-                "stream_options",
-            )
-        return self
+        return _stream_options_with_stream(self)
 
 
 class PageChatBody(_Sampling):
@@ -163,9 +158,24 @@ class CompletionBody(_Sampling):
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = _field(
         f"an integer in [0, {MAX_TOP_LOGPROBS}]: each token's log-probability and that many likeliest alternatives"
     )
-    stream: Literal[False] | None = _field("false only: no streaming on /v1/completions")
+    stream: bool | None = _field("true or false: server-sent text_completion chunks")
+    stream_options: _StreamOptions | None = _field('{"include_usage": true or false}: usage in a last chunk')
     suffix: Literal[""] | None = _field("none only")
     best_of: Literal[1] | None = _field("1 only")
+
+    def checked(self) -> CompletionBody:
+        """What no single field says: ``stream_options`` only with ``stream`` true, as OpenAI refuses it."""
+        return _stream_options_with_stream(self)
+
+
+def _stream_options_with_stream(body: ChatCompletionBody | CompletionBody) -> Any:
+    """``body``, or a RequestError where it has ``stream_options`` without ``stream`` true."""
+    if body.stream_options is not None and not body.stream:
+        raise RequestError(
+            f"stream_options {body.stream_options.model_dump(exclude_none=True)}; allowed: only with stream true",
+            "stream_options",
+        )
+    return body
 
 
 #: the chat fields accepted and ignored (their descriptions say why): the docs' table of them

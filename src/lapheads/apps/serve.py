@@ -203,9 +203,13 @@ def create_app(
 
     @app.post("/v1/completions")
     async def openai_completions(request: Request):
-        """OpenAI's legacy completions: what lm-eval's ``local-completions`` model calls."""
+        """OpenAI's legacy completions (what lm-eval's ``local-completions`` model calls): a text_completion object,
+        or with "stream" chunks ending in [DONE]."""
         body = await _read_json(request, allowed_hosts, limits.max_request_bytes)
-        return await run_in_threadpool(completions.complete, body)
+        started = await run_in_threadpool(completions.start, body)  # off the event loop
+        if started.request.stream:
+            return StreamingResponse(completions.chunks(started), media_type="text/event-stream")
+        return await run_in_threadpool(completions.complete, started)
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request):

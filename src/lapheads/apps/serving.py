@@ -7,8 +7,9 @@ Design choices:
 
 * **Errors are values with a status**: a refusal is a :class:`Refusal` (HTTP status, one line, the OpenAI ``param``);
   the route turns it into the endpoint's error shape (OpenAI's object under ``/v1``, one line elsewhere).
-* **Blocking work is named**: :meth:`ChatServing.start`, :meth:`ChatServing.completion` and
-  :meth:`CompletionServing.complete` wait on the model; the routes run them off the event loop.
+* **Blocking work is named**: :meth:`ChatServing.start`, :meth:`ChatServing.completion`,
+  :meth:`CompletionServing.start` and :meth:`CompletionServing.complete` wait on the model; the routes run them off
+  the event loop (a stream's chunks wait in the response's own thread).
 """
 
 from __future__ import annotations
@@ -23,12 +24,18 @@ from typing import Any
 
 from lapheads.apps.batching import Batcher
 from lapheads.apps.chat import ChatEngine
-from lapheads.apps.completions import CompletionEngine, completion_request, tokenize
+from lapheads.apps.completions import (
+    CompletionEngine,
+    CompletionJob,
+    CompletionRequest,
+    completion_request,
+    tokenize,
+)
 from lapheads.apps.schema import ChatCompletionBody, PageChatBody, RequestError, validated
 from lapheads.data.conversations import render_for_completion
 from lapheads.errors import LapheadsError
 
-__all__ = ["ChatServing", "CompletionServing", "Refusal", "ServeLimits", "until_stop"]
+__all__ = ["ChatServing", "CompletionServing", "Completions", "Refusal", "ServeLimits", "until_stop"]
 
 
 @dataclass
@@ -337,6 +344,18 @@ def _usage(prompt: list[int], replies: list[Reply]) -> dict[str, int]:
 
 
 @dataclass
+class Completions:
+    """A /v1/completions request under way: the checked request, one job a choice (in OpenAI's order) and the
+    readers of their text (:meth:`Batcher.submit`; nothing to read for an echo of ``max_tokens`` 0)."""
+
+    request: CompletionRequest
+    jobs: list[CompletionJob]
+    readers: list[Iterator[str]]
+    id: str
+    created: int
+
+
+@dataclass
 class CompletionServing:
     """OpenAI's legacy completions (:mod:`lapheads.apps.completions`) and vLLM's tokenizer routes, for any run."""
 
@@ -347,16 +366,14 @@ class CompletionServing:
     temperature: float = 0.6
     top_k: int = 50
 
-    def complete(self, body: Any) -> dict[str, Any]:
-        """OpenAI's text_completion object (blocking: every choice of every prompt decoded together, with the
-        requests waiting beside them); a :class:`Refusal` naming what is wrong."""
+    def start(self, body: Any) -> Completions:
+        """The checked request's choices, every one submitted (decoded together, with the requests waiting beside
+        them); a :class:`Refusal` naming what is wrong."""
         if isinstance(body, dict) and body.get("model") not in (None, self.name):
             raise Refusal(404, f"model {body.get('model')!r}; allowed: {self.name!r} (GET /v1/models)")
-        tokenizer = self.engine.tokenizer
         try:
-            checked = completion_request(
-                body, tokenizer, max_tokens=self.limits.max_tokens, temperature=self.temperature, top_k=self.top_k
-            )
+            checked = completion_request(body, self.engine.tokenizer, max_tokens=self.limits.max_tokens,
+                                         temperature=self.temperature, top_k=self.top_k)  # fmt: skip
             self.engine.check_fits(checked)
         except RequestError as err:
             raise Refusal(400, str(err), err.param) from None
@@ -364,23 +381,66 @@ class CompletionServing:
             with self.batcher.exclusive():  # an echoed prompt's forward between steps; choices in OpenAI's order
                 jobs = [self.engine.job(prompt, checked, choice) for prompt in checked.prompts
                         for choice in range(checked.n)]  # fmt: skip
-            readers = [self.batcher.submit(job) for job in jobs if job.generation.max_tokens > 0]
-            for reader in readers:  # to its end: the jobs hold their tokens
-                for _ in reader:
-                    pass
-            outs = [job.result() for job in jobs]
+            readers = [self.batcher.submit(job) if job.generation.max_tokens > 0 else iter(()) for job in jobs]
         except Exception as err:  # noqa: BLE001 - the client gets one line; the server keeps running
             raise _failed(err) from None
-        done = sum(out.pop("completion_tokens") for out in outs)
-        asked = sum(len(prompt) for prompt in checked.prompts)  # once per prompt, whatever n (as OpenAI counts)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.name,
-            "choices": [{"index": i, **out} for i, out in enumerate(outs)],
-            "usage": {"prompt_tokens": asked, "completion_tokens": done, "total_tokens": asked + done},
-        }
+        return Completions(checked, jobs, readers, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
+
+    def complete(self, started: Completions) -> dict[str, Any]:
+        """OpenAI's text_completion object, once every choice is whole (blocking)."""
+        try:
+            for reader in started.readers:  # to its end: the jobs hold their tokens
+                for _ in reader:
+                    pass
+            outs = [job.result() for job in started.jobs]
+        except Exception as err:  # noqa: BLE001 - the client gets one line; the server keeps running
+            raise _failed(err) from None
+        for out in outs:
+            del out["completion_tokens"]
+        return {**self._head(started), "choices": [{"index": i, **out} for i, out in enumerate(outs)],
+                "usage": self._usage(started)}  # fmt: skip
+
+    def chunks(self, started: Completions) -> Iterator[str]:
+        """OpenAI's text_completion chunks, choice after choice (the module docstring of
+        :mod:`lapheads.apps.completions`), then the usage chunk (when asked) and [DONE]; an error mid-stream ends
+        it with OpenAI's error object."""
+        head, request = self._head(started), started.request
+
+        def chunk(index: int, text: str, logprobs: dict | None, finish: str | None = None) -> str:
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            return f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
+
+        wanted = request.logprobs is not None
+        for index, (job, reader) in enumerate(zip(started.jobs, started.readers)):
+            sent, start, offset = 0, 0, 0  # characters sent; the next entry to send, where its text begins
+            outcome: dict[str, Any] = {}
+            try:
+                if request.echo:
+                    sent = len(prompt_text := self.engine.tokenizer.decode(job.prompt))
+                    logprobs, start, offset = job.logprobs(0, 0, sent, begun=False)
+                    yield chunk(index, prompt_text, logprobs if wanted else None)
+                for piece in until_stop(reader, request.stop, outcome):
+                    sent += len(piece)
+                    logprobs, start, offset = job.logprobs(start, offset, sent, begun=False)
+                    yield chunk(index, piece, logprobs if wanted else None)
+            except Exception as err:  # noqa: BLE001 - mid-stream: OpenAI's error object as the last event
+                yield f"data: {json.dumps({'error': {'message': str(_failed(err)), 'type': 'server_error'}})}\n\n"
+                return
+            stopped = outcome.get("finish_reason") == "stop"  # at a stop string: its tokens are not reported
+            rest = job.logprobs(start, offset, sent if stopped else None, begun=True)[0]
+            yield chunk(index, "", rest if wanted else None, outcome.get("finish_reason", job.finish_reason))
+        if request.include_usage:  # OpenAI's usage chunk: no choices, after the last choice's
+            yield f"data: {json.dumps({**head, 'choices': [], 'usage': self._usage(started)})}\n\n"
+        yield "data: [DONE]\n\n"
+
+    def _head(self, started: Completions) -> dict[str, Any]:
+        return {"id": started.id, "object": "text_completion", "created": started.created, "model": self.name}
+
+    @staticmethod
+    def _usage(started: Completions) -> dict[str, int]:
+        done = sum(len(job.reply) for job in started.jobs)
+        asked = sum(len(prompt) for prompt in started.request.prompts)  # once per prompt, whatever n (as OpenAI)
+        return {"prompt_tokens": asked, "completion_tokens": done, "total_tokens": asked + done}
 
     def tokenizer_info(self) -> dict[str, Any]:
         """vLLM's tokenizer description (lm-eval's remote tokenizer reads it): BOS ends documents, as EOS does."""
