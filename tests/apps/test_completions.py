@@ -270,17 +270,9 @@ def test_legacy_logprobs_cover_a_character_split_over_byte_tokens(engine, monkey
 def test_an_error_mid_stream_ends_the_completion_stream_with_openais_error_object(engine, monkeypatch):
     from fastapi.testclient import TestClient
 
-    import lapheads.apps.batching as batching  # where a completion's tokens are sampled: the second draw fails
+    from tests.apps.conftest import fail_at_the_second_draw
 
-    calls, first = [], engine.tokenizer.encode("h")  # a first token with text of its own (one choice: one row)
-
-    def failing(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > 1:
-            raise RuntimeError("device lost\nsecond line")
-        return first
-
-    monkeypatch.setattr(batching, "sample_rows", failing)
+    fail_at_the_second_draw(monkeypatch, engine.tokenizer)
     app = create_app(engine, "base", ServeLimits(max_tokens=32), temperature=0.0)
     body = {"model": "base", "prompt": "A", "max_tokens": 8, "stream": True}
     with TestClient(app, base_url="http://127.0.0.1:8000").stream("POST", "/v1/completions", json=body) as r:

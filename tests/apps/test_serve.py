@@ -264,17 +264,9 @@ def test_a_tiny_temperature_is_greedy_not_a_broken_stream(client, engine, temper
 def test_an_error_during_generation_ends_the_stream_with_an_error_event(engine, monkeypatch):
     app = create_app(engine, "tiny", ServeLimits(max_tokens=24))
     client = TestClient(app, base_url="http://127.0.0.1")
-    import lapheads.apps.batching as batching  # where a reply's tokens are sampled: the second draw fails
+    from tests.apps.conftest import fail_at_the_second_draw
 
-    calls, first = [], engine.tokenizer.encode("h")  # a first token with text of its own (one row: one request)
-
-    def failing(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > 1:
-            raise RuntimeError("device lost\nsecond line")
-        return first
-
-    monkeypatch.setattr(batching, "sample_rows", failing)
+    fail_at_the_second_draw(monkeypatch, engine.tokenizer)
     with client.stream("POST", "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}) as r:
         events = [json.loads(line[len("data: ") :]) for line in r.iter_lines() if line.startswith("data: ")]
     assert "token" in events[0] and events[-1] == {"error": "generation failed: device lost second line"}
