@@ -279,3 +279,13 @@ def test_an_error_mid_stream_ends_the_completion_stream_with_openais_error_objec
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert events[0]["choices"][0]["text"] == "h"
     assert events[-1] == {"error": {"message": "generation failed: device lost second line", "type": "server_error"}}
+
+
+def test_byte_token_alternatives_keep_apart_in_legacy_top_logprobs(engine):
+    """Three byte tokens as the likeliest alternatives: each decodes alone to U+FFFD, so as {text: logprob} keys they
+    collapsed into one; they are OpenAI's 'bytes:\\xNN' keys, one each."""
+    euro = engine.tokenizer.encode("€")  # three byte tokens
+    logp = torch.full((engine.tokenizer.vocab_size,), -20.0)
+    logp[euro] = torch.tensor([-1.0, -2.0, -3.0])
+    _, top = engine._entry(logp, euro[0], 3)
+    assert top == {"bytes:\\xe2": -1.0, "bytes:\\x82": -2.0, "bytes:\\xac": -3.0}

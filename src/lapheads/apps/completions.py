@@ -131,8 +131,16 @@ class CompletionEngine:
 
     def _entry(self, logp: torch.Tensor, token: int, alternatives: int) -> tuple[float, dict[str, float]]:
         best = logp.topk(alternatives) if alternatives else None
-        top = {} if best is None else {self.tokenizer.decode([int(i)]): float(v) for v, i in zip(*best)}
+        top = {} if best is None else {self._alternative(int(i)): float(v) for v, i in zip(*best)}
         return float(logp[token]), top
+
+    def _alternative(self, token: int) -> str:
+        """An alternative's key in ``top_logprobs``: its text, or where it is not whole characters (a byte of a
+        split character, which decodes to U+FFFD) OpenAI's ``bytes:\\xe2...`` form, so byte tokens stay apart."""
+        text = self.tokenizer.decode([token])
+        if "\ufffd" not in text:
+            return text
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in self.tokenizer.piece_bytes(token))
 
     def check_fits(self, request: CompletionRequest) -> None:
         """Every prompt fits the model's context with room for one more token, checked before any is generated: one
