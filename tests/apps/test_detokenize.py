@@ -63,3 +63,18 @@ def test_each_token_decodes_a_few_tokens_not_the_reply(tokenizers):
 
     assert "".join(_pieces(decode, ids)) == bpe.decode(ids) and len(ids) == 3000
     assert max(seen) <= 3 and len(seen) == 2 * len(ids) + 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(alphabet="abc€ ", max_size=40), stops=st.lists(st.text(alphabet="abc€ ", min_size=1, max_size=4),
+                                                                   max_size=3))  # fmt: skip
+def test_a_stop_string_is_found_at_the_token_that_completes_it(tokenizers, text, stops):
+    """completes_stop, which looks only where the new text can complete a stop string, says True first at the
+    token after which the whole text holds one, as searching the whole text after every token did."""
+    char = tokenizers["char"]
+    incremental = IncrementalText(char.decode)
+    for token in char.encode(text):
+        found = incremental.completes_stop(incremental.add(token), stops)
+        assert found == any(stop in incremental.text for stop in stops)  # none was there before: the loop ends at one
+        if found:
+            break

@@ -206,17 +206,13 @@ class CompletionJob:
         self.texts: list[str] = completed_pieces(decode, self.prompt) if self.request.echo else []
 
     def on_token(self, index: int, token: int, logits: torch.Tensor) -> bool:
-        """Record the token; False (end here) once the text holds a stop string (looked for where the new text can
-        complete one: its last characters before it and the new text)."""
+        """Record the token; False (end here) once the text holds a stop string."""
         self.entries.append((token, *self.engine._entry(logits.log_softmax(-1), token, self.request.logprobs or 0)))
         self.reply.append(token)
         new = self.text.add(token)
         self.texts.append(new)
         self.unread += new
-        if not new or not self.request.stop:
-            return True
-        tail = self.text.text[-(len(new) + max(map(len, self.request.stop)) - 1) :]
-        return not any(stop in tail for stop in self.request.stop)
+        return not self.text.completes_stop(new, self.request.stop)
 
     def pieces(self) -> Iterator[str]:
         """The text added since the last piece (none while a character is still incomplete)."""

@@ -45,6 +45,14 @@ class IncrementalText:
         self.ids.append(token)
         return self._advance(final=False)
 
+    def completes_stop(self, new: str, stops: list[str]) -> bool:
+        """Whether ``new``, the last piece :meth:`add` returned, completes one of ``stops`` in the text (looked for
+        only where it can: the new text and the characters before it that a stop string may start in)."""
+        if not new or not stops:
+            return False
+        tail = self.text[-(len(new) + max(map(len, stops)) - 1) :]
+        return any(stop in tail for stop in stops)
+
     def flush(self) -> str:
         """The text still held back (the reply ended: an incomplete character shows as U+FFFD)."""
         return self._advance(final=True)

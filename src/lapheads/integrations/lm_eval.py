@@ -192,6 +192,7 @@ class LapheadsLM(TemplateLM):
         the one it gets alone). Greedy, or with ``do_sample`` sampled at its temperature from a generator seeded by
         its place among the requests (lm-eval's repeats of one context differ; a rerun gives the same)."""
         from lapheads.apps.batching import Generation, generate_together
+        from lapheads.apps.detokenize import IncrementalText
         from lapheads.data.tokenizers import TokenizerError
 
         try:  # the end of an assistant turn ends a generation, as the server's chat engine stops there (issue 72)
@@ -213,15 +214,15 @@ class LapheadsLM(TemplateLM):
         with tqdm(total=len(jobs), disable=disable_tqdm, desc="generate_until") as progress:
             for start in range(0, len(jobs), self.batch_size):
                 chunk = jobs[start : start + self.batch_size]
-                tokens: list[list[int]] = [[] for _ in chunk]
+                texts = [IncrementalText(decode) for _ in chunk]  # a few tokens decoded a token, not the whole text
 
                 def on_token(index: int, token: int, logits: torch.Tensor) -> bool:
-                    tokens[index].append(token)
-                    return not any(stop in decode(tokens[index]) for stop in chunk[index][1])  # False: stop here
+                    text = texts[index]
+                    return not text.completes_stop(text.add(token), chunk[index][1])  # False: stop here
 
                 generate_together(self.model, [generation for generation, _ in chunk], on_token)
-                for (_, until), new in zip(chunk, tokens):
-                    text = decode(new)
+                for (_, until), generated in zip(chunk, texts):
+                    text = decode(generated.ids)
                     out.append(text[: min([text.find(stop) for stop in until if stop in text] or [len(text)])])
                 progress.update(len(chunk))
         return out
