@@ -520,11 +520,17 @@ def sample_rows(
         logits: (B, V), one row a request.
         temperatures, top_ks, top_ps, generators: one a row, as :func:`sample_token` takes them.
     """
-    tokens = logits.argmax(-1).tolist()  # the greedy rows' tokens; the sampled rows' are replaced below
-    sharing: dict[tuple[float, int | None, float | None], list[int]] = {}
+    tokens = [0] * logits.size(0)
+    greedy: list[int] = []
+    sharing: dict[tuple[float, int | None, float | None], list[int]] = {}  # the sampled rows, by their setting
     for row, setting in enumerate(zip(temperatures, top_ks, top_ps)):
         if setting[0] >= GREEDY_BELOW:
             sharing.setdefault(setting, []).append(row)
+        else:
+            greedy.append(row)
+    if greedy:  # one argmax for them (none in a server whose requests all sample)
+        for row, token in zip(greedy, logits[greedy].argmax(-1).tolist()):
+            tokens[row] = token
     for (temperature, top_k, top_p), rows in sharing.items():
         probs = _filtered(logits[rows], temperature, top_k, top_p).softmax(-1)
         noise = torch.empty_like(probs)
