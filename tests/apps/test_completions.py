@@ -114,6 +114,21 @@ def test_a_stream_is_the_completion_in_chunks(server):
     assert "".join(chunk.choices[0].text for chunk in streamed) == alone.choices[0].text
 
 
+def test_penalties_and_biases_reach_the_completion(server, engine):
+    """The openai client's logit_bias (and vLLM's repetition_penalty, an extra field) on /v1/completions: +100 on
+    one token makes a greedy completion of it alone; a repetition penalty changes the greedy completion that repeats
+    itself without one."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="none")
+    (e,) = engine.tokenizer.encode("e")
+    ask = dict(model="base", prompt="ROMEO:", max_tokens=12, temperature=0)
+    biased = client.completions.create(**ask, logit_bias={str(e): 100})
+    assert biased.choices[0].text == "e" * 12
+    plain = client.completions.create(**ask).choices[0].text
+    penalised = client.completions.create(**ask, extra_body={"repetition_penalty": 2.0}).choices[0].text
+    assert penalised != plain
+
+
 @pytest.mark.parametrize(
     "options, param, says",
     [
@@ -124,6 +139,8 @@ def test_a_stream_is_the_completion_in_chunks(server):
         ({"max_tokens": 0}, "max_tokens", "max_tokens 0; allowed: an integer in [1, 32]"),
         ({"best_of": 3}, "best_of", "best_of=3 is not supported"),
         ({"frobnicate": 1}, "frobnicate", "unrecognized request argument 'frobnicate'"),
+        ({"logit_bias": {"99999": 5}}, "logit_bias", "logit_bias token '99999'; allowed: token ids in [0, "),
+        ({"presence_penalty": -3}, "presence_penalty", "presence_penalty -3; allowed: a number in [-2, 2]"),
     ],
 )
 def test_what_completions_cannot_honour_is_refused_by_name(server, options, param, says):

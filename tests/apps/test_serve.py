@@ -301,6 +301,21 @@ def test_the_openai_client_streams_and_completes_a_reply_equal_to_the_engines(op
     assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2
 
 
+def test_a_logit_bias_writes_the_reply_and_the_logprobs_stay_the_models(openai_server, engine):
+    """OpenAI's logit_bias through the openai client: +100 on one token makes a greedy reply of it alone, and the
+    log-probabilities reported are the model's own (the first token's alternatives are the unbiased reply's)."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=openai_server, api_key="unused", max_retries=0)
+    (e,) = engine.tokenizer.encode("e")
+    ask = dict(model="tiny", messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=6, temperature=0,
+               logprobs=True, top_logprobs=3)  # fmt: skip
+    plain = client.chat.completions.create(**ask).choices[0]
+    biased = client.chat.completions.create(**ask, logit_bias={str(e): 100}).choices[0]
+    assert biased.message.content == "eeeeee" != plain.message.content and biased.finish_reason == "length"
+    first = lambda choice: [(t.token, round(t.logprob, 5)) for t in choice.logprobs.content[0].top_logprobs]  # noqa: E731
+    assert first(biased) == first(plain)
+
+
 @pytest.mark.parametrize(
     ("options", "status", "says"),
     [
@@ -325,10 +340,14 @@ def test_the_openai_client_streams_and_completes_a_reply_equal_to_the_engines(op
         ({"messages": []}, 400, "'messages' must be a non-empty list"),
         ({"top_logprobs": 3}, 400, "top_logprobs only with logprobs true"),
         ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs 21; allowed: an integer in [0, 20]"),
-        ({"logit_bias": {"5": 10}}, 400, "logit_bias={'5': 10} is not supported"),
+        ({"logit_bias": {"5": 101}}, 400, "logit_bias {'5': 101}; allowed: up to 1024 pairs of a token id"),
+        ({"logit_bias": {"x": 1}}, 400, "logit_bias {'x': 1}; allowed: up to 1024 pairs of a token id"),
+        ({"logit_bias": {"100000": 1}}, 400, "logit_bias token '100000'; allowed: token ids in [0, "),
+        ({"frequency_penalty": 2.5}, 400, "frequency_penalty 2.5; allowed: a number in [-2, 2]"),
         ({"tool_choice": "auto"}, 400, "tool_choice='auto' is not supported"),
         ({"extra_body": {"min_p": 0.1}}, 400, "unrecognized request argument 'min_p'"),
-        ({"extra_body": {"repetition_penalty": 1.2}}, 400, "unrecognized request argument 'repetition_penalty'"),
+        ({"extra_body": {"repetition_penalty": 0}}, 400, "repetition_penalty 0; allowed: a number in (0, 2]"),
+        ({"extra_body": {"ignore_eos": True}}, 400, "unrecognized request argument 'ignore_eos'"),
         ({"seed": -1}, 400, "seed -1; allowed: an integer"),
     ],
 )

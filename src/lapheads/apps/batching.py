@@ -11,7 +11,8 @@ Design choices:
   padded batch's. Where every row holds the same length (one request alone) it is plain causal attention.
 * **Each request samples as it would alone**: its own ``torch.Generator`` seeded with its seed, drawing from its own
   row of logits with its own temperature, top-k and top-p (``sample_rows``: ``sample_token`` for every row at
-  once): the same tokens for the same seed.
+  once): the same tokens for the same seed. A request's logit biases and penalties adjust its own row first
+  (:mod:`lapheads.apps.penalties`, vLLM's order), from its own prompt and output.
 * **Finished requests leave the batch**: their rows are dropped from the KV cache (``KVCache.keep``), so the step
   costs what the live requests need.
 * **Each request's context is its own**: a row ends at the model's ``sequence_len`` as it does alone, whatever
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from lapheads.apps.penalties import Penalties, penalized
 from lapheads.errors import InputError
 from lapheads.models.gpt import GPT, KVCache, sample_rows
 
@@ -73,6 +75,8 @@ class Generation:
         temperature, top_k, top_p: sampling (``sample_token``; temperature 0: greedy).
         seed: the request's own generator seed.
         stop_ids: tokens that end the request when sampled (not kept: an end-of-turn or BOS).
+        penalties: what the request adds to its logits before sampling (:mod:`lapheads.apps.penalties`: logit
+            biases, repetition, frequency and presence penalties; none by default).
     """
 
     prompt: tuple[int, ...]
@@ -82,6 +86,7 @@ class Generation:
     top_p: float | None = None
     seed: int = 0
     stop_ids: frozenset[int] = field(default_factory=frozenset)
+    penalties: Penalties = Penalties()
 
 
 @dataclass
@@ -241,13 +246,20 @@ class Decoding:
         ]
         if not slots:
             return {}
-        requests = [self.rows[slot].request for slot in slots]
-        tokens = sample_rows(
+        rows = [self.rows[slot] for slot in slots]
+        requests = [row.request for row in rows]
+        logits = penalized(
             self.logits[slots],
+            [request.penalties for request in requests],
+            [request.prompt for request in requests],
+            [row.out.tokens for row in rows],
+        )
+        tokens = sample_rows(
+            logits,
             [request.temperature for request in requests],
             [request.top_k for request in requests],
             [request.top_p for request in requests],
-            [self.rows[slot].generator for slot in slots],
+            [row.generator for row in rows],
         )
         return dict(zip(slots, tokens))
 

@@ -28,6 +28,7 @@ import torch
 
 from lapheads.apps.batching import Generated, Generation, decode_steps
 from lapheads.apps.detokenize import IncrementalText
+from lapheads.apps.penalties import Penalties
 from lapheads.data.conversations import render_for_completion
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.data.turns import Conversation
@@ -114,6 +115,7 @@ class ChatEngine:
         top_p: float | None = None,
         logprobs: list[dict[str, Any]] | None = None,
         top_logprobs: int = 0,
+        penalties: Penalties = Penalties(),
     ) -> ChatTurn:
         """One reply to generate (:meth:`stream` decodes it alone; the server decodes many together): see
         :meth:`stream` for the arguments. The prompt is checked here, before any work."""
@@ -125,7 +127,9 @@ class ChatEngine:
                 f"the conversation has {len(prompt_ids)} tokens; allowed: fewer than the model's sequence_len {limit}"
             )
         stops = frozenset({self.ids["assistant_end"], self.tokenizer.bos_id})
-        generation = Generation(tuple(prompt_ids), max_tokens, temperature, top_k or None, top_p, seed, stops)
+        generation = Generation(
+            tuple(prompt_ids), max_tokens, temperature, top_k or None, top_p, seed, stops, penalties
+        )
         return ChatTurn(self, generation, outcome, logprobs, top_logprobs)
 
     def stream(self, prompt_ids: list[int], *args: Any, **kwargs: Any) -> Iterator[str]:
@@ -139,7 +143,8 @@ class ChatEngine:
         tool's forced tokens included (the content shows them): ``{"id", "logprob", "top": [(id, logprob), ...]}``,
         the model's log-softmax at that position (untempered, as OpenAI reports it), with its ``top_logprobs``
         likeliest tokens, and ``"text"``: the content it completes (the entries' texts join to the reply's; a
-        character spread over byte tokens belongs to its last byte's entry).
+        character spread over byte tokens belongs to its last byte's entry); ``penalties``: logit biases and
+        repetition, frequency and presence penalties (:class:`lapheads.apps.penalties.Penalties`).
         """
         turn = self.turn(prompt_ids, *args, **kwargs)
         steps = decode_steps(self.model, [turn.generation], turn.on_token)

@@ -34,7 +34,8 @@ import torch
 
 from lapheads.apps.batching import Generated, Generation
 from lapheads.apps.detokenize import IncrementalText, completed_pieces
-from lapheads.apps.schema import CompletionBody, RequestError, validated
+from lapheads.apps.penalties import Penalties
+from lapheads.apps.schema import PENALTY_FIELDS, CompletionBody, RequestError, requested_penalties, validated
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.errors import LapheadsError
 from lapheads.models.gpt import GPT
@@ -58,6 +59,7 @@ class CompletionRequest:
     logprobs: int | None
     stream: bool = False
     include_usage: bool = False  # with stream: a last chunk with the usage
+    penalties: Penalties = Penalties()  # logit biases and penalties (none by default)
 
 
 def _prompts(prompt: str | list, tokenizer: Tokenizer) -> list[list[int]]:
@@ -109,6 +111,7 @@ def completion_request(
         logprobs=request.logprobs,
         stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        penalties=requested_penalties(request.model_dump(include=set(PENALTY_FIELDS)), tokenizer.vocab_size),
     )
 
 
@@ -162,7 +165,8 @@ class CompletionEngine:
         tok = self.tokenizer
         ids = prompt if prompt[0] == tok.bos_id else [tok.bos_id, *prompt]
         generation = Generation(tuple(ids), request.max_tokens, request.temperature, request.top_k or None,
-                                request.top_p, (request.seed + choice) % 2**63, frozenset({tok.bos_id}))  # fmt: skip
+                                request.top_p, (request.seed + choice) % 2**63, frozenset({tok.bos_id}),
+                                request.penalties)  # fmt: skip
         job = CompletionJob(self, generation, request, prompt)
         if request.echo:
             job.entries = self._prompt_entries(ids, len(ids) - len(prompt), request.logprobs or 0)

@@ -19,9 +19,10 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lapheads.apps.penalties import Penalties
 from lapheads.errors import LapheadsError
 
-__all__ = ["ChatCompletionBody", "CompletionBody", "PageChatBody", "RequestError", "validated"]
+__all__ = ["ChatCompletionBody", "CompletionBody", "PageChatBody", "RequestError", "requested_penalties", "validated"]
 
 #: the most choices (``n``) and stop strings one request may ask for: OpenAI's own limit on stop strings is 4, but
 #: lm-eval adds its end-of-text string to a task's ``until`` list (a humaneval-style task sends 6) and vLLM takes any
@@ -32,6 +33,9 @@ MAX_CHOICES, MAX_STOPS = 8, 16
 MAX_STOP_CHARS = 200
 #: the most alternatives per token ``top_logprobs`` / ``logprobs`` may ask for (OpenAI's chat limit; vLLM's)
 MAX_TOP_LOGPROBS = 20
+#: the most tokens one ``logit_bias`` may name: a bound of this server's (a request biases a few tokens, or a
+#: class's labels), each entry applied at every step
+MAX_LOGIT_BIAS = 1024
 
 
 class RequestError(LapheadsError):
@@ -62,6 +66,8 @@ Text = Annotated[str, Field(min_length=1)]
 StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 Stop = StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+TokenId = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
+Bias = Annotated[float, Field(ge=-100, le=100)]
 
 
 class _Sampling(_Body):
@@ -88,9 +94,20 @@ class _Sampling(_Body):
         "ends before the first that appears (finish_reason stop)"
     )
     user: str | None = _field("a string: an end-user id, recorded nowhere, changes nothing")
-    frequency_penalty: Annotated[float, Field(ge=0, le=0)] | None = _field("0 only: no penalties here")
-    presence_penalty: Annotated[float, Field(ge=0, le=0)] | None = _field("0 only: no penalties here")
-    logit_bias: Annotated[dict, Field(max_length=0)] | None = _field("none only: no biases here")
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = _field(
+        "a number in [-2, 2]: subtracted from a token's logit once per time the reply already holds it"
+    )
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = _field(
+        "a number in [-2, 2]: subtracted once from the logit of every token the reply already holds"
+    )
+    repetition_penalty: Annotated[float, Field(gt=0, le=2)] | None = _field(
+        "a number in (0, 2], 1 = none: a token seen in the prompt or the reply has its logit divided by it where "
+        "positive, multiplied where not (an extension vLLM and transformers also take)"
+    )
+    logit_bias: Annotated[dict[TokenId, Bias], Field(max_length=MAX_LOGIT_BIAS)] | None = _field(
+        f"up to {MAX_LOGIT_BIAS} pairs of a token id (as a string) and a number in [-100, 100]: added to that "
+        "token's logit before sampling"
+    )
 
 
 class ChatCompletionBody(_Sampling):
@@ -176,6 +193,25 @@ def _stream_options_with_stream(body: ChatCompletionBody | CompletionBody) -> An
             "stream_options",
         )
     return body
+
+
+#: the fields that adjust the logits before sampling (:mod:`lapheads.apps.penalties`), in both endpoints
+PENALTY_FIELDS = ("frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias")
+
+
+def requested_penalties(given: dict[str, Any], vocab_size: int) -> Penalties:
+    """The :class:`Penalties` of a validated request's fields (``given``: a body's :data:`PENALTY_FIELDS`, absent
+    or None where not asked), or a RequestError naming a ``logit_bias`` token the model does not have."""
+    bias = given.get("logit_bias") or {}
+    for token in bias:
+        if int(token) >= vocab_size:
+            raise RequestError(f"logit_bias token {token!r}; allowed: token ids in [0, {vocab_size - 1}]", "logit_bias")
+    return Penalties(
+        presence=given.get("presence_penalty") or 0.0,
+        frequency=given.get("frequency_penalty") or 0.0,
+        repetition=given.get("repetition_penalty") or 1.0,
+        logit_bias=tuple(sorted((int(token), float(value)) for token, value in bias.items())),
+    )
 
 
 #: the chat fields accepted and ignored (their descriptions say why): the docs' table of them

@@ -31,7 +31,14 @@ from lapheads.apps.completions import (
     completion_request,
     tokenize,
 )
-from lapheads.apps.schema import ChatCompletionBody, PageChatBody, RequestError, validated
+from lapheads.apps.schema import (
+    PENALTY_FIELDS,
+    ChatCompletionBody,
+    PageChatBody,
+    RequestError,
+    requested_penalties,
+    validated,
+)
 from lapheads.data.conversations import render_for_completion
 from lapheads.errors import LapheadsError
 
@@ -76,7 +83,7 @@ def _from_openai(body: Any) -> dict[str, Any]:
     limit = given.get("max_completion_tokens", given.get("max_tokens"))
     if limit is not None:
         out["max_tokens"] = limit
-    for name in ("temperature", "top_k", "seed", "top_p", "n", "logprobs", "top_logprobs"):
+    for name in ("temperature", "top_k", "seed", "top_p", "n", "logprobs", "top_logprobs", *PENALTY_FIELDS):
         if name in given:
             out[name] = given[name]
     stop = given.get("stop", [])
@@ -214,6 +221,7 @@ class ChatServing:
             else:
                 body = validated(PageChatBody, body).model_dump(exclude_none=True)
             request = _check_request(body, self.limits, self.temperature, self.top_k)
+            request["penalties"] = requested_penalties(body, self.engine.tokenizer.vocab_size)
             if not openai and request["n"] != 1:  # the page streams one reply: more would be decoded for no one
                 raise RequestError(f"n {request['n']}; allowed: 1 here (n choices: POST /v1/chat/completions)", "n")
             prompt = render_for_completion(self.engine.tokenizer, {"messages": request["messages"]})
@@ -247,7 +255,8 @@ class ChatServing:
         tokens = outcome.setdefault("logprobs", []) if request.get("logprobs") else None
         turn = self.engine.turn(prompt, request["max_tokens"], request["temperature"], request["top_k"] or None,
                                 seed=(request["seed"] + choice) % 2**63, top_p=request["top_p"], logprobs=tokens,
-                                top_logprobs=request.get("top_logprobs", 0))  # fmt: skip
+                                top_logprobs=request.get("top_logprobs", 0),
+                                penalties=request["penalties"])  # fmt: skip
         return self.batcher.submit(turn, outcome)
 
     def completion(self, prompt: list[int], replies: list[Reply]) -> dict[str, Any]:
