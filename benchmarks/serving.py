@@ -8,10 +8,11 @@ end-of-turn token ends there: tokens are counted), each its own seed. For each m
 1. The engine: N requests (prompts of 24-40 tokens) decoded as one batch against one at a time, interleaved in one
    process (``lapheads.bench.time_interleaved``), at N = 1, 4, 8.
 2. The server: N clients at once share a list of N x 4 chat requests, each taking the next when its reply has ended
-   (vLLM's ``benchmark_serving --max-concurrency N``; OpenAI's chat completions over HTTP, the clients in their own
-   process, uvicorn in this one), against the same server with ``max_num_seqs`` 1 (one reply after another: what
-   the server did before it batched) and 16, rounds alternating; tokens counted from the replies' usage. The model
-   runs on the threads ``lapheads serve`` gives it (``model_threads``: the CPUs less the one the HTTP side keeps).
+   (vLLM's ``benchmark_serving --max-concurrency N``; OpenAI's chat completions over HTTP, streamed, the clients in
+   their own process, uvicorn in this one), against the same server with ``max_num_seqs`` 1 (one reply after
+   another: what the server did before it batched) and 16, rounds alternating; tokens counted from the replies'
+   usage chunks. The model runs on the threads ``lapheads serve`` gives it (``model_threads``: the CPUs less the one
+   the HTTP side keeps).
 
 Throughput = generated tokens / wall seconds; the ratio is batched over serial. The replies are the same either way
 (the same seeds: tests/apps/test_batching.py, tests/apps/test_serve.py).
@@ -22,6 +23,11 @@ Throughput = generated tokens / wall seconds; the ratio is batched over serial. 
    ``sample`` (sampling, text, the readers' queues) and ``prefill`` (a batch's first prompts), and the rest, the
    worker waiting (for requests, and for the CPU the HTTP side and the clients share with it); beside them the
    joiners' prefills, which run on their own thread while the worker steps.
+4. What the clients waited for, as vLLM's ``benchmark_serving`` reports it: each reply's time to first token
+   (TTFT: from sending the request to its first streamed text), its time per output token after the first (TPOT:
+   the rest of its time over its other tokens) and every inter-token latency (ITL: the gap between two chunks of
+   text), median and p99 (``np.percentile``) over every reply of the rounds: what batching costs each reply
+   beside what it buys the server.
 
     python benchmarks/serving.py                                   # ~4 minutes on 2 cores, machine otherwise idle
     python benchmarks/serving.py --write docs/benchmarks.md
@@ -69,39 +75,59 @@ def _counters(http, url: str) -> dict[str, float]:
     return counters
 
 
-def _load(url: str, clients: int, requests: int, max_tokens: int) -> tuple[int, float, dict[str, float]]:
-    """(tokens, seconds, the server's counters' change) of ``requests`` chat requests sent by ``clients`` clients
-    at once, each taking the next request when its reply has ended (vLLM's ``benchmark_serving
-    --max-concurrency``); run in its own process, as a server's clients are, so they do not share the server's
-    interpreter lock."""
+def _load(url: str, clients: int, requests: int, max_tokens: int) -> tuple[int, float, dict[str, float], dict]:
+    """(tokens, seconds, the server's counters' change, the replies' latencies) of ``requests`` streamed chat
+    requests sent by ``clients`` clients at once, each taking the next when its reply has ended (vLLM's
+    ``benchmark_serving --max-concurrency``); run in its own process, as a server's clients are, so they do not
+    share the server's interpreter lock. The latencies are vLLM's, read where the client reads the text: each
+    reply's time to its first text (``ttft``), its time per token after the first (``tpot``: the rest of its time
+    over its other tokens), and every gap between two chunks of text (``itl``), in seconds."""
+    import json
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
+    latencies: dict[str, list[float]] = {"ttft": [], "tpot": [], "itl": []}
     with httpx.Client(timeout=600) as http:
 
-        def ask(seed: int) -> int:
+        def ask(seed: int, record: bool = True) -> int:
             body = {"messages": [{"role": "user", "content": "what is the capital of france?"}],
-                    "max_tokens": max_tokens, "seed": seed}  # fmt: skip
-            return http.post(f"{url}/v1/chat/completions", json=body).json()["usage"]["completion_tokens"]
+                    "max_tokens": max_tokens, "seed": seed, "stream": True,
+                    "stream_options": {"include_usage": True}}  # fmt: skip
+            sent, arrivals, tokens = time.perf_counter(), [], 0
+            with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+                for line in response.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line[len("data: ") :])
+                    if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                        arrivals.append(time.perf_counter())
+                    if chunk.get("usage"):
+                        tokens = chunk["usage"]["completion_tokens"]
+            if record and arrivals:  # list.append is atomic: the clients' threads share these lists
+                latencies["ttft"].append(arrivals[0] - sent)
+                if tokens > 1:
+                    latencies["tpot"].append((arrivals[-1] - arrivals[0]) / (tokens - 1))
+                latencies["itl"].extend(b - a for a, b in zip(arrivals, arrivals[1:]))
+            return tokens
 
-        ask(10**6)  # warm-up
+        ask(10**6, record=False)  # warm-up
         before = _counters(http, url)
         start = time.perf_counter()
         with ThreadPoolExecutor(clients) as pool:
             tokens = sum(pool.map(ask, range(requests)))
         seconds = time.perf_counter() - start
         after = _counters(http, url)
-        return tokens, seconds, {key: after[key] - before.get(key, 0.0) for key in after}
+        return tokens, seconds, {key: after[key] - before.get(key, 0.0) for key in after}, latencies
 
 
 def _served_rate(
     model, clients: int, per_client: int, max_tokens: int, max_num_seqs: int
-) -> tuple[int, float, dict[str, float]]:
-    """(tokens, seconds, the server's counters' change: :func:`_counters`) of ``clients`` clients at once against
-    ``lapheads serve``'s app with ``max_num_seqs``; the clients are this script again (``--load``), in its own
-    process."""
+) -> tuple[int, float, dict[str, float], dict]:
+    """(tokens, seconds, the server's counters' change: :func:`_counters`, the latencies: :func:`_load`) of
+    ``clients`` clients at once against ``lapheads serve``'s app with ``max_num_seqs``; the clients are this script
+    again (``--load``), in its own process."""
     import json
     import subprocess
     import sys
@@ -115,8 +141,8 @@ def _served_rate(
     with served(app) as url:
         load = [url, str(clients), str(clients * per_client), str(max_tokens)]
         done = subprocess.run([sys.executable, __file__, "--load", *load], capture_output=True, text=True, check=True)
-    tokens, seconds, counters = json.loads(done.stdout.splitlines()[-1])
-    return tokens, seconds, counters
+    tokens, seconds, counters, latencies = json.loads(done.stdout.splitlines()[-1])
+    return tokens, seconds, counters, latencies
 
 
 def _model(depth: int):
@@ -158,26 +184,47 @@ def _engine_rows(model, args: argparse.Namespace) -> list[str]:
     return rows
 
 
-def _served_rows(model, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+def _served_rows(model, args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
     """The serial and the batched server under N clients at each N of ``--clients``, rounds alternating: the
-    throughput rows, and the rows of where their time went (the counters summed over the rounds)."""
-    rows, profile = [], []
+    throughput rows, the rows of where their time went (the counters summed over the rounds) and the latency rows
+    (every reply of every round)."""
+    rows, profile, latency = [], [], []
     for n in args.clients:
         rates: dict[int, list[float]] = {1: [], 16: []}
         spent: dict[int, dict[str, float]] = {1: {}, 16: {}}
+        waited: dict[int, dict[str, list[float]]] = {1: {}, 16: {}}
         for _ in range(args.repeats):  # rounds alternate the two servers, so drift hits both alike
             for seqs in rates:
-                tokens, seconds, counters = _served_rate(model, n, args.requests_per_client, args.max_tokens, seqs)
+                tokens, seconds, counters, latencies = _served_rate(
+                    model, n, args.requests_per_client, args.max_tokens, seqs
+                )
                 rates[seqs].append(tokens / seconds)
                 for key, value in {**counters, "wall": seconds}.items():
                     spent[seqs][key] = spent[seqs].get(key, 0.0) + value
+                for key, values in latencies.items():
+                    waited[seqs].setdefault(key, []).extend(values)
         serial, batched = statistics.median(rates[1]), statistics.median(rates[16])
         rows.append(f"| {n} | {tokens} | {serial:.0f} | {batched:.0f} | {batched / serial:.2f} |")
         print(rows[-1], flush=True)
         for seqs, name in ((1, "serial"), (16, "batched")):
             profile.append(_profile_row(n, name, spent[seqs], args.repeats))
-            print(profile[-1], flush=True)
-    return rows, profile
+            latency.append(_latency_row(n, name, waited[seqs]))
+            print(profile[-1], latency[-1], sep="\n", flush=True)
+    return rows, profile, latency
+
+
+def _latency_row(clients: int, server: str, latencies: dict[str, list[float]]) -> str:
+    """One server's row of vLLM's latencies in ms: time to first token (median, p99), time per output token
+    (median, p99) and inter-token latency (median, p99), over every reply of its rounds."""
+
+    import numpy as np
+
+    def at(key: str, percentile: float) -> str:  # np.percentile, as benchmark_serving computes them
+        values = latencies.get(key)
+        return f"{1e3 * float(np.percentile(values, percentile)):.1f}" if values else "-"
+
+    cells = [at(key, percentile) for key in ("ttft", "tpot", "itl") for percentile in (50, 99)]
+    return f"| {clients} | {server} | {len(latencies.get('ttft', []))} | {' | '.join(cells)} |"
 
 
 def _profile_row(clients: int, server: str, spent: dict[str, float], rounds: int) -> str:
@@ -237,7 +284,7 @@ def main(argv: list[str] | None = None) -> str:
         torch.set_num_threads(engine_threads)
         engine = _engine_rows(model, args)
         torch.set_num_threads(served_threads)
-        served, profile = _served_rows(model, args)
+        served, profile, latency = _served_rows(model, args)
         params = sum(p.numel() for p in model.parameters()) / 1e6
         lines += [
             "",
@@ -260,6 +307,14 @@ def main(argv: list[str] | None = None) -> str:
             "sample | prefill | rest | joiners' prefill |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
             *profile,
+            "",
+            "What the clients waited for (vLLM's `benchmark_serving` latencies, read where each client read the "
+            "streamed text, over every reply of the rounds; ms): the time to a reply's first text (TTFT), its time "
+            "per token after the first (TPOT) and each gap between two chunks of text (ITL):",
+            "",
+            "| clients | server | replies | TTFT median | TTFT p99 | TPOT median | TPOT p99 | ITL median | ITL p99 |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *latency,
         ]
     torch.set_num_threads(engine_threads)
     return write_section("serving.py", lines, args.write)

@@ -229,6 +229,7 @@ def test_the_serving_benchmark_times_requests_together_and_one_by_one(tmp_path):
     )
     engine, server = text.split("| clients | tokens |")
     server, profile = server.split("Where the served rounds' time went")
+    profile, latency = profile.split("What the clients waited for")
     rows = [line for line in engine.splitlines() if line.startswith(("| 1 | 3 |", "| 3 | 9 |"))]
     assert len(rows) == 2 and all(len(row.split("|")) == 7 for row in rows)  # every request ran to its 3 tokens
     served = [line for line in server.splitlines() if line.startswith(("| 1 |", "| 3 |"))]
@@ -238,6 +239,12 @@ def test_the_serving_benchmark_times_requests_together_and_one_by_one(tmp_path):
              for line in profile.splitlines() if line.startswith(("| 1 |", "| 3 |"))}  # fmt: skip
     assert sorted(spent) == [("1", "batched"), ("1", "serial"), ("3", "batched"), ("3", "serial")]
     assert spent["3", "serial"][1] == "1.0" and 1 <= int(spent["3", "serial"][0]) <= 6
+    # vLLM's latencies, from the streamed replies: each of the 3 replies has a first token, and 3 tokens have gaps
+    waited = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:-1]]
+              for line in latency.splitlines() if line.startswith(("| 1 |", "| 3 |"))}  # fmt: skip
+    assert sorted(waited) == sorted(spent) and waited["3", "batched"][0] == "3"
+    ttft, ttft_p99, tpot, tpot_p99, itl, itl_p99 = map(float, waited["3", "batched"][1:])
+    assert 0 < ttft <= ttft_p99 and 0 < tpot <= tpot_p99 and 0 < itl <= itl_p99
     assert 1.0 <= float(spent["3", "batched"][1]) <= 3.0
     assert all(float(row[2]) > 0 and row[4].endswith("%") for row in spent.values())  # decode ms a step
     assert doc.read_text().strip() == text.strip()
