@@ -12,6 +12,7 @@ pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from lapheads.cli import main  # noqa: E402
+from lapheads.errors import InputError  # noqa: E402
 from lapheads.integrations.lm_eval import LapheadsLM  # noqa: E402
 from lapheads.train.lm import train_lm  # noqa: E402
 from tests.conftest import tiny_lm  # noqa: E402
@@ -114,6 +115,39 @@ def test_generate_until_decodes_a_batch_of_requests_as_each_alone(harness_lm, mo
     assert together[:3] == alone
     assert together[3] != together[4]  # lm-eval's repeats of a sampled request are different samples
     assert harness_lm.generate_until([_request("generate_until", r) for r in requests])[3:] == together[3:]
+
+
+def _greedy_with_repetition_penalty(lm, prompt: str, steps: int, penalty: float) -> str:
+    """The textbook loop: transformers' RepetitionPenaltyLogitsProcessor over everything the model has read (BOS,
+    the context, the tokens so far), then the argmax, one full forward a token."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    ids = torch.tensor([lm.lapheads_tokenizer.encode(prompt, bos=True)])
+    start = ids.shape[1]
+    for _ in range(steps):
+        with torch.no_grad():
+            logits = lm.model(ids)[:, -1].float()
+        token = RepetitionPenaltyLogitsProcessor(penalty)(ids, logits).argmax(-1, keepdim=True)
+        ids = torch.cat([ids, token], 1)
+    return lm.lapheads_tokenizer.decode(ids[0, start:].tolist())
+
+
+def test_generate_until_honours_the_generation_arguments_transformers_takes_and_refuses_the_rest(harness_lm):
+    """A task's top_k / top_p narrow the sample (top_k 1 and a tiny top_p sample the greedy text), its
+    repetition_penalty applies as transformers' generate applies it (greedy too), max_new_tokens sets the length,
+    and an argument it would otherwise ignore is refused in one line."""
+    run = lambda kwargs, prompt="ROMEO:\n": harness_lm.generate_until([_request("generate_until", (prompt, kwargs))])[0]  # noqa: E731
+    greedy = run({"until": [], "max_gen_toks": 16})
+    sampled = {"until": [], "max_gen_toks": 16, "do_sample": True, "temperature": 1.0}
+    assert run(sampled) != greedy  # sampling alone moves off the greedy text here
+    assert run({**sampled, "top_k": 1}) == greedy and run({**sampled, "top_p": 1e-9}) == greedy
+    penalised = run({"until": [], "max_gen_toks": 16, "repetition_penalty": 1.8})
+    assert penalised == _greedy_with_repetition_penalty(harness_lm, "ROMEO:\n", 16, 1.8) != greedy
+    assert run({"until": [], "max_gen_toks": 16, "max_new_tokens": 4}) == greedy[: len(run({"max_gen_toks": 4}))]
+    with pytest.raises(InputError, match="lm-eval generation argument 'min_length'; allowed: until, max_gen_toks"):
+        run({"until": [], "min_length": 3})
+    with pytest.raises(InputError, match="num_beams=4; allowed: 1"):
+        run({"until": [], "num_beams": 4})
 
 
 @pytest.mark.slow

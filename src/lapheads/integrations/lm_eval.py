@@ -45,6 +45,23 @@ __all__ = ["HARNESS_TASKS", "LapheadsLM", "evaluate_harness", "task_dir"]
 
 HARNESS_TASKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "hellaswag")
 
+#: the generation arguments :meth:`LapheadsLM.generate_until` honours, as transformers' ``generate`` reads them
+#: (lm-eval's own ``until`` and ``max_gen_toks`` beside them); ``num_beams`` only as 1 (no beam search here). The
+#: shipped lm-eval tasks use these and no others; a task or ``--gen_kwargs`` asking for anything else is refused
+GENERATION_KWARGS = (
+    "until", "max_gen_toks", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
+    "num_beams",
+)  # fmt: skip
+
+
+def _check_generation_kwargs(gen_kwargs: dict[str, Any]) -> None:
+    """Refuse, in one line, a generation argument :meth:`LapheadsLM.generate_until` would otherwise ignore."""
+    unknown = sorted(set(gen_kwargs) - set(GENERATION_KWARGS))
+    if unknown:
+        raise InputError(f"lm-eval generation argument {unknown[0]!r}; allowed: {', '.join(GENERATION_KWARGS)}")
+    if gen_kwargs.get("num_beams", 1) != 1:
+        raise InputError(f"lm-eval generation argument num_beams={gen_kwargs['num_beams']!r}; allowed: 1 (no beams)")
+
 
 @register_model("lapheads")
 class LapheadsLM(TemplateLM):
@@ -189,10 +206,14 @@ class LapheadsLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Each request's continuation, to its first stop string (cut there), the end of an assistant turn or of a
         document, or its length; ``batch_size`` requests decoded together (``lapheads.apps.batching``: each text is
-        the one it gets alone). Greedy, or with ``do_sample`` sampled at its temperature from a generator seeded by
-        its place among the requests (lm-eval's repeats of one context differ; a rerun gives the same)."""
+        the one it gets alone). Greedy, or with ``do_sample`` sampled at its temperature (and ``top_k``, ``top_p``
+        where a task sets them) from a generator seeded by its place among the requests (lm-eval's repeats of one
+        context differ; a rerun gives the same); a task's ``repetition_penalty`` applies either way, as in
+        transformers' ``generate``. Any other generation argument is refused in one line (:data:`GENERATION_KWARGS`),
+        never silently ignored."""
         from lapheads.apps.batching import Generation, generate_together
         from lapheads.apps.detokenize import IncrementalText
+        from lapheads.apps.penalties import Penalties
         from lapheads.data.tokenizers import TokenizerError
 
         try:  # the end of an assistant turn ends a generation, as the server's chat engine stops there (issue 72)
@@ -202,13 +223,21 @@ class LapheadsLM(TemplateLM):
         jobs: list[tuple[Generation, list[str]]] = []
         for seed, request in enumerate(requests):
             context, gen_kwargs = request.args
+            _check_generation_kwargs(gen_kwargs)
             until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
-            temperature = float(gen_kwargs.get("temperature", 0.0)) if gen_kwargs.get("do_sample") else 0.0
+            # a task's max_new_tokens wins over max_gen_toks, as transformers' generate lets it win in lm-eval's hf
+            max_new = int(gen_kwargs.get("max_new_tokens") or gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+            sampled = bool(gen_kwargs.get("do_sample"))  # as transformers' generate: top-k / top-p only when sampling
+            temperature = float(gen_kwargs.get("temperature", 0.0)) if sampled else 0.0
+            top_k = int(gen_kwargs.get("top_k") or 0) if sampled else 0
+            top_p = float(gen_kwargs.get("top_p", 1.0)) if sampled else 1.0
+            # the repetition penalty also applies when greedy, as transformers' logits processor does
+            penalties = Penalties(repetition=float(gen_kwargs.get("repetition_penalty", 1.0)))
             ids = [self.eot_token_id, *self.tok_encode(context)][-(self.max_length - 1) :]
             steps = max(0, min(max_new, self.max_length - len(ids)))
-            jobs.append((Generation(tuple(ids), steps, temperature, seed=seed, stop_ids=ends), until))
+            generation = Generation(tuple(ids), steps, temperature, top_k or None, top_p, seed, ends, penalties)
+            jobs.append((generation, until))
         decode = self.lapheads_tokenizer.decode
         out = []
         with tqdm(total=len(jobs), disable=disable_tqdm, desc="generate_until") as progress:
