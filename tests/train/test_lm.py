@@ -344,6 +344,40 @@ def test_generate_streams_a_continuation_of_a_run(trained_run, capsys):
     expected = lm.tokenizer.decode(lm.model.generate(ids, 12, temperature=0)[0, 1:].tolist())
     assert out == expected + "\n"
     assert main(["generate", str(run), "--max-tokens", "-1"]) == 2
+    capsys.readouterr()
+    ask = ["generate", str(run), "--prompt", "ROMEO:\n", "--max-tokens", "12"]
+    assert main([*ask, "--temperature", "1", "--top-k", "0", "--top-p", "1e-9"]) == 0  # the nucleus: one token
+    assert capsys.readouterr().out == expected + "\n"
+    assert main([*ask, "--temperature", "0", "--repetition-penalty", "1.8"]) == 0
+    assert capsys.readouterr().out != expected + "\n"  # the penalty reached the decoder
+    assert main([*ask, "--top-p", "1.5"]) == 2
+    assert "--top-p 1.5, --repetition-penalty 1.0: allowed: --top-p in (0, 1]" in capsys.readouterr().err
+
+
+def test_generate_streams_a_character_split_over_byte_tokens_whole(monkeypatch):
+    """A continuation whose character is spelled in byte tokens ('€' outside the char tokenizer's corpus) streams
+    the character once its last byte arrives, and the pieces join to the decoded continuation (the streamed text
+    was U+FFFD and the character was lost)."""
+    from types import SimpleNamespace
+
+    import lapheads.apps.batching as batching
+    from lapheads.data.tokenizers import Tokenizer
+    from lapheads.evals.lm import stream_text
+
+    tokenizer = Tokenizer.char("ROMEO:\nab")
+    reply = tokenizer.encode("a€b€")  # the last '€' cut short after its first byte
+
+    def decoded(model, requests, on_token):  # the decoder, reporting the reply's tokens one step each
+        for token in reply[:-2]:
+            on_token(0, token, None)
+            yield
+        return []
+
+    monkeypatch.setattr(batching, "decode_steps", decoded)
+    lm = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(sequence_len=32)), tokenizer=tokenizer)
+    pieces = list(stream_text(lm, "ROMEO:\n", 16, 0.0, 0, 0))
+    assert pieces[0] == "ROMEO:\n" and "".join(pieces[1:]) == tokenizer.decode(reply[:-2]) == "a€b\ufffd"
+    assert pieces[1:] == ["a", "€", "b", "\ufffd"]  # the cut character shows as decoding the whole text shows it
 
 
 def _nanochat_base(tmp_path):

@@ -232,7 +232,10 @@ def _answer(engine: ChatEngine, messages: list[dict[str, str]], text: str, optio
     messages.append({"role": "user", "content": text})
     prompt = render_for_completion(engine.tokenizer, {"messages": messages})
     pieces = []
-    for piece in engine.stream(prompt, options["max_tokens"], options["temperature"], options["top_k"], seed):
+    sampling = {key: options[key] for key in ("top_p", "penalties") if key in options}
+    for piece in engine.stream(
+        prompt, options["max_tokens"], options["temperature"], options["top_k"], seed, **sampling
+    ):
         pieces.append(piece)
         print(piece, end="", flush=True)
     print()

@@ -137,13 +137,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
             "allowed: numbers >= 0"
         )
+    sampling = _nucleus_and_repetition(args)
     lm = load_lm(
         args.run_dir, nanochat=args.nanochat, step=args.step, tokenizer_dir=args.nanochat_tokenizer, device=args.device
     )
-    for piece in stream_text(lm, args.prompt, args.max_tokens, args.temperature, args.top_k, args.seed):
+    for piece in stream_text(lm, args.prompt, args.max_tokens, args.temperature, args.top_k, args.seed, **sampling):
         print(piece, end="", flush=True)
     print()
     return 0
+
+
+def _nucleus_and_repetition(args: argparse.Namespace) -> dict[str, object]:
+    """``--top-p`` and ``--repetition-penalty`` checked, as ``top_p`` and ``penalties`` for the decoder."""
+    from lapheads.apps.penalties import Penalties
+
+    if not 0 < args.top_p <= 1 or not args.repetition_penalty > 0:
+        raise UserError(
+            f"--top-p {args.top_p}, --repetition-penalty {args.repetition_penalty}: allowed: --top-p in (0, 1], "
+            "--repetition-penalty > 0"
+        )
+    return {"top_p": args.top_p, "penalties": Penalties(repetition=args.repetition_penalty)}
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -155,6 +168,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
             "allowed: --max-tokens >= 1, the others >= 0"
         )
+    sampling = _nucleus_and_repetition(args)
     if args.prompt is not None and not args.prompt.strip():
         raise UserError("--prompt is empty; allowed: a question, e.g. --prompt 'What is 12 + 30?'")
     record, model, tokenizer = load_gpt_run(args.run_dir, args.device)
@@ -164,7 +178,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
             "a mid or sft run (lapheads train sft --from RUN_DIR)"
         )
     engine = ChatEngine(model, tokenizer, tools=not args.no_tools)
-    options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    options = dict(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed, **sampling
+    )
     if args.prompt is not None:
         chat_once(engine, args.prompt, system=args.system, **options)
         return 0

@@ -22,7 +22,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lapheads.apps.penalties import Penalties
 from lapheads.data.benchmarks import HUB_DATASETS, LETTERS, load_task, render_mc, usable_rows
 from lapheads.data.images import DataError
 from lapheads.data.text import validation_windows
@@ -421,11 +422,22 @@ def load_lm(
     return LoadedLM(model, tokenizer, None, model.config.sequence_len, 0, 8, external_report_dir(name), name)
 
 
-def stream_text(lm: LoadedLM, prompt: str, max_tokens: int, temperature: float, top_k: int, seed: int):
-    """Yield ``prompt``, then the text of each new token as soon as it is sampled (``lapheads.apps.batching``'s
-    decoder, a batch of one; the whole tail is decoded each time, so characters spread over several tokens come out
-    whole)."""
+def stream_text(
+    lm: LoadedLM,
+    prompt: str,
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    seed: int,
+    top_p: float | None = None,
+    penalties: Penalties | None = None,
+) -> Iterator[str]:
+    """Yield ``prompt``, then the text each new token completes as soon as it is sampled (``lapheads.apps.batching``'s
+    decoder, a batch of one; :class:`lapheads.apps.detokenize.IncrementalText`: a few tokens decoded a token, and a
+    character spread over several byte tokens comes out whole once its last byte arrives); ``top_p`` and
+    ``penalties`` (logit biases, repetition, frequency and presence penalties) as the server takes them."""
     from lapheads.apps.batching import Generation, decode_steps
+    from lapheads.apps.detokenize import IncrementalText
 
     model, tokenizer = lm.model, lm.tokenizer
     ids = tokenizer.encode(prompt, bos=True)
@@ -435,20 +447,17 @@ def stream_text(lm: LoadedLM, prompt: str, max_tokens: int, temperature: float, 
     yield prompt
     if steps == 0:
         return
-    new: list[int] = []
-    shown = tokenizer.decode(ids[1:])  # the text so far, prompt included: a new piece is what it adds
+    text = IncrementalText(tokenizer.decode)  # the continuation's text: the prompt's ended on a whole character
     pieces: list[str] = []
-
-    def on_token(index: int, token: int, logits: torch.Tensor) -> None:
-        nonlocal shown
-        new.append(token)
-        full = tokenizer.decode(ids[1:] + new)
-        pieces.append(full[len(shown) :])
-        shown = full
-
-    for _ in decode_steps(model, [Generation(tuple(ids), steps, temperature, top_k or None, seed=seed)], on_token):
-        yield from pieces
+    generation = Generation(
+        tuple(ids), steps, temperature, top_k or None, top_p, seed, penalties=penalties or Penalties()
+    )
+    for _ in decode_steps(model, [generation], lambda index, token, logits: pieces.append(text.add(token))):
+        yield from filter(None, pieces)
         pieces.clear()
+    rest = text.flush()  # a character cut short by the length: U+FFFD, as decoding the whole text shows it
+    if rest:
+        yield rest
 
 
 def run_evals(options: LMEvalOptions, progress: bool = True) -> dict[str, Any]:
