@@ -109,8 +109,12 @@ def test_a_report_restated_away_from_its_plan_is_refused_not_read_without_it(tmp
 
 
 #: the arguments docs/reproduction.md gives each report's rebuild (patch 4 stopped by its rule at seed 5; stage B's
-#: plan reads it against k = 0 at its own lr)
-REBUILD_ARGS = {"patch4": ["--seeds", "0,1,2,3,4,5"], "best-lr": ["--baseline", "0+lr=1.2e-2"]}
+#: plan and the tuned intervention's read them against k = 0 at its own lr)
+REBUILD_ARGS = {
+    "patch4": ["--seeds", "0,1,2,3,4,5"],
+    "best-lr": ["--baseline", "0+lr=1.2e-2"],
+    "intervention-tuned": ["--baseline", "0+lr=1.2e-2"],
+}
 
 
 @pytest.mark.parametrize("stats_file", REPORTS, ids=lambda p: str(p.parents[2].relative_to(STUDIES)))

@@ -42,6 +42,12 @@ BEST = json.loads(
 #: stage A's bracket (lapheads across over 0.5x-32x, seeds 0-4): the means the selection rule read
 BRACKET = json.loads((ROOT / "docs" / "reproduction" / "fair-tuning" / "bracket" / "across.json").read_text())
 TUNED, PLAIN = "3+lr=6e-3", "0+lr=1.2e-2"
+#: the intervention at the tuned lr (issue 70, part 2): k = 0 at 1.2e-2, plain against penalised, read with --baseline
+IVT = json.loads(
+    (ROOT / "docs" / "reproduction" / "intervention-tuned" / "cells" / "report-vs-L0+lr=1.2e-2" / "stats.json")
+    .read_text()
+)
+PENALISED = "0+lr=1.2e-2+within_seq_penalty=0.0001"
 #: appendix D's exploratory pilot of gated heads (issue 73): 2 seeds, no plan
 GATED = _report("gated-pilot")
 #: the intervention study's penalised arm (its plan's one contrast against plain k = 0)
@@ -254,6 +260,7 @@ def _quotes() -> dict[str, str]:
         # fair tuning
         **{key: quote for factor in FAIR for key, quote in _fair_tuning_quotes(factor).items()},
         **_across_quotes(),
+        **_intervention_tuned_quotes(),
         # the language-model study
         **_lm_quotes(),
     }
@@ -281,6 +288,45 @@ def _intervention_quotes() -> dict[str, str]:
         "iv verdict": top["verdict"],
         "iv between": f"{interval(between, 3)} ({between['signs']})",
         "iv wall times": "(" + "-".join(f"{m:.1f}" for m in _wall_minutes("intervention")) + " min a cell)",
+    }
+
+
+def _intervention_tuned_quotes() -> dict[str, str]:
+    """The intervention at the tuned lr (its section, the claims row, the short answer), as printed: the check, the
+    primary with both TOST halves, and the plan's sharper reading, the 95 % CI's upper end against stage B's gain,
+    with the power against that gain at the observed SD."""
+    fraction = geometry(IVT, "within-sequence fraction", PENALISED)
+    k3 = geometry(BEST, "within-sequence fraction", TUNED)
+    top = top1(IVT, PENALISED)
+    stage_b = top1(BEST, TUNED)["paired"]["mean_difference"]
+    pairs = top["paired"]["n_pairs"]
+    se = (top["paired"]["ci_high"] - top["paired"]["ci_low"]) / 2 / stats.t.ppf(0.975, pairs - 1)
+    critical = stats.t.ppf(0.975, pairs - 1)
+    power = stats.nct.sf(critical, pairs - 1, stage_b / se) + stats.nct.cdf(-critical, pairs - 1, stage_b / se)
+    between = geometry(IVT, "between-class fraction", PENALISED)
+    assert top["paired"]["ci_high"] > stage_b  # the account says the upper end is not below stage B's gain
+    return {
+        "ivt fraction": interval(fraction, 3),
+        "ivt fraction p": f"p {p(fraction['p_holm'])}, {fraction['signs']} seeds",
+        "ivt ratio": f"{fraction['paired']['mean_difference'] / k3['paired']['mean_difference']:.2f} times",
+        "ivt fraction means": f"plain {geometry(IVT, 'within-sequence fraction', PLAIN)['mean']:.3f}, penalised "
+        f"{fraction['mean']:.3f}",
+        "ivt means": f"plain {top1(IVT, PLAIN)['mean']:.2f} +- {top1(IVT, PLAIN)['std']:.2f}, penalised "
+        f"{top['mean']:.2f} +- {top['std']:.2f}",
+        "ivt top-1": interval(top, 2),
+        "ivt top-1 p": f"p {p(top['paired']['p'])}, sign-flip {p(top['permutation_p'])}, {top['signs']} seeds",
+        "ivt TOST": f"TOST p {p(top['tost_p'])} by t, {p(top['tost_sign_flip_p'])} by sign flips",
+        "ivt TOST lower": f"lower half {p(top['tost_lower_p'])} by t, {p(top['tost_lower_sign_flip_p'])}",
+        "ivt margin": f"margin {top['margin']:.3f}",
+        "ivt MDE": f"MDE {top['mde_at_alpha']:.2f} points at the observed SD",
+        "ivt upper end": f"upper end, {top['paired']['ci_high']:+.3f}, is not below stage B's {stage_b:+.3f}",
+        "ivt power": f"power {power:.2f} against stage B's {stage_b:+.2f}",
+        "ivt fraction SDs": f"SD {geometry(IVT, 'within-sequence fraction', PLAIN)['std']:.3f} and "
+        f"{fraction['std']:.3f} across seeds, against {geometry(BEST, 'within-sequence fraction', PLAIN)['std']:.3f}",
+        "ivt verdict": top["verdict"],
+        "ivt fraction verdict": fraction["verdict"],
+        "ivt between": f"{interval(between, 3)} ({between['signs']})",
+        "ivt wall times": "(" + "-".join(f"{m:.1f}" for m in _wall_minutes("intervention-tuned")) + " min a cell)",
     }
 
 
@@ -587,6 +633,10 @@ CONSTANTS = {
     "11.2": "nanochat d20's 11.2B training tokens in the paper (paper.md)",
     "0.45": "the stage-B plan's design MDE at the committed paired SD 0.39 (best-lr/cells/plan.json notes)",
     "0.0078": "the exact two-sided sign-flip floor 2/2^n with 8 pairs",
+    "0.0001": "the tuned intervention plan's LAMBDA (intervention-tuned/cells/plan.json, fixed from its pilot)",
+    "0.083": "the tuned intervention pilot's move of the fraction at LAMBDA 0.0001 (intervention-tuned/pilot)",
+    "0.5831": "stage B's k = 0 mean fraction the tuned intervention pilot was read against (its plan's notes)",
+    "0.5005": "the tuned intervention pilot's penalised fraction at LAMBDA 0.0001 (intervention-tuned/pilot/README.md)",
 }
 
 
