@@ -65,6 +65,14 @@ def test_rows_that_ask_for_nothing_are_passed_through_and_the_callers_logits_sta
     assert torch.equal(logits, kept)
 
 
+def test_a_repetition_penalty_that_is_not_positive_is_refused_in_one_line():
+    from lapheads.errors import InputError
+
+    for bad in (0.0, -1.2, float("nan")):
+        with pytest.raises(InputError, match="repetition penalty .*; allowed: a number > 0"):
+            Penalties(repetition=bad)
+
+
 def _alone(model: GPT, request: Generation) -> list[int]:
     """The textbook loop for one request: each step's logits adjusted by the reference from its prompt and the
     tokens it generated so far, then sample_token with its own generator."""

@@ -148,6 +148,10 @@ def test_generate_until_honours_the_generation_arguments_transformers_takes_and_
         run({"until": [], "min_length": 3})
     with pytest.raises(InputError, match="num_beams=4; allowed: 1"):
         run({"until": [], "num_beams": 4})
+    with pytest.raises(InputError, match=r"repetition_penalty=0; allowed: a number > 0"):
+        run({"until": [], "repetition_penalty": 0})
+    with pytest.raises(InputError, match=r"top_p=1.5; allowed: a number in \(0, 1\]"):
+        run({**sampled, "top_p": 1.5})
 
 
 @pytest.mark.slow

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lapheads.errors import InputError
+
 __all__ = ["Penalties", "penalized"]
 
 
@@ -43,6 +45,10 @@ class Penalties:
     frequency: float = 0.0
     repetition: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.repetition > 0:  # a logit divided by 0 (or flipped in sign) is no penalty
+            raise InputError(f"repetition penalty {self.repetition!r}; allowed: a number > 0 (1: none)")
 
     def __bool__(self) -> bool:
         """Whether these change any logit."""

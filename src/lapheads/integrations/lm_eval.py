@@ -46,8 +46,8 @@ __all__ = ["HARNESS_TASKS", "LapheadsLM", "evaluate_harness", "task_dir"]
 HARNESS_TASKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "hellaswag")
 
 #: the generation arguments :meth:`LapheadsLM.generate_until` honours, as transformers' ``generate`` reads them
-#: (lm-eval's own ``until`` and ``max_gen_toks`` beside them); ``num_beams`` only as 1 (no beam search here). The
-#: shipped lm-eval tasks use these and no others; a task or ``--gen_kwargs`` asking for anything else is refused
+#: (lm-eval's own ``until`` and ``max_gen_toks`` beside them); ``num_beams`` only as 1 (no beam search here); a task
+#: or ``--gen_kwargs`` asking for anything else is refused
 GENERATION_KWARGS = (
     "until", "max_gen_toks", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
     "num_beams",
@@ -59,8 +59,16 @@ def _check_generation_kwargs(gen_kwargs: dict[str, Any]) -> None:
     unknown = sorted(set(gen_kwargs) - set(GENERATION_KWARGS))
     if unknown:
         raise InputError(f"lm-eval generation argument {unknown[0]!r}; allowed: {', '.join(GENERATION_KWARGS)}")
-    if gen_kwargs.get("num_beams", 1) != 1:
-        raise InputError(f"lm-eval generation argument num_beams={gen_kwargs['num_beams']!r}; allowed: 1 (no beams)")
+    bounds = {
+        "num_beams": (lambda v: v == 1, "1 (no beam search here)"),
+        "top_k": (lambda v: v is None or (isinstance(v, int) and v >= 0), "an integer >= 0 (0: all tokens)"),
+        "top_p": (lambda v: v is None or 0 < v <= 1, "a number in (0, 1]"),
+        "repetition_penalty": (lambda v: v > 0, "a number > 0 (1: none)"),
+        "temperature": (lambda v: v >= 0, "a number >= 0 (0: greedy)"),
+    }
+    for name, (fits, allowed) in bounds.items():
+        if name in gen_kwargs and not fits(gen_kwargs[name]):
+            raise InputError(f"lm-eval generation argument {name}={gen_kwargs[name]!r}; allowed: {allowed}")
 
 
 @register_model("lapheads")
