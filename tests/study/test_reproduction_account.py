@@ -44,8 +44,9 @@ BRACKET = json.loads((ROOT / "docs" / "reproduction" / "fair-tuning" / "bracket"
 TUNED, PLAIN = "3+lr=6e-3", "0+lr=1.2e-2"
 #: the intervention at the tuned lr (issue 70, part 2): k = 0 at 1.2e-2, plain against penalised, read with --baseline
 IVT = json.loads(
-    (ROOT / "docs" / "reproduction" / "intervention-tuned" / "cells" / "report-vs-L0+lr=1.2e-2" / "stats.json")
-    .read_text()
+    (
+        ROOT / "docs" / "reproduction" / "intervention-tuned" / "cells" / "report-vs-L0+lr=1.2e-2" / "stats.json"
+    ).read_text()
 )
 PENALISED = "0+lr=1.2e-2+within_seq_penalty=0.0001"
 #: appendix D's exploratory pilot of gated heads (issue 73): 2 seeds, no plan
