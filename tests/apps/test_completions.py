@@ -129,6 +129,45 @@ def test_penalties_and_biases_reach_the_completion(server, engine):
     assert penalised != plain
 
 
+def test_vllms_stop_token_ids_ignore_eos_and_min_tokens_end_a_completion_where_vllms_would(server, engine):
+    """vLLM's extensions as the openai client sends them (extra_body), greedy: BOS pushed to the top ends the
+    completion at once; with ignore_eos it runs to max_tokens; min_tokens holds it off for that many tokens, which
+    are the unbiased completion's (only the stop token was masked); an ordinary stop_token_id ends the text with
+    itself, a special one without; a stop string in the first min_tokens tokens' text is passed over, streamed or
+    not."""
+    import httpx
+
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="none")
+    tok = engine.tokenizer
+    bos, (e,), user = tok.bos_id, tok.encode("e"), tok.special_id("<|user_start|>")
+    ask = dict(model="base", prompt="ROMEO:", max_tokens=8, temperature=0, logprobs=0)
+
+    def complete(**extra):
+        choice = client.completions.create(**ask, **extra).choices[0]
+        return choice.text, choice.finish_reason, choice.logprobs.tokens
+
+    plain_text, _, plain_tokens = complete()
+    to_bos = {"logit_bias": {str(bos): 100}}
+    assert complete(**to_bos)[:2] == ("", "stop")
+    assert complete(**to_bos, extra_body={"ignore_eos": True}) == (tok.decode([bos] * 8), "length", ["<|bos|>"] * 8)
+    assert complete(**to_bos, extra_body={"min_tokens": 5}) == (plain_text[: len("".join(plain_tokens[:5]))], "stop",
+                                                                 plain_tokens[:5])  # fmt: skip
+    assert complete(logit_bias={str(e): 100}, extra_body={"stop_token_ids": [e]}) == ("e", "stop", ["e"])
+    assert complete(logit_bias={str(user): 100}, extra_body={"stop_token_ids": [user]})[:2] == ("", "stop")
+
+    stop, least = plain_text[1:3], 4  # ends within the first 4 tokens' text: passed over with min_tokens 4
+    floor = len("".join(plain_tokens[:least]))
+    cut = plain_text.find(stop, floor - len(stop) + 1)
+    expected = plain_text if cut < 0 else plain_text[:cut]
+    assert complete(stop=[stop])[0] == plain_text[:1] != expected
+    assert complete(stop=[stop], extra_body={"min_tokens": least})[0] == expected
+    body = {**ask, "stop": [stop], "min_tokens": least, "stream": True}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(event["choices"][0]["text"] for event in events) == expected
+
+
 @pytest.mark.parametrize(
     "options, param, says",
     [
@@ -141,6 +180,10 @@ def test_penalties_and_biases_reach_the_completion(server, engine):
         ({"frobnicate": 1}, "frobnicate", "unrecognized request argument 'frobnicate'"),
         ({"logit_bias": {"99999": 5}}, "logit_bias", "logit_bias token '99999'; allowed: token ids in [0, "),
         ({"presence_penalty": -3}, "presence_penalty", "presence_penalty -3; allowed: a number in [-2, 2]"),
+        ({"stop_token_ids": [99999]}, "stop_token_ids", "stop_token_ids token 99999; allowed: token ids in [0, "),
+        ({"stop_token_ids": [-1]}, "stop_token_ids", "stop_token_ids [-1]; allowed: a list of up to 64 token ids"),
+        ({"min_tokens": 17}, "min_tokens", "min_tokens 17; allowed: an integer in [0, max_tokens 16]"),
+        ({"ignore_eos": "yes"}, "ignore_eos", "ignore_eos 'yes'; allowed: true or false"),
     ],
 )
 def test_what_completions_cannot_honour_is_refused_by_name(server, options, param, says):

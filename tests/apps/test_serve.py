@@ -347,7 +347,13 @@ def test_a_logit_bias_writes_the_reply_and_the_logprobs_stay_the_models(openai_s
         ({"tool_choice": "auto"}, 400, "tool_choice='auto' is not supported"),
         ({"extra_body": {"min_p": 0.1}}, 400, "unrecognized request argument 'min_p'"),
         ({"extra_body": {"repetition_penalty": 0}}, 400, "repetition_penalty 0; allowed: a number in (0, 2]"),
-        ({"extra_body": {"ignore_eos": True}}, 400, "unrecognized request argument 'ignore_eos'"),
+        ({"extra_body": {"ignore_eos": 1}}, 400, "ignore_eos 1; allowed: true or false"),
+        (
+            {"max_tokens": 8, "extra_body": {"min_tokens": 9}},
+            400,
+            "min_tokens 9; allowed: an integer in [0, max_tokens 8]",
+        ),
+        ({"extra_body": {"stop_token_ids": [10**6]}}, 400, "stop_token_ids token 1000000; allowed: token ids in [0, "),
         ({"seed": -1}, 400, "seed -1; allowed: an integer"),
     ],
 )
@@ -525,6 +531,39 @@ def test_the_openai_client_counts_usage_of_a_reply_a_stop_string_ended(openai_se
     )  # fmt: skip
     usage = [chunk.usage for chunk in streamed if chunk.usage is not None]
     assert [u.completion_tokens for u in usage] == [stopped.usage.completion_tokens]
+
+
+def test_vllms_ignore_eos_min_tokens_and_stop_token_ids_end_a_chat_reply_where_vllms_would(openai_server, engine):
+    """The chat endpoint's vLLM extensions (extra_body), greedy, the end of turn pushed to the top: the reply ends
+    at once; with ignore_eos it runs to max_tokens; with min_tokens it is the unbiased reply's first tokens, then
+    ends; an ordinary stop_token_id ends the reply with itself, counted in the usage; a stop string in the first
+    min_tokens tokens' text is passed over, streamed as whole."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=openai_server, api_key="unused", max_retries=0)
+    end, (e,) = engine.ids["assistant_end"], engine.tokenizer.encode("e")
+    ask = dict(model="tiny", messages=[{"role": "user", "content": QUESTIONS[2]}], max_tokens=10, temperature=0,
+               logprobs=True)  # fmt: skip
+
+    def reply(stream=False, **extra):
+        if stream:
+            chunks = list(client.chat.completions.create(**ask, **extra, stream=True))
+            return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1].choices[0].finish_reason, None
+        out = client.chat.completions.create(**ask, **extra)
+        return out.choices[0].message.content, out.choices[0].finish_reason, out.usage.completion_tokens
+
+    plain, _, _ = reply()
+    tokens = [t.token for t in client.chat.completions.create(**ask).choices[0].logprobs.content]
+    to_end = {"logit_bias": {str(end): 100}}
+    assert reply(**to_end) == ("", "stop", 0)
+    assert reply(**to_end, extra_body={"ignore_eos": True})[1:] == ("length", 10)
+    assert reply(**to_end, extra_body={"min_tokens": 4}) == ("".join(tokens[:4]), "stop", 4)
+    assert reply(logit_bias={str(e): 100}, extra_body={"stop_token_ids": [e]}) == ("e", "stop", 1)
+    stop, least = plain[1:3], 4
+    cut = plain.find(stop, len("".join(tokens[:least])) - len(stop) + 1)
+    expected = plain if cut < 0 else plain[:cut]
+    assert reply(stop=[stop])[0] == plain[:1] != expected
+    for stream in (False, True):
+        assert reply(stream, stop=[stop], extra_body={"min_tokens": least})[0] == expected
 
 
 def test_fields_openai_accepts_are_accepted_and_change_nothing_and_many_stops_are_taken(openai_server):

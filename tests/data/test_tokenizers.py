@@ -47,6 +47,16 @@ def test_save_load_and_byte_counts(tokenizers, kind, tmp_path):
     assert int(tokenizer.token_bytes()[ids].sum()) == len(text.encode("utf-8"))  # BOS counts 0 bytes
 
 
+@pytest.mark.parametrize("kind", ["char", "bpe", "gpt2"])
+def test_special_ids_are_the_control_tokens_and_no_text(tokenizers, kind):
+    """What a server leaves out of a reply that ends on one (vLLM's skip_special_tokens): BOS and the chat tokens,
+    exactly the tokens that stand for no bytes of text."""
+    tokenizer = tokenizers[kind]
+    names = [tokenizer.bos, *SPECIAL_TOKENS[1:]]
+    assert {tokenizer.special_id(name) for name in names} == tokenizer.special_ids
+    assert tokenizer.special_ids == {i for i, n in enumerate(tokenizer.token_bytes().tolist()) if n == 0}
+
+
 def test_bpe_learns_merges_and_keeps_special_tokens(tokenizers):
     bpe = tokenizers["bpe"]
     assert len(bpe.encode(CORPUS[0])) < len(CORPUS[0].encode("utf-8")) / 2
@@ -98,6 +108,7 @@ def test_nanochats_pickled_tokenizer_loads_without_running_code_and_saves_as_jso
     assert tokenizer.special_id("<|assistant_end|>") == encoding.encode_single_token("<|assistant_end|>")
     counts = tokenizer.token_bytes()
     assert counts[tokenizer.bos_id] == 0 and counts[ord("a")] == 1 and counts[256 + 1] == 3  # b"the"
+    assert tokenizer.special_ids == {i for i, n in enumerate(counts.tolist()) if n == 0} != set()
     again = load_tokenizer(tokenizer.save(tmp_path / "saved"))
     assert again.encode(text) == tokenizer.encode(text) and again.vocab_size == tokenizer.vocab_size
 

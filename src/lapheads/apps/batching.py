@@ -12,7 +12,11 @@ Design choices:
 * **Each request samples as it would alone**: its own ``torch.Generator`` seeded with its seed, drawing from its own
   row of logits with its own temperature, top-k and top-p (``sample_rows``: ``sample_token`` for every row at
   once): the same tokens for the same seed. A request's logit biases and penalties adjust its own row first
-  (:mod:`lapheads.apps.penalties`, vLLM's order), from its own prompt and output.
+  (:mod:`lapheads.apps.penalties`, vLLM's order), from its own prompt and output, and its ``min_tokens`` masks the
+  tokens that would end it too early (:class:`Stopping`).
+* **Each request ends as vLLM's would**: at one of the model's stop tokens (not kept; not with ``ignore_eos``), at
+  one of its own ``stop_token_ids`` (kept where it is text, not where it is a special token), at its length, or
+  where the caller says (a stop string).
 * **Finished requests leave the batch**: their rows are dropped from the KV cache (``KVCache.keep``), so the step
   costs what the live requests need.
 * **Each request's context is its own**: a row ends at the model's ``sequence_len`` as it does alone, whatever
@@ -57,12 +61,45 @@ from lapheads.models.gpt import GPT, KVCache, sample_rows
 if TYPE_CHECKING:  # prometheus_client is the 'serve' extra's; lm-eval and generate use this module without it
     from lapheads.apps.metrics import RequestClock, ServingMetrics
 
-__all__ = ["Batcher", "Decoding", "Generated", "Generation", "Job", "decode_steps", "generate_together", "prefilled"]
+__all__ = [
+    "Batcher",
+    "Decoding",
+    "Generated",
+    "Generation",
+    "Job",
+    "Stopping",
+    "decode_steps",
+    "generate_together",
+    "prefilled",
+]
 
 #: ``on_token(index, token, logits)``: the request's index in the call, its new token (sampled, or forced) and the
 #: logits at that position (V,); returning False ends the request there ("stop"), keeping the token; a non-empty
 #: list of token ids is fed next, one per step, instead of sampling; anything else continues
 OnToken = Callable[[int, int, torch.Tensor], object]
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """How a request may end besides its length, beyond its model's own stop tokens: vLLM's ``stop_token_ids``,
+    ``ignore_eos`` and ``min_tokens`` (its defaults change nothing).
+
+    Args:
+        kept_ids: tokens that end the request when sampled and are kept as its last (vLLM's ``stop_token_ids`` that
+            are ordinary tokens: their text ends the reply).
+        unkept_ids: tokens that end it and are not kept (``stop_token_ids`` that are special tokens, whose text
+            vLLM's reply skips, as the model's own end tokens).
+        ignore_eos: the model's own stop tokens (``Generation.stop_ids``) do not end the request: it runs to its
+            length (what a serving benchmark asks for, so every request generates as many tokens as it says).
+        min_tokens: before the request holds this many tokens, no token that would end it can be sampled (their
+            logits are -inf, vLLM's ``MinTokensLogitsProcessor``); stop strings before then are the caller's to
+            pass over (vLLM looks for them only in the text of later tokens).
+    """
+
+    kept_ids: frozenset[int] = frozenset()
+    unkept_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +114,8 @@ class Generation:
         stop_ids: tokens that end the request when sampled (not kept: an end-of-turn or BOS).
         penalties: what the request adds to its logits before sampling (:mod:`lapheads.apps.penalties`: logit
             biases, repetition, frequency and presence penalties; none by default).
+        stopping: the request's own stop tokens, ``ignore_eos`` and ``min_tokens`` (:class:`Stopping`; none by
+            default).
     """
 
     prompt: tuple[int, ...]
@@ -87,6 +126,21 @@ class Generation:
     seed: int = 0
     stop_ids: frozenset[int] = field(default_factory=frozenset)
     penalties: Penalties = Penalties()
+    stopping: Stopping = Stopping()
+
+    @property
+    def unkept_stop_ids(self) -> frozenset[int]:
+        """The tokens that end the request unkept: the model's own (unless ``ignore_eos``) and the request's
+        special stop tokens."""
+        own = frozenset() if self.stopping.ignore_eos else self.stop_ids
+        return own | self.stopping.unkept_ids
+
+    def blocked_ids(self, generated: int) -> frozenset[int]:
+        """The tokens that cannot be sampled after ``generated`` tokens: every token that would end the request,
+        while fewer than ``min_tokens`` are generated (none after)."""
+        if generated >= self.stopping.min_tokens:
+            return frozenset()
+        return self.unkept_stop_ids | self.stopping.kept_ids
 
 
 @dataclass
@@ -204,6 +258,7 @@ class Decoding:
             if row.position >= self.limit:
                 ended.append(row)  # its context is full: "length" (forced tokens past the allowance end here)
                 continue
+            sampled = not row.forced
             if row.forced:
                 token = row.forced.pop(0)
             else:
@@ -211,14 +266,14 @@ class Decoding:
                     ended.append(row)  # "length", after its forced tokens
                     continue
                 token = drawn[slot]
-                if token in request.stop_ids:
+                if token in request.unkept_stop_ids:
                     row.out.finish_reason = "stop"
                     ended.append(row)
                     continue
             tokens.append(token)
             said = self.on_token(row.index, token, self.logits[slot]) if self.on_token is not None else None
-            if said is False:
-                row.out.finish_reason = "stop"
+            if said is False or (sampled and token in request.stopping.kept_ids):
+                row.out.finish_reason = "stop"  # ended by the caller, or by a stop token kept as the last
                 ended.append(row)
                 continue
             if isinstance(said, list) and said:
@@ -254,6 +309,10 @@ class Decoding:
             [request.prompt for request in requests],
             [row.out.tokens for row in rows],
         )
+        for i, row in enumerate(rows):  # min_tokens: what would end a request too early cannot be drawn
+            blocked = row.request.blocked_ids(len(row.out.tokens))
+            if blocked:
+                logits[i, sorted(blocked)] = float("-inf")
         tokens = sample_rows(
             logits,
             [request.temperature for request in requests],

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from lapheads.apps.batching import Generated, Generation, decode_steps
+from lapheads.apps.batching import Generated, Generation, Stopping, decode_steps
 from lapheads.apps.detokenize import IncrementalText
 from lapheads.apps.penalties import Penalties
 from lapheads.data.conversations import render_for_completion
@@ -116,6 +116,7 @@ class ChatEngine:
         logprobs: list[dict[str, Any]] | None = None,
         top_logprobs: int = 0,
         penalties: Penalties = Penalties(),
+        stopping: Stopping = Stopping(),
     ) -> ChatTurn:
         """One reply to generate (:meth:`stream` decodes it alone; the server decodes many together): see
         :meth:`stream` for the arguments. The prompt is checked here, before any work."""
@@ -128,7 +129,7 @@ class ChatEngine:
             )
         stops = frozenset({self.ids["assistant_end"], self.tokenizer.bos_id})
         generation = Generation(
-            tuple(prompt_ids), max_tokens, temperature, top_k or None, top_p, seed, stops, penalties
+            tuple(prompt_ids), max_tokens, temperature, top_k or None, top_p, seed, stops, penalties, stopping
         )
         return ChatTurn(self, generation, outcome, logprobs, top_logprobs)
 
@@ -144,7 +145,8 @@ class ChatEngine:
         the model's log-softmax at that position (untempered, as OpenAI reports it), with its ``top_logprobs``
         likeliest tokens, and ``"text"``: the content it completes (the entries' texts join to the reply's; a
         character spread over byte tokens belongs to its last byte's entry); ``penalties``: logit biases and
-        repetition, frequency and presence penalties (:class:`lapheads.apps.penalties.Penalties`).
+        repetition, frequency and presence penalties (:class:`lapheads.apps.penalties.Penalties`); ``stopping``:
+        the request's own stop tokens, ``ignore_eos`` and ``min_tokens`` (:class:`lapheads.apps.batching.Stopping`).
         """
         turn = self.turn(prompt_ids, *args, **kwargs)
         steps = decode_steps(self.model, [turn.generation], turn.on_token)

@@ -14,13 +14,14 @@ Design choices:
   completion, in the legacy shape (``tokens``, ``token_logprobs``, ``top_logprobs`` as {text: logprob},
   ``text_offset``); ``max_tokens`` 0 with ``echo`` scores the prompt alone.
 * **Sampling as the chat endpoint**: temperature, top_k, top_p, seed (choice i of n with seed + i), stop strings
-  (the text ends before the first; finish_reason "stop"); BOS from the model ends the document ("stop").
+  (the text ends before the first; finish_reason "stop"), logit biases and penalties, and vLLM's stop_token_ids,
+  ignore_eos and min_tokens; BOS from the model ends the document ("stop"; not with ignore_eos).
 * **Streamed as vLLM streams it** (``stream``): text_completion chunks, choice after choice (every choice decodes
   together; the later ones' text waits in their queues), each with the text decoded since the last (a stop string
   and what may begin one held back) and, with ``logprobs``, the legacy entries of the tokens that text completes;
   an echoed prompt is a choice's first chunk; then each choice's finish_reason, the usage (``stream_options``) and
   ``[DONE]``. The chunks' texts and entries join to the object a request without ``stream`` gets.
-* **Refused by name**: ``suffix``, ``best_of`` > 1 and penalties / biases other than their defaults.
+* **Refused by name**: ``suffix`` and ``best_of`` > 1, and any field the schema does not name.
 """
 
 from __future__ import annotations
@@ -32,10 +33,18 @@ from typing import Any
 
 import torch
 
-from lapheads.apps.batching import Generated, Generation
-from lapheads.apps.detokenize import IncrementalText, completed_pieces
+from lapheads.apps.batching import Generated, Generation, Stopping
+from lapheads.apps.detokenize import IncrementalText, completed_pieces, first_stop
 from lapheads.apps.penalties import Penalties
-from lapheads.apps.schema import PENALTY_FIELDS, CompletionBody, RequestError, requested_penalties, validated
+from lapheads.apps.schema import (
+    PENALTY_FIELDS,
+    STOPPING_FIELDS,
+    CompletionBody,
+    RequestError,
+    requested_penalties,
+    requested_stopping,
+    validated,
+)
 from lapheads.data.tokenizers import Tokenizer
 from lapheads.errors import LapheadsError
 from lapheads.models.gpt import GPT
@@ -60,6 +69,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False  # with stream: a last chunk with the usage
     penalties: Penalties = Penalties()  # logit biases and penalties (none by default)
+    stopping: Stopping = Stopping()  # vLLM's stop_token_ids, ignore_eos and min_tokens (none by default)
 
 
 def _prompts(prompt: str | list, tokenizer: Tokenizer) -> list[list[int]]:
@@ -112,6 +122,7 @@ def completion_request(
         stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         penalties=requested_penalties(request.model_dump(include=set(PENALTY_FIELDS)), tokenizer.vocab_size),
+        stopping=requested_stopping(request.model_dump(include=set(STOPPING_FIELDS)), tokenizer, limit),
     )
 
 
@@ -166,7 +177,7 @@ class CompletionEngine:
         ids = prompt if prompt[0] == tok.bos_id else [tok.bos_id, *prompt]
         generation = Generation(tuple(ids), request.max_tokens, request.temperature, request.top_k or None,
                                 request.top_p, (request.seed + choice) % 2**63, frozenset({tok.bos_id}),
-                                request.penalties)  # fmt: skip
+                                request.penalties, request.stopping)  # fmt: skip
         job = CompletionJob(self, generation, request, prompt)
         if request.echo:
             job.entries = self._prompt_entries(ids, len(ids) - len(prompt), request.logprobs or 0)
@@ -206,16 +217,21 @@ class CompletionJob:
         decode = self.engine.tokenizer.decode
         self.text = IncrementalText(decode)  # the reply's text so far, for the stop strings and the stream
         self.unread = ""  # the text of the tokens since the last piece
+        self.floor = 0  # the characters the first min_tokens tokens wrote: no stop string ends in them (vLLM)
         # the text each entry completes ("" for a split character's first bytes): they join to the choice's text
         self.texts: list[str] = completed_pieces(decode, self.prompt) if self.request.echo else []
 
     def on_token(self, index: int, token: int, logits: torch.Tensor) -> bool:
-        """Record the token; False (end here) once the text holds a stop string."""
+        """Record the token; False (end here) once the text holds a stop string (one that ends past the first
+        ``min_tokens`` tokens' text)."""
         self.entries.append((token, *self.engine._entry(logits.log_softmax(-1), token, self.request.logprobs or 0)))
         self.reply.append(token)
         new = self.text.add(token)
         self.texts.append(new)
         self.unread += new
+        if len(self.reply) <= self.generation.stopping.min_tokens:
+            self.floor = len(self.text.text)
+            return True
         return not self.text.completes_stop(new, self.request.stop)
 
     def pieces(self) -> Iterator[str]:
@@ -236,7 +252,8 @@ class CompletionJob:
         tok, request = self.engine.tokenizer, self.request
         prompt_text = tok.decode(self.prompt) if request.echo else ""
         text = tok.decode(self.reply)
-        cut = min([text.index(s) for s in request.stop if s in text] or [len(text)])
+        cut = first_stop(text, request.stop, self.floor)
+        cut = len(text) if cut is None else cut
         full = prompt_text + text[:cut]
         reported = len(full) if cut < len(text) else None  # a stop string's tokens are not reported
         return {

@@ -18,9 +18,9 @@ Design choices:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-__all__ = ["IncrementalText", "completed_pieces"]
+__all__ = ["IncrementalText", "completed_pieces", "first_stop"]
 
 REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that are not (yet) a whole character
 
@@ -45,13 +45,10 @@ class IncrementalText:
         self.ids.append(token)
         return self._advance(final=False)
 
-    def completes_stop(self, new: str, stops: list[str]) -> bool:
-        """Whether ``new``, the last piece :meth:`add` returned, completes one of ``stops`` in the text (looked for
-        only where it can: the new text and the characters before it that a stop string may start in)."""
-        if not new or not stops:
-            return False
-        tail = self.text[-(len(new) + max(map(len, stops)) - 1) :]
-        return any(stop in tail for stop in stops)
+    def completes_stop(self, new: str, stops: Sequence[str]) -> bool:
+        """Whether ``new``, the last piece :meth:`add` returned, completes one of ``stops`` in the text: one that ends
+        in it (looked for only where it can, so a token costs the same however long the text)."""
+        return bool(new) and first_stop(self.text, stops, len(self.text) - len(new)) is not None
 
     def flush(self) -> str:
         """The text still held back (the reply ended: an incomplete character shows as U+FFFD)."""
@@ -66,6 +63,14 @@ class IncrementalText:
         self.text += piece
         self.prefix, self.read = self.read, len(self.ids)
         return piece
+
+
+def first_stop(text: str, stops: Sequence[str], after: int = 0) -> int | None:
+    """Where the first of ``stops`` that ends past ``text``'s first ``after`` characters begins (None: none does).
+    ``after`` > 0 passes over the text a request's first ``min_tokens`` tokens wrote, where vLLM looks for no stop
+    string; a search begins only where such a stop string can."""
+    found = [i for stop in stops if (i := text.find(stop, max(0, after - len(stop) + 1))) >= 0]
+    return min(found, default=None)
 
 
 def completed_pieces(decode: Callable[[list[int]], str], ids: list[int]) -> list[str]:

@@ -15,14 +15,26 @@ Design choices:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lapheads.apps.batching import Stopping
 from lapheads.apps.penalties import Penalties
 from lapheads.errors import LapheadsError
 
-__all__ = ["ChatCompletionBody", "CompletionBody", "PageChatBody", "RequestError", "requested_penalties", "validated"]
+if TYPE_CHECKING:
+    from lapheads.data.tokenizers import Tokenizer
+
+__all__ = [
+    "ChatCompletionBody",
+    "CompletionBody",
+    "PageChatBody",
+    "RequestError",
+    "requested_penalties",
+    "requested_stopping",
+    "validated",
+]
 
 #: the most choices (``n``) and stop strings one request may ask for: OpenAI's own limit on stop strings is 4, but
 #: lm-eval adds its end-of-text string to a task's ``until`` list (a humaneval-style task sends 6) and vLLM takes any
@@ -36,6 +48,8 @@ MAX_TOP_LOGPROBS = 20
 #: the most tokens one ``logit_bias`` may name: a bound of this server's (a request biases a few tokens, or a
 #: class's labels), each entry applied at every step
 MAX_LOGIT_BIAS = 1024
+#: the most ``stop_token_ids`` one request may name: a bound of this server's (a model has a few end tokens)
+MAX_STOP_TOKEN_IDS = 64
 
 
 class RequestError(LapheadsError):
@@ -107,6 +121,20 @@ class _Sampling(_Body):
     logit_bias: Annotated[dict[TokenId, Bias], Field(max_length=MAX_LOGIT_BIAS)] | None = _field(
         f"up to {MAX_LOGIT_BIAS} pairs of a token id (as a string) and a number in [-100, 100]: added to that "
         "token's logit before sampling"
+    )
+    # vLLM's extensions for how a reply ends (its benchmarks send ignore_eos): lapheads.apps.batching.Stopping
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = _field(
+        f"a list of up to {MAX_STOP_TOKEN_IDS} token ids: the reply ends at the first sampled (finish_reason "
+        "stop), kept as its last where it is text, left out where it is a special token (an extension vLLM "
+        "takes)"
+    )
+    ignore_eos: bool | None = _field(
+        "true or false: the model's own end tokens do not end the reply, which runs to max_tokens (an extension "
+        "vLLM takes, for benchmarks)"
+    )
+    min_tokens: Annotated[int, Field(ge=0)] | None = _field(
+        "an integer from 0 to max_tokens: no end token is sampled and no stop string looked for before the reply "
+        "holds this many tokens (an extension vLLM takes)"
     )
 
 
@@ -211,6 +239,32 @@ def requested_penalties(given: dict[str, Any], vocab_size: int) -> Penalties:
         frequency=given.get("frequency_penalty") or 0.0,
         repetition=given.get("repetition_penalty") or 1.0,
         logit_bias=tuple(sorted((int(token), float(value)) for token, value in bias.items())),
+    )
+
+
+#: vLLM's fields for how a reply ends (:class:`lapheads.apps.batching.Stopping`), in both endpoints
+STOPPING_FIELDS = ("stop_token_ids", "ignore_eos", "min_tokens")
+
+
+def requested_stopping(given: dict[str, Any], tokenizer: Tokenizer, max_tokens: int) -> Stopping:
+    """The :class:`Stopping` of a validated request's fields (``given``: a body's :data:`STOPPING_FIELDS`, absent or
+    None where not asked) for a reply of at most ``max_tokens``, or a RequestError naming a token the model does
+    not have or a ``min_tokens`` above ``max_tokens`` (vLLM refuses it too)."""
+    ids = given.get("stop_token_ids") or []
+    for token in ids:
+        if token >= tokenizer.vocab_size:
+            raise RequestError(
+                f"stop_token_ids token {token}; allowed: token ids in [0, {tokenizer.vocab_size - 1}]", "stop_token_ids"
+            )
+    least = given.get("min_tokens") or 0
+    if least > max_tokens:
+        raise RequestError(f"min_tokens {least}; allowed: an integer in [0, max_tokens {max_tokens}]", "min_tokens")
+    special = tokenizer.special_ids
+    return Stopping(
+        kept_ids=frozenset(ids) - special,
+        unkept_ids=frozenset(ids) & special,
+        ignore_eos=bool(given.get("ignore_eos")),
+        min_tokens=least,
     )
 
 

@@ -31,12 +31,15 @@ from lapheads.apps.completions import (
     completion_request,
     tokenize,
 )
+from lapheads.apps.detokenize import first_stop
 from lapheads.apps.schema import (
     PENALTY_FIELDS,
+    STOPPING_FIELDS,
     ChatCompletionBody,
     PageChatBody,
     RequestError,
     requested_penalties,
+    requested_stopping,
     validated,
 )
 from lapheads.data.conversations import render_for_completion
@@ -83,7 +86,8 @@ def _from_openai(body: Any) -> dict[str, Any]:
     limit = given.get("max_completion_tokens", given.get("max_tokens"))
     if limit is not None:
         out["max_tokens"] = limit
-    for name in ("temperature", "top_k", "seed", "top_p", "n", "logprobs", "top_logprobs", *PENALTY_FIELDS):
+    for name in ("temperature", "top_k", "seed", "top_p", "n", "logprobs", "top_logprobs", *PENALTY_FIELDS,
+                 *STOPPING_FIELDS):  # fmt: skip
         if name in given:
             out[name] = given[name]
     stop = given.get("stop", [])
@@ -120,24 +124,29 @@ def _openai_messages(messages: Any) -> Any:
     return out
 
 
-def until_stop(pieces: Iterator[str], stops: list[str], outcome: dict[str, Any]) -> Iterator[str]:
+def until_stop(pieces: Iterator[str], stops: list[str], outcome: dict[str, Any], min_tokens: int = 0) -> Iterator[str]:
     """``pieces`` up to the first stop string (never shown; ``outcome["finish_reason"]`` becomes "stop"). A piece
-    that may begin a stop string is held back until the text after it decides."""
+    that may begin a stop string is held back until the text after it decides. With ``min_tokens``, a stop string
+    that ends in the text of the first ``min_tokens`` tokens is passed over, as vLLM passes it over
+    (``outcome["completion_tokens"]``, the reader's count at each piece, says where that text ends)."""
     if not stops:
         yield from pieces
         return
-    held = ""
+    held, shown, floor = "", 0, 0  # the text held back, the characters before it, where stop strings may end after
     for piece in pieces:
         held += piece
-        found = [held.index(stop) for stop in stops if stop in held]
-        if found:
-            if held[: min(found)]:
-                yield held[: min(found)]
+        if min_tokens and outcome.get("completion_tokens", 0) <= min_tokens:
+            floor = shown + len(held)
+        found = first_stop(held, stops, floor - shown)
+        if found is not None:
+            if held[:found]:
+                yield held[:found]
             outcome["finish_reason"] = "stop"
             return
         keep = max((k for stop in stops for k in range(1, len(stop)) if held.endswith(stop[:k])), default=0)
         if len(held) > keep:
             yield held[: len(held) - keep]
+            shown += len(held) - keep
             held = held[len(held) - keep :]
     if held:
         yield held
@@ -222,6 +231,7 @@ class ChatServing:
                 body = validated(PageChatBody, body).model_dump(exclude_none=True)
             request = _check_request(body, self.limits, self.temperature, self.top_k)
             request["penalties"] = requested_penalties(body, self.engine.tokenizer.vocab_size)
+            request["stopping"] = requested_stopping(body, self.engine.tokenizer, request["max_tokens"])
             if not openai and request["n"] != 1:  # the page streams one reply: more would be decoded for no one
                 raise RequestError(f"n {request['n']}; allowed: 1 here (n choices: POST /v1/chat/completions)", "n")
             prompt = render_for_completion(self.engine.tokenizer, {"messages": request["messages"]})
@@ -247,8 +257,10 @@ class ChatServing:
             begun = [(pieces, next(pieces, None)) for pieces in submitted]
         except Exception as err:  # noqa: BLE001 - the client gets one line
             raise _failed(err) from None
+        least = request["stopping"].min_tokens
         return [
-            Reply(until_stop(_rest(*one), request["stop"], outcome), outcome) for one, outcome in zip(begun, outcomes)
+            Reply(until_stop(_rest(*one), request["stop"], outcome, least), outcome)
+            for one, outcome in zip(begun, outcomes)
         ]
 
     def _submit(self, request: dict[str, Any], prompt: list[int], outcome: dict[str, Any], choice: int):
@@ -256,7 +268,7 @@ class ChatServing:
         turn = self.engine.turn(prompt, request["max_tokens"], request["temperature"], request["top_k"] or None,
                                 seed=(request["seed"] + choice) % 2**63, top_p=request["top_p"], logprobs=tokens,
                                 top_logprobs=request.get("top_logprobs", 0),
-                                penalties=request["penalties"])  # fmt: skip
+                                penalties=request["penalties"], stopping=request["stopping"])  # fmt: skip
         return self.batcher.submit(turn, outcome)
 
     def completion(self, prompt: list[int], replies: list[Reply]) -> dict[str, Any]:
@@ -360,6 +372,7 @@ class Completions:
     request: CompletionRequest
     jobs: list[CompletionJob]
     readers: list[Iterator[str]]
+    outcomes: list[dict[str, Any]]  # each reader's token count at each piece, and its finish_reason
     id: str
     created: int
 
@@ -390,10 +403,12 @@ class CompletionServing:
             with self.batcher.exclusive():  # an echoed prompt's forward between steps; choices in OpenAI's order
                 jobs = [self.engine.job(prompt, checked, choice) for prompt in checked.prompts
                         for choice in range(checked.n)]  # fmt: skip
-            readers = [self.batcher.submit(job) if job.generation.max_tokens > 0 else iter(()) for job in jobs]
+            outcomes: list[dict[str, Any]] = [{} for _ in jobs]
+            readers = [self.batcher.submit(job, outcome) if job.generation.max_tokens > 0 else iter(())
+                       for job, outcome in zip(jobs, outcomes)]  # fmt: skip
         except Exception as err:  # noqa: BLE001 - the client gets one line; the server keeps running
             raise _failed(err) from None
-        return Completions(checked, jobs, readers, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
+        return Completions(checked, jobs, readers, outcomes, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
 
     def complete(self, started: Completions) -> dict[str, Any]:
         """OpenAI's text_completion object, once every choice is whole (blocking)."""
@@ -420,15 +435,14 @@ class CompletionServing:
             return f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
 
         wanted = request.logprobs is not None
-        for index, (job, reader) in enumerate(zip(started.jobs, started.readers)):
+        for index, (job, reader, outcome) in enumerate(zip(started.jobs, started.readers, started.outcomes)):
             sent, start, offset = 0, 0, 0  # characters sent; the next entry to send, where its text begins
-            outcome: dict[str, Any] = {}
             try:
                 if request.echo:
                     sent = len(prompt_text := self.engine.tokenizer.decode(job.prompt))
                     logprobs, start, offset = job.logprobs(0, 0, sent, begun=False)
                     yield chunk(index, prompt_text, logprobs if wanted else None)
-                for piece in until_stop(reader, request.stop, outcome):
+                for piece in until_stop(reader, request.stop, outcome, request.stopping.min_tokens):
                     sent += len(piece)
                     logprobs, start, offset = job.logprobs(start, offset, sent, begun=False)
                     yield chunk(index, piece, logprobs if wanted else None)

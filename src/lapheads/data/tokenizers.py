@@ -177,6 +177,16 @@ class Tokenizer:
             raise TokenizerError(f"unknown special token {token!r} for the {self.kind} tokenizer")
         return token_id
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of the special tokens (BOS, the chat tokens, a BPE's added special tokens): control tokens, not
+        text, which a server's reply leaves out where it ends on one (vLLM's ``skip_special_tokens``)."""
+        if self.kind == "char":
+            return frozenset(range(len(self._specials)))
+        if self.kind == "tiktoken":
+            return frozenset(self.backend.encode_single_token(t) for t in self.backend.special_tokens_set)
+        return frozenset(i for i, token in self.backend.get_added_tokens_decoder().items() if token.special)
+
     def encode(self, text: str, bos: bool = False) -> list[int]:
         """Token ids of ``text`` (special-token strings inside text are ordinary text); ``bos`` prepends BOS."""
         head = [self.bos_id] if bos else []
