@@ -168,6 +168,17 @@ def test_vllms_stop_token_ids_ignore_eos_and_min_tokens_end_a_completion_where_v
     assert "".join(event["choices"][0]["text"] for event in events) == expected
 
 
+def test_min_p_reaches_the_completion(server):
+    """min_p through the openai client (extra_body): 1 keeps only the likeliest token, so a sample at temperature 1
+    is the greedy completion; a small one leaves sampling free (the seed's completion differs from greedy)."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="none")
+    ask = dict(model="base", prompt="ROMEO:", max_tokens=12, seed=3)
+    greedy = client.completions.create(**ask, temperature=0).choices[0].text
+    assert client.completions.create(**ask, temperature=1.0, extra_body={"min_p": 1.0}).choices[0].text == greedy
+    assert client.completions.create(**ask, temperature=1.0, extra_body={"min_p": 0.01}).choices[0].text != greedy
+
+
 @pytest.mark.parametrize(
     "options, param, says",
     [
@@ -184,6 +195,7 @@ def test_vllms_stop_token_ids_ignore_eos_and_min_tokens_end_a_completion_where_v
         ({"stop_token_ids": [-1]}, "stop_token_ids", "stop_token_ids [-1]; allowed: a list of up to 64 token ids"),
         ({"min_tokens": 17}, "min_tokens", "min_tokens 17; allowed: an integer in [0, max_tokens 16]"),
         ({"ignore_eos": "yes"}, "ignore_eos", "ignore_eos 'yes'; allowed: true or false"),
+        ({"min_p": 1.5}, "min_p", "min_p 1.5; allowed: a number in [0, 1]"),
     ],
 )
 def test_what_completions_cannot_honour_is_refused_by_name(server, options, param, says):

@@ -345,9 +345,10 @@ def test_a_logit_bias_writes_the_reply_and_the_logprobs_stay_the_models(openai_s
         ({"logit_bias": {"100000": 1}}, 400, "logit_bias token '100000'; allowed: token ids in [0, "),
         ({"frequency_penalty": 2.5}, 400, "frequency_penalty 2.5; allowed: a number in [-2, 2]"),
         ({"tool_choice": "auto"}, 400, "tool_choice='auto' is not supported"),
-        ({"extra_body": {"min_p": 0.1}}, 400, "unrecognized request argument 'min_p'"),
+        ({"extra_body": {"typical_p": 0.1}}, 400, "unrecognized request argument 'typical_p'"),
         ({"extra_body": {"repetition_penalty": 0}}, 400, "repetition_penalty 0; allowed: a number in (0, 2]"),
         ({"extra_body": {"ignore_eos": 1}}, 400, "ignore_eos 1; allowed: true or false"),
+        ({"extra_body": {"min_p": -0.1}}, 400, "min_p -0.1; allowed: a number in [0, 1]"),
         (
             {"max_tokens": 8, "extra_body": {"min_tokens": 9}},
             400,
@@ -431,6 +432,11 @@ def test_the_openai_client_gets_n_choices_stop_strings_top_p_text_parts_and_the_
         model="tiny", messages=messages, temperature=1.0, top_p=1e-6, max_tokens=24, seed=3
     )
     assert nucleus.choices[0].message.content == greedy
+    # min_p 1 (vLLM's extension) keeps only the likeliest token too
+    least = client.chat.completions.create(
+        model="tiny", messages=messages, temperature=1.0, max_tokens=24, seed=3, extra_body={"min_p": 1.0}
+    )
+    assert least.choices[0].message.content == greedy
     # text parts and the developer role read as a string and the system role
     parts = [{"type": "text", "text": QUESTIONS[1][:10]}, {"type": "text", "text": QUESTIONS[1][10:]}]
     as_parts = client.chat.completions.create(

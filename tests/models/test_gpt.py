@@ -169,16 +169,45 @@ def test_sample_rows_gives_each_row_the_token_it_samples_alone():
     are filtered together), each its own generator, over many steps of the same generators."""
     from lapheads.models.gpt import sample_rows, sample_token
 
-    settings = [(0.0, None, None), (1.0, None, None), (0.8, 5, None), (1.2, None, 0.9), (0.7, 3, 0.5),
-                (1.0, 500, None), (1.0, None, 1e-300), (1e-6, 4, 0.5), (0.6, 0, 1.0), (0.8, 5, None),
-                (1.0, None, None), (0.8, 5, None), (1.2, None, 0.9)]  # fmt: skip
+    settings = [(0.0, None, None, None), (1.0, None, None, None), (0.8, 5, None, None), (1.2, None, 0.9, None),
+                (0.7, 3, 0.5, None), (1.0, 500, None, None), (1.0, None, 1e-300, None), (1e-6, 4, 0.5, None),
+                (0.6, 0, 1.0, None), (0.8, 5, None, None), (1.0, None, None, 0.3), (0.8, 5, None, 0.3),
+                (1.2, None, 0.9, 0.05), (1.0, None, None, 0.3), (0.9, None, None, 0.0)]  # fmt: skip
     batch, alone = ([torch.Generator().manual_seed(seed) for seed in range(len(settings))] for _ in range(2))
-    temperatures, top_ks, top_ps = (list(column) for column in zip(*settings))
+    temperatures, top_ks, top_ps, min_ps = (list(column) for column in zip(*settings))
     logits = torch.randn(len(settings), 97, generator=torch.Generator().manual_seed(0)) * 0.5  # flat: tails get drawn
     for _ in range(50):
-        together = sample_rows(logits, temperatures, top_ks, top_ps, batch)
-        one_by_one = [int(sample_token(logits[row : row + 1], *settings[row][:2], alone[row], settings[row][2]))
+        together = sample_rows(logits, temperatures, top_ks, top_ps, batch, min_ps)
+        one_by_one = [int(sample_token(logits[row : row + 1], *settings[row][:2], alone[row], *settings[row][2:]))
                       for row in range(len(settings))]  # fmt: skip
         assert together == one_by_one
     greedy = sample_rows(logits[:2], [0.0, 0.0], [None, None], [None, None], [None, None])
     assert greedy == logits[:2].argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("min_p", [0.02, 0.1, 0.5, 1.0])
+def test_min_p_keeps_what_transformers_keeps_and_comes_before_top_k_and_top_p_as_in_vllm(min_p):
+    """min-p alone at a temperature: the tokens kept are transformers' TemperatureLogitsWarper then MinPLogitsWarper
+    (the draws from one generator state agree); with top-k and top-p it comes first, as vLLM's sampler applies it
+    (written out: min-p, then top-k, then the nucleus of what is left), which differs from transformers' order."""
+    from transformers.generation.logits_process import MinPLogitsWarper, TemperatureLogitsWarper
+
+    from lapheads.models.gpt import _filtered, sample_token
+
+    logits = torch.randn(6, 97, generator=torch.Generator().manual_seed(3)) * 2
+    theirs = MinPLogitsWarper(min_p)(None, TemperatureLogitsWarper(0.7)(None, logits.clone()))
+    assert torch.equal(_filtered(logits, 0.7, None, None, min_p).isinf(), theirs.isinf())
+    for seed in range(10):
+        ours = sample_token(logits, 0.7, None, torch.Generator().manual_seed(seed), None, min_p)
+        drawn = torch.multinomial(theirs.softmax(-1), 1, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(ours, drawn)
+    probs = (logits / 0.7).softmax(-1)
+    kept = probs >= min_p * probs.amax(-1, keepdim=True)  # vLLM: min-p first
+    kept &= probs >= probs.masked_fill(~kept, 0).topk(5).values[:, -1:]  # then top-k among what is left
+    left = probs.masked_fill(~kept, 0)
+    left = left / left.sum(-1, keepdim=True)
+    ordered, order = left.sort(-1, descending=True)
+    beyond = ordered.cumsum(-1) - ordered >= 0.6  # then the nucleus of what is left
+    beyond[:, 0] = False
+    kept &= ~torch.zeros_like(beyond).scatter(-1, order, beyond)
+    assert torch.equal(~_filtered(logits, 0.7, 5, 0.6, min_p).isinf(), kept)

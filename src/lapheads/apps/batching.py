@@ -110,6 +110,7 @@ class Generation:
         prompt: the ids fed first (BOS included where the caller wants one).
         max_tokens: tokens to generate at most.
         temperature, top_k, top_p: sampling (``sample_token``; temperature 0: greedy).
+        min_p: min-p sampling (``sample_token``, vLLM's: at the temperature, before top-k and top-p; None: none).
         seed: the request's own generator seed.
         stop_ids: tokens that end the request when sampled (not kept: an end-of-turn or BOS).
         penalties: what the request adds to its logits before sampling (:mod:`lapheads.apps.penalties`: logit
@@ -127,6 +128,7 @@ class Generation:
     stop_ids: frozenset[int] = field(default_factory=frozenset)
     penalties: Penalties = Penalties()
     stopping: Stopping = Stopping()
+    min_p: float | None = None
 
     @property
     def unkept_stop_ids(self) -> frozenset[int]:
@@ -319,6 +321,7 @@ class Decoding:
             [request.top_k for request in requests],
             [request.top_p for request in requests],
             [row.generator for row in rows],
+            [request.min_p for request in requests],
         )
         return dict(zip(slots, tokens))
 

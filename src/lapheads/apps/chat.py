@@ -117,6 +117,7 @@ class ChatEngine:
         top_logprobs: int = 0,
         penalties: Penalties = Penalties(),
         stopping: Stopping = Stopping(),
+        min_p: float | None = None,
     ) -> ChatTurn:
         """One reply to generate (:meth:`stream` decodes it alone; the server decodes many together): see
         :meth:`stream` for the arguments. The prompt is checked here, before any work."""
@@ -129,7 +130,7 @@ class ChatEngine:
             )
         stops = frozenset({self.ids["assistant_end"], self.tokenizer.bos_id})
         generation = Generation(
-            tuple(prompt_ids), max_tokens, temperature, top_k or None, top_p, seed, stops, penalties, stopping
+            tuple(prompt_ids), max_tokens, temperature, top_k or None, top_p, seed, stops, penalties, stopping, min_p
         )
         return ChatTurn(self, generation, outcome, logprobs, top_logprobs)
 
@@ -146,7 +147,8 @@ class ChatEngine:
         likeliest tokens, and ``"text"``: the content it completes (the entries' texts join to the reply's; a
         character spread over byte tokens belongs to its last byte's entry); ``penalties``: logit biases and
         repetition, frequency and presence penalties (:class:`lapheads.apps.penalties.Penalties`); ``stopping``:
-        the request's own stop tokens, ``ignore_eos`` and ``min_tokens`` (:class:`lapheads.apps.batching.Stopping`).
+        the request's own stop tokens, ``ignore_eos`` and ``min_tokens`` (:class:`lapheads.apps.batching.Stopping`);
+        ``min_p``: min-p sampling (``lapheads.models.gpt.sample_token``).
         """
         turn = self.turn(prompt_ids, *args, **kwargs)
         steps = decode_steps(self.model, [turn.generation], turn.on_token)

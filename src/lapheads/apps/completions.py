@@ -13,7 +13,7 @@ Design choices:
 * **Log-probabilities are the model's own**: the untempered log-softmax of one forward pass over prompt and
   completion, in the legacy shape (``tokens``, ``token_logprobs``, ``top_logprobs`` as {text: logprob},
   ``text_offset``); ``max_tokens`` 0 with ``echo`` scores the prompt alone.
-* **Sampling as the chat endpoint**: temperature, top_k, top_p, seed (choice i of n with seed + i), stop strings
+* **Sampling as the chat endpoint**: temperature, top_k, top_p, min_p, seed (choice i of n with seed + i), stop strings
   (the text ends before the first; finish_reason "stop"), logit biases and penalties, and vLLM's stop_token_ids,
   ignore_eos and min_tokens; BOS from the model ends the document ("stop"; not with ignore_eos).
 * **Streamed as vLLM streams it** (``stream``): text_completion chunks, choice after choice (every choice decodes
@@ -70,6 +70,7 @@ class CompletionRequest:
     include_usage: bool = False  # with stream: a last chunk with the usage
     penalties: Penalties = Penalties()  # logit biases and penalties (none by default)
     stopping: Stopping = Stopping()  # vLLM's stop_token_ids, ignore_eos and min_tokens (none by default)
+    min_p: float | None = None  # min-p sampling (none by default)
 
 
 def _prompts(prompt: str | list, tokenizer: Tokenizer) -> list[list[int]]:
@@ -123,6 +124,7 @@ def completion_request(
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         penalties=requested_penalties(request.model_dump(include=set(PENALTY_FIELDS)), tokenizer.vocab_size),
         stopping=requested_stopping(request.model_dump(include=set(STOPPING_FIELDS)), tokenizer, limit),
+        min_p=request.min_p,
     )
 
 
@@ -177,7 +179,7 @@ class CompletionEngine:
         ids = prompt if prompt[0] == tok.bos_id else [tok.bos_id, *prompt]
         generation = Generation(tuple(ids), request.max_tokens, request.temperature, request.top_k or None,
                                 request.top_p, (request.seed + choice) % 2**63, frozenset({tok.bos_id}),
-                                request.penalties, request.stopping)  # fmt: skip
+                                request.penalties, request.stopping, request.min_p)  # fmt: skip
         job = CompletionJob(self, generation, request, prompt)
         if request.echo:
             job.entries = self._prompt_entries(ids, len(ids) - len(prompt), request.logprobs or 0)

@@ -97,6 +97,10 @@ class _Sampling(_Body):
     top_p: Annotated[float, Field(gt=0, le=1)] | None = _field(
         "a number in (0, 1]: nucleus sampling, the likeliest tokens holding this probability"
     )
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = _field(
+        "a number in [0, 1]: min-p sampling, only the tokens at least this times as likely as the likeliest, at the "
+        "temperature and before top-k and top-p (an extension vLLM, llama.cpp and transformers also take)"
+    )
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = _field(
         f"an integer in [1, {MAX_CHOICES}]: that many choices, choice i sampled with seed + i"
     )

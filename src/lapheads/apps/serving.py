@@ -86,7 +86,7 @@ def _from_openai(body: Any) -> dict[str, Any]:
     limit = given.get("max_completion_tokens", given.get("max_tokens"))
     if limit is not None:
         out["max_tokens"] = limit
-    for name in ("temperature", "top_k", "seed", "top_p", "n", "logprobs", "top_logprobs", *PENALTY_FIELDS,
+    for name in ("temperature", "top_k", "seed", "top_p", "min_p", "n", "logprobs", "top_logprobs", *PENALTY_FIELDS,
                  *STOPPING_FIELDS):  # fmt: skip
         if name in given:
             out[name] = given[name]
@@ -180,6 +180,7 @@ def _check_request(body: dict[str, Any], limits: ServeLimits, temperature: float
         # no seed: a fresh one, so repeated requests sample afresh (as vLLM, llama.cpp and Ollama do)
         "seed": body["seed"] if body.get("seed") is not None else secrets.randbelow(2**63),
         "top_p": body.get("top_p", 1.0),
+        "min_p": body.get("min_p"),
         "n": body.get("n", 1),
         "top_logprobs": body.get("top_logprobs", 0),
     }
@@ -266,7 +267,8 @@ class ChatServing:
     def _submit(self, request: dict[str, Any], prompt: list[int], outcome: dict[str, Any], choice: int):
         tokens = outcome.setdefault("logprobs", []) if request.get("logprobs") else None
         turn = self.engine.turn(prompt, request["max_tokens"], request["temperature"], request["top_k"] or None,
-                                seed=(request["seed"] + choice) % 2**63, top_p=request["top_p"], logprobs=tokens,
+                                seed=(request["seed"] + choice) % 2**63, top_p=request["top_p"],
+                                min_p=request["min_p"], logprobs=tokens,
                                 top_logprobs=request.get("top_logprobs", 0),
                                 penalties=request["penalties"], stopping=request["stopping"])  # fmt: skip
         return self.batcher.submit(turn, outcome)

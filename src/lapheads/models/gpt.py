@@ -494,14 +494,17 @@ def sample_token(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
     top_p: float | None = None,
+    min_p: float | None = None,
 ) -> torch.Tensor:
     """One next token (B, 1) from logits (B, V): greedy at temperature 0 (and below ``GREEDY_BELOW``), else
-    sampled from the top-k (None/0: all), then from the smallest set of likeliest tokens whose probability reaches
-    ``top_p`` (nucleus sampling; None or 1: all), as vLLM and transformers apply them. One setting and one
-    generator for every row (:func:`sample_rows` gives each row its own)."""
+    sampled, at the temperature, from the tokens at least ``min_p`` times as likely as the likeliest (None or 0:
+    all), then from the top-k (None/0: all), then from the smallest set of likeliest tokens whose probability
+    reaches ``top_p`` (nucleus sampling; None or 1: all), in vLLM's order (transformers applies min_p last; the two
+    differ only with min_p and top_p together). One setting and one generator for every row (:func:`sample_rows`
+    gives each row its own)."""
     if temperature < GREEDY_BELOW:
         return logits.argmax(-1, keepdim=True)
-    return _draw(_filtered(logits, temperature, top_k, top_p).softmax(-1), generator)
+    return _draw(_filtered(logits, temperature, top_k, top_p, min_p).softmax(-1), generator)
 
 
 def sample_rows(
@@ -510,6 +513,7 @@ def sample_rows(
     top_ks: Sequence[int | None],
     top_ps: Sequence[float | None],
     generators: Sequence[torch.Generator | None],
+    min_ps: Sequence[float | None] | None = None,
 ) -> list[int]:
     """:func:`sample_token` for each row of ``logits`` (B, V) with the row's own temperature, top-k, top-p and
     generator: the token each row samples alone, with the filtering done once for the rows that share a setting
@@ -518,12 +522,14 @@ def sample_rows(
 
     Args:
         logits: (B, V), one row a request.
-        temperatures, top_ks, top_ps, generators: one a row, as :func:`sample_token` takes them.
+        temperatures, top_ks, top_ps, generators, min_ps: one a row, as :func:`sample_token` takes them (no min_ps:
+            none for any row).
     """
     tokens = [0] * logits.size(0)
     greedy: list[int] = []
-    sharing: dict[tuple[float, int | None, float | None], list[int]] = {}  # the sampled rows, by their setting
-    for row, setting in enumerate(zip(temperatures, top_ks, top_ps)):
+    sharing: dict[tuple[float, int | None, float | None, float | None], list[int]] = {}  # sampled rows by setting
+    min_ps = [None] * logits.size(0) if min_ps is None else min_ps
+    for row, setting in enumerate(zip(temperatures, top_ks, top_ps, min_ps)):
         if setting[0] >= GREEDY_BELOW:
             sharing.setdefault(setting, []).append(row)
         else:
@@ -531,8 +537,8 @@ def sample_rows(
     if greedy:  # one argmax for them (none in a server whose requests all sample)
         for row, token in zip(greedy, logits[greedy].argmax(-1).tolist()):
             tokens[row] = token
-    for (temperature, top_k, top_p), rows in sharing.items():
-        probs = _filtered(logits[rows], temperature, top_k, top_p).softmax(-1)
+    for (temperature, top_k, top_p, min_p), rows in sharing.items():
+        probs = _filtered(logits[rows], temperature, top_k, top_p, min_p).softmax(-1)
         noise = torch.empty_like(probs)
         for n, row in enumerate(rows):
             noise[n].exponential_(generator=generators[row])  # what _draw draws for this row alone
@@ -541,9 +547,15 @@ def sample_rows(
     return tokens
 
 
-def _filtered(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    """``logits`` / ``temperature``, the tokens outside the top-k and then outside the nucleus at -inf."""
+def _filtered(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, min_p: float | None = None
+) -> torch.Tensor:
+    """``logits`` / ``temperature``, the tokens below ``min_p`` times the likeliest's probability, then outside the
+    top-k, then outside the nucleus at -inf (vLLM's order)."""
     scaled = logits / temperature
+    if min_p:  # vLLM's and transformers' min-p: relative to the likeliest token, at the temperature
+        probs = scaled.softmax(-1)
+        scaled = scaled.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), float("-inf"))
     if top_k:
         kth = scaled.topk(min(top_k, scaled.size(-1))).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
