@@ -246,14 +246,20 @@ def test_chat_answers_a_prompt_and_refuses_bad_input(sft_run, base_run, capsys):
     ask = ["chat", str(sft_run), "--prompt", "What is 2 + 3?", "--max-tokens", "8"]
     assert main([*ask, "--temperature", "1", "--top-k", "0", "--top-p", "1e-9"]) == 0  # the nucleus: one token
     assert capsys.readouterr().out == first
+    assert main([*ask, "--temperature", "1", "--top-k", "0", "--min-p", "1"]) == 0  # min-p 1: the likeliest alone
+    assert capsys.readouterr().out == first
     assert main([*ask, "--temperature", "0", "--repetition-penalty", "1.8"]) == 0
     assert capsys.readouterr().out != first  # the penalty reached the decoder
     for args, message in (
         (["--prompt", " "], "--prompt is empty"),
         (["--prompt", "x" * 300], "the conversation has"),
         (["--top-k", "-1", "--prompt", "x"], "--top-k -1"),
-        (["--top-p", "0", "--prompt", "x"], "--top-p 0.0, --repetition-penalty 1.0: allowed: --top-p in (0, 1]"),
+        (
+            ["--top-p", "0", "--prompt", "x"],
+            "--top-p 0.0, --min-p 0.0, --repetition-penalty 1.0: allowed: --top-p in (0, 1]",
+        ),
         (["--repetition-penalty", "0", "--prompt", "x"], "--repetition-penalty 0.0: allowed"),
+        (["--min-p", "2", "--prompt", "x"], "--min-p 2.0, --repetition-penalty 1.0: allowed"),
     ):
         assert main(["chat", str(sft_run), *args]) == 2
         err = capsys.readouterr().err.strip()

@@ -348,10 +348,12 @@ def test_generate_streams_a_continuation_of_a_run(trained_run, capsys):
     ask = ["generate", str(run), "--prompt", "ROMEO:\n", "--max-tokens", "12"]
     assert main([*ask, "--temperature", "1", "--top-k", "0", "--top-p", "1e-9"]) == 0  # the nucleus: one token
     assert capsys.readouterr().out == expected + "\n"
+    assert main([*ask, "--temperature", "1", "--top-k", "0", "--min-p", "1"]) == 0  # min-p 1: the likeliest alone
+    assert capsys.readouterr().out == expected + "\n"
     assert main([*ask, "--temperature", "0", "--repetition-penalty", "1.8"]) == 0
     assert capsys.readouterr().out != expected + "\n"  # the penalty reached the decoder
     assert main([*ask, "--top-p", "1.5"]) == 2
-    assert "--top-p 1.5, --repetition-penalty 1.0: allowed: --top-p in (0, 1]" in capsys.readouterr().err
+    assert "--top-p 1.5, --min-p 0.0, --repetition-penalty 1.0: allowed: --top-p in (0, 1]" in capsys.readouterr().err
 
 
 def test_generate_streams_a_character_split_over_byte_tokens_whole(monkeypatch):

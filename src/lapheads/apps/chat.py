@@ -236,7 +236,7 @@ def _answer(engine: ChatEngine, messages: list[dict[str, str]], text: str, optio
     messages.append({"role": "user", "content": text})
     prompt = render_for_completion(engine.tokenizer, {"messages": messages})
     pieces = []
-    sampling = {key: options[key] for key in ("top_p", "penalties") if key in options}
+    sampling = {key: options[key] for key in ("top_p", "min_p", "penalties") if key in options}
     for piece in engine.stream(
         prompt, options["max_tokens"], options["temperature"], options["top_k"], seed, **sampling
     ):

@@ -137,7 +137,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
             "allowed: numbers >= 0"
         )
-    sampling = _nucleus_and_repetition(args)
+    sampling = _sampling_options(args)
     lm = load_lm(
         args.run_dir, nanochat=args.nanochat, step=args.step, tokenizer_dir=args.nanochat_tokenizer, device=args.device
     )
@@ -147,16 +147,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nucleus_and_repetition(args: argparse.Namespace) -> dict[str, object]:
-    """``--top-p`` and ``--repetition-penalty`` checked, as ``top_p`` and ``penalties`` for the decoder."""
+def _sampling_options(args: argparse.Namespace) -> dict[str, object]:
+    """``--top-p``, ``--min-p`` and ``--repetition-penalty`` checked, as ``top_p``, ``min_p`` and ``penalties`` for
+    the decoder."""
     from lapheads.apps.penalties import Penalties
 
-    if not 0 < args.top_p <= 1 or not args.repetition_penalty > 0:
+    if not 0 < args.top_p <= 1 or not 0 <= args.min_p <= 1 or not args.repetition_penalty > 0:
         raise UserError(
-            f"--top-p {args.top_p}, --repetition-penalty {args.repetition_penalty}: allowed: --top-p in (0, 1], "
-            "--repetition-penalty > 0"
+            f"--top-p {args.top_p}, --min-p {args.min_p}, --repetition-penalty {args.repetition_penalty}: allowed: "
+            "--top-p in (0, 1], --min-p in [0, 1], --repetition-penalty > 0"
         )
-    return {"top_p": args.top_p, "penalties": Penalties(repetition=args.repetition_penalty)}
+    return {
+        "top_p": args.top_p,
+        "min_p": args.min_p or None,
+        "penalties": Penalties(repetition=args.repetition_penalty),
+    }
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -168,7 +173,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             f"--max-tokens {args.max_tokens}, --temperature {args.temperature}, --top-k {args.top_k}: "
             "allowed: --max-tokens >= 1, the others >= 0"
         )
-    sampling = _nucleus_and_repetition(args)
+    sampling = _sampling_options(args)
     if args.prompt is not None and not args.prompt.strip():
         raise UserError("--prompt is empty; allowed: a question, e.g. --prompt 'What is 12 + 30?'")
     record, model, tokenizer = load_gpt_run(args.run_dir, args.device)

@@ -224,16 +224,24 @@ def _generate_command(sub) -> None:
     generate.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (at most sequence_len)")
     generate.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     generate.add_argument("--top-k", type=int, default=50, help="sample from the k likeliest tokens (0: all)")
-    _nucleus_and_repetition(generate)
+    _sampling_options(generate)
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--device", default="auto")
     add_options(generate, LMSource, skip=RUN_ARGUMENTS)
     generate.set_defaults(func=commands.cmd_generate)
 
 
-def _nucleus_and_repetition(command) -> None:
-    """``--top-p`` and ``--repetition-penalty``, as the server's requests take them (llama.cpp's CLI has both)."""
+def _sampling_options(command) -> None:
+    """``--top-p``, ``--min-p`` and ``--repetition-penalty``, as the server's requests take them (llama.cpp's CLI
+    has all three)."""
     command.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling in (0, 1] (1: all)")
+    command.add_argument(
+        "--min-p",
+        type=float,
+        default=0.0,
+        help="in [0, 1] (0: none): only the tokens at least this times as likely as the likeliest (vLLM's order: "
+        "before top-k and top-p)",
+    )
     command.add_argument(
         "--repetition-penalty",
         type=float,
@@ -252,7 +260,7 @@ def _chat_command(sub) -> None:
     chat.add_argument("--max-tokens", type=int, default=256, help="tokens per reply at most")
     chat.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
     chat.add_argument("--top-k", type=int, default=50, help="sample from the k likeliest tokens (0: all)")
-    _nucleus_and_repetition(chat)
+    _sampling_options(chat)
     chat.add_argument("--seed", type=int, default=0)
     chat.add_argument("--no-tools", action="store_true", help="do not run the calculator on tool calls")
     chat.add_argument("--device", default="auto")

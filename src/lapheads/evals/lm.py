@@ -431,10 +431,11 @@ def stream_text(
     seed: int,
     top_p: float | None = None,
     penalties: Penalties | None = None,
+    min_p: float | None = None,
 ) -> Iterator[str]:
     """Yield ``prompt``, then the text each new token completes as soon as it is sampled (``lapheads.apps.batching``'s
     decoder, a batch of one; :class:`lapheads.apps.detokenize.IncrementalText`: a few tokens decoded a token, and a
-    character spread over several byte tokens comes out whole once its last byte arrives); ``top_p`` and
+    character spread over several byte tokens comes out whole once its last byte arrives); ``top_p``, ``min_p`` and
     ``penalties`` (logit biases, repetition, frequency and presence penalties) as the server takes them."""
     from lapheads.apps.batching import Generation, decode_steps
     from lapheads.apps.detokenize import IncrementalText
@@ -450,7 +451,7 @@ def stream_text(
     text = IncrementalText(tokenizer.decode)  # the continuation's text: the prompt's ended on a whole character
     pieces: list[str] = []
     generation = Generation(
-        tuple(ids), steps, temperature, top_k or None, top_p, seed, penalties=penalties or Penalties()
+        tuple(ids), steps, temperature, top_k or None, top_p, seed, penalties=penalties or Penalties(), min_p=min_p
     )
     for _ in decode_steps(model, [generation], lambda index, token, logits: pieces.append(text.add(token))):
         yield from filter(None, pieces)
