@@ -6,7 +6,7 @@ Design choices:
 * **vLLM's order and formulas** (its V1 sampler): the request's ``logit_bias`` is added first; then the repetition
   penalty (transformers' and vLLM's: a logit of a token seen in the prompt or the output is divided by it where
   positive, multiplied where not); then OpenAI's frequency and presence penalties, on the output's tokens only
-  (``logit[j] -= frequency * count[j] + presence * (count[j] > 0)``); then temperature, top-k and top-p
+  (``logit[j] -= frequency * count[j] + presence * (count[j] > 0)``); then temperature, min-p, top-k and top-p
   (``lapheads.models.gpt.sample_rows``). Greedy rows take the argmax of the adjusted logits, as vLLM's do.
 * **Log-probabilities stay the model's own**: the adjusted logits only choose the token; what a request reports
   (``logprobs``) is the model's log-softmax (vLLM's default ``raw_logprobs``).
