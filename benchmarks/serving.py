@@ -2,8 +2,9 @@
 as ``lapheads serve`` under concurrent clients.
 
 Models of ``--depth`` 4 and 8 (width 64 x depth: the chat-cpu preset's d4 and a 25.5M-parameter d8; half their heads
-Laplacian, sequence_len 512, random weights), 64 sampled tokens per request at most (a reply that samples its
-end-of-turn token ends there: tokens are counted), each its own seed. For each model:
+Laplacian, sequence_len 512, random weights), 64 sampled tokens per request, each its own seed: every request runs
+to its length (the engine's have no stop token; the server's send vLLM's ``ignore_eos``, as its ``benchmark_serving``
+does for random prompts), and tokens are counted from the replies. For each model:
 
 1. The engine: N requests (prompts of 24-40 tokens) decoded as one batch against one at a time, interleaved in one
    process (``lapheads.bench.time_interleaved``), at N = 1, 4, 8.
@@ -93,7 +94,7 @@ def _load(url: str, clients: int, requests: int, max_tokens: int) -> tuple[int, 
 
         def ask(seed: int, record: bool = True) -> int:
             body = {"messages": [{"role": "user", "content": "what is the capital of france?"}],
-                    "max_tokens": max_tokens, "seed": seed, "stream": True,
+                    "max_tokens": max_tokens, "seed": seed, "stream": True, "ignore_eos": True,
                     "stream_options": {"include_usage": True}}  # fmt: skip
             sent, arrivals, tokens = time.perf_counter(), [], 0
             with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
