@@ -162,10 +162,14 @@ def test_vllms_stop_token_ids_ignore_eos_and_min_tokens_end_a_completion_where_v
     expected = plain_text if cut < 0 else plain_text[:cut]
     assert complete(stop=[stop])[0] == plain_text[:1] != expected
     assert complete(stop=[stop], extra_body={"min_tokens": least})[0] == expected
-    body = {**ask, "stop": [stop], "min_tokens": least, "stream": True}
-    with httpx.stream("POST", f"{server}/v1/completions", json=body) as r:
-        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
-    assert "".join(event["choices"][0]["text"] for event in events) == expected
+    shown = complete(stop=[stop], extra_body={"include_stop_str_in_output": True})
+    assert shown[0] == plain_text[:3] and "".join(shown[2]) == plain_text[:3]  # its tokens' logprobs too
+    for extra, text in (({"min_tokens": least}, expected), ({"include_stop_str_in_output": True}, plain_text[:3])):
+        with httpx.stream(
+            "POST", f"{server}/v1/completions", json={**ask, "stop": [stop], **extra, "stream": True}
+        ) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        assert "".join(event["choices"][0]["text"] for event in events) == text
 
 
 def test_min_p_reaches_the_completion(server):

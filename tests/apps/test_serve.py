@@ -570,6 +570,7 @@ def test_vllms_ignore_eos_min_tokens_and_stop_token_ids_end_a_chat_reply_where_v
     assert reply(stop=[stop])[0] == plain[:1] != expected
     for stream in (False, True):
         assert reply(stream, stop=[stop], extra_body={"min_tokens": least})[0] == expected
+        assert reply(stream, stop=[stop], extra_body={"include_stop_str_in_output": True})[0] == plain[:3]
 
 
 def test_fields_openai_accepts_are_accepted_and_change_nothing_and_many_stops_are_taken(openai_server):

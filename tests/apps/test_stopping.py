@@ -133,7 +133,15 @@ def test_until_stop_passes_over_stop_strings_in_the_first_min_tokens_as_vllm(see
 
 
 def test_first_stop_finds_only_the_stop_strings_that_end_past_the_floor():
-    assert first_stop("abcabc", ["bc"]) == 1
-    assert first_stop("abcabc", ["bc"], after=3) == 4  # the first "bc" ends at 3: passed over
-    assert first_stop("abcabc", ["bc"], after=2) == 1  # it ends at 3, past 2: found
-    assert first_stop("abcabc", ["x", "ca"]) == 2 and first_stop("abc", ["x"]) is None
+    assert first_stop("abcabc", ["bc"]) == (1, 3)
+    assert first_stop("abcabc", ["bc"], after=3) == (4, 6)  # the first "bc" ends at 3: passed over
+    assert first_stop("abcabc", ["bc"], after=2) == (1, 3)  # it ends at 3, past 2: found
+    assert first_stop("abcabc", ["x", "ca"]) == (2, 4) and first_stop("abc", ["x"]) is None
+    assert first_stop("abcd", ["abc", "ab"]) == (0, 3) and first_stop("abcd", ["ab", "abc"]) == (0, 2)  # list order
+
+
+def test_until_stop_shows_the_stop_string_when_asked():
+    """vLLM's include_stop_str_in_output: the text ends with the stop string, what came after it is not shown."""
+    outcome: dict = {}
+    assert "".join(until_stop(iter(["ab", "c<", "|e", "nd|>x"]), ["<|end|>"], outcome, include=True)) == "abc<|end|>"
+    assert outcome == {"finish_reason": "stop"}

@@ -71,6 +71,7 @@ class CompletionRequest:
     penalties: Penalties = Penalties()  # logit biases and penalties (none by default)
     stopping: Stopping = Stopping()  # vLLM's stop_token_ids, ignore_eos and min_tokens (none by default)
     min_p: float | None = None  # min-p sampling (none by default)
+    include_stop: bool = False  # vLLM's include_stop_str_in_output: the stop string that ended the text is shown
 
 
 def _prompts(prompt: str | list, tokenizer: Tokenizer) -> list[list[int]]:
@@ -125,6 +126,7 @@ def completion_request(
         penalties=requested_penalties(request.model_dump(include=set(PENALTY_FIELDS)), tokenizer.vocab_size),
         stopping=requested_stopping(request.model_dump(include=set(STOPPING_FIELDS)), tokenizer, limit),
         min_p=request.min_p,
+        include_stop=bool(request.include_stop_str_in_output),
     )
 
 
@@ -254,8 +256,8 @@ class CompletionJob:
         tok, request = self.engine.tokenizer, self.request
         prompt_text = tok.decode(self.prompt) if request.echo else ""
         text = tok.decode(self.reply)
-        cut = first_stop(text, request.stop, self.floor)
-        cut = len(text) if cut is None else cut
+        found = first_stop(text, request.stop, self.floor)
+        cut = len(text) if found is None else found[1] if request.include_stop else found[0]
         full = prompt_text + text[:cut]
         reported = len(full) if cut < len(text) else None  # a stop string's tokens are not reported
         return {

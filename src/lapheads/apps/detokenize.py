@@ -65,12 +65,20 @@ class IncrementalText:
         return piece
 
 
-def first_stop(text: str, stops: Sequence[str], after: int = 0) -> int | None:
-    """Where the first of ``stops`` that ends past ``text``'s first ``after`` characters begins (None: none does).
+def first_stop(text: str, stops: Sequence[str], after: int = 0) -> tuple[int, int] | None:
+    """Where the first of ``stops`` that ends past ``text``'s first ``after`` characters begins and ends (None: none
+    does); of two that begin at one place, the one listed first (vLLM looks for them in the request's order).
     ``after`` > 0 passes over the text a request's first ``min_tokens`` tokens wrote, where vLLM looks for no stop
     string; a search begins only where such a stop string can."""
-    found = [i for stop in stops if (i := text.find(stop, max(0, after - len(stop) + 1))) >= 0]
-    return min(found, default=None)
+    found = [
+        (i, n, i + len(stop))
+        for n, stop in enumerate(stops)
+        if (i := text.find(stop, max(0, after - len(stop) + 1))) >= 0
+    ]
+    if not found:
+        return None
+    start, _, end = min(found)
+    return start, end
 
 
 def completed_pieces(decode: Callable[[list[int]], str], ids: list[int]) -> list[str]:

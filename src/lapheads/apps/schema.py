@@ -132,6 +132,9 @@ class _Sampling(_Body):
         "stop), kept as its last where it is text, left out where it is a special token (an extension vLLM "
         "takes)"
     )
+    include_stop_str_in_output: bool | None = _field(
+        "true or false: the stop string that ended the reply is shown as its end (an extension vLLM takes)"
+    )
     ignore_eos: bool | None = _field(
         "true or false: the model's own end tokens do not end the reply, which runs to max_tokens (an extension "
         "vLLM takes, for benchmarks)"

@@ -87,7 +87,7 @@ def _from_openai(body: Any) -> dict[str, Any]:
     if limit is not None:
         out["max_tokens"] = limit
     for name in ("temperature", "top_k", "seed", "top_p", "min_p", "n", "logprobs", "top_logprobs", *PENALTY_FIELDS,
-                 *STOPPING_FIELDS):  # fmt: skip
+                 *STOPPING_FIELDS, "include_stop_str_in_output"):  # fmt: skip
         if name in given:
             out[name] = given[name]
     stop = given.get("stop", [])
@@ -124,11 +124,14 @@ def _openai_messages(messages: Any) -> Any:
     return out
 
 
-def until_stop(pieces: Iterator[str], stops: list[str], outcome: dict[str, Any], min_tokens: int = 0) -> Iterator[str]:
-    """``pieces`` up to the first stop string (never shown; ``outcome["finish_reason"]`` becomes "stop"). A piece
-    that may begin a stop string is held back until the text after it decides. With ``min_tokens``, a stop string
-    that ends in the text of the first ``min_tokens`` tokens is passed over, as vLLM passes it over
-    (``outcome["completion_tokens"]``, the reader's count at each piece, says where that text ends)."""
+def until_stop(
+    pieces: Iterator[str], stops: list[str], outcome: dict[str, Any], min_tokens: int = 0, include: bool = False
+) -> Iterator[str]:
+    """``pieces`` up to the first stop string (not shown unless ``include``, vLLM's ``include_stop_str_in_output``;
+    ``outcome["finish_reason"]`` becomes "stop"). A piece that may begin a stop string is held back until the text
+    after it decides. With ``min_tokens``, a stop string that ends in the text of the first ``min_tokens`` tokens is
+    passed over, as vLLM passes it over (``outcome["completion_tokens"]``, the reader's count at each piece, says
+    where that text ends)."""
     if not stops:
         yield from pieces
         return
@@ -139,8 +142,9 @@ def until_stop(pieces: Iterator[str], stops: list[str], outcome: dict[str, Any],
             floor = shown + len(held)
         found = first_stop(held, stops, floor - shown)
         if found is not None:
-            if held[:found]:
-                yield held[:found]
+            cut = found[1] if include else found[0]
+            if held[:cut]:
+                yield held[:cut]
             outcome["finish_reason"] = "stop"
             return
         keep = max((k for stop in stops for k in range(1, len(stop)) if held.endswith(stop[:k])), default=0)
@@ -195,6 +199,7 @@ def _check_request(body: dict[str, Any], limits: ServeLimits, temperature: float
                            "or false, top_logprobs only with logprobs true", param=param)  # fmt: skip
     options["logprobs"] = logprobs
     extra = {key: body.get(key) for key in ("stream", "include_usage")}
+    extra["include_stop_str_in_output"] = bool(body.get("include_stop_str_in_output"))
     stop = body.get("stop") or []
     return {"messages": messages, **options, "stop": [stop] if isinstance(stop, str) else stop, **extra}
 
@@ -258,9 +263,9 @@ class ChatServing:
             begun = [(pieces, next(pieces, None)) for pieces in submitted]
         except Exception as err:  # noqa: BLE001 - the client gets one line
             raise _failed(err) from None
-        least = request["stopping"].min_tokens
+        least, include = request["stopping"].min_tokens, request["include_stop_str_in_output"]
         return [
-            Reply(until_stop(_rest(*one), request["stop"], outcome, least), outcome)
+            Reply(until_stop(_rest(*one), request["stop"], outcome, least, include), outcome)
             for one, outcome in zip(begun, outcomes)
         ]
 
@@ -444,7 +449,8 @@ class CompletionServing:
                     sent = len(prompt_text := self.engine.tokenizer.decode(job.prompt))
                     logprobs, start, offset = job.logprobs(0, 0, sent, begun=False)
                     yield chunk(index, prompt_text, logprobs if wanted else None)
-                for piece in until_stop(reader, request.stop, outcome, request.stopping.min_tokens):
+                stops = until_stop(reader, request.stop, outcome, request.stopping.min_tokens, request.include_stop)
+                for piece in stops:
                     sent += len(piece)
                     logprobs, start, offset = job.logprobs(start, offset, sent, begun=False)
                     yield chunk(index, piece, logprobs if wanted else None)
