@@ -806,6 +806,31 @@ def test_serve_without_the_metrics_library_says_which_extra_to_install(monkeypat
     assert len(err.splitlines()) == 1 and "prometheus-client" in err and "lapheads[serve]" in err
 
 
+def test_served_model_name_names_the_model_in_the_api(sft_run, monkeypatch, capsys):
+    """vLLM's --served-model-name: GET /v1/models lists it and requests name it (the run directory's name is then
+    an unknown model); a name with a space is refused in one line before any model loads."""
+    import torch
+    import uvicorn
+
+    from lapheads.cli import main
+
+    apps, threads = [], torch.get_num_threads()
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: apps.append(app))  # serve builds the app, then stops
+    try:
+        assert main(["serve", str(sft_run), "--served-model-name", "org/tiny-L1"]) == 0
+    finally:
+        torch.set_num_threads(threads)  # serve gives the model the CPUs the HTTP side leaves: not the suite's
+    client = TestClient(apps[0], base_url="http://127.0.0.1:8000")
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["org/tiny-L1"]
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert client.post("/v1/chat/completions", json={**ask, "model": "org/tiny-L1"}).status_code == 200
+    assert client.post("/v1/chat/completions", json={**ask, "model": sft_run.name}).status_code == 404
+    capsys.readouterr()
+    assert main(["serve", str(sft_run), "--served-model-name", "my model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--served-model-name 'my model': allowed:" in err
+
+
 @pytest.fixture
 def steered(engine, monkeypatch):
     """A client of a server whose model is steered into the reply 'ab€cd' and the end of its turn, one request at a

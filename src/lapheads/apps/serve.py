@@ -269,9 +269,11 @@ def serve(
     temperature: float = 0.6,
     top_k: int = 50,
     api_key: str | None = None,
+    name: str | None = None,
 ) -> None:
     """Load ``run_dir`` and serve it until interrupted: a mid or sft run with every route, a base run with
-    ``/v1/completions`` and the tokenizer routes; with ``api_key``, only for requests that carry it."""
+    ``/v1/completions`` and the tokenizer routes; with ``api_key``, only for requests that carry it; ``name``: the
+    model's name in the API (default: the run directory's)."""
     import uvicorn
 
     from lapheads.runs import load_gpt_run, trained_on_conversations
@@ -289,7 +291,7 @@ def serve(
         )
     # Bound to one address: requests must name it (or loopback); bound to all: any name (DNS-rebinding checks off).
     allowed = LOOPBACK_NAMES if loopback else (None if host in ("0.0.0.0", "::") else (*LOOPBACK_NAMES, host.lower()))
-    app = create_app(engine, Path(run_dir).name, limits, temperature, top_k, allowed, api_key)
+    app = create_app(engine, name or Path(run_dir).name, limits, temperature, top_k, allowed, api_key)
     routes = "the web chat, /v1/chat/completions, /v1/completions" if chat else "/v1/completions (a base run)"
     print(f"lapheads serve: {run_dir} on http://{host}:{port}/: {routes} (Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

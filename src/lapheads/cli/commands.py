@@ -209,6 +209,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"{args.top_k} --max-num-seqs {args.max_num_seqs}: allowed: a port in 1..65535, --max-tokens >= 1, "
             "temperature in [0, 2], top-k in [0, 200], --max-num-seqs >= 1"
         )
+    name = args.served_model_name
+    if name is not None and (not name or any(c.isspace() or not c.isprintable() for c in name) or len(name) > 256):
+        raise UserError(
+            f"--served-model-name {name!r}: allowed: 1 to 256 printable characters without spaces (a name clients "
+            "send as 'model')"
+        )
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -235,6 +241,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_k=args.top_k,
         api_key=args.api_key or os.environ.get("LAPHEADS_API_KEY") or None,  # the environment keeps it out of ps
+        name=name,
     )
     return 0
 

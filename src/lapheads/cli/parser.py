@@ -293,6 +293,12 @@ def _serve_command(sub) -> None:
         default=None,
         help="require 'Authorization: Bearer KEY' on every route but / and /health (default: $LAPHEADS_API_KEY)",
     )
+    web.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model's name in the API (GET /v1/models, each request's 'model'; vLLM's option of that name; "
+        "default: the run directory's name)",
+    )
     web.add_argument("--device", default="auto")
     web.set_defaults(func=commands.cmd_serve)
 
