@@ -154,6 +154,9 @@ def test_vllms_stop_token_ids_ignore_eos_and_min_tokens_end_a_completion_where_v
     assert complete(**to_bos, extra_body={"min_tokens": 5}) == (plain_text[: len("".join(plain_tokens[:5]))], "stop",
                                                                  plain_tokens[:5])  # fmt: skip
     assert complete(logit_bias={str(e): 100}, extra_body={"stop_token_ids": [e]}) == ("e", "stop", ["e"])
+    reason = lambda **extra: client.completions.create(**ask, **extra).choices[0].stop_reason  # noqa: E731 - vLLM's
+    assert reason(logit_bias={str(e): 100}, extra_body={"stop_token_ids": [e]}) == e
+    assert reason(**to_bos) is None and reason() is None  # the model's own end, the length
     assert complete(logit_bias={str(user): 100}, extra_body={"stop_token_ids": [user]})[:2] == ("", "stop")
 
     stop, least = plain_text[1:3], 4  # ends within the first 4 tokens' text: passed over with min_tokens 4
@@ -161,6 +164,7 @@ def test_vllms_stop_token_ids_ignore_eos_and_min_tokens_end_a_completion_where_v
     cut = plain_text.find(stop, floor - len(stop) + 1)
     expected = plain_text if cut < 0 else plain_text[:cut]
     assert complete(stop=[stop])[0] == plain_text[:1] != expected
+    assert reason(stop=["zzz", stop]) == stop
     assert complete(stop=[stop], extra_body={"min_tokens": least})[0] == expected
     shown = complete(stop=[stop], extra_body={"include_stop_str_in_output": True})
     assert shown[0] == plain_text[:3] and "".join(shown[2]) == plain_text[:3]  # its tokens' logprobs too
@@ -170,6 +174,7 @@ def test_vllms_stop_token_ids_ignore_eos_and_min_tokens_end_a_completion_where_v
         ) as r:
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
         assert "".join(event["choices"][0]["text"] for event in events) == text
+        assert events[-1]["choices"][0]["stop_reason"] == (stop if text != plain_text else None)  # vLLM's
 
 
 def test_min_p_reaches_the_completion(server):

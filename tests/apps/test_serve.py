@@ -457,7 +457,7 @@ def test_stop_strings_hold_back_only_what_may_begin_one():
 
     outcome = {}
     assert list(until_stop(iter(["ab", "c<", "|e", "nd|>x"]), ["<|end|>"], outcome)) == ["ab", "c"]  # "<|e" held
-    assert outcome == {"finish_reason": "stop"}
+    assert outcome == {"finish_reason": "stop", "stop_reason": "<|end|>"}
     assert "".join(until_stop(iter(["a<", "b"]), ["<|"], {})) == "a<b"
     assert "".join(until_stop(iter(["x", "STOP", "y"]), ["ST"], {})) == "x"
 
@@ -550,11 +550,15 @@ def test_vllms_ignore_eos_min_tokens_and_stop_token_ids_end_a_chat_reply_where_v
     ask = dict(model="tiny", messages=[{"role": "user", "content": QUESTIONS[2]}], max_tokens=10, temperature=0,
                logprobs=True)  # fmt: skip
 
+    reasons = []  # vLLM's stop_reason of each reply, streamed or not
+
     def reply(stream=False, **extra):
         if stream:
             chunks = list(client.chat.completions.create(**ask, **extra, stream=True))
+            reasons.append(chunks[-1].choices[0].stop_reason)
             return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1].choices[0].finish_reason, None
         out = client.chat.completions.create(**ask, **extra)
+        reasons.append(out.choices[0].stop_reason)
         return out.choices[0].message.content, out.choices[0].finish_reason, out.usage.completion_tokens
 
     plain, _, _ = reply()
@@ -564,6 +568,7 @@ def test_vllms_ignore_eos_min_tokens_and_stop_token_ids_end_a_chat_reply_where_v
     assert reply(**to_end, extra_body={"ignore_eos": True})[1:] == ("length", 10)
     assert reply(**to_end, extra_body={"min_tokens": 4}) == ("".join(tokens[:4]), "stop", 4)
     assert reply(logit_bias={str(e): 100}, extra_body={"stop_token_ids": [e]}) == ("e", "stop", 1)
+    assert reasons[1:] == [None, None, None, e]  # the end of turn, the length, min_tokens' end of turn, the stop id
     stop, least = plain[1:3], 4
     cut = plain.find(stop, len("".join(tokens[:least])) - len(stop) + 1)
     expected = plain if cut < 0 else plain[:cut]
@@ -571,6 +576,7 @@ def test_vllms_ignore_eos_min_tokens_and_stop_token_ids_end_a_chat_reply_where_v
     for stream in (False, True):
         assert reply(stream, stop=[stop], extra_body={"min_tokens": least})[0] == expected
         assert reply(stream, stop=[stop], extra_body={"include_stop_str_in_output": True})[0] == plain[:3]
+        assert reasons[-1] == stop
 
 
 def test_fields_openai_accepts_are_accepted_and_change_nothing_and_many_stops_are_taken(openai_server):

@@ -144,4 +144,4 @@ def test_until_stop_shows_the_stop_string_when_asked():
     """vLLM's include_stop_str_in_output: the text ends with the stop string, what came after it is not shown."""
     outcome: dict = {}
     assert "".join(until_stop(iter(["ab", "c<", "|e", "nd|>x"]), ["<|end|>"], outcome, include=True)) == "abc<|end|>"
-    assert outcome == {"finish_reason": "stop"}
+    assert outcome == {"finish_reason": "stop", "stop_reason": "<|end|>"}

@@ -147,11 +147,13 @@ class Generation:
 
 @dataclass
 class Generated:
-    """What a request generated: its tokens and why it ended ("stop": a stop token or ``on_token``; "length": its
-    ``max_tokens`` or the context)."""
+    """What a request generated: its tokens, why it ended ("stop": a stop token or ``on_token``; "length": its
+    ``max_tokens`` or the context) and, where one of its own ``stop_token_ids`` ended it, that token (vLLM's
+    ``stop_reason``; None for the model's own stop tokens, the length and the caller)."""
 
     tokens: list[int]
     finish_reason: str
+    stop_reason: int | None = None
 
 
 def generate_together(model: GPT, requests: Sequence[Generation], on_token: OnToken | None = None) -> list[Generated]:
@@ -270,12 +272,14 @@ class Decoding:
                 token = drawn[slot]
                 if token in request.unkept_stop_ids:
                     row.out.finish_reason = "stop"
+                    row.out.stop_reason = token if token in request.stopping.unkept_ids else None
                     ended.append(row)
                     continue
             tokens.append(token)
             said = self.on_token(row.index, token, self.logits[slot]) if self.on_token is not None else None
             if said is False or (sampled and token in request.stopping.kept_ids):
                 row.out.finish_reason = "stop"  # ended by the caller, or by a stop token kept as the last
+                row.out.stop_reason = None if said is False else token
                 ended.append(row)
                 continue
             if isinstance(said, list) and said:
@@ -417,9 +421,9 @@ class Batcher:
 
     def submit(self, job: Job, outcome: dict[str, Any] | None = None) -> Iterator[str]:
         """The job's text, piece by piece, as the worker decodes it (blocking); ``outcome`` gains
-        ``completion_tokens`` as each piece is read and ``finish_reason`` at the end. Closing the iterator early
-        ends the job at its next token. A prompt that leaves no room is refused here, in one line (not in the
-        batch it would have joined)."""
+        ``completion_tokens`` as each piece is read and ``finish_reason`` and ``stop_reason`` at the end. Closing
+        the iterator early ends the job at its next token. A prompt that leaves no room is refused here, in one
+        line (not in the batch it would have joined)."""
         _check_prompt(job.generation, self.model.config.sequence_len, "the request")  # refused alone, not its batch
         from lapheads.apps.metrics import RequestClock
 
@@ -437,7 +441,7 @@ class Batcher:
                     raise value
                 outcome["completion_tokens"] = count
                 if kind == "done":
-                    outcome["finish_reason"] = value
+                    outcome["finish_reason"], outcome["stop_reason"] = value
                     return
                 yield value
         finally:
@@ -523,7 +527,7 @@ class Batcher:
         submitted.job.finish(generated)
         self._flush([submitted])  # what the job held back until its end (a character cut short)
         self.metrics.finished(submitted.clock, "abort" if submitted.cancelled else generated.finish_reason)
-        submitted.out.put(("done", generated.finish_reason, len(submitted.job.reply)))
+        submitted.out.put(("done", (generated.finish_reason, generated.stop_reason), len(submitted.job.reply)))
 
     @staticmethod
     def _flush(batch: Iterable[_Submitted]) -> None:

@@ -216,6 +216,7 @@ class CompletionJob:
     reply: list[int] = field(default_factory=list)
     entries: list[tuple] = field(default_factory=list)  # (token, logprob, alternatives), the echoed prompt's first
     finish_reason: str = "length"
+    stop_reason: int | None = None  # vLLM's: the request's own stop token that ended it
 
     def __post_init__(self) -> None:
         decode = self.engine.tokenizer.decode
@@ -250,7 +251,7 @@ class CompletionJob:
         if rest:
             self.texts[-1] += rest
             self.unread += rest
-        self.finish_reason = generated.finish_reason
+        self.finish_reason, self.stop_reason = generated.finish_reason, generated.stop_reason
 
     def result(self) -> dict[str, Any]:
         tok, request = self.engine.tokenizer, self.request
@@ -264,6 +265,7 @@ class CompletionJob:
             "text": full,
             "logprobs": None if request.logprobs is None else self.logprobs(0, 0, reported, begun=True)[0],
             "finish_reason": self.finish_reason,
+            "stop_reason": self.stop_reason if found is None else text[found[0] : found[1]],
             "completion_tokens": len(self.reply),
         }
 

@@ -128,10 +128,10 @@ def until_stop(
     pieces: Iterator[str], stops: list[str], outcome: dict[str, Any], min_tokens: int = 0, include: bool = False
 ) -> Iterator[str]:
     """``pieces`` up to the first stop string (not shown unless ``include``, vLLM's ``include_stop_str_in_output``;
-    ``outcome["finish_reason"]`` becomes "stop"). A piece that may begin a stop string is held back until the text
-    after it decides. With ``min_tokens``, a stop string that ends in the text of the first ``min_tokens`` tokens is
-    passed over, as vLLM passes it over (``outcome["completion_tokens"]``, the reader's count at each piece, says
-    where that text ends)."""
+    ``outcome["finish_reason"]`` becomes "stop", ``outcome["stop_reason"]`` the stop string, as vLLM says it). A
+    piece that may begin a stop string is held back until the text after it decides. With ``min_tokens``, a stop
+    string that ends in the text of the first ``min_tokens`` tokens is passed over, as vLLM passes it over
+    (``outcome["completion_tokens"]``, the reader's count at each piece, says where that text ends)."""
     if not stops:
         yield from pieces
         return
@@ -145,7 +145,7 @@ def until_stop(
             cut = found[1] if include else found[0]
             if held[:cut]:
                 yield held[:cut]
-            outcome["finish_reason"] = "stop"
+            outcome["finish_reason"], outcome["stop_reason"] = "stop", held[found[0] : found[1]]
             return
         keep = max((k for stop in stops for k in range(1, len(stop)) if held.endswith(stop[:k])), default=0)
         if len(held) > keep:
@@ -290,6 +290,7 @@ class ChatServing:
                 "message": {"role": "assistant", "content": text},
                 "logprobs": self.token_logprobs(reply.outcome, 0, len(text)),
                 "finish_reason": reply.outcome.get("finish_reason", "stop"),
+                "stop_reason": reply.outcome.get("stop_reason"),
             }
             for i, (text, reply) in enumerate(zip(texts, replies))
         ]
@@ -300,8 +301,8 @@ class ChatServing:
         [DONE]; an error mid-stream ends it with OpenAI's error object."""
         head = self._head()
 
-        def chunk(index: int, delta: dict[str, str], finish: str | None = None, logprobs=None) -> str:
-            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        def chunk(index: int, delta: dict[str, str], finish: str | None = None, logprobs=None, why=None) -> str:
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish, "stop_reason": why}
             return f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': [choice]})}\n\n"
 
         for index, reply in enumerate(replies):
@@ -316,7 +317,7 @@ class ChatServing:
             except Exception as err:  # noqa: BLE001 - mid-stream: OpenAI's error object as the last event
                 yield f"data: {json.dumps({'error': {'message': str(_failed(err)), 'type': 'server_error'}})}\n\n"
                 return
-            yield chunk(index, {}, reply.outcome.get("finish_reason", "stop"))
+            yield chunk(index, {}, reply.outcome.get("finish_reason", "stop"), why=reply.outcome.get("stop_reason"))
         if request["include_usage"]:  # OpenAI's usage chunk: no choices, after the last choice's
             last = {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(prompt, replies)}
             yield f"data: {json.dumps(last)}\n\n"
@@ -437,8 +438,8 @@ class CompletionServing:
         it with OpenAI's error object."""
         head, request = self._head(started), started.request
 
-        def chunk(index: int, text: str, logprobs: dict | None, finish: str | None = None) -> str:
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        def chunk(index: int, text: str, logprobs: dict | None, finish: str | None = None, why=None) -> str:
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": why}
             return f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
 
         wanted = request.logprobs is not None
@@ -459,7 +460,8 @@ class CompletionServing:
                 return
             stopped = outcome.get("finish_reason") == "stop"  # at a stop string: its tokens are not reported
             rest = job.logprobs(start, offset, sent if stopped else None, begun=True)[0]
-            yield chunk(index, "", rest if wanted else None, outcome.get("finish_reason", job.finish_reason))
+            finish, why = outcome.get("finish_reason", job.finish_reason), outcome.get("stop_reason", job.stop_reason)
+            yield chunk(index, "", rest if wanted else None, finish, why)
         if request.include_usage:  # OpenAI's usage chunk: no choices, after the last choice's
             yield f"data: {json.dumps({**head, 'choices': [], 'usage': self._usage(started)})}\n\n"
         yield "data: [DONE]\n\n"
