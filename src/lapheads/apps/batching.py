@@ -50,6 +50,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -130,7 +131,7 @@ class Generation:
     stopping: Stopping = Stopping()
     min_p: float | None = None
 
-    @property
+    @cached_property  # read for every row at every step: built once a request
     def unkept_stop_ids(self) -> frozenset[int]:
         """The tokens that end the request unkept: the model's own (unless ``ignore_eos``) and the request's
         special stop tokens."""
