@@ -7,7 +7,9 @@ Design choices:
   with linear warm-up, ``Mixup`` (Mixup/CutMix + label smoothing), ``BinaryCrossEntropy`` / soft-target CE,
   ``ModelEmaV3``, drop-path and LayerScale through the model arguments.
 * **One step = one global batch**, split by ``GlobalBatchSampler`` into world_size x accum_steps micro-batches, so
-  the trajectory depends on the global batch only, and a resumed run continues with the exact next batch.
+  the trajectory depends on the global batch only, and a resumed run continues with the exact next batch;
+  ``--aug-repeats`` makes it DeiT's repeated augmentation (each drawn image several times in a global batch, each
+  copy its own random transform, as timm's ``RepeatAugSampler``).
 * **Nothing already written is lost**: a non-finite loss stops the run before the optimizer step, naming the step;
   checkpoints are atomic, so the last good one stays.
 """
@@ -239,7 +241,9 @@ def train_classify(
     optimizer = create_optimizer_v2(
         model, opt=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, param_group_fn=_param_groups(cfg)
     )
-    sampler = GlobalBatchSampler(len(train_set), micro_batch, accum_steps, dist_.rank, dist_.world_size, cfg.seed)
+    sampler = GlobalBatchSampler(
+        len(train_set), micro_batch, accum_steps, dist_.rank, dist_.world_size, cfg.seed, repeats=cfg.aug_repeats
+    )
     total_steps = max(1, math.ceil(cfg.epochs * sampler.steps_per_epoch))
     warmup_steps = min(total_steps - 1, round(cfg.warmup_epochs * sampler.steps_per_epoch))
     cosine_log = logging.getLogger("timm.scheduler.cosine_lr")

@@ -220,9 +220,17 @@ def seed_everything(seed: int) -> None:
 class GlobalBatchSampler:
     """Yields this rank's micro-batches of indices, epoch by epoch, from a given global step on.
 
-    Global batch b of epoch e is ``perm_e[b * G : (b + 1) * G]`` with ``perm_e`` a permutation seeded by
-    (seed, e) and G = world_size * accum_steps * micro_batch; rank r's micro-batch a is the slice
-    ``[(a * world_size + r) * micro_batch, ... + micro_batch)``. Incomplete last global batches are dropped.
+    Global batch b of epoch e is ``order_e[b * G : (b + 1) * G]`` with G = world_size * accum_steps * micro_batch
+    and ``order_e`` a permutation seeded by (seed, e), each index repeated ``repeats`` times in a row and cut to the
+    dataset's length; rank r's micro-batch a is the slice ``[(a * world_size + r) * micro_batch, ... +
+    micro_batch)``. Incomplete last global batches are dropped.
+
+    With ``repeats`` > 1 this is repeated augmentation (DeiT's RASampler, timm's ``RepeatAugSampler``): an epoch
+    keeps its length but draws 1 / repeats of the images, each that many times in a row (so in one global batch
+    where G is a multiple of ``repeats``), every copy augmented on its own. A step's global batch is what
+    ``RepeatAugSampler`` gives all the ranks at that step (it strides the repeated order across ranks, each rank
+    here takes a contiguous slice: the same mean gradient, as no layer here normalises across a batch), shuffled by
+    (seed, epoch) rather than the epoch alone, so that seeds differ in their data order.
 
     Args:
         num_samples: dataset length.
@@ -230,11 +238,23 @@ class GlobalBatchSampler:
         accum_steps: micro-batches per optimizer step.
         rank, world_size: this process and the number of processes.
         seed: shuffling seed.
+        repeats: copies of each drawn index in a row (1: every index once an epoch).
     """
 
-    def __init__(self, num_samples: int, micro_batch: int, accum_steps: int, rank: int, world_size: int, seed: int):
+    def __init__(
+        self,
+        num_samples: int,
+        micro_batch: int,
+        accum_steps: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        repeats: int = 1,
+    ) -> None:
+        if repeats < 1:
+            raise InputError(f"repeats={repeats}; allowed: an integer >= 1 (1: every image once an epoch)")
         self.num_samples, self.micro_batch, self.accum_steps = num_samples, micro_batch, accum_steps
-        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.rank, self.world_size, self.seed, self.repeats = rank, world_size, seed, repeats
         self.global_batch = micro_batch * accum_steps * world_size
         self.steps_per_epoch = num_samples // self.global_batch
         if self.steps_per_epoch == 0:
@@ -247,14 +267,20 @@ class GlobalBatchSampler:
         gen = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         return torch.randperm(self.num_samples, generator=gen)
 
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """The indices of epoch ``epoch`` in the order the global batches cut them (the permutation itself when
+        ``repeats`` is 1)."""
+        perm = self.epoch_permutation(epoch)
+        return perm if self.repeats == 1 else perm.repeat_interleave(self.repeats)[: self.num_samples]
+
     def step_batches(self, start_step: int) -> Iterator[tuple[int, list[list[int]]]]:
         """(global step, this rank's accum_steps micro-batches) from ``start_step`` on, forever."""
         step = start_step
         while True:
             epoch, b = divmod(step, self.steps_per_epoch)
-            perm = self.epoch_permutation(epoch)
+            order = self.epoch_order(epoch)
             while b < self.steps_per_epoch:
-                batch = perm[b * self.global_batch : (b + 1) * self.global_batch]
+                batch = order[b * self.global_batch : (b + 1) * self.global_batch]
                 micro = []
                 for a in range(self.accum_steps):
                     start = (a * self.world_size + self.rank) * self.micro_batch

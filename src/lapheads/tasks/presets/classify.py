@@ -159,13 +159,14 @@ CLASSIFY_PRESETS: dict[str, ClassifyConfig] = {
             "description": (
                 "DeiT-III ViT-B, the official recipe (Touvron et al. 2022, facebookresearch/deit): 192 px, 800 "
                 "epochs, batch 2048, LAMB lr 3e-3, wd 0.05, 5 warm-up epochs, 3-Augment, colour jitter 0.3, "
-                "Mixup 0.8, CutMix 1.0, no label smoothing, BCE, drop-path 0.2, LayerScale 1e-6. Not implemented "
-                "here: repeated augmentation; the 224 px fine-tune is a separate run"
+                "Mixup 0.8, CutMix 1.0, no label smoothing, BCE, drop-path 0.2, LayerScale 1e-6, repeated "
+                "augmentation (3 copies). The 224 px fine-tune is a separate run"
             ),
             "epochs": 800,
             "optimizer": "lamb",
             "lr": 3e-3,
             "smoothing": 0.0,
+            "aug_repeats": 3,
         }
     ),
 }

@@ -46,6 +46,12 @@ class ClassifyConfig(RunConfig):
     three_augment: bool = option(False, "DeiT-III's 3-Augment (ImageFolder data)")
     color_jitter: float = option(0.0, "colour-jitter strength (ImageFolder data)", NON_NEGATIVE)
     hflip: bool = option(True, "random horizontal flips (never for Fashion-MNIST)")
+    aug_repeats: int = option(
+        1,
+        "repeated augmentation (DeiT's RASampler, timm's --aug-repeats): each image an epoch draws comes this many "
+        "times in a row, each copy augmented on its own, and an epoch keeps its length (1: off; DeiT-III: 3)",
+        POSITIVE,
+    )
     mixup: float = option(0.0, "Mixup alpha (0: off)", NON_NEGATIVE)
     cutmix: float = option(0.0, "CutMix alpha (0: off)", NON_NEGATIVE)
     smoothing: float = option(0.0, "label smoothing", RATE)
@@ -101,6 +107,11 @@ class ClassifyConfig(RunConfig):
             raise ConfigError(
                 f"--accum-steps {self.accum_steps} does not divide --batch-size {self.batch_size}; "
                 "allowed: a divisor of the batch size"
+            )
+        if self.aug_repeats > 1 and not self.augment:
+            raise ConfigError(
+                f"--aug-repeats {self.aug_repeats} with --augment false: the copies would be the same image; "
+                "allowed: --aug-repeats 1, or --augment true"
             )
         from timm.optim import list_optimizers
 
