@@ -163,6 +163,11 @@ def test_ddp_two_ranks_match_one_rank(tiny_config, tmp_path):
         # samples) moves weights by ~lr = 3e-3 per step.
         torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=2e-5)
     assert RunDir(tmp_path / "two").read_config()["world_size"] == 2
+    # each rank draws its own augmentations (timm's seed + rank): before that fix both ranks drew the same crops,
+    # flips, drop-path masks and Mixup lambdas for their micro-batches
+    folder = tmp_path / "two" / "checkpoints" / (tmp_path / "two" / "checkpoints" / "latest").read_text().strip()
+    rank0, rank1 = (load_file(str(folder / f"rng-rank{r}.safetensors"))["torch_cpu"] for r in (0, 1))
+    assert not torch.equal(rank0, rank1)
 
 
 def test_checkpoint_with_code_payload_is_refused(tiny_config, tmp_path):

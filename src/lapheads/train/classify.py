@@ -9,7 +9,8 @@ Design choices:
 * **One step = one global batch**, split by ``GlobalBatchSampler`` into world_size x accum_steps micro-batches, so
   the trajectory depends on the global batch only, and a resumed run continues with the exact next batch;
   ``--aug-repeats`` makes it DeiT's repeated augmentation (each drawn image several times in a global batch, each
-  copy its own random transform, as timm's ``RepeatAugSampler``).
+  copy its own random transform, as timm's ``RepeatAugSampler``). The ranks start from one seed (the same weights),
+  then each draws its own transforms, drop-path masks and Mixup (seed + rank, as timm's and DeiT's trainers).
 * **Nothing already written is lost**: a non-finite loss stops the run before the optimizer step, naming the step;
   checkpoints are atomic, so the last good one stays.
 """
@@ -231,6 +232,8 @@ def train_classify(
     check_training_fits(cfg, data.num_classes, data.in_chans, dist_.device.type, dist_.world_size)
     seed_everything(cfg.seed)  # the same initial weights on every rank
     model = build_model(cfg, data.num_classes, data.in_chans).to(dist_.device)
+    if dist_.rank:  # each rank its own transforms, drop-path and Mixup draws (timm's and DINO's seed + rank); rank 0
+        seed_everything(cfg.seed + dist_.rank)  # keeps the stream of a one-process run
     num_params = sum(p.numel() for p in model.parameters())
 
     from timm.data import Mixup
