@@ -169,6 +169,8 @@ def test_ddp_two_ranks_match_one_rank(base_run, tmp_path):
     two = load_file(str(tmp_path / "two" / "checkpoints" / "step-00000002" / "model.safetensors"))
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=1e-3, atol=2e-4)
+    folder = tmp_path / "two" / "checkpoints" / "step-00000002"  # each rank its own dropout masks from here on
+    assert not torch.equal(*(load_file(str(folder / f"rng-rank{r}.safetensors"))["torch_cpu"] for r in (0, 1)))
 
 
 @pytest.mark.parametrize(

@@ -272,6 +272,8 @@ def train_chat(
     peft_model = (
         apply_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets) if cfg.lora_rank else None
     )
+    if dist_.rank:  # each rank its own LoRA dropout masks (seed + rank, as timm's trainers); rank 0 keeps the stream
+        seed_everything(cfg.seed + dist_.rank)  # of a one-process run
     trained = LoraAdapters(peft_model) if peft_model is not None else model
     optimizers = _optimizers(model, peft_model, cfg, dist_)
     precision = run_precision(run, cfg.amp, dist_, resume)
