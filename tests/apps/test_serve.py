@@ -385,6 +385,34 @@ def test_a_requests_seed_reproduces_its_sample_and_no_seed_samples_afresh(openai
     assert len(seeded) > 1 and len(unseeded) > 1  # temperature 1 over 24 tokens: different seeds, different replies
 
 
+def test_a_prefilled_reply_continues_the_assistants_started_message(openai_server, engine):
+    """vLLM's continue_final_message: the model continues the last (assistant) message inside its turn, the reply
+    holds the new text only, streamed or not, and the prompt counts the prefill; the combinations vLLM refuses, and
+    a new turn the model would have to open itself, are refused by name."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=openai_server, api_key="unused", max_retries=0)
+    started = "The answer is"
+    messages = [{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": started}]
+    prompt = render_for_completion(engine.tokenizer, {"messages": messages[:1]}) + engine.tokenizer.encode(started)
+    expected = "".join(engine.stream(prompt, 24, 0.0, None))
+    prefill = {"continue_final_message": True, "add_generation_prompt": False}
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=24, extra_body=prefill)
+    assert whole.choices[0].message.content == expected != _expected(engine, messages[:1])
+    assert whole.usage.prompt_tokens == len(prompt)
+    stream = client.chat.completions.create(model="tiny", messages=messages, stream=True, extra_body=prefill)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
+    refused = [
+        ({"continue_final_message": True}, messages, "continue_final_message", "with add_generation_prompt true"),
+        ({"add_generation_prompt": False}, messages[:1], "add_generation_prompt", "continue_final_message false with"),
+        (prefill, messages[:1], None, "with continue_final_message the last message must be the assistant's"),
+        ({}, messages, None, "the last message must be the user's (an assistant's to continue: continue_final_"),
+    ]
+    for extra, sent, param, says in refused:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="tiny", messages=sent, extra_body=extra)
+        assert says in caught.value.body["message"] and caught.value.body.get("param") == param, caught.value.body
+
+
 def test_a_refused_field_is_named_in_the_error_objects_param(openai_server):
     import urllib.error
     import urllib.request

@@ -70,6 +70,18 @@ def test_the_completion_prompt_is_the_conversation_up_to_the_assistants_turn():
     assert full[: len(prompt)] == prompt and full[len(prompt)] == TOKENIZER.encode("So ")[0]
 
 
+def test_a_continued_final_message_is_the_assistants_turn_left_open():
+    """vLLM's and transformers' continue_final_message: the rendering of the whole conversation without the last
+    assistant turn's end, so the model continues the started reply inside its turn."""
+    started = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo, wh"}]}
+    prompt = render_for_completion(TOKENIZER, started, continue_final_message=True)
+    full, _ = render_conversation(TOKENIZER, started)
+    assert prompt == full[:-1] and full[-1] == _special("assistant_end")
+    assert prompt[: -len(TOKENIZER.encode("Yo, wh"))] == render_for_completion(TOKENIZER, started)
+    with pytest.raises(InputError, match="continue_final_message with a final user message; allowed: a final assist"):
+        render_for_completion(TOKENIZER, {"messages": started["messages"][:1]}, continue_final_message=True)
+
+
 @pytest.mark.parametrize(
     "conversation, message",
     [

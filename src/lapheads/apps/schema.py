@@ -149,7 +149,8 @@ class ChatCompletionBody(_Sampling):
     """``POST /v1/chat/completions``: OpenAI's chat completions request."""
 
     messages: list[Any] = Field(
-        description="a non-empty list of system (or developer) / user / assistant turns, the last the user's; "
+        description="a non-empty list of system (or developer) / user / assistant turns, the last the user's (the "
+        "assistant's with continue_final_message); "
         "content a string or a list of text parts"
     )
     max_tokens: Annotated[int, Field(ge=1)] | None = _field(
@@ -165,6 +166,15 @@ class ChatCompletionBody(_Sampling):
         f"an integer in [0, {MAX_TOP_LOGPROBS}], with logprobs true: that many likeliest tokens beside each one"
     )
     response_format: _TextFormat | None = _field('{"type": "text"} only')
+    # vLLM's chat-template extensions, for a prefilled reply (lapheads.data.conversations.render_for_completion)
+    add_generation_prompt: bool | None = _field(
+        "true or false, default true: the reply starts a new assistant turn; false only with continue_final_message "
+        "true (an extension vLLM takes)"
+    )
+    continue_final_message: bool | None = _field(
+        "true or false: the last message is the assistant's started reply, which the model continues (a prefill; "
+        "the reply holds the new text only); with add_generation_prompt false, as vLLM asks (an extension vLLM takes)"
+    )
     tools: Annotated[list, Field(max_length=0)] | None = _field("none only: no tools here")
     tool_choice: Literal["none"] | None = _field("'none' only: no tools here")
     # accepted and ignored, as vLLM accepts them: each has no meaning for this server (docs/language-models.md)
@@ -181,7 +191,17 @@ class ChatCompletionBody(_Sampling):
     )
 
     def checked(self) -> ChatCompletionBody:
-        """What no single field says: ``stream_options`` only with ``stream`` true, as OpenAI refuses it."""
+        """What no single field says: ``stream_options`` only with ``stream`` true, as OpenAI refuses it; a
+        prefill (``continue_final_message``) only without a new turn (``add_generation_prompt`` false), as vLLM
+        refuses both, and no new turn only for a prefill (the model would have to open its turn itself)."""
+        continuing, new_turn = bool(self.continue_final_message), self.add_generation_prompt is not False
+        if continuing == new_turn:
+            raise RequestError(
+                f"continue_final_message {str(continuing).lower()} with add_generation_prompt "
+                f"{str(new_turn).lower()}; allowed: continue_final_message true with add_generation_prompt false "
+                "(a prefilled reply), or neither (a new reply)",
+                "add_generation_prompt" if not new_turn else "continue_final_message",
+            )
         return _stream_options_with_stream(self)
 
 

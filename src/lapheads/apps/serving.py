@@ -87,7 +87,7 @@ def _from_openai(body: Any) -> dict[str, Any]:
     if limit is not None:
         out["max_tokens"] = limit
     for name in ("temperature", "top_k", "seed", "top_p", "min_p", "n", "logprobs", "top_logprobs", *PENALTY_FIELDS,
-                 *STOPPING_FIELDS, "include_stop_str_in_output"):  # fmt: skip
+                 *STOPPING_FIELDS, "include_stop_str_in_output", "continue_final_message"):  # fmt: skip
         if name in given:
             out[name] = given[name]
     stop = given.get("stop", [])
@@ -175,8 +175,13 @@ def _check_request(body: dict[str, Any], limits: ServeLimits, temperature: float
             raise LapheadsError(
                 f"message {i} has {len(content)} characters; allowed: at most {limits.max_message_chars}"
             )
-    if messages[-1]["role"] != "user":
-        raise LapheadsError("the last message must be the user's")
+    continuing = bool(body.get("continue_final_message"))
+    if messages[-1]["role"] != ("assistant" if continuing else "user"):
+        raise LapheadsError(
+            "with continue_final_message the last message must be the assistant's (the reply to continue)"
+            if continuing
+            else "the last message must be the user's (an assistant's to continue: continue_final_message true)"
+        )
     options = {
         "temperature": body.get("temperature", temperature),
         "top_k": body.get("top_k", top_k),
@@ -201,6 +206,7 @@ def _check_request(body: dict[str, Any], limits: ServeLimits, temperature: float
     extra = {key: body.get(key) for key in ("stream", "include_usage")}
     extra["include_stop_str_in_output"] = bool(body.get("include_stop_str_in_output"))
     stop = body.get("stop") or []
+    extra["continue_final_message"] = continuing
     return {"messages": messages, **options, "stop": [stop] if isinstance(stop, str) else stop, **extra}
 
 
@@ -240,7 +246,9 @@ class ChatServing:
             request["stopping"] = requested_stopping(body, self.engine.tokenizer, request["max_tokens"])
             if not openai and request["n"] != 1:  # the page streams one reply: more would be decoded for no one
                 raise RequestError(f"n {request['n']}; allowed: 1 here (n choices: POST /v1/chat/completions)", "n")
-            prompt = render_for_completion(self.engine.tokenizer, {"messages": request["messages"]})
+            prompt = render_for_completion(
+                self.engine.tokenizer, {"messages": request["messages"]}, request["continue_final_message"]
+            )
             limit = self.engine.model.config.sequence_len
             if len(prompt) >= limit:
                 raise LapheadsError(

@@ -135,16 +135,34 @@ def render_conversation(
     return ids, mask
 
 
-def render_for_completion(tokenizer: Tokenizer, conversation: Conversation) -> list[int]:
+def render_for_completion(
+    tokenizer: Tokenizer, conversation: Conversation, continue_final_message: bool = False
+) -> list[int]:
     """The ids that prompt the assistant's next turn: the conversation without a final assistant message, then
-    ``<|assistant_start|>`` (as nanochat primes its engine for evals and chat)."""
+    ``<|assistant_start|>`` (as nanochat primes its engine for evals and chat).
+
+    Args:
+        tokenizer, conversation: as :func:`render_conversation` takes them.
+        continue_final_message: the final message is the assistant's started reply (a string), left open for the
+            model to continue (a prefill: transformers' and vLLM's ``continue_final_message``); its text follows
+            ``<|assistant_start|>``.
+    """
     messages = _check_messages(conversation)
+    prefill: list[int] = []
+    if continue_final_message:
+        last = messages[-1]
+        if last["role"] != "assistant" or not isinstance(last["content"], str):
+            raise InputError(
+                f"continue_final_message with a final {last['role']} message; allowed: a final assistant message "
+                "whose content is a string, the reply to continue"
+            )
+        prefill = tokenizer.encode(last["content"])
     if messages[-1]["role"] == "assistant":
         messages = messages[:-1]
     if messages[-1]["role"] != "user":
         raise InputError("a completion prompt must end with a user turn")
     ids, _ = render_conversation(tokenizer, {"messages": [*messages, {"role": "assistant", "content": ""}]})
-    return ids[:-1]  # drop <|assistant_end|> of the empty turn; <|assistant_start|> stays
+    return [*ids[:-1], *prefill]  # drop <|assistant_end|> of the empty turn; <|assistant_start|> stays
 
 
 # ----------------------------------------------------------------------------------------------------------------
