@@ -14,8 +14,8 @@ from timm.data.distributed_sampler import RepeatAugSampler
 from lapheads.config import ConfigError, validate_config
 from lapheads.errors import InputError
 from lapheads.tasks.presets.classify import CLASSIFY_PRESETS
-from lapheads.train.classify import _collate
-from lapheads.train.runtime import GlobalBatchSampler
+from lapheads.train.classify import collate_images
+from lapheads.train.runtime import GlobalBatchSampler, step_loader
 
 
 def global_batches(sampler_of_rank, world_size: int, steps: int, start: int = 0) -> list[list[int]]:
@@ -82,15 +82,51 @@ def test_one_repeat_is_the_plain_shuffle_and_a_resumed_stream_continues_it():
     assert global_batches(repeated, world_size, 10, start=7) == global_batches(repeated, world_size, 17)[7:]
 
 
-def test_each_copy_is_augmented_on_its_own(fmnist_root):
-    """Repeated augmentation is worth its name only if the copies differ: each is transformed as it is read."""
+def _augmented(fmnist_root):
     from lapheads.data.images import build_image_data
 
-    train = build_image_data("fashion-mnist", str(fmnist_root), 28, augment=True).train
-    torch.manual_seed(0)
-    images, labels = _collate(train, [7, 7, 7])
-    assert len(set(labels.tolist())) == 1
+    return build_image_data("fashion-mnist", str(fmnist_root), 28, augment=True).train
+
+
+def test_each_copy_is_augmented_on_its_own(fmnist_root):
+    """Repeated augmentation is worth its name only if the copies differ: each is transformed as it is read."""
+    sampler = GlobalBatchSampler(512, 12, 1, 0, 1, seed=0, repeats=3)
+    _, ((images, labels),) = next(step_loader(_augmented(fmnist_root), sampler, 0, collate_images))
+    assert labels[0] == labels[1] == labels[2] and len(set(labels.tolist()[::3])) > 1
     assert not torch.equal(images[0], images[1]) and not torch.equal(images[1], images[2])
+
+
+def _steps(stream, n: int) -> list[tuple[int, list]]:
+    return list(itertools.islice(stream, n))
+
+
+def _same(a, b) -> bool:
+    return all(
+        sa == sb and all(torch.equal(x, y) for (xa, la), (xb, lb) in zip(ma, mb) for x, y in ((xa, xb), (la, lb)))
+        for (sa, ma), (sb, mb) in zip(a, b)
+    )
+
+
+def test_a_steps_batches_are_the_same_from_any_worker_and_any_start(fmnist_root):
+    """Each micro-batch's transforms are seeded by (seed, rank, step, its place): loaded here or in worker processes,
+    from step 0 or resumed at step 5, a step's batches are the same; another rank draws its own; and the global
+    generators (drop-path, Mixup) see no draw of the loading."""
+    train = _augmented(fmnist_root)
+    sampler = lambda rank=0: GlobalBatchSampler(512, 8, 2, rank, 2, seed=3)  # noqa: E731
+    torch.manual_seed(11)
+    here = _steps(step_loader(train, sampler(), 0, collate_images), 9)
+    after_loading = torch.rand(3)
+    torch.manual_seed(11)
+    assert torch.equal(torch.rand(3), after_loading)
+    workers = _steps(step_loader(train, sampler(), 0, collate_images, num_workers=2), 9)
+    resumed = _steps(step_loader(train, sampler(), 5, collate_images, num_workers=1), 4)
+    assert [step for step, _ in here] == list(range(9)) and all(len(micro) == 2 for _, micro in here)
+    assert _same(here, workers) and _same(here[5:], resumed)
+    other_rank = _steps(step_loader(train, sampler(rank=1), 0, collate_images), 1)
+    assert not _same(here[:1], other_rank)
+    repeated = GlobalBatchSampler(512, 8, 2, 0, 2, seed=3, repeats=2)  # the same image, drawn twice: two transforms
+    (_, ((images, labels), _)), *_ = _steps(step_loader(train, repeated, 0, collate_images), 1)
+    assert labels[0] == labels[1] and not torch.equal(images[0], images[1])
 
 
 def test_bad_repeats_are_one_line():
@@ -106,17 +142,28 @@ def test_bad_repeats_are_one_line():
 
 
 def test_a_run_with_aug_repeats_trains_on_the_repeated_batches(tiny_config, tmp_path, monkeypatch):
-    """--aug-repeats reaches the trainer: its first global batch is the repeated order, and config.json says so."""
+    """--aug-repeats reaches the trainer's sampler, and config.json says so; the number of loading workers changes
+    nothing in the trajectory, and a resume may change it."""
     import lapheads.train.classify as classify
     from lapheads.runs import RunDir
 
-    read: list[list[int]] = []
+    made: list[GlobalBatchSampler] = []
     monkeypatch.setattr(
-        classify, "_collate", lambda dataset, indices: (read.append(indices), _collate(dataset, indices))[1]
+        classify, "GlobalBatchSampler", lambda *a, **k: made.append(GlobalBatchSampler(*a, **k)) or made[-1]
     )
-    cfg = dataclasses.replace(tiny_config, aug_repeats=4, augment=True, micro_batch=16)
-    classify.train_classify(cfg, tmp_path / "run", stop_at_step=1)
-    first = read[0] + read[1]  # step 0: two micro-batches of 16
-    expected = GlobalBatchSampler(512, 32, 1, 0, 1, seed=cfg.seed, repeats=4).epoch_order(0)[:32].tolist()
-    assert first == expected and len(set(first)) == 8
-    assert RunDir(tmp_path / "run").read_config()["config"]["aug_repeats"] == 4
+    cfg = dataclasses.replace(tiny_config, aug_repeats=4, augment=True, micro_batch=16, epochs=0.25)
+    classify.train_classify(cfg, tmp_path / "here")
+    assert made[0].repeats == 4 and made[0].accum_steps == 2
+    assert RunDir(tmp_path / "here").read_config()["config"]["aug_repeats"] == 4
+    workers = dataclasses.replace(cfg, num_workers=2, checkpoint_every=2)
+    classify.train_classify(workers, tmp_path / "workers", stop_at_step=3)
+    classify.train_classify(dataclasses.replace(workers, num_workers=0), tmp_path / "workers", resume=True)
+    weights = [final_weights(tmp_path / name) for name in ("here", "workers")]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def final_weights(run_dir):
+    from safetensors.torch import load_file
+
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return load_file(str(run_dir / "checkpoints" / latest / "model.safetensors"))

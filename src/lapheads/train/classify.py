@@ -51,6 +51,7 @@ from lapheads.train.runtime import (
     run_precision,
     seed_everything,
     start_or_resume,
+    step_loader,
     wrap_for_training,
 )
 
@@ -159,8 +160,8 @@ def _loss_fn(cfg: ClassifyConfig):
     return torch.nn.CrossEntropyLoss()
 
 
-def _collate(dataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    items = [dataset[i] for i in indices]
+def collate_images(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images, labels) of a micro-batch's (image, label) items."""
     return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
 
 
@@ -232,8 +233,8 @@ def train_classify(
     check_training_fits(cfg, data.num_classes, data.in_chans, dist_.device.type, dist_.world_size)
     seed_everything(cfg.seed)  # the same initial weights on every rank
     model = build_model(cfg, data.num_classes, data.in_chans).to(dist_.device)
-    if dist_.rank:  # each rank its own transforms, drop-path and Mixup draws (timm's and DINO's seed + rank); rank 0
-        seed_everything(cfg.seed + dist_.rank)  # keeps the stream of a one-process run
+    if dist_.rank:  # each rank its own drop-path masks and Mixup draws (timm's and DINO's seed + rank; its transforms:
+        seed_everything(cfg.seed + dist_.rank)  # step_loader); rank 0 keeps the stream of a one-process run
     num_params = sum(p.numel() for p in model.parameters())
 
     from timm.data import Mixup
@@ -304,7 +305,8 @@ def train_classify(
     steps_per_eval = max(1, round(cfg.eval_every_epochs * sampler.steps_per_epoch))
     clock = StepClock(total_steps, start_step, "train", main=dist_.is_main, stop_at_step=stop_at_step)
     progress = clock.progress
-    batches = sampler.step_batches(start_step)
+    pin = dist_.device.type == "cuda"
+    batches = step_loader(train_set, sampler, start_step, collate_images, num_workers=cfg.num_workers, pin_memory=pin)
     last_eval: dict[str, float] = {}
     model.train()
     step = start_step
@@ -315,8 +317,7 @@ def train_classify(
             step, micro_batches = next(batches)
             loss_sum, seen = torch.zeros((), device=dist_.device), 0
             fraction_sum = torch.zeros((), device=dist_.device)
-            for a, indices in enumerate(micro_batches):
-                images, labels = _collate(train_set, indices)
+            for a, (images, labels) in enumerate(micro_batches):
                 images, labels = images.to(dist_.device, non_blocking=True), labels.to(dist_.device, non_blocking=True)
                 if mixup is not None:
                     images, labels = mixup(images, labels)
@@ -331,7 +332,7 @@ def train_classify(
                         fraction_sum += fraction.detach()
                     (objective / len(micro_batches)).backward()
                 loss_sum += loss.detach()
-                seen += len(indices) * dist_.world_size
+                seen += len(labels) * dist_.world_size
             mean_loss = dist_.all_reduce_sum(loss_sum / len(micro_batches)).item() / dist_.world_size
             hint = "lower --lr" if cfg.clip_grad else "lower --lr or set --clip-grad 1.0"
             check_finite_loss(mean_loss, step, run, hint, progress)

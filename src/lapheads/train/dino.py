@@ -11,7 +11,8 @@ Design choices:
   first epoch.
 * **One step = one global batch** from ``GlobalBatchSampler`` (DDP: each rank its share; the centre is averaged
   over ranks). Checkpoints hold student, teacher, the loss centre, optimizer and RNG states, so a resumed run
-  continues the same trajectory (augmentations draw from the saved RNG; exact with ``num_workers=0``).
+  continues the same trajectory (the crops of a step are seeded by it, ``step_loader``, so the worker processes
+  that cut them ahead, ``num_workers``, change nothing).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from lapheads.train.runtime import (
     run_precision,
     seed_everything,
     start_or_resume,
+    step_loader,
     wrap_for_training,
 )
 
@@ -171,7 +173,7 @@ def train_dino(
 
     seed_everything(cfg.seed)  # the same initial weights on every rank
     student, teacher = build_student_teacher(cfg, data.in_chans)
-    seed_everything(cfg.seed + dist_.rank)  # but independent augmentations per rank
+    seed_everything(cfg.seed + dist_.rank)  # but each rank its own drop-path masks (its crops: step_loader)
     student.to(dist_.device)
     teacher.to(dist_.device)
     sampler = GlobalBatchSampler(
@@ -221,7 +223,8 @@ def train_dino(
     steps_per_checkpoint = max(1, round(cfg.checkpoint_every_epochs * per_epoch))
     clock = StepClock(total_steps, start_step, "train dino", main=dist_.is_main, stop_at_step=stop_at_step)
     progress = clock.progress
-    batches = sampler.step_batches(start_step)
+    pin = dist_.device.type == "cuda"
+    batches = step_loader(train_set, sampler, start_step, collate_crops, num_workers=cfg.num_workers, pin_memory=pin)
     mean_loss = math.nan
     student.train()
     step = start_step
@@ -229,13 +232,12 @@ def train_dino(
         while step < total_steps:
             if not clock.begin(step):
                 return {"step": step, "stopped": True}
-            step, (indices,) = next(batches)
+            step, ((crops, labels),) = next(batches)
             epoch = step // per_epoch
             for i, group in enumerate(optimizer.param_groups):
                 group["lr"] = float(lr_schedule[step])
                 if i == 0:
                     group["weight_decay"] = float(wd_schedule[step])
-            crops, _ = collate_crops([train_set[i] for i in indices])
             crops = [c.to(dist_.device, non_blocking=True) for c in crops]
             with torch.autocast(dist_.device.type, dtype=torch.bfloat16, enabled=precision.autocast):
                 with torch.no_grad():
@@ -253,7 +255,7 @@ def train_dino(
             optimizer_step([optimizer], step, run, hint, progress)
             update_teacher(student, teacher, float(momentum_schedule[step]))
             step += 1
-            clock.end(len(indices) * dist_.world_size)
+            clock.end(len(labels) * dist_.world_size)
             if clock.due(step, cfg.log_every):
                 _, rate = clock.lap()
                 progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr_schedule[step - 1]:.2e}", img_s=f"{rate:.0f}")

@@ -22,11 +22,12 @@ import math
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from lapheads.config import ConfigError
 from lapheads.core import native
@@ -53,6 +54,8 @@ __all__ = [
     "start_or_resume",
     "wrap_for_training",
     "GlobalBatchSampler",
+    "step_loader",
+    "seeded",
     "run_precision",
     "check_finite_loss",
     "seed_everything",
@@ -287,6 +290,80 @@ class GlobalBatchSampler:
                     micro.append(batch[start : start + self.micro_batch].tolist())
                 yield step, micro
                 step, b = step + 1, b + 1
+
+
+@contextlib.contextmanager
+def seeded(*key: int) -> Iterator[None]:
+    """Python's, NumPy's and torch's global generators seeded by ``key`` (non-negative integers) inside the block and
+    restored after it: what is drawn inside is a function of the key alone, and what is drawn outside is untouched."""
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    seed_everything(int(np.random.SeedSequence(list(key)).generate_state(1, np.uint64)[0]) >> 1)  # < 2**63
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+class _MicroBatches(Dataset):
+    """Item (step, a, indices): micro-batch ``a`` of ``step``, read and transformed under :func:`seeded` (seed,
+    rank, step, a) and collated, wherever it is loaded."""
+
+    def __init__(self, dataset: Dataset, collate: Callable[[list[Any]], Any], seed: int, rank: int) -> None:
+        self.dataset, self.collate, self.seed, self.rank = dataset, collate, seed, rank
+
+    def __getitem__(self, key: tuple[int, int, list[int]]) -> tuple[int, int, Any]:
+        step, a, indices = key
+        with seeded(self.seed, self.rank, step, a):
+            return step, a, self.collate([self.dataset[i] for i in indices])
+
+
+def _as_loaded(item: Any) -> Any:
+    return item  # a micro-batch comes collated from _MicroBatches
+
+
+def _ignore_interrupts(worker_id: int) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle (a checkpoint, then a stop)
+
+
+def step_loader(
+    dataset: Dataset,
+    sampler: GlobalBatchSampler,
+    start_step: int,
+    collate: Callable[[list[Any]], Any],
+    *,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+) -> Iterator[tuple[int, list[Any]]]:
+    """(global step, this rank's ``accum_steps`` collated micro-batches) from ``start_step`` on, forever: what
+    ``sampler`` cuts, read from ``dataset`` and collated by ``collate`` (a list of items -> a batch).
+
+    Every micro-batch's random transforms are seeded by (the sampler's seed, its rank, the step, its place in the
+    step) (:func:`seeded`), so a batch is the same whether it is loaded here or in any of ``num_workers`` worker
+    processes, and a run resumed at any step reads the batches an uninterrupted one reads; the global generators
+    (drop-path, Mixup) see no draw of the loading. With ``num_workers`` > 0 (``torch.utils.data.DataLoader``)
+    batches load ahead, in order, while the model trains: the speed an ImageNet recipe needs.
+    """
+    keys = ((step, a, indices) for step, micro in sampler.step_batches(start_step) for a, indices in enumerate(micro))
+    loader = DataLoader(
+        _MicroBatches(dataset, collate, sampler.seed, sampler.rank),
+        batch_size=None,  # each key is a whole micro-batch
+        sampler=keys,
+        num_workers=num_workers,
+        collate_fn=_as_loaded,
+        pin_memory=pin_memory,
+        worker_init_fn=_ignore_interrupts if num_workers else None,
+        generator=torch.Generator(),  # its base seed drawn from its own generator: the global one sees no draw
+    )
+    batches: list[Any] = []
+    for step, a, batch in loader:
+        batches.append(batch)
+        if a == sampler.accum_steps - 1:
+            yield step, batches
+            batches = []
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -86,7 +86,12 @@ class ClassifyConfig(RunConfig):
     clip_grad: float | None = option(1.0, "gradient-norm clip; none = no clipping", POSITIVE)
     ema_decay: float = option(0.0, "EMA of the weights (0: off), evaluated beside the model", RATE)
     # runtime
-    num_workers: int = option(0, "data-loader worker processes for evaluation", NON_NEGATIVE)
+    num_workers: int = option(
+        0,
+        "data-loader worker processes that read and augment batches ahead (training and evaluation; each micro-batch's "
+        "transforms are seeded by seed, rank and step, so results do not depend on it; 0: in the trainer)",
+        NON_NEGATIVE,
+    )
     eval_every_epochs: float = option(1.0, "epochs between test-set evaluations (and checkpoints)", POSITIVE)
     checkpoint_at_start: bool = option(
         False, "also keep the initial weights as checkpoint step 0 (the geometry over training from its start)"

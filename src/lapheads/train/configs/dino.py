@@ -63,7 +63,12 @@ class DINOConfig(RunConfig):
     freeze_last_layer: int = option(1, "epochs with the head's last layer frozen", NON_NEGATIVE)
     clip_grad: float = option(3.0, "per-parameter gradient-norm clip (0: off)", NON_NEGATIVE)
     # runtime
-    num_workers: int = option(0, "data-loader worker processes", NON_NEGATIVE)
+    num_workers: int = option(
+        0,
+        "data-loader worker processes that cut the crops ahead (seeded by seed, rank and step: results do not depend "
+        "on it; 0: in the trainer)",
+        NON_NEGATIVE,
+    )
     checkpoint_every_epochs: float = option(1.0, "epochs between checkpoints", POSITIVE)
 
     def check(self) -> None:

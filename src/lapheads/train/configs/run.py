@@ -44,5 +44,6 @@ class RunConfig:
     )
 
 
-#: fields a --resume may change: they do not touch the trajectory (where metrics are mirrored; a preset's wording)
-RESUME_FREE = ("log", "description")
+#: fields a --resume may change: they do not touch the trajectory (where metrics are mirrored; a preset's wording;
+#: how many processes load the batches, each seeded by its step)
+RESUME_FREE = ("log", "description", "num_workers")
