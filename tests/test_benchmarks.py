@@ -248,3 +248,10 @@ def test_the_serving_benchmark_times_requests_together_and_one_by_one(tmp_path):
     assert 1.0 <= float(spent["3", "batched"][1]) <= 3.0
     assert all(float(row[2]) > 0 and row[4].endswith("%") for row in spent.values())  # decode ms a step
     assert doc.read_text().strip() == text.strip()
+
+
+def test_the_loading_benchmark_runs_on_tiny_sizes(tmp_path, capsys):
+    out = tmp_path / "benchmarks.md"
+    text = _load("loading").main(["--smoke", "--workers", "0,1", "--write", str(out)])
+    assert out.read_text().strip() == text and "| 0 |" in text and "| 1 |" in text
+    assert "round 1 workers 1 gpu step" in capsys.readouterr().out
