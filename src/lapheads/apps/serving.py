@@ -205,8 +205,8 @@ def _check_request(body: dict[str, Any], limits: ServeLimits, temperature: float
     options["logprobs"] = logprobs
     extra = {key: body.get(key) for key in ("stream", "include_usage")}
     extra["include_stop_str_in_output"] = bool(body.get("include_stop_str_in_output"))
-    stop = body.get("stop") or []
     extra["continue_final_message"] = continuing
+    stop = body.get("stop") or []
     return {"messages": messages, **options, "stop": [stop] if isinstance(stop, str) else stop, **extra}
 
 

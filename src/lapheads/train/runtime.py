@@ -5,7 +5,9 @@ Design choices:
 * **torchrun only** (``lapheads.distributed``): no home-made launcher.
 * **Global batches are defined once.** ``GlobalBatchSampler`` shuffles with (seed, epoch) and cuts each global
   batch into world_size x accum_steps micro-batches, so 1 rank and N ranks see the same samples per optimizer
-  step, and a resumed run continues mid-epoch at the exact next batch.
+  step, and a resumed run continues mid-epoch at the exact next batch. ``step_loader`` reads them (in the trainer or
+  ahead in worker processes) with each micro-batch's random transforms seeded by (seed, rank, step, its place), so
+  what a step trains on depends on nothing else: not the worker count, not where a run was resumed.
 * **Checkpoints without pickle.** Weights, optimizer tensors and RNG states are safetensors; everything else is
   JSON. A checkpoint is written into a temporary folder, then renamed into place, then ``latest`` is replaced
   atomically: a crash at any point leaves the previous checkpoint intact.
