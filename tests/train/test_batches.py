@@ -1,5 +1,5 @@
 """GlobalBatchSampler: the global batches every rank count cuts alike, and repeated augmentation as timm's
-RepeatAugSampler (DeiT's RASampler) draws it."""
+RepeatAugSampler (DeiT's RASampler) draws it; step_loader: a step's batches the same from any worker and any start."""
 
 from __future__ import annotations
 
