@@ -127,7 +127,8 @@ def resume_config(
             f"--resume continues the run as it was configured; differs from {run.config_file}: "
             f"{detail}; allowed: the stored values, or leave those options out"
         )
-    return dataclasses.replace(stored, **{k: getattr(given, k) for k in RESUME_FREE})  # e.g. add --log on resume
+    free = [k for k in RESUME_FREE if hasattr(given, k)]  # a task's config has those it uses (num_workers: images)
+    return dataclasses.replace(stored, **{k: getattr(given, k) for k in free})  # e.g. add --log on resume
 
 
 def resolve_classify_config(preset: str, laplacian_heads: str | None, overrides: list[str]) -> ClassifyConfig:
